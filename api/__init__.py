@@ -1,0 +1,1 @@
+"""The service layer: the ``dpgov`` command line now, the FastAPI app and scheduler later."""

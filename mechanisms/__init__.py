@@ -1,0 +1,31 @@
+"""Apple's local-DP frequency mechanisms in pure numpy: CMS, HCMS and SFP.
+
+Device side: ``privatize(values, rng=...)`` (batch, simulations) and ``privatize_one(value)`` (one
+report, OS randomness). Server side: ``sketch()`` with ``add``, ``merge`` and ``estimate``. No I/O,
+no logging, no global state.
+"""
+
+from mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch, InvalidReport
+from mechanisms.estimate import FrequencyEstimate
+from mechanisms.hashing import HashFamily
+from mechanisms.hcms import HCMS, HcmsReport, HcmsReports, HcmsSketch
+from mechanisms.sfp import SFP, DiscoveredWord, SfpReport, SfpReports, SfpSketch
+
+__all__ = [
+    "CMS",
+    "HCMS",
+    "SFP",
+    "CmsReport",
+    "CmsReports",
+    "CmsSketch",
+    "DiscoveredWord",
+    "FrequencyEstimate",
+    "HashFamily",
+    "HcmsReport",
+    "HcmsReports",
+    "HcmsSketch",
+    "InvalidReport",
+    "SfpReport",
+    "SfpReports",
+    "SfpSketch",
+]

@@ -1,0 +1,392 @@
+"""Apple's Count Mean Sketch (CMS): device randomizer, server sketch and estimator.
+
+Client (Algorithm 2): pick a row ``j`` uniformly from ``[k]``, one-hot encode ``h_j(d)`` as a
+``+-1`` vector of length ``m`` and flip every coordinate independently with probability
+``1 / (1 + e^(eps/2))``; send ``(bits, j)``. The report is eps-LDP (Theorem 4.1). On the wire the
+``m`` coordinates are packed big-endian into ``ceil(m/8)`` bytes, a set bit meaning ``+1``.
+
+Server (Algorithms 3-4): the sketch keeps, per row, the number of reports ``n_j`` and the number
+``P[j, l]`` of reports whose coordinate ``l`` is ``+1``; the paper's matrix is
+``M[j, l] = k (c P[j, l] - (c - 1) n_j / 2)``, so eq. (2) becomes
+``f~(d) = (m/(m-1)) (c sum_j P[j, h_j(d)] - (c - 1) n / 2 - n / m)`` with ``c = coth(eps/4)``.
+Counts are integers, so sketches add exactly and merges are associative and commutative.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final, Self
+
+import numpy as np
+import numpy.typing as npt
+
+from mechanisms._validation import check_epsilon, check_int
+from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
+from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
+from mechanisms.randomness import bernoulli, os_bernoulli, os_randbelow
+from mechanisms.variance import cms_c, cms_variance_exact
+
+__all__ = ["CMS", "CmsReport", "CmsReports", "CmsSketch"]
+
+MAX_M: Final = 1 << 16
+_PRIVATIZE_CHUNK_BITS: Final = 1 << 22
+# Temporaries stay a few MiB so that the allocator reuses them instead of mapping fresh pages.
+_TEMP_CELLS: Final = 1 << 22
+_INT32_MAX: Final = np.iinfo(np.int32).max
+
+IntArray = npt.NDArray[np.int64]
+ByteArray = npt.NDArray[np.uint8]
+
+
+class InvalidReport(ValueError):
+    """A report that does not fit its mechanism's parameters; ``field`` names the culprit."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"`{field}` {reason}")
+        self.field = field
+        self.reason = reason
+
+
+def _strict_int(data: Mapping[str, Any], name: str, prefix: str, low: int, high: int) -> int:
+    value = data.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidReport(prefix + name, f"must be an integer, got {value!r}")
+    if not low <= value < high:
+        raise InvalidReport(prefix + name, f"must be in [{low}, {high}), got {value}")
+    return value
+
+
+def _check_keys(data: object, expected: set[str], prefix: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise InvalidReport(prefix.rstrip(".") or "report", "must be an object")
+    extra = set(data) - expected
+    if extra:
+        raise InvalidReport(prefix + sorted(extra)[0], "is not a field of this report")
+    missing = expected - set(data)
+    if missing:
+        raise InvalidReport(prefix + sorted(missing)[0], "is required")
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class CmsReport:
+    """One CMS report: the row ``j`` and the ``m`` privatized coordinates, packed big-endian."""
+
+    j: int
+    bits: bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON body ``{"j": int, "bits": base64}``."""
+        return {"j": self.j, "bits": base64.b64encode(self.bits).decode("ascii")}
+
+    @classmethod
+    def from_dict(cls, data: object, *, k: int, m: int, prefix: str = "") -> CmsReport:
+        """Parse and validate a JSON body against ``(k, m)``; raises :class:`InvalidReport`."""
+        body = _check_keys(data, {"j", "bits"}, prefix)
+        j = _strict_int(body, "j", prefix, 0, k)
+        raw = body["bits"]
+        if not isinstance(raw, str):
+            raise InvalidReport(prefix + "bits", f"must be a base64 string, got {raw!r}")
+        try:
+            bits = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidReport(prefix + "bits", "is not valid base64") from None
+        n_bytes = (m + 7) // 8
+        if len(bits) != n_bytes:
+            raise InvalidReport(
+                prefix + "bits", f"must decode to {n_bytes} bytes (m={m}), got {len(bits)}"
+            )
+        if m % 8 and bits[-1] & ((1 << (8 - m % 8)) - 1):
+            raise InvalidReport(prefix + "bits", f"has padding bits set beyond m={m}")
+        return cls(j, bits)
+
+    def signs(self, m: int) -> npt.NDArray[np.int8]:
+        """The ``+-1`` vector of length ``m``."""
+        unpacked = np.unpackbits(np.frombuffer(self.bits, dtype=np.uint8), count=m)
+        out: npt.NDArray[np.int8] = unpacked.astype(np.int8) * 2 - 1
+        return out
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CmsReports:
+    """A batch of CMS reports as numpy columns: ``j`` (n,) and packed ``bits`` (n, ceil(m/8))."""
+
+    j: IntArray
+    bits: ByteArray
+    m: int
+
+    def __len__(self) -> int:
+        return int(self.j.shape[0])
+
+    def __getitem__(self, i: int) -> CmsReport:
+        return CmsReport(int(self.j[i]), self.bits[i].tobytes())
+
+    def __iter__(self) -> Iterator[CmsReport]:
+        return (self[i] for i in range(len(self)))
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The JSON bodies of all reports."""
+        return [r.to_dict() for r in self]
+
+    def select(self, mask: npt.ArrayLike) -> CmsReports:
+        """The reports where ``mask`` (boolean or index array) selects."""
+        idx = np.asarray(mask)
+        return CmsReports(self.j[idx], self.bits[idx], self.m)
+
+    @classmethod
+    def from_reports(cls, reports: Sequence[CmsReport], m: int) -> CmsReports:
+        """Stack single reports (e.g. received one at a time) into a batch."""
+        n_bytes = (m + 7) // 8
+        j = np.fromiter((r.j for r in reports), dtype=np.int64, count=len(reports))
+        raw = b"".join(r.bits for r in reports)
+        bits = np.frombuffer(raw, dtype=np.uint8).reshape(len(reports), n_bytes).copy()
+        return cls(j, bits, m)
+
+
+@dataclass(frozen=True, slots=True)
+class CMS:
+    """CMS parameters (frozen, validated) and the mechanism's device and server entry points.
+
+    Attributes:
+        epsilon: the privacy loss of one report (each coordinate spends ``epsilon / 2``).
+        k: the number of hash functions (sketch rows).
+        m: the number of buckets (report length in bits).
+        hash_family: the keyed family shared by devices and server.
+    """
+
+    epsilon: float
+    k: int
+    m: int
+    hash_family: HashFamily = field(default_factory=HashFamily)
+
+    name: ClassVar[str] = "cms"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check_epsilon("epsilon", self.epsilon))
+        object.__setattr__(self, "k", check_int("k", self.k, 1, MAX_ROWS))
+        object.__setattr__(self, "m", check_int("m", self.m, 2, MAX_M))
+        if not isinstance(self.hash_family, HashFamily):
+            raise TypeError(f"`hash_family` must be a HashFamily, got {self.hash_family!r}")
+
+    @property
+    def flip_probability(self) -> float:
+        """Each coordinate flips with probability ``1 / (1 + e^(eps/2))``."""
+        return 0.5 - 0.5 * math.tanh(self.epsilon / 4.0)
+
+    @property
+    def c(self) -> float:
+        """Debiasing constant ``coth(eps/4)``."""
+        return cms_c(self.epsilon)
+
+    @property
+    def report_bytes(self) -> int:
+        """Packed payload length, ``ceil(m/8)``."""
+        return (self.m + 7) // 8
+
+    # -- device side ---------------------------------------------------------------------------
+
+    def privatize(
+        self, values: Sequence[Item] | npt.NDArray[np.object_], *, rng: np.random.Generator
+    ) -> CmsReports:
+        """Privatize a batch of values (simulations and tests); randomness from ``rng``."""
+        distinct, inverse = factorize(values)
+        return self.privatize_indices(distinct, inverse, rng=rng)
+
+    def privatize_indices(
+        self, vocabulary: Sequence[Item], index: npt.ArrayLike, *, rng: np.random.Generator
+    ) -> CmsReports:
+        """Privatize ``vocabulary[index[i]]`` for each ``i``: a fleet drawing from a vocabulary."""
+        inverse = np.asarray(index, dtype=np.int64)
+        n = len(inverse)
+        fp = self.hash_family.fingerprint(vocabulary).take(inverse)
+        j = rng.integers(0, self.k, size=n, dtype=np.int64)
+        h = self.hash_family.evaluate(fp, j, self.m)
+        bits = np.empty((n, self.report_bytes), dtype=np.uint8)
+        chunk = max(1, _PRIVATIZE_CHUNK_BITS // self.m)
+        p = self.flip_probability
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            flips = bernoulli(p, (e - s, self.m), rng=rng)
+            flips[np.arange(e - s), h[s:e]] ^= True
+            bits[s:e] = np.packbits(flips, axis=1)
+        return CmsReports(j, bits, self.m)
+
+    def privatize_one(self, value: Item) -> CmsReport:
+        """Privatize one value on a device, drawing only from the OS CSPRNG (``secrets``)."""
+        j = os_randbelow(self.k)
+        h = int(self.hash_family.hash([value], [j], self.m)[0])
+        flips = os_bernoulli(self.flip_probability, self.m)
+        flips[h] ^= True
+        return CmsReport(j, np.packbits(flips).tobytes())
+
+    def output_distribution(self, value: Item) -> npt.NDArray[np.float64]:
+        """Exact ``P(j, y | value)`` as a ``(k, 2**m)`` array, ``y`` the packed bits as an integer.
+
+        Only for small ``m`` (<= 16); used to check the LDP guarantee by enumeration.
+        """
+        if self.m > 16:
+            raise ValueError(f"`m` must be <= 16 to enumerate outputs, got {self.m}")
+        p = self.flip_probability
+        rows = np.arange(self.k)
+        h = self.hash_family.hash([value] * self.k, rows, self.m)
+        onehot = np.left_shift(1, self.m - 1 - h).astype(np.uint64)  # bit h of y, big-endian
+        y = np.arange(1 << self.m, dtype=np.uint64)
+        t = np.bitwise_count(y[None, :] ^ onehot[:, None]).astype(np.float64)
+        out: npt.NDArray[np.float64] = (p**t) * ((1.0 - p) ** (self.m - t)) / self.k
+        return out
+
+    # -- server side ---------------------------------------------------------------------------
+
+    def sketch(self) -> CmsSketch:
+        """An empty server-side sketch for these parameters."""
+        return CmsSketch(self)
+
+    def variance(self, n: float, f: npt.ArrayLike, f2_others: npt.ArrayLike) -> npt.NDArray[Any]:
+        """Exact variance of the estimate (Appendix A)."""
+        return cms_variance_exact(self.epsilon, self.k, self.m, n, f, f2_others)
+
+    def parse_report(self, data: object, prefix: str = "") -> CmsReport:
+        """Validate a JSON report body against these parameters."""
+        return CmsReport.from_dict(data, k=self.k, m=self.m, prefix=prefix)
+
+
+def _accumulate(counts: npt.NDArray[np.integer], j: IntArray, bits: ByteArray, m: int) -> None:
+    """Add each report's unpacked bits to ``counts[j]``, correctly for repeated rows.
+
+    Reports are grouped by row; pass ``r`` adds the ``r``-th report of every row at once (rows
+    within a pass are distinct, so fancy ``+=`` is exact) into a narrow (uint8 while fewer than
+    256 passes) accumulator over the touched rows, spilled into ``counts`` once per chunk. Work
+    is ``O(n m)`` plus one sort; temporaries are bounded by ``_TEMP_CELLS``.
+    """
+    k = counts.shape[0]
+    chunk = min(1 << 22, max(1 << 16, 16 * k))
+    for s in range(0, j.shape[0], chunk):
+        jj = j[s : s + chunk]
+        bb = bits[s : s + chunk]
+        rows, local = np.unique(jj, return_inverse=True)
+        order = np.argsort(local, kind="stable")
+        sorted_local = local[order]
+        starts = np.flatnonzero(np.r_[True, sorted_local[1:] != sorted_local[:-1]])
+        sizes = np.diff(np.r_[starts, sorted_local.size])
+        passes = int(sizes.max())
+        if rows.size <= passes:
+            # Few rows (small k): sum each row's reports directly, one row per iteration.
+            for i in range(rows.size):
+                sel = order[starts[i] : starts[i] + sizes[i]]
+                for s0 in range(0, sel.size, max(1, _TEMP_CELLS // m)):
+                    part = sel[s0 : s0 + max(1, _TEMP_CELLS // m)]
+                    unpacked = np.unpackbits(bb[part], axis=1, count=m)
+                    counts[rows[i]] += unpacked.sum(axis=0, dtype=counts.dtype)
+            continue
+        rank = np.arange(sorted_local.size) - np.repeat(starts, sizes)
+        by_rank = np.argsort(rank, kind="stable")
+        bounds = np.searchsorted(rank[by_rank], np.arange(passes + 1))
+        acc_dtype = np.uint8 if passes < 256 else np.uint16 if passes < 65536 else np.int64
+        acc = np.zeros((rows.size, m), dtype=acc_dtype)
+        sub = max(1, _TEMP_CELLS // m)
+        for r in range(passes):
+            sel = order[by_rank[bounds[r] : bounds[r + 1]]]
+            for s0 in range(0, sel.size, sub):
+                part = sel[s0 : s0 + sub]
+                acc[local[part]] += np.unpackbits(bb[part], axis=1, count=m)
+        counts[rows] += acc
+
+
+class CmsSketch:
+    """Server-side CMS sketch: integer counts ``P[j, l]`` and per-row report counts ``n_j``."""
+
+    __slots__ = ("_counts", "_rows", "params")
+
+    def __init__(self, params: CMS) -> None:
+        self.params = params
+        self._counts: npt.NDArray[np.integer] = np.zeros((params.k, params.m), dtype=np.int32)
+        self._rows: IntArray = np.zeros(params.k, dtype=np.int64)
+
+    @property
+    def n(self) -> int:
+        """The number of reports folded in."""
+        return int(self._rows.sum())
+
+    @property
+    def counts(self) -> npt.NDArray[np.integer]:
+        """Read-only view of ``P[j, l]``, the number of ``+1`` coordinates per cell."""
+        view = self._counts.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def row_counts(self) -> IntArray:
+        """Read-only view of ``n_j``, the number of reports per row."""
+        view = self._rows.view()
+        view.flags.writeable = False
+        return view
+
+    @classmethod
+    def from_arrays(cls, params: CMS, counts: npt.ArrayLike, row_counts: npt.ArrayLike) -> Self:
+        """Rebuild a sketch from persisted arrays (validated for shape and consistency)."""
+        sk = cls(params)
+        c = np.asarray(counts)
+        r = np.asarray(row_counts)
+        if c.shape != (params.k, params.m) or r.shape != (params.k,):
+            raise ValueError(f"arrays must have shapes ({params.k}, {params.m}) and ({params.k},)")
+        if (c < 0).any() or (r < 0).any() or (c > r[:, None]).any():
+            raise ValueError("counts must satisfy 0 <= P[j, l] <= n_j")
+        sk._rows = r.astype(np.int64)
+        sk._counts = c.astype(np.int64 if r.max(initial=0) > _INT32_MAX else np.int32)
+        return sk
+
+    def _reserve(self, extra_rows: IntArray) -> None:
+        if self._counts.dtype == np.int32 and int((self._rows + extra_rows).max()) > _INT32_MAX:
+            self._counts = self._counts.astype(np.int64)
+
+    def add(self, reports: CmsReports | CmsReport) -> Self:
+        """Fold reports in; returns the sketch so calls chain."""
+        if isinstance(reports, CmsReport):
+            reports = CmsReports.from_reports([reports], self.params.m)
+        if reports.m != self.params.m:
+            raise ValueError(f"reports have m={reports.m}, the sketch m={self.params.m}")
+        if len(reports) == 0:
+            return self
+        j = np.asarray(reports.j, dtype=np.int64)
+        if int(j.min()) < 0 or int(j.max()) >= self.params.k:
+            raise ValueError(f"report rows `j` must be in [0, {self.params.k})")
+        per_row = np.bincount(j, minlength=self.params.k)
+        self._reserve(per_row)
+        _accumulate(self._counts, j, reports.bits, self.params.m)
+        self._rows += per_row
+        return self
+
+    def merge(self, other: CmsSketch) -> Self:
+        """Add another sketch of the same parameters; returns the sketch so calls chain."""
+        if other.params != self.params:
+            raise ValueError("cannot merge sketches with different parameters")
+        self._reserve(other._rows)
+        self._counts += other._counts
+        self._rows += other._rows
+        return self
+
+    def copy(self) -> CmsSketch:
+        """An independent copy."""
+        return CmsSketch.from_arrays(self.params, self._counts.copy(), self._rows.copy())
+
+    def estimate(self, candidates: Sequence[Item]) -> FrequencyEstimate:
+        """Estimate each candidate's count (eq. 2) with its standard error (Appendix A)."""
+        return self.estimate_fingerprinted(
+            tuple(candidates), self.params.hash_family.fingerprint(list(candidates))
+        )
+
+    def estimate_fingerprinted(
+        self, candidates: tuple[Item, ...], fp: Fingerprints
+    ) -> FrequencyEstimate:
+        """As :meth:`estimate`, for candidates whose fingerprints are already known."""
+        p = self.params
+        n = self.n
+        sums = gather_row_sums([self._counts], p.hash_family, fp, p.m)[0].astype(np.float64)
+        c = p.c
+        counts = (p.m / (p.m - 1)) * (c * sums - (c - 1.0) * n / 2.0 - n / p.m)
+        stderr = plugin_stderr(lambda f, f2o: p.variance(n, f, f2o), counts, n)
+        return FrequencyEstimate(candidates, counts, stderr, n)

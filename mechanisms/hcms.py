@@ -1,0 +1,314 @@
+"""Apple's Hadamard Count Mean Sketch (HCMS): device randomizer, server sketch and estimator.
+
+Client (Algorithm 6): pick a row ``j`` from ``[k]`` and a Hadamard row ``l`` from ``[m]``
+uniformly, take ``w = H[l, h_j(d)]`` (``+-1``) and flip it with probability ``1 / (1 + e^eps)``;
+send ``(j, l, bit)``. All of epsilon goes on the single bit (Theorem 4.3).
+
+Server (Algorithm 7): the sketch keeps integer sums ``S[j, l]`` of the received bits; before
+estimating, each row is transformed by the fast Walsh-Hadamard transform, ``T = S H_m``, and
+``f~(d) = (m/(m-1)) (c sum_j T[j, h_j(d)] - n/m)`` with ``c = coth(eps/2)`` (eq. 2; the paper's
+factor ``k`` cancels against its ``1/k``). The transform is cached until the next add or merge.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final, Self
+
+import numpy as np
+import numpy.typing as npt
+
+from mechanisms._validation import check_epsilon, check_int
+from mechanisms.cms import InvalidReport, _check_keys, _strict_int
+from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
+from mechanisms.hadamard import fwht, hadamard_entry, is_power_of_two
+from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
+from mechanisms.randomness import bernoulli, os_bernoulli, os_randbelow
+from mechanisms.variance import hcms_c, hcms_variance_exact
+
+__all__ = ["HCMS", "HcmsReport", "HcmsReports", "HcmsSketch"]
+
+MAX_M: Final = 1 << 24
+_INT32_MAX: Final = np.iinfo(np.int32).max
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class HcmsReport:
+    """One HCMS report: hash row ``j``, Hadamard row ``l``, privatized ``bit`` in ``{-1, +1}``."""
+
+    j: int
+    l: int
+    bit: int
+
+    def to_dict(self) -> dict[str, int]:
+        """The JSON body ``{"j": int, "l": int, "bit": -1 or 1}``."""
+        return {"j": self.j, "l": self.l, "bit": self.bit}
+
+    @classmethod
+    def from_dict(cls, data: object, *, k: int, m: int, prefix: str = "") -> HcmsReport:
+        """Parse and validate a JSON body against ``(k, m)``; raises :class:`InvalidReport`."""
+        body: Mapping[str, Any] = _check_keys(data, {"j", "l", "bit"}, prefix)
+        j = _strict_int(body, "j", prefix, 0, k)
+        l = _strict_int(body, "l", prefix, 0, m)
+        bit = body["bit"]
+        if isinstance(bit, bool) or bit not in (-1, 1) or not isinstance(bit, int):
+            raise InvalidReport(prefix + "bit", f"must be -1 or 1, got {bit!r}")
+        return cls(j, l, bit)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HcmsReports:
+    """A batch of HCMS reports as numpy columns ``j``, ``l`` (int64) and ``bit`` (int8, +-1)."""
+
+    j: IntArray
+    l: IntArray
+    bit: npt.NDArray[np.int8]
+
+    def __len__(self) -> int:
+        return int(self.j.shape[0])
+
+    def __getitem__(self, i: int) -> HcmsReport:
+        return HcmsReport(int(self.j[i]), int(self.l[i]), int(self.bit[i]))
+
+    def __iter__(self) -> Iterator[HcmsReport]:
+        return (self[i] for i in range(len(self)))
+
+    def to_dicts(self) -> list[dict[str, int]]:
+        """The JSON bodies of all reports."""
+        return [
+            {"j": j, "l": l, "bit": b}
+            for j, l, b in zip(self.j.tolist(), self.l.tolist(), self.bit.tolist(), strict=True)
+        ]
+
+    def select(self, mask: npt.ArrayLike) -> HcmsReports:
+        """The reports where ``mask`` (boolean or index array) selects."""
+        idx = np.asarray(mask)
+        return HcmsReports(self.j[idx], self.l[idx], self.bit[idx])
+
+    @classmethod
+    def from_reports(cls, reports: Sequence[HcmsReport]) -> HcmsReports:
+        """Stack single reports into a batch."""
+        n = len(reports)
+        return cls(
+            np.fromiter((r.j for r in reports), dtype=np.int64, count=n),
+            np.fromiter((r.l for r in reports), dtype=np.int64, count=n),
+            np.fromiter((r.bit for r in reports), dtype=np.int8, count=n),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HCMS:
+    """HCMS parameters (frozen, validated) and the mechanism's device and server entry points.
+
+    Attributes:
+        epsilon: the privacy loss of one report (all of it on the single bit).
+        k: the number of hash functions (sketch rows).
+        m: the number of buckets, a power of two (the Hadamard order).
+        hash_family: the keyed family shared by devices and server.
+    """
+
+    epsilon: float
+    k: int
+    m: int
+    hash_family: HashFamily = field(default_factory=HashFamily)
+
+    name: ClassVar[str] = "hcms"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check_epsilon("epsilon", self.epsilon))
+        object.__setattr__(self, "k", check_int("k", self.k, 1, MAX_ROWS))
+        m = check_int("m", self.m, 2, MAX_M)
+        if not is_power_of_two(m):
+            raise ValueError(f"`m` must be a power of 2, got {m}")
+        object.__setattr__(self, "m", m)
+        if not isinstance(self.hash_family, HashFamily):
+            raise TypeError(f"`hash_family` must be a HashFamily, got {self.hash_family!r}")
+
+    @property
+    def flip_probability(self) -> float:
+        """The bit flips with probability ``1 / (1 + e^eps)``."""
+        return 0.5 - 0.5 * math.tanh(self.epsilon / 2.0)
+
+    @property
+    def c(self) -> float:
+        """Debiasing constant ``coth(eps/2)``."""
+        return hcms_c(self.epsilon)
+
+    # -- device side ---------------------------------------------------------------------------
+
+    def _bits(
+        self, fp: Fingerprints, j: IntArray, l: IntArray, flips: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.int8]:
+        """``bit = H[l, h_j(d)]``, negated where ``flips``."""
+        h = self.hash_family.evaluate(fp, j, self.m)
+        w = hadamard_entry(l, h)
+        out: npt.NDArray[np.int8] = np.where(flips, -w, w).astype(np.int8)
+        return out
+
+    def privatize(
+        self, values: Sequence[Item] | npt.NDArray[np.object_], *, rng: np.random.Generator
+    ) -> HcmsReports:
+        """Privatize a batch of values (simulations and tests); randomness from ``rng``."""
+        distinct, inverse = factorize(values)
+        return self.privatize_indices(distinct, inverse, rng=rng)
+
+    def privatize_indices(
+        self, vocabulary: Sequence[Item], index: npt.ArrayLike, *, rng: np.random.Generator
+    ) -> HcmsReports:
+        """Privatize ``vocabulary[index[i]]`` for each ``i``: a fleet drawing from a vocabulary."""
+        inverse = np.asarray(index, dtype=np.int64)
+        n = len(inverse)
+        fp = self.hash_family.fingerprint(vocabulary).take(inverse)
+        j = rng.integers(0, self.k, size=n, dtype=np.int64)
+        l = rng.integers(0, self.m, size=n, dtype=np.int64)
+        flips = bernoulli(self.flip_probability, n, rng=rng)
+        return HcmsReports(j, l, self._bits(fp, j, l, flips))
+
+    def privatize_one(self, value: Item) -> HcmsReport:
+        """Privatize one value on a device, drawing only from the OS CSPRNG (``secrets``)."""
+        j = np.array([os_randbelow(self.k)], dtype=np.int64)
+        l = np.array([os_randbelow(self.m)], dtype=np.int64)
+        flips = os_bernoulli(self.flip_probability, 1)
+        fp = self.hash_family.fingerprint([value])
+        return HcmsReport(int(j[0]), int(l[0]), int(self._bits(fp, j, l, flips)[0]))
+
+    def output_distribution(self, value: Item) -> npt.NDArray[np.float64]:
+        """Exact ``P(j, l, bit | value)`` as a ``(k, m, 2)`` array (bit index 0 is -1, 1 is +1)."""
+        if self.k * self.m > 1 << 22:
+            raise ValueError("output enumeration is for small k * m only")
+        p = self.flip_probability
+        h = self.hash_family.hash([value] * self.k, np.arange(self.k), self.m)
+        w = hadamard_entry(np.arange(self.m)[None, :], h[:, None])  # (k, m)
+        plus = np.where(w == 1, 1.0 - p, p)
+        out = np.stack([1.0 - plus, plus], axis=-1) / (self.k * self.m)
+        return out
+
+    # -- server side ---------------------------------------------------------------------------
+
+    def sketch(self) -> HcmsSketch:
+        """An empty server-side sketch for these parameters."""
+        return HcmsSketch(self)
+
+    def variance(self, n: float, f: npt.ArrayLike, f2_others: npt.ArrayLike) -> npt.NDArray[Any]:
+        """Exact variance of the estimate (Appendix B)."""
+        return hcms_variance_exact(self.epsilon, self.k, self.m, n, f, f2_others)
+
+    def parse_report(self, data: object, prefix: str = "") -> HcmsReport:
+        """Validate a JSON report body against these parameters."""
+        return HcmsReport.from_dict(data, k=self.k, m=self.m, prefix=prefix)
+
+
+class HcmsSketch:
+    """Server-side HCMS sketch: integer bit sums ``S[j, l]`` and per-row report counts ``n_j``."""
+
+    __slots__ = ("_rows", "_sums", "_transformed", "params")
+
+    def __init__(self, params: HCMS) -> None:
+        self.params = params
+        self._sums: npt.NDArray[np.integer] = np.zeros((params.k, params.m), dtype=np.int32)
+        self._rows: IntArray = np.zeros(params.k, dtype=np.int64)
+        self._transformed: npt.NDArray[np.integer] | None = None
+
+    @property
+    def n(self) -> int:
+        """The number of reports folded in."""
+        return int(self._rows.sum())
+
+    @property
+    def sums(self) -> npt.NDArray[np.integer]:
+        """Read-only view of ``S[j, l]``, the sum of received bits per cell."""
+        view = self._sums.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def row_counts(self) -> IntArray:
+        """Read-only view of ``n_j``, the number of reports per row."""
+        view = self._rows.view()
+        view.flags.writeable = False
+        return view
+
+    @classmethod
+    def from_arrays(cls, params: HCMS, sums: npt.ArrayLike, row_counts: npt.ArrayLike) -> Self:
+        """Rebuild a sketch from persisted arrays (validated for shape and consistency)."""
+        sk = cls(params)
+        s = np.asarray(sums)
+        r = np.asarray(row_counts)
+        if s.shape != (params.k, params.m) or r.shape != (params.k,):
+            raise ValueError(f"arrays must have shapes ({params.k}, {params.m}) and ({params.k},)")
+        if (r < 0).any() or (np.abs(s).sum(axis=1) > r).any():
+            raise ValueError("sums must satisfy sum_l |S[j, l]| <= n_j")
+        sk._rows = r.astype(np.int64)
+        sk._sums = s.astype(np.int64 if r.max(initial=0) > _INT32_MAX else np.int32)
+        return sk
+
+    def _reserve(self, extra_rows: IntArray) -> None:
+        self._transformed = None
+        if self._sums.dtype == np.int32 and int((self._rows + extra_rows).max()) > _INT32_MAX:
+            self._sums = self._sums.astype(np.int64)
+
+    def add(self, reports: HcmsReports | HcmsReport) -> Self:
+        """Fold reports in (``S[j, l] += bit``); returns the sketch so calls chain."""
+        if isinstance(reports, HcmsReport):
+            reports = HcmsReports.from_reports([reports])
+        if len(reports) == 0:
+            return self
+        k, m = self.params.k, self.params.m
+        j = np.asarray(reports.j, dtype=np.int64)
+        l = np.asarray(reports.l, dtype=np.int64)
+        bit = np.asarray(reports.bit)
+        if int(j.min()) < 0 or int(j.max()) >= k:
+            raise ValueError(f"report rows `j` must be in [0, {k})")
+        if int(l.min()) < 0 or int(l.max()) >= m:
+            raise ValueError(f"report columns `l` must be in [0, {m})")
+        if not np.all(np.abs(bit) == 1):
+            raise ValueError("report bits must be -1 or +1")
+        per_row = np.bincount(j, minlength=k)
+        self._reserve(per_row)
+        flat = j * m
+        flat += l
+        np.add.at(self._sums.reshape(-1), flat, bit.astype(self._sums.dtype, copy=False))
+        self._rows += per_row
+        return self
+
+    def merge(self, other: HcmsSketch) -> Self:
+        """Add another sketch of the same parameters; returns the sketch so calls chain."""
+        if other.params != self.params:
+            raise ValueError("cannot merge sketches with different parameters")
+        self._reserve(other._rows)
+        self._sums += other._sums
+        self._rows += other._rows
+        return self
+
+    def copy(self) -> HcmsSketch:
+        """An independent copy."""
+        return HcmsSketch.from_arrays(self.params, self._sums.copy(), self._rows.copy())
+
+    def transformed(self) -> npt.NDArray[np.integer]:
+        """``T = S H_m`` row by row (cached until the sketch changes)."""
+        if self._transformed is None:
+            t = fwht(self._sums)
+            t.flags.writeable = False
+            self._transformed = t  # type: ignore[assignment]
+        assert self._transformed is not None
+        return self._transformed
+
+    def estimate(self, candidates: Sequence[Item]) -> FrequencyEstimate:
+        """Estimate each candidate's count (eq. 2) with its standard error (Appendix B)."""
+        cands = tuple(candidates)
+        return self.estimate_fingerprinted(cands, self.params.hash_family.fingerprint(cands))
+
+    def estimate_fingerprinted(
+        self, candidates: tuple[Item, ...], fp: Fingerprints
+    ) -> FrequencyEstimate:
+        """As :meth:`estimate`, for candidates whose fingerprints are already known."""
+        p = self.params
+        n = self.n
+        sums = gather_row_sums([self.transformed()], p.hash_family, fp, p.m)[0]
+        counts = (p.m / (p.m - 1)) * (p.c * sums.astype(np.float64) - n / p.m)
+        stderr = plugin_stderr(lambda f, f2o: p.variance(n, f, f2o), counts, n)
+        return FrequencyEstimate(candidates, counts, stderr, n)
