@@ -45,14 +45,15 @@ def simulate(
         UseCase, typer.Option("--use-case", "-u", help="Which collection to simulate.")
     ] = UseCase.emoji,
     devices: Annotated[
-        int, typer.Option("--devices", "-n", min=1, max=100_000_000, help="Devices, one report each.")
+        int,
+        typer.Option("--devices", "-n", min=1, max=100_000_000, help="Devices, one report each."),
     ] = 1_000_000,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the simulation's generator.")] = 7,
     hash_seed: Annotated[int, typer.Option(min=0, help="Seed of the shared hash family.")] = 0,
     exponent: Annotated[float, typer.Option(min=0.0, max=10.0, help="Zipf exponent.")] = 1.1,
     top: Annotated[int, typer.Option(min=1, max=1000, help="How many items to print.")] = 10,
 ) -> None:
-    """Simulate a fleet privatizing with the real mechanism; print the estimated top beside the truth."""
+    """Simulate a fleet privatizing with the real mechanism; print the top estimates and truth."""
     rng = np.random.default_rng(seed)
     mechanism = default_mechanism(use_case.value, hash_seed)
     if isinstance(mechanism, SFP):
@@ -81,10 +82,12 @@ def _print_header(mechanism: CMS | HCMS | SFP, devices: int, d: int) -> None:
     if isinstance(mechanism, SFP):
         params = (
             f"SFP eps={mechanism.epsilon_word:g}+{mechanism.epsilon_fragment:g},"
-            f" k={mechanism.k}, m={mechanism.m}, k'={mechanism.k_fragment}, m'={mechanism.m_fragment}"
+            f" k={mechanism.k}, m={mechanism.m},"
+            f" k'={mechanism.k_fragment}, m'={mechanism.m_fragment}"
         )
     else:
-        params = f"{mechanism.name.upper()} eps={mechanism.epsilon:g}, k={mechanism.k}, m={mechanism.m}"
+        name = mechanism.name.upper()
+        params = f"{name} eps={mechanism.epsilon:g}, k={mechanism.k}, m={mechanism.m}"
     print(f"Simulating {devices:,d} devices, {d:,d} possible values, {params}.\n")
 
 
@@ -101,7 +104,9 @@ def _print_spend(epsilon: float) -> None:
     )
 
 
-def _simulate_sfp(sfp: SFP, devices: int, exponent: float, top: int, rng: np.random.Generator) -> None:
+def _simulate_sfp(
+    sfp: SFP, devices: int, exponent: float, top: int, rng: np.random.Generator
+) -> None:
     words = made_up_words(5000, rng=rng)
     _print_header(sfp, devices, len(words))
     t0 = time.perf_counter()

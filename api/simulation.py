@@ -125,9 +125,7 @@ def simulate_frequency(
     seconds.update(privatize=t1 - t0, aggregate=t2 - t1, estimate=t3 - t2)
     order = np.argsort(-est.counts, kind="stable")[:top]
     rows = [
-        EstimateRow(
-            r + 1, vocabulary[i], int(truth[i]), float(est.counts[i]), float(est.stderr[i])
-        )
+        EstimateRow(r + 1, vocabulary[i], int(truth[i]), float(est.counts[i]), float(est.stderr[i]))
         for r, i in enumerate(order.tolist())
     ]
     true_top = [vocabulary[i] for i in np.argsort(-truth, kind="stable")[:top].tolist()]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Self
@@ -27,7 +26,7 @@ import numpy.typing as npt
 from mechanisms._validation import check_epsilon, check_int
 from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
 from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
-from mechanisms.randomness import bernoulli, os_bernoulli, os_randbelow
+from mechanisms.randomness import bernoulli, flip_probability, os_bernoulli, os_randbelow
 from mechanisms.variance import cms_c, cms_variance_exact
 
 __all__ = ["CMS", "CmsReport", "CmsReports", "CmsSketch"]
@@ -175,7 +174,7 @@ class CMS:
     @property
     def flip_probability(self) -> float:
         """Each coordinate flips with probability ``1 / (1 + e^(eps/2))``."""
-        return 0.5 - 0.5 * math.tanh(self.epsilon / 4.0)
+        return flip_probability(self.epsilon / 2.0)
 
     @property
     def c(self) -> float:
@@ -286,14 +285,20 @@ def _accumulate(counts: npt.NDArray[np.integer], j: IntArray, bits: ByteArray, m
         by_rank = np.argsort(rank, kind="stable")
         bounds = np.searchsorted(rank[by_rank], np.arange(passes + 1))
         acc_dtype = np.uint8 if passes < 256 else np.uint16 if passes < 65536 else np.int64
-        acc = np.zeros((rows.size, m), dtype=acc_dtype)
+        dense = 2 * rows.size >= k  # most rows touched: accumulate by row id, spill in place
+        target = jj if dense else local
+        acc = np.zeros((k if dense else rows.size, m), dtype=acc_dtype)
         sub = max(1, _TEMP_CELLS // m)
         for r in range(passes):
             sel = order[by_rank[bounds[r] : bounds[r + 1]]]
             for s0 in range(0, sel.size, sub):
                 part = sel[s0 : s0 + sub]
-                acc[local[part]] += np.unpackbits(bb[part], axis=1, count=m)
-        counts[rows] += acc
+                acc[target[part]] += np.unpackbits(bb[part], axis=1, count=m)
+        if dense:
+            counts += acc
+        else:
+            for r0 in range(0, rows.size, sub):
+                counts[rows[r0 : r0 + sub]] += acc[r0 : r0 + sub]
 
 
 class CmsSketch:

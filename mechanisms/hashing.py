@@ -157,10 +157,22 @@ class HashFamily:
 
     # -- fingerprints -------------------------------------------------------------------------
 
-    def fingerprint_bytes(self, items: Iterable[bytes]) -> Fingerprints:
-        """Fingerprint already-encoded items (one keyed BLAKE2b call each)."""
+    def fingerprint_bytes(self, items: Iterable[Item]) -> Fingerprints:
+        """Fingerprint items (one keyed BLAKE2b call each; ``str`` is hashed as UTF-8)."""
         keyed = hashlib.blake2b(key=self.key, person=_PERSON, digest_size=24)
-        raw = b"".join(_digest(keyed, it) for it in items)
+        copy = keyed.copy
+        parts: list[bytes] = []
+        append = parts.append
+        for it in items:
+            h = copy()
+            if isinstance(it, str):
+                h.update(it.encode("utf-8"))
+            elif isinstance(it, bytes):
+                h.update(it)
+            else:
+                raise TypeError(f"items must be str or bytes, got {type(it).__name__}")
+            append(h.digest())
+        raw = b"".join(parts)
         words = np.frombuffer(raw, dtype="<u8").reshape(-1, 3).astype(np.uint64)
         words %= _P
         return Fingerprints(
@@ -171,7 +183,7 @@ class HashFamily:
 
     def fingerprint(self, items: Sequence[Item] | npt.NDArray[np.object_]) -> Fingerprints:
         """Fingerprint each item (``str`` or ``bytes``) once."""
-        return self.fingerprint_bytes(encode_item(it) for it in items)
+        return self.fingerprint_bytes(items)
 
     # -- evaluation ---------------------------------------------------------------------------
 
@@ -203,13 +215,6 @@ class HashFamily:
     def matrix(self, items: Sequence[Item], k: int, m: int) -> IntArray:
         """The full ``(k, len(items))`` table of the first ``k`` rows (for tests and small k)."""
         return self.evaluate_block(self.fingerprint(items), 0, k, m)
-
-
-def _digest(keyed: hashlib.blake2b, item: bytes) -> bytes:
-    """Digest ``item`` with a copy of the already-keyed hasher (cheaper than re-keying)."""
-    h = keyed.copy()
-    h.update(item)
-    return h.digest()
 
 
 def _reduce_to_buckets(u: U64Array, m: int) -> IntArray:

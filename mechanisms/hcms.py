@@ -12,7 +12,6 @@ factor ``k`` cancels against its ``1/k``). The transform is cached until the nex
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Self
@@ -25,7 +24,7 @@ from mechanisms.cms import InvalidReport, _check_keys, _strict_int
 from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
 from mechanisms.hadamard import fwht, hadamard_entry, is_power_of_two
 from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
-from mechanisms.randomness import bernoulli, os_bernoulli, os_randbelow
+from mechanisms.randomness import bernoulli, flip_probability, os_bernoulli, os_randbelow
 from mechanisms.variance import hcms_c, hcms_variance_exact
 
 __all__ = ["HCMS", "HcmsReport", "HcmsReports", "HcmsSketch"]
@@ -131,7 +130,7 @@ class HCMS:
     @property
     def flip_probability(self) -> float:
         """The bit flips with probability ``1 / (1 + e^eps)``."""
-        return 0.5 - 0.5 * math.tanh(self.epsilon / 2.0)
+        return flip_probability(self.epsilon)
 
     @property
     def c(self) -> float:
@@ -145,8 +144,12 @@ class HCMS:
     ) -> npt.NDArray[np.int8]:
         """``bit = H[l, h_j(d)]``, negated where ``flips``."""
         h = self.hash_family.evaluate(fp, j, self.m)
-        w = hadamard_entry(l, h)
-        out: npt.NDArray[np.int8] = np.where(flips, -w, w).astype(np.int8)
+        h &= l
+        parity = np.bitwise_count(h).astype(np.uint8, copy=False)  # H[l, h] = (-1)**parity
+        parity ^= flips.view(np.uint8)
+        parity &= np.uint8(1)
+        parity <<= np.uint8(1)
+        out: npt.NDArray[np.int8] = (np.uint8(1) - parity).view(np.int8)  # 1 - 2 * parity
         return out
 
     def privatize(

@@ -19,9 +19,19 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["bernoulli", "os_bernoulli", "os_randbelow", "threshold_bytes"]
+__all__ = ["bernoulli", "flip_probability", "os_bernoulli", "os_randbelow", "threshold_bytes"]
 
 BoolArray = npt.NDArray[np.bool_]
+
+
+def flip_probability(epsilon: float) -> float:
+    """``1 / (1 + e^epsilon)`` for ``epsilon > 0``, without cancellation for large epsilon.
+
+    >>> flip_probability(4.0)
+    0.017986209962091555
+    """
+    tail = math.exp(-epsilon)
+    return tail / (1.0 + tail)
 
 
 @lru_cache(maxsize=256)

@@ -331,6 +331,7 @@ class SfpSketch:
         per_piece: list[defaultdict[int, list[str]]] = []
         for row in counts:
             best = np.argsort(-row, kind="stable")[:top_fragments]
+            best = best[row[best] > 0.0]  # a fragment estimated at or below zero is not popular
             table: defaultdict[int, list[str]] = defaultdict(list)
             for i in best.tolist():
                 table[items[i][0]].append(items[i][1:].decode("utf-8"))

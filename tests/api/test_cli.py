@@ -1,0 +1,70 @@
+"""The ``dpgov`` command line: the simulation job and its input errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from api.cli import app
+
+runner = CliRunner()
+
+
+def test_emoji_simulation_prints_the_top_ten_beside_the_truth() -> None:
+    result = runner.invoke(app, ["simulate", "--devices", "200000", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    assert "CMS eps=4, k=65536, m=1024" in result.output
+    lines = [ln for ln in result.output.splitlines() if re.match(r"^\s+\d+  ", ln)]
+    assert len(lines) == 10
+    assert "😂" in lines[0]  # the most popular emoji is found first
+    assert "10/10 of the true top 10 recovered" in result.output
+    assert "epsilon 4" in result.output
+
+
+def test_safari_and_quicktype_simulations_run() -> None:
+    safari = runner.invoke(app, ["simulate", "-u", "safari", "-n", "50000", "--top", "3"])
+    assert safari.exit_code == 0, safari.output
+    assert "HCMS eps=4, k=1024, m=32768" in safari.output
+    quick = runner.invoke(app, ["simulate", "-u", "quicktype", "-n", "200000", "--top", "5"])
+    assert quick.exit_code == 0, quick.output
+    assert "SFP eps=2+6" in quick.output and "words discovered" in quick.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["simulate", "--devices", "0"], "--devices"),
+        (["simulate", "--devices", "many"], "--devices"),
+        (["simulate", "--use-case", "health"], "--use-case"),
+        (["simulate", "--exponent", "nan"], "--exponent"),
+        (["simulate", "--seed", "-1"], "--seed"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_a_message(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0
+    assert message in result.output
+
+
+def test_console_entry_point_runs_in_a_real_process() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "api.cli", "simulate", "-n", "20000", "--top", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "rank" in proc.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "api.cli", "simulate", "-n", "-5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode != 0 and "--devices" in bad.stderr

@@ -1,0 +1,113 @@
+"""One contract, every mechanism: frozen validated parameters, determinism, additive sketches."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mechanisms import CMS, HCMS, SFP, HashFamily
+
+MECHANISMS: list[Any] = [
+    CMS(epsilon=4.0, k=64, m=32, hash_family=HashFamily(1)),
+    HCMS(epsilon=4.0, k=64, m=32, hash_family=HashFamily(1)),
+    SFP(epsilon_word=2.0, epsilon_fragment=6.0, k=32, m=64, k_fragment=32, m_fragment=64),
+]
+IDS = ["cms", "hcms", "sfp"]
+VALUES = ["apple", "banana", "cherry", "apple", "apple", "durian", "banana"] * 30
+
+
+def _state(sketch: Any) -> list[np.ndarray]:
+    if hasattr(sketch, "fragments"):
+        return [a for s in (sketch.word, *sketch.fragments) for a in _state(s)]
+    main = sketch.counts if hasattr(sketch, "counts") else sketch.sums
+    return [np.asarray(main), np.asarray(sketch.row_counts)]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(_state(a), _state(b), strict=True))
+
+
+@pytest.mark.parametrize("mech", MECHANISMS, ids=IDS)
+def test_parameters_are_frozen(mech: Any) -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mech.k = 3
+    assert dataclasses.replace(mech) == mech
+
+
+@pytest.mark.parametrize("mech", MECHANISMS, ids=IDS)
+def test_same_seed_same_reports(mech: Any) -> None:
+    a = mech.privatize(VALUES, rng=np.random.default_rng(3))
+    b = mech.privatize(VALUES, rng=np.random.default_rng(3))
+    c = mech.privatize(VALUES, rng=np.random.default_rng(4))
+    assert a.to_dicts() == b.to_dicts()
+    assert a.to_dicts() != c.to_dicts()
+    assert len(a) == len(VALUES)
+
+
+@pytest.mark.parametrize("mech", MECHANISMS, ids=IDS)
+def test_reports_round_trip_through_json_bodies(mech: Any) -> None:
+    batch = mech.privatize(VALUES[:20], rng=np.random.default_rng(0))
+    for report, body in zip(batch, batch.to_dicts(), strict=True):
+        assert report.to_dict() == body
+        assert mech.parse_report(body) == report
+    single = mech.privatize_one("apple")
+    assert mech.parse_report(single.to_dict()) == single
+
+
+@pytest.mark.parametrize("mech", MECHANISMS, ids=IDS)
+def test_merge_is_the_sketch_of_the_union_and_order_free(mech: Any) -> None:
+    rng = np.random.default_rng(8)
+    parts = [mech.privatize(VALUES[i::3], rng=rng) for i in range(3)]
+    sketches = [mech.sketch().add(p) for p in parts]
+    union = mech.sketch()
+    for p in parts:
+        union.add(p)
+    left = mech.sketch().merge(sketches[0]).merge(sketches[1]).merge(sketches[2])
+    right = (
+        mech.sketch().merge(sketches[2]).merge(mech.sketch().merge(sketches[1]).merge(sketches[0]))
+    )
+    assert _equal(left, union) and _equal(right, union)
+    assert left.n == len(VALUES)
+
+
+@pytest.mark.parametrize("mech", MECHANISMS, ids=IDS)
+def test_adding_single_reports_equals_adding_the_batch(mech: Any) -> None:
+    batch = mech.privatize(VALUES[:25], rng=np.random.default_rng(2))
+    one_by_one = mech.sketch()
+    for report in batch:
+        one_by_one.add(report)
+    assert _equal(one_by_one, mech.sketch().add(batch))
+
+
+@pytest.mark.parametrize("mech", MECHANISMS, ids=IDS)
+def test_add_order_does_not_matter(mech: Any) -> None:
+    batch = mech.privatize(VALUES, rng=np.random.default_rng(6))
+    perm = np.random.default_rng(1).permutation(len(VALUES)).tolist()
+    shuffled = [batch[i] for i in perm]
+    s1 = mech.sketch().add(batch)
+    s2 = mech.sketch()
+    for r in shuffled:
+        s2.add(r)
+    assert _equal(s1, s2)
+
+
+@pytest.mark.parametrize("mech", MECHANISMS, ids=IDS)
+def test_merge_refuses_other_parameters(mech: Any) -> None:
+    other = dataclasses.replace(mech, hash_family=HashFamily(999))
+    with pytest.raises(ValueError, match="different parameters"):
+        mech.sketch().merge(other.sketch())
+
+
+@pytest.mark.parametrize("mech", MECHANISMS, ids=IDS)
+def test_estimates_have_aligned_float_arrays(mech: Any) -> None:
+    sketch = mech.sketch().add(mech.privatize(VALUES, rng=np.random.default_rng(0)))
+    est = sketch.estimate(["apple", "zzz"])
+    assert est.counts.dtype == np.float64 and est.stderr.dtype == np.float64
+    assert est.counts.shape == est.stderr.shape == (2,)
+    assert est.n == len(VALUES)
+    assert np.all(est.stderr > 0)
+    empty = mech.sketch().estimate(["apple"])
+    assert empty.n == 0 and empty.counts[0] == 0.0 and empty.stderr[0] == 0.0

@@ -1,0 +1,63 @@
+"""Exact Bernoulli sampling, seeded and from the OS CSPRNG."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from mechanisms.randomness import bernoulli, os_bernoulli, threshold_bytes
+from tests.mechanisms.helpers import forbid_numpy_and_stdlib_random
+
+Z = 5.0
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 2.0, 4.0, 8.0, 20.0])
+def test_threshold_is_exact_to_float_precision(epsilon: float) -> None:
+    for p in (1.0 / (1.0 + math.exp(epsilon / 2)), 1.0 / (1.0 + math.exp(epsilon))):
+        t = threshold_bytes(p)
+        realised = Fraction(int.from_bytes(t.tobytes(), "big"), 1 << (8 * t.size))
+        assert abs(realised - Fraction(p)) <= Fraction(p) * Fraction(1, 1 << 53)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.1192029220221175, 0.0003353501304664781, 0.9])
+def test_seeded_bernoulli_frequency(p: float) -> None:
+    n = 2_000_000
+    draws = bernoulli(p, n, rng=np.random.default_rng(1))
+    assert abs(draws.mean() - p) < Z * math.sqrt(p * (1 - p) / n)
+
+
+def test_ties_are_resolved_with_further_bytes() -> None:
+    # p = 1/256 + 1/2**16: the first byte decides only P = 1/256 of the mass; ties go deeper.
+    p = 1 / 256 + 1 / 65536
+    n = 4_000_000
+    draws = bernoulli(p, n, rng=np.random.default_rng(2))
+    assert abs(draws.mean() - p) < Z * math.sqrt(p * (1 - p) / n)
+
+
+def test_same_seed_same_draws_and_shape() -> None:
+    a = bernoulli(0.3, (4, 5), rng=np.random.default_rng(9))
+    b = bernoulli(0.3, (4, 5), rng=np.random.default_rng(9))
+    assert a.shape == (4, 5) and np.array_equal(a, b)
+
+
+def test_os_bernoulli_frequency() -> None:
+    p, n = 0.1192029220221175, 400_000
+    draws = os_bernoulli(p, n)
+    assert abs(draws.mean() - p) < Z * math.sqrt(p * (1 - p) / n)
+
+
+def test_os_path_never_touches_numpy_random(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("numpy randomness used on the device path")
+
+    forbid_numpy_and_stdlib_random(monkeypatch, boom)
+    assert os_bernoulli(0.25, 1000).shape == (1000,)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, -0.1, float("nan")])
+def test_rejects_degenerate_probabilities(p: float) -> None:
+    with pytest.raises(ValueError, match="`p`"):
+        threshold_bytes(p)

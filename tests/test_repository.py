@@ -1,0 +1,26 @@
+"""The README's Quickstart and CI stay in step."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _quickstart_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", section, flags=re.S)]
+
+
+def test_quickstart_has_exactly_two_one_line_commands() -> None:
+    commands = _quickstart_commands()
+    assert len(commands) == 2
+    assert all("\n" not in c for c in commands)
+    assert "dpgov" in commands[0] and "pytest" in commands[1]
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert _quickstart_commands()[1] in ci.splitlines()
