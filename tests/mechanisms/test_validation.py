@@ -117,9 +117,9 @@ def test_sfp_bad_bodies_name_the_nested_field() -> None:
     for position in (1, 10, 2.0, True, "2"):
         with pytest.raises(InvalidReport, match="`position`"):
             sfp.parse_report({**good, "position": position})
-    with pytest.raises(InvalidReport, match="`fragment.j`"):
+    with pytest.raises(InvalidReport, match=r"`fragment\.j`"):
         sfp.parse_report({**good, "fragment": {**good["fragment"], "j": 4}})
-    with pytest.raises(InvalidReport, match="`word.bits`"):
+    with pytest.raises(InvalidReport, match=r"`word\.bits`"):
         sfp.parse_report({**good, "word": {"j": 0, "bits": "AAAA"}})
 
 
