@@ -1,4 +1,29 @@
-"""The per-device privacy ledger, the atomic check-and-charge gate, and the accountant.
+"""The per-device privacy ledger, the atomic check-and-charge gate, and the accountant."""
 
-Not built yet: see the budget-core issue. The package exists so that the layout is stable.
-"""
+from budget.accountant import Accountant, PrivacyLoss
+from budget.clock import Clock, FixedClock, SystemClock, utc_day
+from budget.db import create_db_engine, init_db
+from budget.errors import IdempotencyConflict, InvalidRequest, PolicyConflict, UnknownUseCase
+from budget.gate import Decision, Gate
+from budget.ledger import BudgetStatus, DeviceLoss, Ledger, PurgeResult
+
+__all__ = [
+    "Accountant",
+    "BudgetStatus",
+    "Clock",
+    "Decision",
+    "DeviceLoss",
+    "FixedClock",
+    "Gate",
+    "IdempotencyConflict",
+    "InvalidRequest",
+    "Ledger",
+    "PolicyConflict",
+    "PrivacyLoss",
+    "PurgeResult",
+    "SystemClock",
+    "UnknownUseCase",
+    "create_db_engine",
+    "init_db",
+    "utc_day",
+]

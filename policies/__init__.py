@@ -1,4 +1,30 @@
-"""Use-case policies: mechanism and parameters, epsilon per report, caps, retention, thresholds.
+"""Use-case policies: mechanism and parameters, epsilon per report, caps, retention, thresholds."""
 
-Not built yet: see the budget-core issue. The package exists so that the layout is stable.
-"""
+from policies.defaults import DEFAULT_POLICIES, default_policies
+from policies.files import PolicyFileError, dump_policies, load_policies
+from policies.model import (
+    Policy,
+    PolicyBase,
+    PolicyCreate,
+    PolicyPublic,
+    PolicyUpdate,
+    budget_key,
+    mechanism_for,
+)
+from policies.repository import PolicyStore
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "Policy",
+    "PolicyBase",
+    "PolicyCreate",
+    "PolicyFileError",
+    "PolicyPublic",
+    "PolicyStore",
+    "PolicyUpdate",
+    "budget_key",
+    "default_policies",
+    "dump_policies",
+    "load_policies",
+    "mechanism_for",
+]

@@ -1,0 +1,79 @@
+"""Engines for the embedded SQLite default and for PostgreSQL, with the settings the gate needs.
+
+SQLite: WAL journal (readers never block the writer), ``synchronous=NORMAL`` (a commit is durable
+at the next checkpoint; the database is never corrupted), a 30 s busy timeout, and write
+transactions (through :func:`writer`) opened with ``BEGIN IMMEDIATE`` so that writers serialize
+at the start instead of failing on a lock upgrade; pysqlite's own transaction handling is switched off so that
+SAVEPOINTs work (the SQLAlchemy recipe). PostgreSQL: psycopg 3, READ COMMITTED; the gate's
+``INSERT ... ON CONFLICT DO UPDATE`` takes the row locks that serialize one device's charges.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, event
+from sqlmodel import SQLModel, create_engine
+
+__all__ = ["WRITE_OPTION", "create_db_engine", "init_db", "is_sqlite", "writer"]
+
+WRITE_OPTION = "dpgov_write"
+
+
+def writer(engine: Engine) -> Engine:
+    """The same engine (and pool) whose transactions take SQLite's write lock at BEGIN.
+
+    A transaction that reads and then writes must start with ``BEGIN IMMEDIATE`` on SQLite, or
+    it can fail when it upgrades its lock; read-only transactions use a plain ``BEGIN`` and
+    never block the writer (WAL).
+    """
+    return engine.execution_options(**{WRITE_OPTION: True})
+
+
+def is_sqlite(engine: Engine) -> bool:
+    """Whether the engine talks to SQLite."""
+    return engine.dialect.name == "sqlite"
+
+
+def create_db_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Engine:
+    """An engine for ``url`` (``sqlite:///path`` or ``postgresql+psycopg://...``)."""
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url,
+            echo=echo,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=pool_size,
+            max_overflow=2 * pool_size,
+        )
+        _configure_sqlite(engine)
+        return engine
+    if url.startswith("postgresql"):
+        return create_engine(
+            url, echo=echo, pool_size=pool_size, max_overflow=2 * pool_size, pool_pre_ping=True
+        )
+    raise ValueError(f"`database_url` must be a sqlite:// or postgresql:// URL, got {url!r}")
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        immediate = connection.get_execution_options().get(WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def init_db(engine: Engine) -> None:
+    """Create the tables that do not exist yet (ledger and policy tables)."""
+    import budget.tables  # noqa: F401 - registers the ledger tables
+    import policies.model  # noqa: F401 - registers the policy table
+
+    SQLModel.metadata.create_all(engine)

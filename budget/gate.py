@@ -1,0 +1,359 @@
+"""The gate: validate a report's privacy charge, then check and charge it in one transaction.
+
+Order inside the transaction (one device, one budget; ``eps`` the policy's micro-epsilon):
+
+1. ``accounts`` upsert ``count + 1, epsilon + eps`` RETURNING the lifetime total. On PostgreSQL
+   the upsert locks the (device, budget) row, so every concurrent charge of this device against
+   this budget waits here until the first commits; SQLite's ``BEGIN IMMEDIATE`` serializes all
+   writers anyway. Everything below therefore reads a stable state.
+2. ``daily_spend`` upsert ``count + 1 ... WHERE count < cap``: a conditional update, the daily
+   cap's backstop even without step 1 (no row returned: refused).
+3. The window cap: the sum of ``daily_spend`` over days ``D - retention + 1 .. D``.
+4. The lifetime cap: the total returned by step 1.
+5. ``lifetime_totals`` and ``charges`` rows; then the caller's ``on_accept`` (the inbox row)
+   in the same transaction.
+
+A refusal rolls the transaction (or, with an idempotency key, a savepoint) back, so a refused
+report leaves no trace but its idempotency record. Nothing is read first and inserted later in
+Python without a lock held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Engine, and_, func, select
+
+from budget.clock import day_start, utc_day
+from budget.db import writer
+from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
+from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, LifetimeTotal
+from policies.model import Policy, budget_key, from_micro, to_micro
+from policies.repository import PolicyStore
+
+__all__ = ["Decision", "Gate", "Reason", "device_key"]
+
+Reason = Literal["accepted", "daily_cap", "window_cap", "lifetime_cap"]
+OnAccept = Callable[[Connection, "Decision"], None]
+
+_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
+_DAILY = DailySpend.__table__  # type: ignore[attr-defined]
+_LIFETIME = LifetimeTotal.__table__  # type: ignore[attr-defined]
+_CHARGES = Charge.__table__  # type: ignore[attr-defined]
+_IDEM = IdempotencyRecord.__table__  # type: ignore[attr-defined]
+
+MAX_DEVICE_ID = 256
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def device_key(secret: bytes, device_id: str) -> str:
+    """The device's pseudonym: ``HMAC-SHA256(secret, device id)``, hex. The id is never stored."""
+    return hmac.new(secret, device_id.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The gate's answer, with what was requested and what remains (``None``: no such cap).
+
+    ``retry_at`` is when the next report for this budget becomes possible after a refusal
+    (``None`` after a lifetime refusal: never).
+    """
+
+    accepted: bool
+    reason: Reason
+    use_case: str
+    budget: str
+    policy_version: int
+    epsilon: float
+    day: int
+    charge_id: int | None = None
+    retry_at: datetime | None = None
+    reports_left_today: int = 0
+    window_remaining: float | None = None
+    lifetime_remaining: float | None = None
+    replayed: bool = False
+
+    def to_json(self) -> str:
+        """Serialise for the idempotency record."""
+        data = asdict(self)
+        data["retry_at"] = self.retry_at.isoformat() if self.retry_at else None
+        data.pop("replayed")
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, *, replayed: bool = True) -> Decision:
+        """Inverse of :meth:`to_json`."""
+        data: dict[str, Any] = json.loads(text)
+        if data["retry_at"] is not None:
+            data["retry_at"] = datetime.fromisoformat(data["retry_at"])
+        return cls(**data, replayed=replayed)
+
+
+def _validate_text(field: str, value: object, limit: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(field, f"must be a string, got {type(value).__name__}")
+    if not 1 <= len(value) <= limit:
+        raise InvalidRequest(field, f"must be 1 to {limit} characters, got {len(value)}")
+    if not value.isprintable():
+        raise InvalidRequest(field, "must contain printable characters only")
+    return value
+
+
+class Gate:
+    """Checks and charges reports against their use case's policy, atomically."""
+
+    def __init__(self, engine: Engine, secret: bytes) -> None:
+        if len(secret) < 32:
+            raise ValueError("the device-key secret must be at least 32 bytes")
+        self.engine = writer(engine)
+        self._secret = secret
+        placeholder = "?" if engine.dialect.paramstyle == "qmark" else "%s"
+        self._statements = {k: v.replace("?", placeholder) for k, v in _HOT_PATH.items()}
+        self._policies: dict[tuple[str, int], Policy] = {}
+
+    def device_key(self, device_id: str) -> str:
+        """The stored pseudonym of ``device_id``."""
+        return device_key(self._secret, device_id)
+
+    def charge(
+        self,
+        device_id: str,
+        use_case: str,
+        *,
+        now: datetime,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+        on_accept: OnAccept | None = None,
+    ) -> Decision:
+        """Charge one report of ``device_id`` to ``use_case`` at ``now``; see the module doc.
+
+        Raises:
+            InvalidRequest: a field is invalid (nothing written).
+            UnknownUseCase: no active policy of that name (nothing written).
+            IdempotencyConflict: the key was used before for a different request.
+        """
+        _validate_text("device_id", device_id, MAX_DEVICE_ID)
+        _validate_text("use_case", use_case, 63)
+        if idempotency_key is not None:
+            _validate_text("idempotency_key", idempotency_key, MAX_IDEMPOTENCY_KEY)
+        if not isinstance(now, datetime):
+            raise InvalidRequest("now", f"must be a datetime, got {type(now).__name__}")
+        try:
+            day = utc_day(now)
+        except ValueError:
+            raise InvalidRequest("now", "must be timezone-aware") from None
+        dk = self.device_key(device_id)
+        fingerprint = request_hash or hashlib.sha256(use_case.encode()).hexdigest()
+
+        with self.engine.connect() as conn, conn.begin() as transaction:
+            policy = self._policy(conn, use_case)
+            if idempotency_key is not None:
+                first = self._claim_key(conn, dk, idempotency_key, fingerprint, use_case, day)
+                if first is not None:
+                    return first
+                savepoint = conn.begin_nested()
+                decision = self._check_and_charge(conn, dk, policy, day, idempotency_key)
+                if decision.accepted:
+                    savepoint.commit()
+                    if on_accept is not None:
+                        on_accept(conn, decision)
+                else:
+                    savepoint.rollback()
+                conn.execute(
+                    _IDEM.update()
+                    .where(and_(_IDEM.c.device_key == dk, _IDEM.c.key == idempotency_key))
+                    .values(decision=decision.to_json(), charge_id=decision.charge_id)
+                )
+                return decision
+            decision = self._check_and_charge(conn, dk, policy, day, None)
+            if not decision.accepted:
+                transaction.rollback()
+                return decision
+            if on_accept is not None:
+                on_accept(conn, decision)
+            return decision
+
+    def _sql(self, name: str) -> str:
+        """A hot-path statement in the driver's parameter style (prepared once per gate)."""
+        return self._statements[name]
+
+    def _run(self, conn: Connection, name: str, params: tuple[object, ...]) -> Any:
+        """Execute on the raw DB-API cursor, inside the connection's transaction.
+
+        SQLAlchemy's per-statement machinery costs several times the database work on this
+        path; the transaction, savepoints and the caller's ``on_accept`` still go through it.
+        """
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor.execute(self._sql(name), params)
+        return cursor
+
+    def _policy(self, conn: Connection, use_case: str) -> Policy:
+        """The current policy, parsed once per (name, version) and cached."""
+        row = self._run(conn, "policy_version", (use_case,)).fetchone()
+        if row is None or not row[1]:
+            raise UnknownUseCase(use_case)
+        cached = self._policies.get((use_case, row[0]))
+        if cached is None:
+            cached = PolicyStore.current_in(conn, use_case)
+            self._policies[(use_case, cached.version)] = cached
+        return cached
+
+    def _claim_key(
+        self, conn: Connection, dk: str, key: str, fingerprint: str, use_case: str, day: int
+    ) -> Decision | None:
+        """Insert the key's record, or return the first decision made under it."""
+        inserted = self._run(conn, "claim_key", (dk, key, fingerprint, day, use_case)).rowcount
+        if inserted == 1:
+            return None
+        row = self._run(conn, "read_key", (dk, key)).fetchone()
+        if row[0] != fingerprint or row[1] != use_case or not row[2]:
+            raise IdempotencyConflict(key)
+        return Decision.from_json(row[2])
+
+    def _check_and_charge(
+        self, conn: Connection, dk: str, policy: Policy, day: int, key: str | None
+    ) -> Decision:
+        eps = to_micro(policy.epsilon_per_report)
+        budget = budget_key(policy)
+        base = Decision(
+            accepted=False,
+            reason="accepted",
+            use_case=policy.name,
+            budget=budget,
+            policy_version=policy.version,
+            epsilon=policy.epsilon_per_report,
+            day=day,
+        )
+        lifetime_after = int(self._run(conn, "account", (dk, budget, eps)).fetchone()[0])
+        cap = policy.max_reports_per_day
+        today_row = self._run(conn, "daily", (dk, budget, day, eps, cap)).fetchone()
+        if today_row is None:
+            return replace(base, reason="daily_cap", retry_at=day_start(day + 1))
+        window_remaining: float | None = None
+        if policy.window_epsilon_cap is not None:
+            window_cap = to_micro(policy.window_epsilon_cap)
+            spent = window_sum(conn, dk, budget, day, policy.retention_days)
+            if spent > window_cap:
+                retry = window_retry_day(
+                    conn, dk, budget, day, policy.retention_days, eps, window_cap
+                )
+                return replace(
+                    base,
+                    reason="window_cap",
+                    retry_at=day_start(retry),
+                    window_remaining=from_micro(window_cap - (spent - eps)),
+                )
+            window_remaining = from_micro(window_cap - spent)
+        lifetime_remaining: float | None = None
+        if policy.lifetime_epsilon_cap is not None:
+            lifetime_cap = to_micro(policy.lifetime_epsilon_cap)
+            if lifetime_after > lifetime_cap:
+                return replace(
+                    base,
+                    reason="lifetime_cap",
+                    lifetime_remaining=from_micro(lifetime_cap - (lifetime_after - eps)),
+                )
+            lifetime_remaining = from_micro(lifetime_cap - lifetime_after)
+        self._run(conn, "lifetime", (dk, policy.name, eps))
+        charge_id = int(
+            self._run(
+                conn, "charge", (dk, policy.name, budget, policy.version, eps, day, key)
+            ).fetchone()[0]
+        )
+        return replace(
+            base,
+            accepted=True,
+            charge_id=charge_id,
+            reports_left_today=cap - int(today_row[0]),
+            window_remaining=window_remaining,
+            lifetime_remaining=lifetime_remaining,
+        )
+
+
+# The hot path as plain SQL that SQLite (>= 3.35) and PostgreSQL both accept; "?" is replaced by
+# the driver's placeholder. Prepared once per gate; SQLAlchemy's statement building costs more
+# than the database work here.
+_HOT_PATH = {
+    "policy_version": (
+        "SELECT version, active FROM policies WHERE name = ? ORDER BY version DESC LIMIT 1"
+    ),
+    "claim_key": (
+        "INSERT INTO idempotency (device_key, key, request_hash, day, decision, use_case)"
+        " VALUES (?, ?, ?, ?, '', ?) ON CONFLICT (device_key, key) DO NOTHING"
+    ),
+    "read_key": (
+        "SELECT request_hash, use_case, decision FROM idempotency WHERE device_key = ? AND key = ?"
+    ),
+    "account": (
+        "INSERT INTO accounts (device_key, budget, count, epsilon_micro) VALUES (?, ?, 1, ?)"
+        " ON CONFLICT (device_key, budget) DO UPDATE SET count = accounts.count + 1,"
+        " epsilon_micro = accounts.epsilon_micro + excluded.epsilon_micro"
+        " RETURNING epsilon_micro"
+    ),
+    "daily": (
+        "INSERT INTO daily_spend (device_key, budget, day, count, epsilon_micro)"
+        " VALUES (?, ?, ?, 1, ?) ON CONFLICT (device_key, budget, day) DO UPDATE SET"
+        " count = daily_spend.count + 1,"
+        " epsilon_micro = daily_spend.epsilon_micro + excluded.epsilon_micro"
+        " WHERE daily_spend.count < ? RETURNING count"
+    ),
+    "lifetime": (
+        "INSERT INTO lifetime_totals (device_key, use_case, epsilon_micro, count)"
+        " VALUES (?, ?, ?, 1) ON CONFLICT (device_key, use_case, epsilon_micro)"
+        " DO UPDATE SET count = lifetime_totals.count + 1"
+    ),
+    "charge": (
+        "INSERT INTO charges (device_key, use_case, budget, policy_version, epsilon_micro, day,"
+        " idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
+    ),
+}
+
+
+def window_sum(conn: Connection, dk: str, budget: str, day: int, retention_days: int) -> int:
+    """Micro-epsilon spent against ``budget`` on days ``day - retention + 1 .. day``."""
+    total = conn.execute(
+        select(func.coalesce(func.sum(_DAILY.c.epsilon_micro), 0)).where(
+            and_(
+                _DAILY.c.device_key == dk,
+                _DAILY.c.budget == budget,
+                _DAILY.c.day > day - retention_days,
+                _DAILY.c.day <= day,
+            )
+        )
+    ).scalar_one()
+    return int(total)
+
+
+def window_retry_day(
+    conn: Connection, dk: str, budget: str, day: int, retention: int, eps: int, cap: int
+) -> int:
+    """The first day a report of ``eps`` fits the window cap again, after today's attempt.
+
+    Spends drop out of the window ``retention`` days after their day; today's tentative
+    increment (``eps``) is not counted.
+    """
+    rows = conn.execute(
+        select(_DAILY.c.day, _DAILY.c.epsilon_micro)
+        .where(
+            and_(
+                _DAILY.c.device_key == dk,
+                _DAILY.c.budget == budget,
+                _DAILY.c.day > day - retention,
+                _DAILY.c.day <= day,
+            )
+        )
+        .order_by(_DAILY.c.day)
+    ).all()
+    spends = [(d, e - (eps if d == day else 0)) for d, e in rows]
+    remaining = sum(e for _, e in spends)
+    for d, e in spends:
+        remaining -= e
+        if remaining + eps <= cap:
+            return max(d + retention, day + 1)
+    return day + 1

@@ -1,0 +1,336 @@
+"""The ledger: the gate plus the questions asked of it (budgets, accounting, retention).
+
+The ledger owns the database: the service layer calls these methods and never writes SQL.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import Engine, and_, delete, func, select
+
+from budget.accountant import Accountant, PrivacyLoss
+from budget.clock import day_start, utc_day
+from budget.db import writer
+from budget.errors import InvalidRequest, UnknownUseCase
+from budget.gate import Decision, Gate, OnAccept, window_sum
+from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, LifetimeTotal
+from policies.model import Policy, budget_key, from_micro, to_micro
+from policies.repository import PolicyStore
+
+__all__ = ["BudgetStatus", "DeviceLoss", "Ledger", "PurgeResult"]
+
+_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
+_DAILY = DailySpend.__table__  # type: ignore[attr-defined]
+_LIFETIME = LifetimeTotal.__table__  # type: ignore[attr-defined]
+_CHARGES = Charge.__table__  # type: ignore[attr-defined]
+_IDEM = IdempotencyRecord.__table__  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    """A device's standing against one use case's policy (budget-level figures are shared by
+    every use case of a budget group). ``None`` caps are not set.
+    """
+
+    use_case: str
+    budget: str
+    policy_version: int
+    epsilon_per_report: float
+    max_reports_per_day: int
+    reports_today: int
+    reports_left_today: int
+    epsilon_today: float
+    epsilon_window: float
+    epsilon_lifetime: float
+    window_cap: float | None
+    window_remaining: float | None
+    lifetime_cap: float | None
+    lifetime_remaining: float | None
+    next_reset: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeResult:
+    """Rows deleted by one retention purge."""
+
+    charges: int
+    daily_spend: int
+    idempotency: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLoss:
+    """One device's cumulative loss per use case and in total, over the window and lifetime."""
+
+    window: dict[str, PrivacyLoss] = field(default_factory=dict)
+    lifetime: dict[str, PrivacyLoss] = field(default_factory=dict)
+    window_total: PrivacyLoss | None = None
+    lifetime_total: PrivacyLoss | None = None
+
+
+def _events(rows: list[tuple[int, int]], scale: int = 1) -> tuple[tuple[float, int], ...]:
+    return tuple((from_micro(eps) * scale, int(count)) for eps, count in rows)
+
+
+class Ledger:
+    """Per-device privacy accounts over a database engine."""
+
+    def __init__(self, engine: Engine, secret: bytes, accountant: Accountant | None = None) -> None:
+        self.engine = engine
+        self.gate = Gate(engine, secret)
+        self.policies = PolicyStore(engine)
+        self.accountant = accountant or Accountant()
+
+    # -- the gate --------------------------------------------------------------------------------
+
+    def charge(
+        self,
+        device_id: str,
+        use_case: str,
+        *,
+        now: datetime,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+        on_accept: OnAccept | None = None,
+    ) -> Decision:
+        """Check and charge one report atomically (:meth:`budget.gate.Gate.charge`)."""
+        return self.gate.charge(
+            device_id,
+            use_case,
+            now=now,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            on_accept=on_accept,
+        )
+
+    def device_key(self, device_id: str) -> str:
+        """The stored pseudonym of a device id."""
+        return self.gate.device_key(device_id)
+
+    # -- budgets ---------------------------------------------------------------------------------
+
+    def status(self, device_id: str, *, now: datetime) -> list[BudgetStatus]:
+        """The device's standing against every active use case, at ``now``."""
+        dk = self.device_key(device_id)
+        day = utc_day(now)
+        out: list[BudgetStatus] = []
+        with self.engine.connect() as conn:
+            daily = {
+                (r.budget, r.day): (r.count, r.epsilon_micro)
+                for r in conn.execute(
+                    select(_DAILY).where(and_(_DAILY.c.device_key == dk, _DAILY.c.day == day))
+                )
+            }
+            lifetime = {
+                r.budget: r.epsilon_micro
+                for r in conn.execute(select(_ACCOUNTS).where(_ACCOUNTS.c.device_key == dk))
+            }
+            for policy in PolicyStore.list_in(conn):
+                budget = budget_key(policy)
+                count, eps_today = daily.get((budget, day), (0, 0))
+                window = window_sum(conn, dk, budget, day, policy.retention_days)
+                life = lifetime.get(budget, 0)
+                wcap = policy.window_epsilon_cap
+                lcap = policy.lifetime_epsilon_cap
+                out.append(
+                    BudgetStatus(
+                        use_case=policy.name,
+                        budget=budget,
+                        policy_version=policy.version,
+                        epsilon_per_report=policy.epsilon_per_report,
+                        max_reports_per_day=policy.max_reports_per_day,
+                        reports_today=count,
+                        reports_left_today=max(0, policy.max_reports_per_day - count),
+                        epsilon_today=from_micro(eps_today),
+                        epsilon_window=from_micro(window),
+                        epsilon_lifetime=from_micro(life),
+                        window_cap=wcap,
+                        window_remaining=None
+                        if wcap is None
+                        else from_micro(max(0, to_micro(wcap) - window)),
+                        lifetime_cap=lcap,
+                        lifetime_remaining=None
+                        if lcap is None
+                        else from_micro(max(0, to_micro(lcap) - life)),
+                        next_reset=day_start(day + 1),
+                    )
+                )
+        return out
+
+    # -- retention -------------------------------------------------------------------------------
+
+    def _all_policies(self) -> dict[str, Policy]:
+        """The latest version (active or not) of every use case ever defined."""
+        latest: dict[str, Policy] = {}
+        with self.engine.connect() as conn:
+            table = Policy.__table__  # type: ignore[attr-defined]
+            for row in conn.execute(select(table).order_by(table.c.name, table.c.version)):
+                latest[row.name] = Policy.model_validate(row._asdict())
+        return latest
+
+    def purge(self, *, now: datetime) -> PurgeResult:
+        """Delete charges, daily rows and idempotency records older than each window.
+
+        Day ``D - retention + 1`` is still in the window at day ``D``; day ``D - retention`` is
+        not and is deleted. Lifetime totals and accounts are kept (they carry no timestamps).
+        """
+        day = utc_day(now)
+        policies = self._all_policies()
+        budgets: dict[str, int] = {}
+        for p in policies.values():
+            b = budget_key(p)
+            budgets[b] = max(budgets.get(b, 0), p.retention_days)
+        charges = daily = idem = 0
+        with writer(self.engine).begin() as conn:
+            for name, p in policies.items():
+                cutoff = day - p.retention_days
+                charges += conn.execute(
+                    delete(_CHARGES).where(
+                        and_(_CHARGES.c.use_case == name, _CHARGES.c.day <= cutoff)
+                    )
+                ).rowcount
+                idem += conn.execute(
+                    delete(_IDEM).where(and_(_IDEM.c.use_case == name, _IDEM.c.day <= cutoff))
+                ).rowcount
+            for b, retention in budgets.items():
+                daily += conn.execute(
+                    delete(_DAILY).where(
+                        and_(_DAILY.c.budget == b, _DAILY.c.day <= day - retention)
+                    )
+                ).rowcount
+        return PurgeResult(charges, daily, idem)
+
+    # -- accounting ------------------------------------------------------------------------------
+
+    def _policy_map(self) -> dict[str, Policy]:
+        return self._all_policies()
+
+    def device_loss(
+        self, device_id: str, *, now: datetime, delta: float | None = None
+    ) -> DeviceLoss:
+        """Window and lifetime loss per use case and in total (basic and tight, group-scaled).
+
+        The total composes every use case's events (each scaled by its own group size) at
+        ``delta``, by default the smallest delta among the device's use cases.
+        """
+        if not isinstance(device_id, str) or not device_id:
+            raise InvalidRequest("device_id", "must be a non-empty string")
+        dk = self.device_key(device_id)
+        day = utc_day(now)
+        policies = self._policy_map()
+        window_rows: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        lifetime_rows: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        with self.engine.connect() as conn:
+            for r in conn.execute(
+                select(_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.epsilon_micro, func.count())
+                .where(_CHARGES.c.device_key == dk)
+                .group_by(_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.epsilon_micro)
+            ):
+                p = policies.get(r.use_case)
+                if p is not None and r.day > day - p.retention_days and r.day <= day:
+                    window_rows[r.use_case].append((r.epsilon_micro, r[3]))
+            for r in conn.execute(
+                select(_LIFETIME.c.use_case, _LIFETIME.c.epsilon_micro, _LIFETIME.c.count).where(
+                    _LIFETIME.c.device_key == dk
+                )
+            ):
+                lifetime_rows[r.use_case].append((r.epsilon_micro, r.count))
+        used = [policies[u] for u in set(window_rows) | set(lifetime_rows) if u in policies]
+        total_delta = delta if delta is not None else min((p.delta for p in used), default=1e-9)
+        window, window_total = self._compose(window_rows, policies, delta, total_delta)
+        lifetime, lifetime_total = self._compose(lifetime_rows, policies, delta, total_delta)
+        return DeviceLoss(window, lifetime, window_total, lifetime_total)
+
+    def _compose(
+        self,
+        rows: dict[str, list[tuple[int, int]]],
+        policies: dict[str, Policy],
+        delta: float | None,
+        total_delta: float,
+    ) -> tuple[dict[str, PrivacyLoss], PrivacyLoss]:
+        """Per-use-case losses and the total over use cases (events scaled by group size)."""
+        per_use_case: dict[str, PrivacyLoss] = {}
+        merged: dict[float, int] = defaultdict(int)
+        for use_case, events in rows.items():
+            p = policies[use_case]
+            per_use_case[use_case] = self.accountant.loss(
+                _events(events),
+                delta=delta if delta is not None else p.delta,
+                group_size=p.group_size,
+            )
+            for eps, count in _events(events, p.group_size):
+                merged[eps] += count
+        return per_use_case, self.accountant.loss(merged, delta=total_delta)
+
+    def window_totals(self, *, now: datetime, use_case: str | None = None) -> dict[str, float]:
+        """Basic window epsilon per device key (one SQL aggregation), for a use case or all.
+
+        With ``use_case=None`` each use case's own retention window applies.
+        """
+        day = utc_day(now)
+        policies = self._policy_map()
+        if use_case is not None and use_case not in policies:
+            raise UnknownUseCase(use_case)
+        names = [use_case] if use_case else list(policies)
+        totals: dict[str, int] = defaultdict(int)
+        with self.engine.connect() as conn:
+            for name in names:
+                cutoff = day - policies[name].retention_days
+                for dk, total in conn.execute(
+                    select(_CHARGES.c.device_key, func.sum(_CHARGES.c.epsilon_micro))
+                    .where(
+                        and_(
+                            _CHARGES.c.use_case == name,
+                            _CHARGES.c.day > cutoff,
+                            _CHARGES.c.day <= day,
+                        )
+                    )
+                    .group_by(_CHARGES.c.device_key)
+                ):
+                    totals[dk] += int(total)
+        return {dk: from_micro(v) for dk, v in totals.items()}
+
+    def window_ledgers(
+        self, *, now: datetime, use_case: str
+    ) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
+        """Each device's window multiset ``((epsilon, count), ...)`` for one use case."""
+        day = utc_day(now)
+        policy = self._policy_map().get(use_case)
+        if policy is None:
+            raise UnknownUseCase(use_case)
+        cutoff = day - policy.retention_days
+        current: str | None = None
+        events: list[tuple[int, int]] = []
+        with self.engine.connect() as conn:
+            result = conn.execute(
+                select(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro, func.count())
+                .where(
+                    and_(
+                        _CHARGES.c.use_case == use_case,
+                        _CHARGES.c.day > cutoff,
+                        _CHARGES.c.day <= day,
+                    )
+                )
+                .group_by(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro)
+                .order_by(_CHARGES.c.device_key)
+            )
+            for dk, eps, count in result:
+                if dk != current and current is not None:
+                    yield current, _events(events)
+                    events = []
+                current = dk
+                events.append((eps, count))
+        if current is not None:
+            yield current, _events(events)
+
+    def population_window_loss(self, *, now: datetime, use_case: str) -> dict[str, PrivacyLoss]:
+        """Tight window loss of every device of a use case (memoized by ledger multiset)."""
+        policy = self._policy_map()[use_case]
+        return {
+            dk: self.accountant.loss(ev, delta=policy.delta, group_size=policy.group_size)
+            for dk, ev in self.window_ledgers(now=now, use_case=use_case)
+        }

@@ -1,0 +1,95 @@
+"""The ledger's tables. Devices appear only as ``device_key = HMAC-SHA256(secret, device id)``.
+
+- ``charges``: one row per accepted report (device key, use case, budget, policy version,
+  micro-epsilon, UTC day, idempotency key): the source of window accounting; purged after the
+  retention window.
+- ``daily_spend``: per (device key, budget, day) the number of reports and micro-epsilon; its
+  conditional upsert is the daily cap's backstop, and its rows give window sums.
+- ``accounts``: per (device key, budget) the lifetime count and micro-epsilon; its upsert takes
+  the row lock that serializes every charge of one device against one budget.
+- ``lifetime_totals``: per (device key, use case, per-report micro-epsilon) a count: the
+  lifetime multiset the accountant composes. No timestamps; survives the purge.
+- ``idempotency``: the first decision for each (device key, idempotency key).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Index, Integer, String, Text
+from sqlmodel import Field, SQLModel
+
+__all__ = ["Account", "Charge", "DailySpend", "IdempotencyRecord", "LifetimeTotal"]
+
+
+class Charge(SQLModel, table=True):
+    """One accepted report's privacy charge."""
+
+    __tablename__ = "charges"
+    __table_args__ = (
+        Index("ix_charges_device_budget_day", "device_key", "budget", "day"),
+        Index("ix_charges_day", "day"),
+        Index("ix_charges_use_case_day", "use_case", "day"),
+    )
+
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(
+            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+        ),
+    )
+    device_key: str = Field(max_length=64)
+    use_case: str = Field(max_length=63)
+    budget: str = Field(max_length=63)
+    policy_version: int
+    epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
+    day: int
+    idempotency_key: str | None = Field(default=None, max_length=255)
+
+
+class DailySpend(SQLModel, table=True):
+    """Reports and micro-epsilon of one device against one budget on one UTC day."""
+
+    __tablename__ = "daily_spend"
+    __table_args__ = (Index("ix_daily_spend_day", "day"),)
+
+    device_key: str = Field(primary_key=True, max_length=64)
+    budget: str = Field(primary_key=True, max_length=63)
+    day: int = Field(primary_key=True)
+    count: int
+    epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class Account(SQLModel, table=True):
+    """Lifetime spend of one device against one budget (the serialization point)."""
+
+    __tablename__ = "accounts"
+
+    device_key: str = Field(primary_key=True, max_length=64)
+    budget: str = Field(primary_key=True, max_length=63)
+    count: int = Field(sa_column=Column(BigInteger, nullable=False))
+    epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class LifetimeTotal(SQLModel, table=True):
+    """How many reports of one per-report epsilon a device ever sent for one use case."""
+
+    __tablename__ = "lifetime_totals"
+
+    device_key: str = Field(primary_key=True, max_length=64)
+    use_case: str = Field(primary_key=True, max_length=63)
+    epsilon_micro: int = Field(sa_column=Column(BigInteger, primary_key=True))
+    count: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class IdempotencyRecord(SQLModel, table=True):
+    """The first decision for an idempotency key, replayed on retries."""
+
+    __tablename__ = "idempotency"
+    __table_args__ = (Index("ix_idempotency_day", "day"),)
+
+    device_key: str = Field(primary_key=True, max_length=64)
+    key: str = Field(primary_key=True, max_length=255)
+    request_hash: str = Field(max_length=64)
+    day: int
+    decision: str = Field(sa_column=Column(Text, nullable=False))
+    charge_id: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    use_case: str = Field(sa_column=Column(String(63), nullable=False))

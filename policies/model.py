@@ -1,0 +1,255 @@
+"""The use-case policy model: one policy per use case, validated at the edge, versioned in storage.
+
+Entity family as in full-stack-fastapi-template: ``PolicyBase`` (shared fields and their
+constraints), ``PolicyCreate`` (strictly validated input), ``PolicyUpdate`` (a partial change),
+``Policy`` (the versioned table row) and ``PolicyPublic`` (what the API returns).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Literal, Self
+
+from pydantic import ConfigDict, field_validator, model_validator
+from sqlmodel import Field, SQLModel
+
+from mechanisms import CMS, HCMS, SFP, HashFamily
+from mechanisms.hadamard import is_power_of_two
+
+__all__ = [
+    "MAX_EPSILON",
+    "MICRO",
+    "Mechanism",
+    "Policy",
+    "PolicyBase",
+    "PolicyCreate",
+    "PolicyPublic",
+    "PolicyUpdate",
+    "budget_key",
+    "default_hash_seed",
+    "from_micro",
+    "mechanism_for",
+    "to_micro",
+]
+
+MAX_EPSILON = 20.0
+MICRO = 1_000_000
+SLUG = r"^[a-z0-9][a-z0-9-]{0,62}$"
+Mechanism = Literal["cms", "hcms", "sfp"]
+
+
+def to_micro(value: float, field: str = "epsilon") -> int:
+    """Exact integer micro-epsilon of a decimal epsilon with at most 6 decimals.
+
+    >>> to_micro(0.1), to_micro(4)
+    (100000, 4000000)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"`{field}` must be a finite number, got {value!r}")
+    scaled = Decimal(repr(float(value))) * MICRO
+    if scaled != scaled.to_integral_value():
+        raise ValueError(f"`{field}` must be a multiple of 0.000001, got {value!r}")
+    return int(scaled)
+
+
+def from_micro(micro: int) -> float:
+    """The float epsilon of an integer micro-epsilon (for display and accounting input).
+
+    >>> from_micro(300000)
+    0.3
+    """
+    return micro / MICRO
+
+
+def default_hash_seed(name: str) -> str:
+    """A deterministic per-use-case hash seed (hex), so devices and server agree by default."""
+    return hashlib.sha256(f"dp-governor/hash-seed/{name}".encode()).hexdigest()
+
+
+class PolicyBase(SQLModel):
+    """Fields shared by every member of the family, with their constraints."""
+
+    name: str = Field(max_length=63, description="Use-case slug, e.g. `emoji`.")
+    description: str = Field(default="", max_length=500)
+    mechanism: Mechanism = Field(description="`cms`, `hcms` or `sfp`.")
+    k: int = Field(ge=1, le=1 << 20, description="Hash functions (sketch rows).")
+    m: int = Field(ge=2, le=1 << 24, description="Buckets; a power of two for HCMS.")
+    k_fragment: int | None = Field(default=None, ge=1, le=1 << 20, description="SFP only.")
+    m_fragment: int | None = Field(default=None, ge=2, le=1 << 16, description="SFP only.")
+    epsilon_per_report: float = Field(gt=0, le=MAX_EPSILON)
+    epsilon_word: float | None = Field(default=None, gt=0, le=MAX_EPSILON, description="SFP only.")
+    epsilon_fragment: float | None = Field(
+        default=None, gt=0, le=MAX_EPSILON, description="SFP only."
+    )
+    max_reports_per_day: int = Field(ge=1, le=1000)
+    retention_days: int = Field(default=90, ge=1, le=3650)
+    group_size: int = Field(default=1, ge=1, le=1000)
+    publish_threshold: float = Field(default=0.0, ge=0, le=1e12, description="Publish counts >= T.")
+    window_epsilon_cap: float | None = Field(
+        default=None, gt=0, le=1e9, description="Per device and window."
+    )
+    lifetime_epsilon_cap: float | None = Field(
+        default=None, gt=0, le=1e9, description="Per device, ever."
+    )
+    delta: float = Field(default=1e-9, gt=0, lt=1)
+    budget_group: str | None = Field(
+        default=None, max_length=63, description="Shared budget (caps and account)."
+    )
+    hash_seed: str | None = Field(
+        default=None, max_length=64, description="Hex seed of the hash family (1-64 hex digits)."
+    )
+
+
+class PolicyCreate(PolicyBase):
+    """A policy as submitted: strict types, cross-field rules, exact epsilons."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")  # type: ignore[assignment]
+
+    @field_validator(
+        "epsilon_per_report",
+        "epsilon_word",
+        "epsilon_fragment",
+        "window_epsilon_cap",
+        "lifetime_epsilon_cap",
+    )
+    @classmethod
+    def _micro_exact(cls, value: float | None, info: Any) -> float | None:
+        if value is not None:
+            to_micro(value, info.field_name)
+        return value
+
+    @field_validator("name", "budget_group")
+    @classmethod
+    def _slug(cls, value: str | None, info: Any) -> str | None:
+        if value is not None and not re.fullmatch(SLUG, value):
+            raise ValueError(
+                f"`{info.field_name}` must be a slug (lowercase letters, digits and '-',"
+                f" 1-63 characters, not starting with '-'), got {value!r}"
+            )
+        return value
+
+    @field_validator("hash_seed")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9a-f]{1,64}", value):
+            raise ValueError(f"`hash_seed` must be 1-64 lowercase hex digits, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Self:
+        sfp_only = ("k_fragment", "m_fragment", "epsilon_word", "epsilon_fragment")
+        if self.mechanism == "sfp":
+            for name in sfp_only:
+                if getattr(self, name) is None:
+                    raise ValueError(f"`{name}` is required for mechanism sfp")
+            total = to_micro(self.epsilon_word or 0.0) + to_micro(self.epsilon_fragment or 0.0)
+            if total != to_micro(self.epsilon_per_report):
+                raise ValueError(
+                    "`epsilon_word` + `epsilon_fragment` must equal `epsilon_per_report`"
+                    f" ({self.epsilon_word} + {self.epsilon_fragment} != {self.epsilon_per_report})"
+                )
+        else:
+            for name in sfp_only:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"`{name}` is only for mechanism sfp, got {self.mechanism}")
+        if self.mechanism == "hcms" and not is_power_of_two(self.m):
+            raise ValueError(f"`m` must be a power of 2 for hcms, got {self.m}")
+        if self.mechanism != "hcms" and self.m > 1 << 16:
+            raise ValueError(f"`m` must be at most 65536 for {self.mechanism}, got {self.m}")
+        eps = to_micro(self.epsilon_per_report)
+        for cap in ("window_epsilon_cap", "lifetime_epsilon_cap"):
+            value = getattr(self, cap)
+            if value is not None and to_micro(value) < eps:
+                raise ValueError(
+                    f"`{cap}` must be at least `epsilon_per_report` ({value} < "
+                    f"{self.epsilon_per_report}): no report could ever be accepted"
+                )
+        return self
+
+
+class PolicyUpdate(SQLModel):
+    """A partial change to a policy; the merged result is validated as a ``PolicyCreate``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")  # type: ignore[assignment]
+
+    description: str | None = None
+    mechanism: Mechanism | None = None
+    k: int | None = None
+    m: int | None = None
+    k_fragment: int | None = None
+    m_fragment: int | None = None
+    epsilon_per_report: float | None = None
+    epsilon_word: float | None = None
+    epsilon_fragment: float | None = None
+    max_reports_per_day: int | None = None
+    retention_days: int | None = None
+    group_size: int | None = None
+    publish_threshold: float | None = None
+    window_epsilon_cap: float | None = None
+    lifetime_epsilon_cap: float | None = None
+    delta: float | None = None
+    budget_group: str | None = None
+    hash_seed: str | None = None
+
+    def apply_to(self, current: PolicyBase) -> PolicyCreate:
+        """Merge into ``current`` and validate the result."""
+        merged = current.model_dump(include=set(PolicyBase.model_fields))
+        merged.update(self.model_dump(exclude_unset=True))
+        return PolicyCreate.model_validate(merged)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Policy(PolicyBase, table=True):
+    """One immutable version of a use case's policy; the highest version is current."""
+
+    __tablename__ = "policies"
+
+    name: str = Field(primary_key=True, max_length=63)
+    version: int = Field(primary_key=True, ge=1)
+    active: bool = Field(default=True, description="False: the use case was deleted here.")
+    created_at: datetime = Field(default_factory=_now)
+    actor: str = Field(default="system", max_length=100)
+    mechanism: str = Field(max_length=8)  # type: ignore[assignment]
+
+
+class PolicyPublic(PolicyBase):
+    """A policy version as the API returns it."""
+
+    version: int
+    active: bool
+    created_at: datetime
+    actor: str
+    budget: str = Field(description="The budget this use case draws from (group or own name).")
+    epsilon_per_day: float = Field(description="epsilon_per_report x max_reports_per_day.")
+
+
+def budget_key(policy: PolicyBase) -> str:
+    """The account a use case charges: its budget group, or its own name."""
+    return policy.budget_group or policy.name
+
+
+def mechanism_for(policy: PolicyBase) -> CMS | HCMS | SFP:
+    """The mechanism object (parameters and hash family) a policy prescribes."""
+    family = HashFamily(int(policy.hash_seed or default_hash_seed(policy.name), 16))
+    if policy.mechanism == "cms":
+        return CMS(policy.epsilon_per_report, policy.k, policy.m, family)
+    if policy.mechanism == "hcms":
+        return HCMS(policy.epsilon_per_report, policy.k, policy.m, family)
+    assert policy.epsilon_word is not None and policy.epsilon_fragment is not None
+    assert policy.k_fragment is not None and policy.m_fragment is not None
+    return SFP(
+        policy.epsilon_word,
+        policy.epsilon_fragment,
+        policy.k,
+        policy.m,
+        policy.k_fragment,
+        policy.m_fragment,
+        family,
+    )

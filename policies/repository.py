@@ -1,0 +1,189 @@
+"""Versioned policy storage: every change is a new immutable version; old versions stay readable."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col
+
+from budget.db import writer
+from budget.errors import PolicyConflict, UnknownUseCase
+from policies.model import Policy, PolicyBase, PolicyCreate, PolicyUpdate
+
+__all__ = ["GROUP_FIELDS", "PolicyStore"]
+
+# Use cases sharing a budget group share one account: these fields must agree across them.
+GROUP_FIELDS = (
+    "max_reports_per_day",
+    "retention_days",
+    "window_epsilon_cap",
+    "lifetime_epsilon_cap",
+)
+
+_TABLE = Policy.__table__  # type: ignore[attr-defined]
+
+
+def _latest_versions() -> select:  # type: ignore[valid-type]
+    latest = (
+        select(_TABLE.c.name, func.max(_TABLE.c.version).label("version"))
+        .group_by(_TABLE.c.name)
+        .subquery()
+    )
+    return select(_TABLE).join(
+        latest, (_TABLE.c.name == latest.c.name) & (_TABLE.c.version == latest.c.version)
+    )
+
+
+class PolicyStore:
+    """Reads and writes policy versions through an engine (one transaction per call)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._writer = writer(engine)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def current_in(conn: Connection, name: str) -> Policy:
+        """The current active version of ``name`` inside an open transaction."""
+        row = conn.execute(
+            select(_TABLE).where(_TABLE.c.name == name).order_by(_TABLE.c.version.desc()).limit(1)
+        ).first()
+        if row is None or not row.active:
+            raise UnknownUseCase(name)
+        return Policy.model_validate(row._asdict())
+
+    @staticmethod
+    def group_members_in(conn: Connection, group: str) -> list[Policy]:
+        """Current active policies that draw from budget group ``group``."""
+        rows = conn.execute(_latest_versions().where(_TABLE.c.budget_group == group)).all()
+        return [Policy.model_validate(r._asdict()) for r in rows if r.active]
+
+    def get(self, name: str, version: int | None = None) -> Policy:
+        """The current version of ``name``, or a given (possibly old or deleted) version."""
+        with Session(self.engine) as session:
+            if version is None:
+                return self.current_in(session.connection(), name)
+            found = session.get(Policy, (name, version))
+            if found is None:
+                raise UnknownUseCase(f"{name}@{version}")
+            return found
+
+    def list(self) -> list[Policy]:
+        """All current active policies, by name."""
+        with self.engine.connect() as conn:
+            return self.list_in(conn)
+
+    @staticmethod
+    def list_in(conn: Connection) -> list[Policy]:
+        """All current active policies, by name, inside an open connection."""
+        rows = conn.execute(_latest_versions().order_by(_TABLE.c.name)).all()
+        return [Policy.model_validate(r._asdict()) for r in rows if r.active]
+
+    def versions(self, name: str) -> list[Policy]:
+        """Every version of ``name``, oldest first (deleted ones included)."""
+        with Session(self.engine) as session:
+            found = list(
+                session.exec(
+                    select(Policy).where(col(Policy.name) == name).order_by(col(Policy.version))  # type: ignore[call-overload]
+                ).scalars()
+            )
+        if not found:
+            raise UnknownUseCase(name)
+        return found
+
+    def is_empty(self) -> bool:
+        """Whether no policy was ever stored."""
+        with Session(self.engine) as session:
+            return (
+                session.connection().execute(select(func.count()).select_from(_TABLE)).scalar_one()
+                == 0
+            )
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def ensure_defaults(self) -> list[Policy]:
+        """Load Apple's default policies into an empty store (first start); else do nothing."""
+        from policies.defaults import default_policies
+
+        if not self.is_empty():
+            return []
+        return [self.create(p, actor="system") for p in default_policies()]
+
+    def create(self, policy: PolicyCreate, *, actor: str = "admin") -> Policy:
+        """Store version 1 of a new use case (or revive a deleted one as its next version)."""
+        return self._write(policy, actor=actor, must_exist=False)
+
+    def update(self, name: str, change: PolicyUpdate, *, actor: str = "admin") -> Policy:
+        """Store a new version of ``name`` with ``change`` applied."""
+        current = self.get(name)
+        return self._write(change.apply_to(current), actor=actor, must_exist=True)
+
+    def apply(self, policy: PolicyCreate, *, actor: str = "admin") -> Policy:
+        """Create or replace: a new version unless the stored one is identical."""
+        try:
+            current = self.get(policy.name)
+        except UnknownUseCase:
+            return self.create(policy, actor=actor)
+        if _same(current, policy):
+            return current
+        return self._write(policy, actor=actor, must_exist=True)
+
+    def delete(self, name: str, *, actor: str = "admin") -> Policy:
+        """Retire a use case: a new, inactive version. Its charges and history stay."""
+        current = self.get(name)
+        data = PolicyCreate.model_validate(current.model_dump(include=set(PolicyBase.model_fields)))
+        return self._write(data, actor=actor, must_exist=True, active=False)
+
+    def _write(
+        self, policy: PolicyCreate, *, actor: str, must_exist: bool, active: bool = True
+    ) -> Policy:
+        with self._writer.begin() as conn:
+            latest = conn.execute(
+                select(_TABLE.c.version, _TABLE.c.active)
+                .where(_TABLE.c.name == policy.name)
+                .order_by(_TABLE.c.version.desc())
+                .limit(1)
+            ).first()
+            exists = latest is not None and latest.active
+            if must_exist and not exists:
+                raise UnknownUseCase(policy.name)
+            if not must_exist and exists:
+                raise PolicyConflict("name", f"use case {policy.name!r} already exists")
+            if active and policy.budget_group:
+                self._check_group(conn, policy)
+            version = 1 if latest is None else latest.version + 1
+            row = Policy(
+                **policy.model_dump(),
+                version=version,
+                active=active,
+                created_at=datetime.now(UTC),
+                actor=actor,
+            )
+            try:
+                conn.execute(_TABLE.insert().values(**row.model_dump()))
+            except IntegrityError:
+                raise PolicyConflict(
+                    "version", f"a concurrent change to {policy.name!r} won; retry"
+                ) from None
+        return row
+
+    def _check_group(self, conn: Connection, policy: PolicyCreate) -> None:
+        assert policy.budget_group is not None
+        for other in self.group_members_in(conn, policy.budget_group):
+            if other.name == policy.name:
+                continue
+            for field in GROUP_FIELDS:
+                if getattr(other, field) != getattr(policy, field):
+                    raise PolicyConflict(
+                        field,
+                        f"must equal {getattr(other, field)!r} as in {other.name!r}: use cases of"
+                        f" budget group {policy.budget_group!r} share one budget",
+                    )
+
+
+def _same(current: Policy, policy: PolicyCreate) -> bool:
+    fields = set(PolicyBase.model_fields)
+    return current.model_dump(include=fields) == policy.model_dump(include=fields)
