@@ -3,9 +3,10 @@
 SQLite: WAL journal (readers never block the writer), ``synchronous=NORMAL`` (a commit is durable
 at the next checkpoint; the database is never corrupted), a 30 s busy timeout, and write
 transactions (through :func:`writer`) opened with ``BEGIN IMMEDIATE`` so that writers serialize
-at the start instead of failing on a lock upgrade; pysqlite's own transaction handling is switched off so that
-SAVEPOINTs work (the SQLAlchemy recipe). PostgreSQL: psycopg 3, READ COMMITTED; the gate's
-``INSERT ... ON CONFLICT DO UPDATE`` takes the row locks that serialize one device's charges.
+at the start instead of failing on a lock upgrade; pysqlite's own transaction handling is
+switched off so that SAVEPOINTs work (the SQLAlchemy recipe). PostgreSQL: psycopg 3, READ
+COMMITTED; the gate's ``INSERT ... ON CONFLICT DO UPDATE`` takes the row locks that serialize
+one device's charges.
 """
 
 from __future__ import annotations

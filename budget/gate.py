@@ -350,7 +350,7 @@ def window_retry_day(
         )
         .order_by(_DAILY.c.day)
     ).all()
-    spends = [(d, e - (eps if d == day else 0)) for d, e in rows]
+    spends = [(int(d), int(e) - (eps if d == day else 0)) for d, e in rows]
     remaining = sum(e for _, e in spends)
     for d, e in spends:
         remaining -= e

@@ -32,8 +32,10 @@ _IDEM = IdempotencyRecord.__table__  # type: ignore[attr-defined]
 
 @dataclass(frozen=True, slots=True)
 class BudgetStatus:
-    """A device's standing against one use case's policy (budget-level figures are shared by
-    every use case of a budget group). ``None`` caps are not set.
+    """A device's standing against one use case's policy.
+
+    Budget-level figures are shared by every use case of a budget group; ``None`` caps are not
+    set.
     """
 
     use_case: str
@@ -119,8 +121,8 @@ class Ledger:
         day = utc_day(now)
         out: list[BudgetStatus] = []
         with self.engine.connect() as conn:
-            daily = {
-                (r.budget, r.day): (r.count, r.epsilon_micro)
+            daily: dict[tuple[str, int], tuple[int, int]] = {
+                (r.budget, r.day): (int(r[3]), int(r[4]))
                 for r in conn.execute(
                     select(_DAILY).where(and_(_DAILY.c.device_key == dk, _DAILY.c.day == day))
                 )
@@ -232,13 +234,13 @@ class Ledger:
             ):
                 p = policies.get(r.use_case)
                 if p is not None and r.day > day - p.retention_days and r.day <= day:
-                    window_rows[r.use_case].append((r.epsilon_micro, r[3]))
+                    window_rows[r.use_case].append((int(r.epsilon_micro), int(r[3])))
             for r in conn.execute(
                 select(_LIFETIME.c.use_case, _LIFETIME.c.epsilon_micro, _LIFETIME.c.count).where(
                     _LIFETIME.c.device_key == dk
                 )
             ):
-                lifetime_rows[r.use_case].append((r.epsilon_micro, r.count))
+                lifetime_rows[r.use_case].append((int(r.epsilon_micro), int(r[2])))
         used = [policies[u] for u in set(window_rows) | set(lifetime_rows) if u in policies]
         total_delta = delta if delta is not None else min((p.delta for p in used), default=1e-9)
         window, window_total = self._compose(window_rows, policies, delta, total_delta)

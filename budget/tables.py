@@ -26,7 +26,6 @@ class Charge(SQLModel, table=True):
     __tablename__ = "charges"
     __table_args__ = (
         Index("ix_charges_device_budget_day", "device_key", "budget", "day"),
-        Index("ix_charges_day", "day"),
         Index("ix_charges_use_case_day", "use_case", "day"),
     )
 
@@ -49,7 +48,7 @@ class DailySpend(SQLModel, table=True):
     """Reports and micro-epsilon of one device against one budget on one UTC day."""
 
     __tablename__ = "daily_spend"
-    __table_args__ = (Index("ix_daily_spend_day", "day"),)
+    __table_args__ = (Index("ix_daily_spend_day", "day"), {"sqlite_with_rowid": False})
 
     device_key: str = Field(primary_key=True, max_length=64)
     budget: str = Field(primary_key=True, max_length=63)
@@ -62,6 +61,7 @@ class Account(SQLModel, table=True):
     """Lifetime spend of one device against one budget (the serialization point)."""
 
     __tablename__ = "accounts"
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     device_key: str = Field(primary_key=True, max_length=64)
     budget: str = Field(primary_key=True, max_length=63)
@@ -73,6 +73,7 @@ class LifetimeTotal(SQLModel, table=True):
     """How many reports of one per-report epsilon a device ever sent for one use case."""
 
     __tablename__ = "lifetime_totals"
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     device_key: str = Field(primary_key=True, max_length=64)
     use_case: str = Field(primary_key=True, max_length=63)
@@ -84,7 +85,7 @@ class IdempotencyRecord(SQLModel, table=True):
     """The first decision for an idempotency key, replayed on retries."""
 
     __tablename__ = "idempotency"
-    __table_args__ = (Index("ix_idempotency_day", "day"),)
+    __table_args__ = (Index("ix_idempotency_day", "day"), {"sqlite_with_rowid": False})
 
     device_key: str = Field(primary_key=True, max_length=64)
     key: str = Field(primary_key=True, max_length=255)

@@ -1,5 +1,7 @@
-"""Apple's published use cases as default policies (Differential Privacy Technical Overview, and
-the mechanism parameters of *Learning with Privacy at Scale*, section 6).
+"""Apple's published use cases as default policies.
+
+Epsilons and daily caps from Apple's Differential Privacy Technical Overview, mechanism
+parameters from *Learning with Privacy at Scale*, section 6.
 
 Lookup Hints' mechanism is not published: CMS with Emoji's sketch size (k=65536, m=1024) is our
 choice. Safari's energy-draining and crashing domains share ONE budget ("a single privacy

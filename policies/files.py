@@ -1,4 +1,4 @@
-"""Policies as YAML or TOML files (``policies: [...]`` / ``[[policies]]``), validated by the model."""
+"""Policies as YAML or TOML files (``policies: [...]``), validated by the model."""
 
 from __future__ import annotations
 

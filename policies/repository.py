@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
@@ -25,7 +27,7 @@ GROUP_FIELDS = (
 _TABLE = Policy.__table__  # type: ignore[attr-defined]
 
 
-def _latest_versions() -> select:  # type: ignore[valid-type]
+def _latest_versions() -> Select[Any]:
     latest = (
         select(_TABLE.c.name, func.max(_TABLE.c.version).label("version"))
         .group_by(_TABLE.c.name)
@@ -56,7 +58,7 @@ class PolicyStore:
         return Policy.model_validate(row._asdict())
 
     @staticmethod
-    def group_members_in(conn: Connection, group: str) -> list[Policy]:
+    def group_members_in(conn: Connection, group: str) -> builtins.list[Policy]:
         """Current active policies that draw from budget group ``group``."""
         rows = conn.execute(_latest_versions().where(_TABLE.c.budget_group == group)).all()
         return [Policy.model_validate(r._asdict()) for r in rows if r.active]
@@ -71,21 +73,21 @@ class PolicyStore:
                 raise UnknownUseCase(f"{name}@{version}")
             return found
 
-    def list(self) -> list[Policy]:
+    def list(self) -> builtins.list[Policy]:
         """All current active policies, by name."""
         with self.engine.connect() as conn:
             return self.list_in(conn)
 
     @staticmethod
-    def list_in(conn: Connection) -> list[Policy]:
+    def list_in(conn: Connection) -> builtins.list[Policy]:
         """All current active policies, by name, inside an open connection."""
         rows = conn.execute(_latest_versions().order_by(_TABLE.c.name)).all()
         return [Policy.model_validate(r._asdict()) for r in rows if r.active]
 
-    def versions(self, name: str) -> list[Policy]:
+    def versions(self, name: str) -> builtins.list[Policy]:
         """Every version of ``name``, oldest first (deleted ones included)."""
         with Session(self.engine) as session:
-            found = list(
+            found = builtins.list(
                 session.exec(
                     select(Policy).where(col(Policy.name) == name).order_by(col(Policy.version))  # type: ignore[call-overload]
                 ).scalars()
@@ -104,7 +106,7 @@ class PolicyStore:
 
     # -- writes --------------------------------------------------------------------------------
 
-    def ensure_defaults(self) -> list[Policy]:
+    def ensure_defaults(self) -> builtins.list[Policy]:
         """Load Apple's default policies into an empty store (first start); else do nothing."""
         from policies.defaults import default_policies
 

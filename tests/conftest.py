@@ -1,5 +1,7 @@
-"""Database fixtures: every ledger test runs on a fresh SQLite file and, when
-``DPGOV_TEST_DATABASE_URL`` names a PostgreSQL server, on a fresh schema there."""
+"""Database fixtures: a fresh SQLite file, and a fresh PostgreSQL schema when configured.
+
+``DPGOV_TEST_DATABASE_URL`` names the PostgreSQL server; without it those cases are skipped.
+"""
 
 from __future__ import annotations
 

@@ -43,7 +43,9 @@ def test_daily_cap_then_refusal_with_next_midnight(ledger: Ledger) -> None:
     assert third.retry_at == datetime(2026, 11, 23, tzinfo=UTC)
     assert count_rows(ledger, "charges") == 2
     # midnight resets the daily cap
-    assert ledger.charge("device-1", "lookup-hints", now=datetime(2026, 11, 23, tzinfo=UTC)).accepted
+    assert ledger.charge(
+        "device-1", "lookup-hints", now=datetime(2026, 11, 23, tzinfo=UTC)
+    ).accepted
 
 
 def test_devices_and_use_cases_are_independent(ledger: Ledger) -> None:
@@ -223,7 +225,9 @@ def test_quicktype_hundred_days(ledger: Ledger) -> None:
 
 def test_purge_deletes_exactly_what_left_the_window(ledger: Ledger) -> None:
     for offset in (91, 90, 89, 0):
-        ledger.charge("dev", "emoji", now=NOW - timedelta(days=offset), idempotency_key=f"k{offset}")
+        ledger.charge(
+            "dev", "emoji", now=NOW - timedelta(days=offset), idempotency_key=f"k{offset}"
+        )
     ledger.charge("dev", "health-types", now=NOW - timedelta(days=95))
     result = ledger.purge(now=NOW)
     assert (result.charges, result.daily_spend, result.idempotency) == (3, 3, 2)

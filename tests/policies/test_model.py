@@ -1,0 +1,187 @@
+"""Policy validation, Apple's defaults, and policy files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from mechanisms import CMS, HCMS, SFP
+from policies import (
+    PolicyCreate,
+    PolicyFileError,
+    PolicyUpdate,
+    default_policies,
+    dump_policies,
+    load_policies,
+    mechanism_for,
+)
+from policies.model import to_micro
+
+DUPLICATE = (
+    "  - {name: a, mechanism: cms, k: 4, m: 8, epsilon_per_report: 1.0, max_reports_per_day: 1}\n"
+)
+BASE: dict[str, Any] = {
+    "name": "emoji",
+    "mechanism": "cms",
+    "k": 65536,
+    "m": 1024,
+    "epsilon_per_report": 4.0,
+    "max_reports_per_day": 1,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"epsilon_per_report": float("nan")}, "epsilon_per_report"),
+        ({"epsilon_per_report": float("inf")}, "epsilon_per_report"),
+        ({"epsilon_per_report": -float("inf")}, "epsilon_per_report"),
+        ({"epsilon_per_report": 1e309}, "epsilon_per_report"),
+        ({"epsilon_per_report": 0}, "epsilon_per_report"),
+        ({"epsilon_per_report": -1}, "epsilon_per_report"),
+        ({"epsilon_per_report": "4"}, "epsilon_per_report"),
+        ({"epsilon_per_report": True}, "epsilon_per_report"),
+        ({"epsilon_per_report": 20.5}, "epsilon_per_report"),
+        ({"epsilon_per_report": 0.1234567}, "epsilon_per_report"),
+        ({"k": 0}, "k"),
+        ({"k": "4"}, "k"),
+        ({"k": 4.0}, "k"),
+        ({"max_reports_per_day": 0}, "max_reports_per_day"),
+        ({"retention_days": 0}, "retention_days"),
+        ({"group_size": 0}, "group_size"),
+        ({"delta": 0}, "delta"),
+        ({"delta": 1}, "delta"),
+        ({"name": "Emoji"}, "name"),
+        ({"name": "-x"}, "name"),
+        ({"budget_group": "Safari Domains"}, "budget_group"),
+        ({"hash_seed": "XYZ"}, "hash_seed"),
+        ({"mechanism": "olh"}, "mechanism"),
+        ({"surprise": 1}, "surprise"),
+        ({"mechanism": "hcms", "m": 1000}, "`m` must be a power of 2"),
+        ({"m": 1 << 20}, "`m` must be at most 65536"),
+        ({"window_epsilon_cap": 1.0}, "`window_epsilon_cap` must be at least"),
+        ({"lifetime_epsilon_cap": 3.0}, "`lifetime_epsilon_cap` must be at least"),
+        ({"k_fragment": 16}, "`k_fragment` is only for mechanism sfp"),
+        ({"mechanism": "sfp"}, "`k_fragment` is required"),
+    ],
+)
+def test_bad_policies_name_the_field(change: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        PolicyCreate.model_validate({**BASE, **change})
+    text = str(info.value)
+    assert field in text
+
+
+def test_sfp_split_must_add_up() -> None:
+    sfp = {
+        **BASE,
+        "mechanism": "sfp",
+        "k_fragment": 2048,
+        "m_fragment": 1024,
+        "epsilon_per_report": 8.0,
+        "epsilon_word": 2.0,
+        "epsilon_fragment": 6.0,
+    }
+    assert PolicyCreate.model_validate(sfp).epsilon_fragment == 6.0
+    with pytest.raises(ValidationError, match="must equal `epsilon_per_report`"):
+        PolicyCreate.model_validate({**sfp, "epsilon_fragment": 5.0})
+    # exact in micro-epsilon: 0.1 + 0.2 == 0.3 here, unlike floats
+    ok = {**sfp, "epsilon_per_report": 0.3, "epsilon_word": 0.1, "epsilon_fragment": 0.2}
+    assert PolicyCreate.model_validate(ok).epsilon_per_report == 0.3
+
+
+def test_micro_epsilon_is_exact() -> None:
+    assert to_micro(0.1) * 3 == to_micro(0.3)
+    assert to_micro(2) == 2_000_000
+    with pytest.raises(ValueError, match=r"multiple of 0\.000001"):
+        to_micro(2.0000001)
+
+
+def test_apples_defaults() -> None:
+    by_name = {p.name: p for p in default_policies()}
+    expected = {
+        "quicktype": ("sfp", 8.0, 2),
+        "emoji": ("cms", 4.0, 1),
+        "lookup-hints": ("cms", 4.0, 2),
+        "safari-energy-domains": ("hcms", 4.0, 2),
+        "safari-crash-domains": ("hcms", 4.0, 2),
+        "safari-autoplay": ("cms", 8.0, 2),
+        "health-types": ("cms", 2.0, 1),
+    }
+    assert {
+        n: (p.mechanism, p.epsilon_per_report, p.max_reports_per_day) for n, p in by_name.items()
+    } == expected
+    assert all(p.retention_days == 90 and p.group_size == 1 for p in by_name.values())
+    q = by_name["quicktype"]
+    assert (q.epsilon_word, q.epsilon_fragment, q.k, q.m, q.k_fragment, q.m_fragment) == (
+        2.0,
+        6.0,
+        2048,
+        1024,
+        2048,
+        1024,
+    )
+    assert (by_name["emoji"].k, by_name["emoji"].m) == (65536, 1024)
+    assert (by_name["health-types"].k, by_name["health-types"].m) == (65536, 256)
+    safari = by_name["safari-energy-domains"]
+    assert (safari.k, safari.m, safari.budget_group) == (1024, 32768, "safari-domains")
+    assert by_name["safari-crash-domains"].budget_group == "safari-domains"
+
+
+def test_mechanism_for_builds_the_prescribed_mechanism() -> None:
+    by_name = {p.name: p for p in default_policies()}
+    assert isinstance(mechanism_for(by_name["emoji"]), CMS)
+    assert isinstance(mechanism_for(by_name["safari-crash-domains"]), HCMS)
+    sfp = mechanism_for(by_name["quicktype"])
+    assert isinstance(sfp, SFP) and sfp.epsilon == 8.0
+    # the two Safari use cases hash differently (their own seeds)
+    energy = mechanism_for(by_name["safari-energy-domains"])
+    crash = mechanism_for(by_name["safari-crash-domains"])
+    assert energy.hash_family != crash.hash_family
+
+
+def test_update_merges_and_revalidates() -> None:
+    base = PolicyCreate.model_validate(BASE)
+    assert PolicyUpdate(max_reports_per_day=3).apply_to(base).max_reports_per_day == 3
+    with pytest.raises(ValidationError, match="power of 2"):
+        PolicyUpdate(mechanism="hcms", m=1000).apply_to(base)
+    with pytest.raises(ValidationError):
+        PolicyUpdate.model_validate({"name": "renamed"})
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "toml"])
+def test_files_round_trip(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / f"policies.{fmt}"
+    path.write_text(dump_policies(default_policies(), fmt), encoding="utf-8")
+    loaded = load_policies(path)
+    assert [p.model_dump() for p in loaded] == [p.model_dump() for p in default_policies()]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("p.yaml", "policies: [", "not valid YAML"),
+        ("p.toml", "policies = [", "not valid TOML"),
+        ("p.yaml", "rules: []", "exactly one key"),
+        ("p.json", "{}", "must end in"),
+        ("p.yaml", "policies:\n  - name: x\n    mechanism: cms", "policies[0] `k`"),
+        (
+            "p.yaml",
+            "policies:\n" + DUPLICATE + DUPLICATE,
+            "appears twice",
+        ),
+    ],
+)
+def test_bad_files(tmp_path: Path, name: str, content: str, message: str) -> None:
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(PolicyFileError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_policies(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(PolicyFileError, match="cannot read"):
+        load_policies(tmp_path / "absent.yaml")

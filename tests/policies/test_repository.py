@@ -1,0 +1,66 @@
+"""Versioned policy storage on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine
+
+from budget import PolicyConflict, UnknownUseCase
+from policies import PolicyCreate, PolicyStore, PolicyUpdate, default_policies
+
+
+@pytest.fixture
+def store(engine: Engine) -> PolicyStore:
+    return PolicyStore(engine)
+
+
+def test_defaults_load_once_on_an_empty_store(store: PolicyStore) -> None:
+    assert len(store.ensure_defaults()) == 7
+    assert store.ensure_defaults() == []
+    assert [p.name for p in store.list()] == sorted(p.name for p in default_policies())
+
+
+def test_every_change_is_a_new_immutable_version(store: PolicyStore) -> None:
+    store.ensure_defaults()
+    v2 = store.update("emoji", PolicyUpdate(max_reports_per_day=2), actor="alice")
+    assert (v2.version, v2.max_reports_per_day, v2.actor) == (2, 2, "alice")
+    assert store.get("emoji").version == 2
+    assert store.get("emoji", 1).max_reports_per_day == 1
+    deleted = store.delete("emoji")
+    assert deleted.version == 3 and not deleted.active
+    with pytest.raises(UnknownUseCase):
+        store.get("emoji")
+    assert [v.version for v in store.versions("emoji")] == [1, 2, 3]
+    assert "emoji" not in [p.name for p in store.list()]
+    revived = store.create(default_policies()[1])
+    assert revived.name == "emoji" and revived.version == 4
+
+
+def test_create_refuses_duplicates_and_update_unknown(store: PolicyStore) -> None:
+    store.ensure_defaults()
+    with pytest.raises(PolicyConflict, match="already exists"):
+        store.create(default_policies()[0])
+    with pytest.raises(UnknownUseCase):
+        store.update("nope", PolicyUpdate(k=4))
+    with pytest.raises(UnknownUseCase):
+        store.versions("nope")
+
+
+def test_apply_is_idempotent(store: PolicyStore) -> None:
+    emoji = default_policies()[1]
+    assert store.apply(emoji).version == 1
+    assert store.apply(emoji).version == 1
+    changed = PolicyCreate.model_validate({**emoji.model_dump(), "max_reports_per_day": 5})
+    assert store.apply(changed).version == 2
+
+
+def test_budget_group_members_must_share_caps(store: PolicyStore) -> None:
+    store.ensure_defaults()
+    with pytest.raises(PolicyConflict, match="`max_reports_per_day`") as info:
+        store.update("safari-crash-domains", PolicyUpdate(max_reports_per_day=3))
+    assert info.value.field == "max_reports_per_day"
+    # leaving the group is fine
+    moved = store.update(
+        "safari-crash-domains", PolicyUpdate(budget_group=None, max_reports_per_day=3)
+    )
+    assert moved.budget_group is None
