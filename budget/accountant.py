@@ -228,6 +228,11 @@ class Accountant:
         """The loss of a ledger of pure events for groups of ``group_size``, at ``delta``."""
         if not (0.0 < delta < 1.0):
             raise ValueError(f"`delta` must be in (0, 1), got {delta!r}")
+        if isinstance(events, tuple):  # fast path: an already sorted, merged ledger
+            found = self._memo.get((events, delta, group_size))
+            if found is not None:
+                self.hits += 1
+                return found
         ledger = _normalise(events)
         key = (ledger, delta, group_size)
         found = self._memo.get(key)

@@ -318,7 +318,7 @@ class Ledger:
                     )
                 )
                 .group_by(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro)
-                .order_by(_CHARGES.c.device_key)
+                .order_by(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro)
             )
             for dk, eps, count in result:
                 if dk != current and current is not None:
@@ -328,6 +328,43 @@ class Ledger:
                 events.append((eps, count))
         if current is not None:
             yield current, _events(events)
+
+    def lifetime_ledgers(
+        self, *, use_case: str
+    ) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
+        """Each device's lifetime multiset for one use case (from the purge-proof totals)."""
+        if use_case not in self._policy_map():
+            raise UnknownUseCase(use_case)
+        current: str | None = None
+        events: list[tuple[int, int]] = []
+        with self.engine.connect() as conn:
+            result = conn.execute(
+                select(_LIFETIME.c.device_key, _LIFETIME.c.epsilon_micro, _LIFETIME.c.count)
+                .where(_LIFETIME.c.use_case == use_case)
+                .order_by(_LIFETIME.c.device_key, _LIFETIME.c.epsilon_micro)
+            )
+            for dk, eps, count in result:
+                if dk != current and current is not None:
+                    yield current, _events(events)
+                    events = []
+                current = dk
+                events.append((int(eps), int(count)))
+        if current is not None:
+            yield current, _events(events)
+
+    def population_lifetime_loss(self, *, use_case: str) -> dict[str, PrivacyLoss]:
+        """Tight lifetime loss of every device of a use case (memoized by ledger multiset)."""
+        policy = self._policy_map()[use_case]
+        return {
+            dk: self.accountant.loss(ev, delta=policy.delta, group_size=policy.group_size)
+            for dk, ev in self.lifetime_ledgers(use_case=use_case)
+        }
+
+    def devices_loss(
+        self, device_ids: list[str], *, now: datetime, delta: float | None = None
+    ) -> dict[str, DeviceLoss]:
+        """:meth:`device_loss` for a set of devices, keyed by the ids given."""
+        return {d: self.device_loss(d, now=now, delta=delta) for d in device_ids}
 
     def population_window_loss(self, *, now: datetime, use_case: str) -> dict[str, PrivacyLoss]:
         """Tight window loss of every device of a use case (memoized by ledger multiset)."""

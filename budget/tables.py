@@ -26,7 +26,8 @@ class Charge(SQLModel, table=True):
     __tablename__ = "charges"
     __table_args__ = (
         Index("ix_charges_device_budget_day", "device_key", "budget", "day"),
-        Index("ix_charges_use_case_day", "use_case", "day"),
+        # covering, in device order: window totals and ledgers per use case read only the index
+        Index("ix_charges_use_case_device", "use_case", "device_key", "day", "epsilon_micro"),
     )
 
     id: int | None = Field(

@@ -269,3 +269,23 @@ def test_concurrent_idempotent_retries_charge_once(ledger: Ledger) -> None:
     assert all(d.accepted for d in decisions)
     assert len({d.charge_id for d in decisions}) == 1
     assert count_rows(ledger, "charges") == 1
+
+
+def test_population_accounting_window_and_lifetime(ledger: Ledger) -> None:
+    for d in range(30):
+        for back in range(1 + d % 3):
+            ledger.charge(f"p{d}", "emoji", now=NOW - timedelta(days=back * 40))
+    totals = ledger.window_totals(now=NOW, use_case="emoji")
+    assert len(totals) == 30
+    assert sorted(set(totals.values())) == [4.0, 8.0, 12.0]
+    window = ledger.population_window_loss(now=NOW, use_case="emoji")
+    lifetime = ledger.population_lifetime_loss(use_case="emoji")
+    assert {loss.epsilon_basic for loss in window.values()} == {4.0, 8.0, 12.0}
+    assert {loss.events for loss in lifetime.values()} == {1, 2, 3}
+    assert ledger.accountant.hit_rate > 0.8  # 30 devices, 3 distinct ledgers
+    both = ledger.devices_loss(["p0", "p2"], now=NOW)
+    assert both["p2"].window_total is not None and both["p2"].window_total.epsilon_basic == 12.0
+    after = ledger.window_totals(now=NOW + timedelta(days=100))
+    assert after == {}
+    with pytest.raises(UnknownUseCase):
+        ledger.window_totals(now=NOW, use_case="nope")

@@ -1,0 +1,722 @@
+"""The FastAPI service: ``create_app(settings)``; engine, ledger, scheduler live in the lifespan."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, date, datetime
+from typing import Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import func, select
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.ingest import Ingestor, PolicyChanged
+from api.jobs import JOBS, RUNTIMES, Runtime, run_job, start_scheduler
+from api.pipeline import load_sketch
+from api.settings import Settings, load_or_create_secret
+from api.tables import InboxRow
+from budget import (
+    Clock,
+    IdempotencyConflict,
+    InvalidRequest,
+    Ledger,
+    PolicyConflict,
+    SystemClock,
+    UnknownUseCase,
+    create_db_engine,
+    init_db,
+    utc_day,
+)
+from budget.clock import day_date
+from mechanisms import InvalidReport, SfpSketch
+from policies import Policy, PolicyCreate, PolicyPublic, budget_key
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("dpgov.api")
+
+
+# -- request size ---------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for bodies over the limit, by Content-Length or while streaming.
+
+    The body is never buffered beyond the limit: a chunked upload is cut off as soon as it
+    crosses it.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.limit
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await _too_large(send, self.limit)
+                    return
+        received = 0
+        limit = self.limit
+        responded = False
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal responded
+            responded = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, guarded_send)
+        except _BodyTooLarge:
+            if not responded:
+                await _too_large(send, self.limit)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = f'{{"detail":"request body is larger than {limit} bytes"}}'.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+# -- response models ------------------------------------------------------------------------------
+
+
+class Receipt(BaseModel):
+    """A 202 answer: the charge receipt and what remains today (never a report id)."""
+
+    receipt: str
+    use_case: str
+    policy_version: int
+    epsilon: float
+    day: date
+    reports_left_today: int
+    replayed: bool
+
+
+class BatchItemResult(BaseModel):
+    """One item of a batch answer."""
+
+    status: int
+    receipt: str | None = None
+    reason: str | None = None
+    retry_at: datetime | None = None
+    field: str | None = None
+    error: str | None = None
+
+
+class BatchResult(BaseModel):
+    """Per-item results, in the order of the items."""
+
+    accepted: int
+    results: list[BatchItemResult]
+
+
+class UseCaseBudget(BaseModel):
+    """A device's standing against one use case."""
+
+    use_case: str
+    budget: str
+    policy_version: int
+    epsilon_per_report: float
+    max_reports_per_day: int
+    reports_today: int
+    reports_left_today: int
+    epsilon_today: float
+    epsilon_window: float
+    epsilon_lifetime: float
+    window_cap: float | None
+    window_remaining: float | None
+    lifetime_cap: float | None
+    lifetime_remaining: float | None
+    next_reset: datetime
+
+
+class DeviceBudget(BaseModel):
+    """Every use case's budget for one device."""
+
+    device_id: str
+    use_cases: list[UseCaseBudget]
+
+
+class EstimateItem(BaseModel):
+    """One candidate's estimated count."""
+
+    item: str
+    count: float
+    stderr: float
+
+
+class Estimates(BaseModel):
+    """Published estimates (count >= the policy's threshold) over a day range."""
+
+    use_case: str
+    days: list[date]
+    n: int
+    publish_threshold: float
+    estimates: list[EstimateItem]
+
+
+class Discovery(BaseModel):
+    """A word discovered by SFP, with its estimate."""
+
+    word: str
+    count: float
+    stderr: float
+
+
+class Discoveries(BaseModel):
+    """SFP's discovered words over a day range."""
+
+    use_case: str
+    days: list[date]
+    n: int
+    words: list[Discovery]
+
+
+def _public(p: Policy) -> PolicyPublic:
+    data = p.model_dump()
+    data["budget"] = budget_key(p)
+    data["epsilon_per_day"] = p.epsilon_per_report * p.max_reports_per_day
+    return PolicyPublic.model_validate(data)
+
+
+def _finite(value: Any) -> Any:
+    """Replace non-finite floats (never echoed back into JSON) by their repr."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any]]:
+    out = []
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ())]
+        out.append(
+            {
+                "loc": loc,
+                "field": ".".join(loc[1:] if loc and loc[0] == "body" else loc),
+                "msg": str(err.get("msg")),
+            }
+        )
+    return out
+
+
+# -- dependencies ---------------------------------------------------------------------------------
+
+
+def get_ledger(request: Request) -> Ledger:
+    """The app's ledger (built in the lifespan)."""
+    ledger: Ledger = request.app.state.ledger
+    return ledger
+
+
+def get_ingestor(request: Request) -> Ingestor:
+    """The app's ingestor (built in the lifespan)."""
+    ingestor: Ingestor = request.app.state.ingestor
+    return ingestor
+
+
+def _is_admin(settings: Settings, authorization: str | None) -> bool:
+    """Whether ``authorization`` carries the admin bearer token (constant-time compare)."""
+    if settings.admin_token is None or not authorization:
+        return False
+    scheme, _, token = authorization.partition(" ")
+    expected = settings.admin_token.get_secret_value()
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), expected.encode())
+
+
+def require_admin(
+    request: Request,
+    authorization: Annotated[str | None, Header(description="`Bearer <admin token>`")] = None,
+) -> None:
+    """401 without credentials, 403 with wrong ones."""
+    if not authorization:
+        raise _Http(401, "admin routes need `Authorization: Bearer <token>`")
+    if not _is_admin(request.app.state.settings, authorization):
+        raise _Http(403, "the admin token is not valid")
+
+
+LedgerDep = Annotated[Ledger, Depends(get_ledger)]
+IngestorDep = Annotated[Ingestor, Depends(get_ingestor)]
+AdminDep = Depends(require_admin)
+DeviceHeader = Annotated[
+    str,
+    Header(
+        alias="X-Device-Id",
+        min_length=1,
+        max_length=256,
+        description="The submitting device's id (pseudonymised with HMAC before storage).",
+    ),
+]
+UseCaseName = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")]
+
+
+# -- the app --------------------------------------------------------------------------------------
+
+
+def create_app(settings: Settings | None = None, *, clock: Clock | None = None) -> FastAPI:
+    """Build the service. Nothing connects until the lifespan starts."""
+    settings = settings or Settings()
+    clock = clock or SystemClock()
+    registry = CollectorRegistry()
+    reports_total = Counter(
+        "dpgov_reports_total",
+        "Reports by use case and outcome.",
+        ["use_case", "outcome"],
+        registry=registry,
+    )
+    latency = Histogram(
+        "dpgov_request_seconds", "Request latency by route.", ["route", "method"], registry=registry
+    )
+    inbox_depth = Gauge("dpgov_inbox_depth", "Reports waiting in the inbox.", registry=registry)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        secret = load_or_create_secret(settings)
+        engine = create_db_engine(settings.database_url)
+        init_service_db(engine)
+        ledger = Ledger(engine, secret)
+        loaded = ledger.policies.ensure_defaults()
+        if loaded:
+            log.info("loaded %d default policies into an empty database", len(loaded))
+        ingestor = Ingestor(ledger, secret)
+        key = uuid.uuid4().hex
+        RUNTIMES[key] = Runtime(ledger, ingestor, clock, settings.shuffle_batch)
+        app.state.ledger = ledger
+        app.state.ingestor = ingestor
+        app.state.runtime_key = key
+        scheduler = None
+        if settings.scheduler:
+            scheduler = start_scheduler(
+                key,
+                {"flush-inbox": settings.flush_seconds, "aggregate": settings.aggregate_seconds},
+            )
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                scheduler.shutdown(wait=True)
+            RUNTIMES.pop(key, None)
+            engine.dispose()
+
+    app = FastAPI(
+        title="dp-governor",
+        version="0.1.0",
+        description="Privacy accounting and budget governance for local-DP telemetry.",
+        lifespan=lifespan,
+    )
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    @app.middleware("http")
+    async def timing(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        latency.labels(getattr(route, "path", "unmatched"), request.method).observe(
+            time.perf_counter() - start
+        )
+        return response
+
+    # -- errors: one mapping -------------------------------------------------------------------
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _errors(exc)}, status_code=422)
+
+    @app.exception_handler(ValidationError)
+    async def _model_validation(_: Request, exc: ValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _errors(exc)}, status_code=422)
+
+    @app.exception_handler(InvalidReport)
+    async def _invalid_report(_: Request, exc: InvalidReport) -> JSONResponse:
+        return JSONResponse(
+            {
+                "detail": [
+                    {"loc": ["body", *exc.field.split(".")], "field": exc.field, "msg": str(exc)}
+                ]
+            },
+            status_code=422,
+        )
+
+    @app.exception_handler(InvalidRequest)
+    async def _invalid_request(_: Request, exc: InvalidRequest) -> JSONResponse:
+        return JSONResponse(
+            {"detail": [{"loc": [exc.field], "field": exc.field, "msg": str(exc)}]}, status_code=422
+        )
+
+    @app.exception_handler(UnknownUseCase)
+    async def _unknown(_: Request, exc: UnknownUseCase) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(IdempotencyConflict)
+    async def _idem(_: Request, exc: IdempotencyConflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "field": "Idempotency-Key"}, status_code=409)
+
+    @app.exception_handler(PolicyConflict)
+    async def _policy_conflict(_: Request, exc: PolicyConflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=409)
+
+    @app.exception_handler(PolicyChanged)
+    async def _changed(_: Request, exc: PolicyChanged) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    def is_admin(authorization: str | None) -> bool:
+        return _is_admin(settings, authorization)
+
+    app.state.settings = settings
+
+    @app.exception_handler(_Http)
+    async def _http(_: Request, exc: _Http) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+
+    # -- reports -------------------------------------------------------------------------------
+
+    @app.post(
+        "/v1/use-cases/{name}/reports",
+        status_code=202,
+        response_model=Receipt,
+        responses={
+            404: {"description": "Unknown use case"},
+            409: {"description": "Idempotency key reused for a different report"},
+            422: {"description": "Invalid report; `detail[].field` names the field"},
+            429: {"description": "A cap is reached; `Retry-After` says when to retry"},
+        },
+        tags=["reports"],
+    )
+    def submit_report(
+        name: UseCaseName,
+        ingestor: IngestorDep,
+        device_id: DeviceHeader,
+        body: Annotated[
+            Any,
+            Body(
+                openapi_examples={
+                    "hcms": {"value": {"j": 17, "l": 1023, "bit": -1}},
+                    "cms": {"value": {"j": 4021, "bits": "AAAA...base64 of m bits"}},
+                    "sfp": {
+                        "value": {
+                            "word": {"j": 1, "bits": "..."},
+                            "fragment": {"j": 2, "bits": "..."},
+                            "position": 4,
+                        }
+                    },
+                }
+            ),
+        ],
+        idempotency_key: Annotated[
+            str | None, Header(alias="Idempotency-Key", max_length=255)
+        ] = None,
+    ) -> Receipt | JSONResponse:
+        """Submit one privatized report; it is charged and enqueued atomically."""
+        decision = ingestor.submit(
+            name, device_id, body, now=clock.now(), idempotency_key=idempotency_key
+        )
+        reports_total.labels(name, decision.reason).inc()
+        if not decision.accepted:
+            return _refusal(decision, clock)
+        return Receipt(
+            receipt=ingestor.receipt(decision),
+            use_case=decision.use_case,
+            policy_version=decision.policy_version,
+            epsilon=decision.epsilon,
+            day=day_date(decision.day),
+            reports_left_today=decision.reports_left_today,
+            replayed=decision.replayed,
+        )
+
+    @app.post("/v1/use-cases/{name}/reports:batch", response_model=BatchResult, tags=["reports"])
+    def submit_batch(
+        name: UseCaseName,
+        ingestor: IngestorDep,
+        body: Annotated[
+            dict[str, Any],
+            Body(
+                openapi_examples={
+                    "relay": {
+                        "value": {
+                            "items": [
+                                {"device_id": "d-1", "report": {"j": 1, "l": 2, "bit": 1}},
+                                {
+                                    "device_id": "d-2",
+                                    "report": {"j": 3, "l": 4, "bit": -1},
+                                    "idempotency_key": "k",
+                                },
+                            ]
+                        }
+                    }
+                }
+            ),
+        ],
+        _admin: None = AdminDep,
+    ) -> BatchResult:
+        """A relay forwards many devices' reports; each item is charged on its own."""
+        items = body.get("items")
+        if set(body) != {"items"} or not isinstance(items, list):
+            raise InvalidRequest("items", "must be the only field, a list of batch items")
+        if len(items) > settings.max_batch_items:
+            raise _Http(
+                413, f"`items` holds {len(items)} items; the maximum is {settings.max_batch_items}"
+            )
+        ingestor.ledger.policies.get(name)  # 404 before any work
+        results = ingestor.submit_many(name, items, now=clock.now())
+        out = []
+        for r in results:
+            if r.decision is not None:
+                reports_total.labels(name, r.decision.reason).inc()
+                out.append(
+                    BatchItemResult(
+                        status=r.status,
+                        receipt=ingestor.receipt(r.decision) if r.decision.accepted else None,
+                        reason=r.decision.reason,
+                        retry_at=r.decision.retry_at,
+                    )
+                )
+            else:
+                out.append(BatchItemResult(status=r.status, field=r.field, error=r.error))
+        return BatchResult(accepted=sum(1 for r in out if r.status == 202), results=out)
+
+    # -- budgets -------------------------------------------------------------------------------
+
+    @app.get("/v1/devices/{device_id}/budget", response_model=DeviceBudget, tags=["budgets"])
+    def device_budget(
+        device_id: Annotated[str, Path(min_length=1, max_length=256)],
+        ledger: LedgerDep,
+        x_device_id: Annotated[str | None, Header(alias="X-Device-Id")] = None,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> DeviceBudget:
+        """A device reads its own budget (X-Device-Id equal to the path); admins read any."""
+        if not is_admin(authorization):
+            if x_device_id is None and not authorization:
+                raise _Http(401, "send `X-Device-Id` (the device itself) or an admin token")
+            if x_device_id != device_id:
+                raise _Http(403, "a device may read only its own budget")
+        status = ledger.status(device_id, now=clock.now())
+        return DeviceBudget(
+            device_id=device_id,
+            use_cases=[UseCaseBudget.model_validate(s, from_attributes=True) for s in status],
+        )
+
+    # -- use cases -----------------------------------------------------------------------------
+
+    @app.get("/v1/use-cases", response_model=list[PolicyPublic], tags=["use cases"])
+    def list_use_cases(ledger: LedgerDep) -> list[PolicyPublic]:
+        """Every active use case's current policy."""
+        return [_public(p) for p in ledger.policies.list()]
+
+    @app.get("/v1/use-cases/{name}", response_model=PolicyPublic, tags=["use cases"])
+    def get_use_case(name: UseCaseName, ledger: LedgerDep) -> PolicyPublic:
+        """A use case's current policy."""
+        return _public(ledger.policies.get(name))
+
+    @app.get("/v1/use-cases/{name}/versions", response_model=list[PolicyPublic], tags=["use cases"])
+    def use_case_versions(name: UseCaseName, ledger: LedgerDep) -> list[PolicyPublic]:
+        """Every version of a use case's policy, oldest first (deleted ones too)."""
+        return [_public(p) for p in ledger.policies.versions(name)]
+
+    @app.put("/v1/use-cases/{name}", response_model=PolicyPublic, tags=["use cases"])
+    def put_use_case(
+        name: UseCaseName,
+        body: Annotated[dict[str, Any], Body()],
+        ledger: LedgerDep,
+        _admin: None = AdminDep,
+    ) -> PolicyPublic:
+        """Create or replace a use case's policy (a new version; spent budget is kept)."""
+        data = dict(body)
+        if data.setdefault("name", name) != name:
+            raise InvalidRequest("name", f"must equal the path's use case {name!r}")
+        policy = PolicyCreate.model_validate(data)
+        return _public(ledger.policies.apply(policy, actor="admin"))
+
+    @app.delete("/v1/use-cases/{name}", response_model=PolicyPublic, tags=["use cases"])
+    def delete_use_case(
+        name: UseCaseName, ledger: LedgerDep, _admin: None = AdminDep
+    ) -> PolicyPublic:
+        """Retire a use case (an inactive version); its history and charges stay."""
+        return _public(ledger.policies.delete(name, actor="admin"))
+
+    # -- estimates -----------------------------------------------------------------------------
+
+    def _day_range(start: date | None, end: date | None) -> tuple[int, int]:
+        today = utc_day(clock.now())
+        first = (
+            utc_day(datetime(start.year, start.month, start.day, tzinfo=UTC))
+            if start
+            else today - 89
+        )
+        last = utc_day(datetime(end.year, end.month, end.day, tzinfo=UTC)) if end else today
+        if first > last:
+            raise InvalidRequest("from", "must not be after `to`")
+        return first, last
+
+    @app.get("/v1/use-cases/{name}/estimates", response_model=Estimates, tags=["estimates"])
+    def estimates(
+        name: UseCaseName,
+        ingestor: IngestorDep,
+        candidates: Annotated[list[str], Query(min_length=1, max_length=300_000)],
+        start: Annotated[date | None, Query(alias="from")] = None,
+        end: Annotated[date | None, Query(alias="to")] = None,
+        _admin: None = AdminDep,
+    ) -> Estimates:
+        """Frequency estimates with standard errors from the chosen days' sketches (>= T)."""
+        policy = ingestor.ledger.policies.get(name)
+        first, last = _day_range(start, end)
+        sketch, days = load_sketch(ingestor.ledger, ingestor, policy, first, last)
+        est = sketch.estimate(candidates)
+        items = [
+            EstimateItem(item=str(c), count=float(n), stderr=float(s))
+            for c, n, s in zip(est.candidates, est.counts, est.stderr, strict=True)
+            if n >= policy.publish_threshold
+        ]
+        items.sort(key=lambda e: -e.count)
+        return Estimates(
+            use_case=name,
+            days=[day_date(d) for d in days],
+            n=est.n,
+            publish_threshold=policy.publish_threshold,
+            estimates=items,
+        )
+
+    @app.get("/v1/use-cases/{name}/discoveries", response_model=Discoveries, tags=["estimates"])
+    def discoveries(
+        name: UseCaseName,
+        ingestor: IngestorDep,
+        start: Annotated[date | None, Query(alias="from")] = None,
+        end: Annotated[date | None, Query(alias="to")] = None,
+        _admin: None = AdminDep,
+    ) -> Discoveries:
+        """Words discovered by SFP over the chosen days, above the publication threshold."""
+        policy = ingestor.ledger.policies.get(name)
+        if policy.mechanism != "sfp":
+            raise InvalidRequest("name", f"use case {name!r} is not an SFP use case")
+        first, last = _day_range(start, end)
+        sketch, days = load_sketch(ingestor.ledger, ingestor, policy, first, last)
+        assert isinstance(sketch, SfpSketch)
+        found = sketch.discover_detailed(threshold=policy.publish_threshold or None)
+        return Discoveries(
+            use_case=name,
+            days=[day_date(d) for d in days],
+            n=sketch.n,
+            words=[Discovery(word=d.word, count=d.count, stderr=d.stderr) for d in found],
+        )
+
+    # -- operations ----------------------------------------------------------------------------
+
+    @app.get("/healthz", tags=["operations"])
+    def healthz(ledger: LedgerDep) -> dict[str, str]:
+        """Liveness and database reachability."""
+        with ledger.engine.connect() as conn:
+            conn.execute(select(1))
+        return {"status": "ok"}
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
+    def metrics(ledger: LedgerDep) -> PlainTextResponse:
+        """Prometheus metrics."""
+        with ledger.engine.connect() as conn:
+            inbox_depth.set(
+                conn.execute(select(func.count()).select_from(InboxRow.__table__)).scalar_one()  # type: ignore[attr-defined]
+            )
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/admin/jobs/{job}:run", tags=["operations"])
+    def run_job_now(job: str, request: Request, _admin: None = AdminDep) -> dict[str, Any]:
+        """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``)."""
+        if job not in JOBS:
+            raise _Http(404, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
+        result = run_job(job, request.app.state.runtime_key)
+        if result is None:
+            raise _Http(409, f"job {job!r} is running in another process")
+        return {"job": job, "result": result}
+
+    return app
+
+
+class _Http(Exception):
+    """An HTTP error with a plain message (mapped by the app's handler)."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers = headers
+
+
+def _refusal(decision: Any, clock: Clock) -> JSONResponse:
+    headers = {}
+    if decision.retry_at is not None:
+        seconds = max(1, math.ceil((decision.retry_at - clock.now()).total_seconds()))
+        headers["Retry-After"] = str(seconds)
+    caps = {
+        "daily_cap": "daily report cap",
+        "window_cap": "window epsilon cap",
+        "lifetime_cap": "lifetime epsilon cap",
+    }
+    return JSONResponse(
+        {
+            "detail": f"the {caps[decision.reason]} of budget {decision.budget!r} is reached",
+            "reason": decision.reason,
+            "use_case": decision.use_case,
+            "budget": decision.budget,
+            "retry_at": decision.retry_at.isoformat() if decision.retry_at else None,
+        },
+        status_code=429,
+        headers=headers,
+    )
+
+
+def init_service_db(engine: Any) -> None:
+    """Create the ledger, policy and pipeline tables."""
+    import api.tables  # noqa: F401 - registers the pipeline tables
+
+    init_db(engine)
