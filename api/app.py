@@ -82,7 +82,14 @@ class BodyLimit:
                     return
         received = 0
         limit = self.limit
-        responded = False
+        state = {"started": False, "blocked": False}
+
+        async def guarded_send(message: Message) -> None:
+            if state["blocked"]:
+                return  # we already answered 413; drop the app's own reply
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            await send(message)
 
         async def limited() -> Message:
             nonlocal received
@@ -90,23 +97,13 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise _BodyTooLarge
+                    if not state["started"]:
+                        await _too_large(send, limit)
+                    state["blocked"] = True
+                    return {"type": "http.disconnect"}
             return message
 
-        async def guarded_send(message: Message) -> None:
-            nonlocal responded
-            responded = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited, guarded_send)
-        except _BodyTooLarge:
-            if not responded:
-                await _too_large(send, self.limit)
-
-
-class _BodyTooLarge(Exception):
-    pass
+        await self.app(scope, limited, guarded_send)
 
 
 async def _too_large(send: Send, limit: int) -> None:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import enum
+import json
 import time
+from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 import typer
+from pydantic import ValidationError
 
+from api.app import init_service_db
+from api.ingest import Ingestor
+from api.jobs import JOBS, RUNTIMES, Runtime, run_job
+from api.settings import Settings, load_or_create_secret
 from api.simulation import (
     default_mechanism,
     emoji_vocabulary,
@@ -16,7 +23,9 @@ from api.simulation import (
     simulate_frequency,
     zipf_indices,
 )
+from budget import Ledger, PolicyConflict, SystemClock, UnknownUseCase, create_db_engine
 from mechanisms import CMS, HCMS, SFP
+from policies import PolicyFileError, dump_policies, load_policies
 
 app = typer.Typer(
     name="dpgov",
@@ -128,6 +137,186 @@ def _simulate_sfp(
     print(f"\n{len(found)} words discovered; {hits}/{top} of the true top {top} among them.")
     _print_timing({"privatize": t1 - t0, "aggregate": t2 - t1, "discover": t3 - t2}, devices)
     _print_spend(sfp.epsilon)
+
+
+# -- service commands -----------------------------------------------------------------------------
+
+DatabaseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url", help="Overrides DPGOV_DATABASE_URL (default sqlite:///dpgov.sqlite)."
+    ),
+]
+
+
+def _settings(database_url: str | None, **overrides: object) -> Settings:
+    """Settings from the environment with command-line overrides; exits 2 on invalid values."""
+    try:
+        values = {k: v for k, v in overrides.items() if v is not None}
+        if database_url is not None:
+            values["database_url"] = database_url
+        return Settings(**values)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or "settings"
+        typer.echo(f"Error: invalid setting `{field}`: {err['msg']}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _ledger(settings: Settings) -> Ledger:
+    engine = create_db_engine(settings.database_url)
+    init_service_db(engine)
+    ledger = Ledger(engine, load_or_create_secret(settings))
+    ledger.policies.ensure_defaults()
+    return ledger
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Interface to bind (DPGOV_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (DPGOV_PORT).")] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 1,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Run the HTTP service (SQLite file and Apple's default policies unless configured)."""
+    import os
+
+    import uvicorn
+
+    settings = _settings(database_url, host=host, port=port)
+    _ledger(settings).engine.dispose()  # create tables, defaults and the secret once, up front
+    for key, value in (("DPGOV_DATABASE_URL", settings.database_url),):
+        os.environ[key] = value
+    os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_file.resolve())
+    typer.echo(f"dp-governor on http://{settings.host}:{settings.port} (docs at /docs)")
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=workers,
+        log_level="info",
+    )
+
+
+jobs_app = typer.Typer(help="Run scheduled jobs now.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+
+
+@jobs_app.command("run")
+def jobs_run(
+    name: Annotated[str, typer.Argument(help="flush-inbox, aggregate or purge.")],
+    database_url: DatabaseOption = None,
+) -> None:
+    """Run one scheduled job against the configured database and print its result."""
+    if name not in JOBS:
+        typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
+        raise typer.Exit(2)
+    settings = _settings(database_url)
+    ledger = _ledger(settings)
+    secret = load_or_create_secret(settings)
+    key = f"cli-{name}"
+    RUNTIMES[key] = Runtime(ledger, Ingestor(ledger, secret), SystemClock(), settings.shuffle_batch)
+    try:
+        result = run_job(name, key)
+    finally:
+        RUNTIMES.pop(key, None)
+        ledger.engine.dispose()
+    if result is None:
+        typer.echo(f"Error: job {name!r} is running in another process", err=True)
+        raise typer.Exit(1)
+    typer.echo(json.dumps({"job": name, "result": result}))
+
+
+policies_app = typer.Typer(
+    help="List, show, apply and export use-case policies.", no_args_is_help=True
+)
+app.add_typer(policies_app, name="policies")
+
+
+@policies_app.command("list")
+def policies_list(database_url: DatabaseOption = None) -> None:
+    """The current policies, one line each."""
+    ledger = _ledger(_settings(database_url))
+    print(
+        f"{'use case':<24} {'mech':<5} {'eps':>5} {'/day':>4} {'eps/day':>7} {'window':>6}  budget"
+    )
+    for p in ledger.policies.list():
+        print(
+            f"{p.name:<24} {p.mechanism:<5} {p.epsilon_per_report:>5g} {p.max_reports_per_day:>4}"
+            f" {p.epsilon_per_report * p.max_reports_per_day:>7g} {p.retention_days:>5}d"
+            f"  {p.budget_group or p.name}"
+        )
+
+
+@policies_app.command("show")
+def policies_show(
+    name: Annotated[str, typer.Argument(help="The use case.")], database_url: DatabaseOption = None
+) -> None:
+    """One policy as YAML, with its version."""
+    ledger = _ledger(_settings(database_url))
+    try:
+        policy = ledger.policies.get(name)
+    except UnknownUseCase:
+        typer.echo(f"Error: unknown use case {name!r}", err=True)
+        raise typer.Exit(1) from None
+    print(f"# version {policy.version}, {policy.created_at:%Y-%m-%d %H:%M} UTC by {policy.actor}")
+    print(dump_policies([policy]), end="")
+
+
+@policies_app.command("apply")
+def policies_apply(
+    file: Annotated[Path, typer.Argument(help="A .yaml, .yml or .toml file of policies.")],
+    database_url: DatabaseOption = None,
+) -> None:
+    """Create or update every policy in a file (a new version only where something changed)."""
+    try:
+        policies = load_policies(file)
+    except PolicyFileError as exc:
+        typer.echo(f"Error: {file}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    ledger = _ledger(_settings(database_url))
+    for policy in policies:
+        try:
+            stored = ledger.policies.apply(policy, actor="cli")
+        except PolicyConflict as exc:
+            typer.echo(f"Error: {policy.name}: {exc}", err=True)
+            raise typer.Exit(1) from None
+        print(f"{stored.name}: version {stored.version}")
+
+
+@policies_app.command("export")
+def policies_export(
+    fmt: Annotated[str, typer.Option("--format", help="yaml or toml.")] = "yaml",
+    database_url: DatabaseOption = None,
+) -> None:
+    """Print the current policies as a file that `apply` reads."""
+    if fmt not in ("yaml", "toml"):
+        typer.echo(f"Error: --format must be yaml or toml, got {fmt!r}", err=True)
+        raise typer.Exit(2)
+    ledger = _ledger(_settings(database_url))
+    print(dump_policies(ledger.policies.list(), fmt), end="")
+
+
+@app.command()
+def budget(
+    device_id: Annotated[str, typer.Argument(help="The device's id.")],
+    database_url: DatabaseOption = None,
+) -> None:
+    """A device's remaining budget for every use case."""
+    if not device_id or len(device_id) > 256:
+        typer.echo("Error: DEVICE_ID must be 1 to 256 characters", err=True)
+        raise typer.Exit(2)
+    ledger = _ledger(_settings(database_url))
+    print(
+        f"{'use case':<24} {'today':>5} {'left':>4} {'eps today':>9}"
+        f" {'eps window':>10} {'eps ever':>9}"
+    )
+    for s in ledger.status(device_id, now=SystemClock().now()):
+        print(
+            f"{s.use_case:<24} {s.reports_today:>5} {s.reports_left_today:>4} {s.epsilon_today:>9g}"
+            f" {s.epsilon_window:>10g} {s.epsilon_lifetime:>9g}"
+        )
 
 
 def main() -> None:
