@@ -7,12 +7,12 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
-from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import (
@@ -23,7 +23,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
+from pydantic import Field as PydField
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -121,6 +122,27 @@ async def _too_large(send: Send, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class Timing:
+    """ASGI middleware: request latency by route template and method (no body buffering)."""
+
+    def __init__(self, app: ASGIApp, histogram: Histogram) -> None:
+        self.app = app
+        self.histogram = histogram
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            route = scope.get("route")
+            self.histogram.labels(getattr(route, "path", "unmatched"), scope["method"]).observe(
+                time.perf_counter() - start
+            )
+
+
 # -- response models ------------------------------------------------------------------------------
 
 
@@ -197,6 +219,18 @@ class Estimates(BaseModel):
     n: int
     publish_threshold: float
     estimates: list[EstimateItem]
+
+
+class EstimateQuery(BaseModel):
+    """The body of ``POST .../estimates:query``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    candidates: list[Annotated[str, StringConstraints(max_length=1000)]] = PydField(
+        min_length=1, max_length=1_000_000
+    )
+    start: date | None = PydField(default=None, alias="from")
+    end: date | None = PydField(default=None, alias="to")
 
 
 class Discovery(BaseModel):
@@ -354,17 +388,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
-    @app.middleware("http")
-    async def timing(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        latency.labels(getattr(route, "path", "unmatched"), request.method).observe(
-            time.perf_counter() - start
-        )
-        return response
+    app.add_middleware(Timing, histogram=latency)
 
     # -- errors: one mapping -------------------------------------------------------------------
 
@@ -432,7 +456,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         },
         tags=["reports"],
     )
-    def submit_report(
+    async def submit_report(
         name: UseCaseName,
         ingestor: IngestorDep,
         device_id: DeviceHeader,
@@ -607,6 +631,21 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         _admin: None = AdminDep,
     ) -> Estimates:
         """Frequency estimates with standard errors from the chosen days' sketches (>= T)."""
+        return _estimate(ingestor, name, candidates, start, end)
+
+    @app.post("/v1/use-cases/{name}/estimates:query", response_model=Estimates, tags=["estimates"])
+    def estimates_query(
+        name: UseCaseName,
+        ingestor: IngestorDep,
+        query: EstimateQuery,
+        _admin: None = AdminDep,
+    ) -> Estimates:
+        """As ``GET .../estimates``, with the candidates in the body (for long lists)."""
+        return _estimate(ingestor, name, query.candidates, query.start, query.end)
+
+    def _estimate(
+        ingestor: Ingestor, name: str, candidates: list[str], start: date | None, end: date | None
+    ) -> Estimates:
         policy = ingestor.ledger.policies.get(name)
         first, last = _day_range(start, end)
         sketch, days = load_sketch(ingestor.ledger, ingestor, policy, first, last)

@@ -92,7 +92,7 @@ class Client:
         """Published estimates for candidates (admin); ``from``/``to`` as ISO dates."""
         params: dict[str, Any] = {"candidates": candidates}
         params.update({k.rstrip("_"): v for k, v in days.items()})
-        r = self._http.get(f"/v1/use-cases/{use_case}/estimates", params=params)
+        r = self._http.post(f"/v1/use-cases/{use_case}/estimates:query", json=params)
         r.raise_for_status()
         out: dict[str, Any] = r.json()
         return out

@@ -18,7 +18,8 @@ from sqlalchemy import Connection
 
 from api.tables import InboxRow
 from budget import Decision, Ledger
-from budget.errors import BudgetError
+from budget.batch import BatchItem, charge_batch
+from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
 from mechanisms import CMS, HCMS, SFP, InvalidReport
 from policies import Policy, mechanism_for
 
@@ -62,6 +63,10 @@ class Ingestor:
         self.ledger = ledger
         self._secret = secret
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
+        ph = "?" if ledger.engine.dialect.paramstyle == "qmark" else "%s"
+        self._inbox_sql = (
+            f"INSERT INTO inbox (use_case, params, day, payload) VALUES ({ph}, {ph}, {ph}, {ph})"
+        )
 
     def mechanism(self, policy: Policy) -> tuple[Mechanism, str]:
         """The policy's mechanism and its parameter hash (cached per version)."""
@@ -89,26 +94,32 @@ class Ingestor:
     ) -> Decision:
         """Validate ``body`` for ``use_case``, then charge and enqueue it atomically.
 
+        The body is checked against the policy read inside the charge's transaction, so a
+        report is always charged under the parameters it was validated against.
+
         Raises:
             InvalidReport: the body does not fit the mechanism (nothing charged or stored).
             UnknownUseCase, InvalidRequest, IdempotencyConflict: from the gate.
-            PolicyChanged: the policy changed under the request.
         """
-        policy = self.ledger.policies.get(use_case)
-        mech, params = self.mechanism(policy)
-        report = mech.parse_report(body)
-        payload = json.dumps(report.to_dict(), separators=(",", ":"), sort_keys=True)
-        request_hash = hashlib.sha256(f"{use_case}\n{payload}".encode()).hexdigest()
+        prepared: dict[str, str] = {}
 
-        def enqueue(conn: Connection, decision: Decision) -> None:
-            if decision.policy_version != policy.version:
-                raise PolicyChanged(use_case)
-            conn.execute(
-                _INBOX.insert().values(
-                    use_case=use_case, params=params, day=decision.day, payload=payload
-                )
+        def validate(policy: Policy) -> None:
+            mech, params = self.mechanism(policy)
+            report = mech.parse_report(body)
+            prepared["params"] = params
+            prepared["payload"] = json.dumps(
+                report.to_dict(), separators=(",", ":"), sort_keys=True
             )
 
+        def enqueue(conn: Connection, decision: Decision) -> None:
+            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cursor.execute(
+                self._inbox_sql, (use_case, prepared["params"], decision.day, prepared["payload"])
+            )
+
+        # The idempotency fingerprint covers the body as sent (before the policy is known).
+        canonical = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
+        request_hash = hashlib.sha256(f"{use_case}\n{canonical}".encode()).hexdigest()
         return self.ledger.charge(
             device_id,
             use_case,
@@ -116,41 +127,73 @@ class Ingestor:
             idempotency_key=idempotency_key,
             request_hash=request_hash,
             on_accept=enqueue,
+            validate=validate,
         )
 
-    def submit_many(
-        self, use_case: str, items: list[dict[str, Any]], *, now: datetime
-    ) -> list[ItemResult]:
-        """Submit a relay's batch item by item; one item's failure never affects another."""
-        from budget.errors import IdempotencyConflict, InvalidRequest
+    def submit_many(self, use_case: str, items: list[Any], *, now: datetime) -> list[ItemResult]:
+        """Submit a relay's batch in one transaction (:func:`budget.batch.charge_batch`).
 
-        out: list[ItemResult] = []
+        Each item is validated on its own (an invalid item gets a 422 naming
+        ``items[i].field``, the others go on); the valid ones are decided in order, exactly as
+        one-by-one submissions would be, and their inbox rows are written with their charges.
+        """
+        policy = self.ledger.policies.get(use_case)
+        mech, params = self.mechanism(policy)
+        out: list[ItemResult | None] = [None] * len(items)
+        batch: list[BatchItem] = []
+        payloads: list[str] = []
+        positions: list[int] = []
         for i, item in enumerate(items):
             prefix = f"items[{i}]."
             if not isinstance(item, dict):
-                out.append(ItemResult(None, 422, "must be an object", f"items[{i}]"))
+                out[i] = ItemResult(None, 422, "must be an object", f"items[{i}]")
                 continue
             extra = set(item) - {"device_id", "report", "idempotency_key"}
             if extra:
-                field = prefix + sorted(extra)[0]
-                out.append(ItemResult(None, 422, "is not a field of a batch item", field))
+                out[i] = ItemResult(
+                    None, 422, "is not a field of a batch item", prefix + sorted(extra)[0]
+                )
+                continue
+            if "device_id" not in item:
+                out[i] = ItemResult(None, 422, "is required", prefix + "device_id")
                 continue
             try:
-                decision = self.submit(
-                    use_case,
-                    item.get("device_id"),  # type: ignore[arg-type]
-                    item.get("report"),
-                    now=now,
-                    idempotency_key=item.get("idempotency_key"),
-                )
+                report = mech.parse_report(item.get("report"))
             except InvalidReport as exc:
-                out.append(ItemResult(None, 422, exc.reason, prefix + "report." + exc.field))
-            except InvalidRequest as exc:
-                out.append(ItemResult(None, 422, exc.reason, prefix + exc.field))
-            except IdempotencyConflict as exc:
-                out.append(ItemResult(None, 409, str(exc), prefix + "idempotency_key"))
-            except PolicyChanged as exc:
-                out.append(ItemResult(None, 409, str(exc), None))
+                out[i] = ItemResult(None, 422, exc.reason, prefix + "report." + exc.field)
+                continue
+            payload = json.dumps(report.to_dict(), separators=(",", ":"), sort_keys=True)
+            request_hash = hashlib.sha256(f"{use_case}\n{payload}".encode()).hexdigest()
+            batch.append(
+                BatchItem(item["device_id"], use_case, item.get("idempotency_key"), request_hash)
+            )
+            payloads.append(payload)
+            positions.append(i)
+        placeholder = "?" if self.ledger.engine.dialect.paramstyle == "qmark" else "%s"
+
+        def enqueue(conn: Connection, accepted: list[tuple[int, Decision]]) -> None:
+            if any(d.policy_version != policy.version for _, d in accepted):
+                raise PolicyChanged(use_case)
+            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cursor.executemany(
+                "INSERT INTO inbox (use_case, params, day, payload) VALUES"
+                f" ({placeholder}, {placeholder}, {placeholder}, {placeholder})",
+                [(use_case, params, d.day, payloads[n]) for n, d in accepted],
+            )
+
+        results = charge_batch(self.ledger.gate, batch, now=now, on_accept=enqueue)
+        for n, result in enumerate(results):
+            i = positions[n]
+            if isinstance(result, Decision):
+                out[i] = ItemResult(result, 202 if result.accepted else 429)
+            elif isinstance(result, InvalidRequest):
+                out[i] = ItemResult(None, 422, result.reason, f"items[{i}].{result.field}")
+            elif isinstance(result, IdempotencyConflict):
+                out[i] = ItemResult(None, 409, str(result), f"items[{i}].idempotency_key")
             else:
-                out.append(ItemResult(decision, 202 if decision.accepted else 429))
-        return out
+                out[i] = ItemResult(None, 404, str(result), None)
+        final: list[ItemResult] = []
+        for r in out:
+            assert r is not None
+            final.append(r)
+        return final

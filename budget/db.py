@@ -65,7 +65,6 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA cache_size=-32768")  # 32 MiB of pages per connection
         cursor.execute("PRAGMA mmap_size=268435456")  # read through a 256 MiB memory map
-        cursor.execute("PRAGMA wal_autocheckpoint=10000")  # checkpoint every ~40 MiB of WAL
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 

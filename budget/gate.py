@@ -23,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -116,6 +118,11 @@ class Gate:
         placeholder = "?" if engine.dialect.paramstyle == "qmark" else "%s"
         self._statements = {k: v.replace("?", placeholder) for k, v in _HOT_PATH.items()}
         self._policies: dict[tuple[str, int], Policy] = {}
+        # SQLite has one writer at a time: queue this process's writers on a lock instead of
+        # letting them spin in SQLite's busy handler, whose sleeps (up to 100 ms) are the tail.
+        self.write_lock: AbstractContextManager[object] = (
+            threading.Lock() if engine.dialect.name == "sqlite" else nullcontext()
+        )
 
     def device_key(self, device_id: str) -> str:
         """The stored pseudonym of ``device_id``."""
@@ -130,8 +137,13 @@ class Gate:
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         on_accept: OnAccept | None = None,
+        validate: Callable[[Policy], object] | None = None,
     ) -> Decision:
         """Charge one report of ``device_id`` to ``use_case`` at ``now``; see the module doc.
+
+        ``validate`` sees the current policy inside the transaction before anything is written
+        (the report's body is checked against exactly the parameters it is charged under); if
+        it raises, nothing is written and the error propagates.
 
         Raises:
             InvalidRequest: a field is invalid (nothing written).
@@ -151,8 +163,10 @@ class Gate:
         dk = self.device_key(device_id)
         fingerprint = request_hash or hashlib.sha256(use_case.encode()).hexdigest()
 
-        with self.engine.connect() as conn, conn.begin() as transaction:
+        with self.write_lock, self.engine.connect() as conn, conn.begin() as transaction:
             policy = self._policy(conn, use_case)
+            if validate is not None:
+                validate(policy)
             if idempotency_key is not None:
                 first = self._claim_key(conn, dk, idempotency_key, fingerprint, use_case, day)
                 if first is not None:

@@ -6,7 +6,7 @@ The ledger owns the database: the service layer calls these methods and never wr
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -98,6 +98,7 @@ class Ledger:
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         on_accept: OnAccept | None = None,
+        validate: Callable[[Policy], object] | None = None,
     ) -> Decision:
         """Check and charge one report atomically (:meth:`budget.gate.Gate.charge`)."""
         return self.gate.charge(
@@ -107,6 +108,7 @@ class Ledger:
             idempotency_key=idempotency_key,
             request_hash=request_hash,
             on_accept=on_accept,
+            validate=validate,
         )
 
     def device_key(self, device_id: str) -> str:

@@ -1,0 +1,182 @@
+"""``dpgov demo``: the whole loop on a temporary database, over real HTTP.
+
+A service starts on 127.0.0.1 (SQLite file in a temporary folder, Apple's default policies, a
+settable clock); a simulated fleet privatizes Zipf-distributed emoji (CMS) and made-up words
+(SFP) with the real mechanisms and submits them through the relay endpoint day after day; the
+jobs shuffle, store and fold the reports; then the estimates, the discovered words and each use
+case's spend are printed.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import uvicorn
+from pydantic import SecretStr
+
+from api.app import create_app
+from api.client import Client
+from api.settings import Settings
+from api.simulation import emoji_vocabulary, made_up_words, zipf_indices
+from budget import FixedClock
+from policies import PolicyCreate, mechanism_for
+
+__all__ = ["DemoResult", "run_demo"]
+
+ADMIN_TOKEN = "demo-admin-token-demo-admin-token"
+BATCH = 2_000
+
+
+@dataclass
+class DemoResult:
+    """What the demo measured, for printing and tests."""
+
+    devices: int
+    days: int
+    submitted: int
+    accepted: int
+    emoji_top: list[dict[str, Any]]
+    emoji_truth: dict[str, int]
+    words: list[dict[str, Any]]
+    word_truth: dict[str, int]
+    spend: list[dict[str, Any]]
+    seconds: float
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_demo(
+    devices: int = 20_000,
+    days: int = 3,
+    *,
+    seed: int = 7,
+    progress: Callable[[int], None] | None = None,
+    workdir: Path | None = None,
+) -> DemoResult:
+    """Run the demo and return its results (the CLI prints them)."""
+    start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        settings = Settings(
+            database_url=f"sqlite:///{Path(tmp) / 'demo.sqlite'}",
+            secret_file=Path(tmp) / "secret",
+            admin_token=SecretStr(ADMIN_TOKEN),
+            scheduler=False,
+            max_body_bytes=64 << 20,
+            max_batch_items=BATCH,
+        )
+        clock = FixedClock(datetime.now(UTC).replace(hour=9, minute=0, second=0, microsecond=0))
+        port = _free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(settings, clock=clock), host="127.0.0.1", port=port, log_level="warning"
+            )
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        base = f"http://127.0.0.1:{port}"
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the demo server did not start")
+            time.sleep(0.05)
+        try:
+            return _simulate(base, clock, devices, days, rng, progress, start)
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
+
+
+def _mechanism(client: Client, name: str) -> Any:
+    body = client.use_case(name)
+    return mechanism_for(
+        PolicyCreate.model_validate(
+            {k: v for k, v in body.items() if k in PolicyCreate.model_fields}
+        )
+    )
+
+
+def _simulate(
+    base: str,
+    clock: FixedClock,
+    devices: int,
+    days: int,
+    rng: np.random.Generator,
+    progress: Callable[[int], None] | None,
+    start: float,
+) -> DemoResult:
+    emoji = emoji_vocabulary()
+    words = made_up_words(2_000, rng=rng)
+    submitted = accepted = 0
+    emoji_truth = np.zeros(len(emoji), dtype=np.int64)
+    word_truth = np.zeros(len(words), dtype=np.int64)
+    with Client(base, admin_token=ADMIN_TOKEN, timeout=600) as client:
+        cms = _mechanism(client, "emoji")
+        sfp = _mechanism(client, "quicktype")
+        ids = [f"device-{i:06d}" for i in range(devices)]
+        for _ in range(days):
+            e_index = zipf_indices(len(emoji), devices, 1.1, rng=rng)
+            w_index = zipf_indices(len(words), devices, 1.1, rng=rng)
+            emoji_truth += np.bincount(e_index, minlength=len(emoji))
+            word_truth += np.bincount(w_index, minlength=len(words))
+            batches = (
+                ("emoji", cms.privatize_indices(emoji, e_index, rng=rng).to_dicts()),
+                (
+                    "quicktype",
+                    sfp.privatize(np.asarray(words, dtype=object)[w_index], rng=rng).to_dicts(),
+                ),
+            )
+            for use_case, reports in batches:
+                for s in range(0, devices, BATCH):
+                    items = [
+                        {"device_id": ids[i], "report": reports[i]}
+                        for i in range(s, min(devices, s + BATCH))
+                    ]
+                    result = client.submit_batch(use_case, items)
+                    submitted += len(items)
+                    accepted += int(result["accepted"])
+                    if progress:
+                        progress(len(items))
+            client.run_job("aggregate")
+            clock.advance(days=1)
+        clock.advance(days=-1)
+        first = (clock.now() - timedelta(days=days - 1)).date().isoformat()
+        estimates = client.estimates("emoji", emoji, from_=first)["estimates"][:10]
+        http = httpx.get(
+            base + "/v1/use-cases/quicktype/discoveries",
+            params={"from": first},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            timeout=600,
+        )
+        http.raise_for_status()
+        found = http.json()["words"][:10]
+        spend = []
+        sample = client.budget(ids[0], as_device=True)["use_cases"]
+        for row in sample:
+            if row["epsilon_lifetime"] > 0:
+                spend.append(row)
+    return DemoResult(
+        devices=devices,
+        days=days,
+        submitted=submitted,
+        accepted=accepted,
+        emoji_top=estimates,
+        emoji_truth={emoji[i]: int(emoji_truth[i]) for i in range(len(emoji))},
+        words=found,
+        word_truth={words[i]: int(word_truth[i]) for i in range(len(words))},
+        spend=spend,
+        seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,216 @@
+"""HTTP ingestion against a real ``dpgov serve`` process; prints a Markdown table.
+
+Usage: ``python -m benchmarks.http [--seconds 15] [--clients 16] [--postgres URL]``.
+
+The server runs in its own process (SQLite file in a temporary folder, or a fresh PostgreSQL
+schema with ``--workers``); the load comes from this process: ``--clients`` threads, each with
+its own keep-alive connection, submitting one HCMS report per request for a new device each
+time (so every report is accepted and written), then the relay endpoint with batches of 5,000.
+Afterwards it checks that accepted = charged = stored (inbox + reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+from sqlalchemy import make_url, text
+
+from budget import create_db_engine
+from mechanisms import HCMS
+from policies import PolicyCreate, mechanism_for
+
+TOKEN = "bench-admin-token-bench-admin-token"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(url: str, workers: int, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DPGOV_DATABASE_URL": url,
+        "DPGOV_SECRET_FILE": str(tmp / "secret"),
+        "DPGOV_ADMIN_TOKEN": TOKEN,
+        "DPGOV_SCHEDULER": "false",
+        "DPGOV_MAX_BATCH_ITEMS": "5000",
+        "DPGOV_MAX_BODY_BYTES": str(64 << 20),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--workers", str(workers)],
+        env=env,
+        cwd=tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the server did not start")
+
+
+def _singles(
+    base: str, bodies: list[dict[str, int]], seconds: float, clients: int
+) -> tuple[int, int, list[float]]:
+    latencies: list[float] = []
+    counts = {"ok": 0, "err": 0}
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+    run = uuid.uuid4().hex[:8]
+
+    def worker(w: int) -> None:
+        mine: list[float] = []
+        ok = err = 0
+        with httpx.Client(base_url=base, timeout=30) as c:
+            i = 0
+            while time.monotonic() < stop:
+                body = bodies[(w * 7919 + i) % len(bodies)]
+                t0 = time.perf_counter()
+                r = c.post(
+                    "/v1/use-cases/safari-energy-domains/reports",
+                    json=body,
+                    headers={"X-Device-Id": f"{run}-{w}-{i}"},
+                )
+                mine.append(time.perf_counter() - t0)
+                if r.status_code == 202:
+                    ok += 1
+                else:
+                    err += 1
+                i += 1
+        with lock:
+            latencies.extend(mine)
+            counts["ok"] += ok
+            counts["err"] += err
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return counts["ok"], counts["err"], latencies
+
+
+def _batches(base: str, bodies: list[dict[str, int]], batches: int) -> tuple[int, float]:
+    run = uuid.uuid4().hex[:8]
+    accepted = 0
+    with httpx.Client(
+        base_url=base, timeout=300, headers={"Authorization": f"Bearer {TOKEN}"}
+    ) as c:
+        t0 = time.perf_counter()
+        for b in range(batches):
+            items = [
+                {"device_id": f"{run}-b{b}-{i}", "report": bodies[i % len(bodies)]}
+                for i in range(5000)
+            ]
+            r = c.post("/v1/use-cases/safari-energy-domains/reports:batch", json={"items": items})
+            r.raise_for_status()
+            accepted += r.json()["accepted"]
+        return accepted, time.perf_counter() - t0
+
+
+def _check(url: str) -> tuple[int, int]:
+    engine = create_db_engine(url)
+    with engine.connect() as conn:
+        charges = conn.execute(text("SELECT COUNT(*) FROM charges")).scalar_one()
+        stored = conn.execute(
+            text("SELECT (SELECT COUNT(*) FROM inbox) + (SELECT COUNT(*) FROM reports)")
+        ).scalar_one()
+    engine.dispose()
+    return int(charges), int(stored)
+
+
+def run(label: str, url: str, workers: int, seconds: float, clients: int, tmp: Path) -> list[str]:
+    """Benchmark one configuration; returns table rows."""
+    proc, base = _start(url, workers, tmp)
+    try:
+        policy = httpx.get(base + "/v1/use-cases/safari-energy-domains").json()
+        fields = {k: v for k, v in policy.items() if k in PolicyCreate.model_fields}
+        mech = mechanism_for(PolicyCreate.model_validate(fields))
+        assert isinstance(mech, HCMS)
+        bodies = mech.privatize(
+            [f"d{i}.example" for i in range(2000)], rng=np.random.default_rng(1)
+        ).to_dicts()
+        ok, err, lat = _singles(base, bodies, seconds, clients)
+        batch_ok, batch_seconds = _batches(base, bodies, 20)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    charges, stored = _check(url)
+    p = np.percentile(np.asarray(lat) * 1000, [50, 99])
+    consistent = "yes" if charges == stored == ok + batch_ok else f"NO ({charges}/{stored})"
+    return [
+        f"| {label} | single reports, {clients} clients | {ok / seconds:,.0f} /s"
+        f" | {p[0]:.1f} | {p[1]:.1f} | {err} | {consistent} |",
+        f"| {label} | batch of 5,000 | {batch_ok / batch_seconds:,.0f} /s | | | 0 | {consistent} |",
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, run, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2, help="server workers on PostgreSQL")
+    parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
+    args = parser.parse_args(argv)
+    print(
+        "| backend | load | accepted throughput | p50 ms | p99 ms | errors"
+        " | accepted = charged = stored |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run(
+            "sqlite, 1 worker",
+            f"sqlite:///{Path(tmp) / 'bench.sqlite'}",
+            1,
+            args.seconds,
+            args.clients,
+            Path(tmp),
+        )
+        for row in rows:
+            print(row, flush=True)
+    if args.postgres:
+        schema = f"http_{uuid.uuid4().hex[:10]}"
+        admin = create_db_engine(args.postgres, pool_size=1)
+        with admin.begin() as conn:
+            conn.execute(text(f"CREATE SCHEMA {schema}"))
+        url = make_url(args.postgres).update_query_dict({"options": f"-csearch_path={schema}"})
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                rows = run(
+                    f"postgresql, {args.workers} workers",
+                    url.render_as_string(hide_password=False),
+                    args.workers,
+                    args.seconds,
+                    args.clients,
+                    Path(tmp),
+                )
+                for row in rows:
+                    print(row, flush=True)
+        finally:
+            with admin.begin() as conn:
+                conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+            admin.dispose()
+
+
+if __name__ == "__main__":
+    main()

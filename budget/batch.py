@@ -1,0 +1,356 @@
+"""Charging many reports in one transaction (an ingestion relay's batch).
+
+Same caps and the same decisions as :meth:`budget.gate.Gate.charge` applied in order, but one
+transaction for the whole batch, so a relay can push tens of thousands of reports per second:
+
+1. validate every item (an invalid item gets its error; the rest go on);
+2. lock and read the state of every (device, budget) pair the batch touches: SQLite's
+   ``BEGIN IMMEDIATE`` holds the write lock; on PostgreSQL the accounts rows are created if
+   missing and locked with ``SELECT ... FOR UPDATE`` in key order (no deadlocks between
+   batches);
+3. decide the items in order, in memory, exactly as the single-report gate would;
+4. write everything with ``executemany``; the daily-cap upsert keeps its conditional
+   ``WHERE count + n <= cap`` as a backstop, and the batch fails whole if any row disagrees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from budget.clock import day_start, utc_day
+from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
+from budget.gate import (
+    MAX_DEVICE_ID,
+    MAX_IDEMPOTENCY_KEY,
+    Decision,
+    Gate,
+    _validate_text,
+)
+from policies.model import Policy, budget_key, from_micro, to_micro
+
+__all__ = ["BatchItem", "charge_batch"]
+
+OnAcceptMany = Callable[[Connection, list[tuple[int, Decision]]], None]
+_CHUNK = 400
+
+
+class InternalError(AssertionError):
+    """A broken invariant: the database disagreed with the batch's decisions."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One charge request of a batch."""
+
+    device_id: str
+    use_case: str
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+
+
+def _placeholders(n: int, style: str) -> str:
+    return ", ".join([style] * n)
+
+
+def charge_batch(
+    gate: Gate,
+    items: Sequence[BatchItem],
+    *,
+    now: datetime,
+    on_accept: OnAcceptMany | None = None,
+) -> list[Decision | BudgetError]:
+    """Charge ``items`` in order in one transaction; see the module docstring."""
+    day = utc_day(now)
+    results: list[Decision | BudgetError | None] = [None] * len(items)
+    valid: list[int] = []
+    for i, item in enumerate(items):
+        try:
+            _validate_text("device_id", item.device_id, MAX_DEVICE_ID)
+            _validate_text("use_case", item.use_case, 63)
+            if item.idempotency_key is not None:
+                _validate_text("idempotency_key", item.idempotency_key, MAX_IDEMPOTENCY_KEY)
+        except InvalidRequest as exc:
+            results[i] = exc
+        else:
+            valid.append(i)
+    ph = "?" if gate.engine.dialect.paramstyle == "qmark" else "%s"
+    postgres = gate.engine.dialect.name == "postgresql"
+    with gate.write_lock, gate.engine.connect() as conn, conn.begin():
+        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        policies: dict[str, Policy] = {}
+        for i in list(valid):
+            name = items[i].use_case
+            if name not in policies:
+                try:
+                    policies[name] = gate._policy(conn, name)
+                except UnknownUseCase as exc:
+                    policies[name] = None  # type: ignore[assignment]
+                    results[i] = exc
+                    continue
+            if policies[name] is None:
+                results[i] = UnknownUseCase(name)
+        valid = [i for i in valid if results[i] is None]
+        keys = {i: gate.device_key(items[i].device_id) for i in valid}
+
+        # Idempotency: replay earlier decisions; the first of repeated keys decides.
+        first_of_key: dict[tuple[str, str], int] = {}
+        stored: dict[tuple[str, str], tuple[str, str, str]] = {}
+        keyed: list[tuple[str, str]] = [
+            (keys[i], key) for i in valid if (key := items[i].idempotency_key) is not None
+        ]
+        for s in range(0, len(keyed), _CHUNK):
+            part = keyed[s : s + _CHUNK]
+            cond = " OR ".join([f"(device_key = {ph} AND key = {ph})"] * len(part))
+            cur.execute(
+                f"SELECT device_key, key, request_hash, use_case, decision FROM idempotency"
+                f" WHERE {cond}",
+                [v for pair in part for v in pair],
+            )
+            for dk, key, rh, uc, dec in cur.fetchall():
+                stored[(dk, key)] = (rh, uc, dec)
+        to_decide: list[int] = []
+        replay_of: dict[int, int] = {}
+        for i in valid:
+            item = items[i]
+            fingerprint = item.request_hash or hashlib.sha256(item.use_case.encode()).hexdigest()
+            if item.idempotency_key is None:
+                to_decide.append(i)
+                continue
+            k = (keys[i], item.idempotency_key)
+            if k in stored:
+                rh, uc, dec = stored[k]
+                if rh != fingerprint or uc != item.use_case or not dec:
+                    results[i] = IdempotencyConflict(item.idempotency_key)
+                else:
+                    results[i] = Decision.from_json(dec)
+            elif k in first_of_key:
+                j = first_of_key[k]
+                first = items[j]
+                first_hash = (
+                    first.request_hash or hashlib.sha256(first.use_case.encode()).hexdigest()
+                )
+                if first_hash != fingerprint or first.use_case != item.use_case:
+                    results[i] = IdempotencyConflict(item.idempotency_key)
+                else:
+                    replay_of[i] = j
+            else:
+                first_of_key[k] = i
+                to_decide.append(i)
+
+        # Lock and read the touched (device, budget) pairs.
+        pairs = sorted({(keys[i], budget_key(policies[items[i].use_case])) for i in to_decide})
+        if postgres and pairs:
+            cur.executemany(
+                "INSERT INTO accounts (device_key, budget, count, epsilon_micro)"
+                " VALUES (%s, %s, 0, 0) ON CONFLICT (device_key, budget) DO NOTHING",
+                pairs,
+            )
+        lifetime: dict[tuple[str, str], int] = defaultdict(int)
+        days: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(dict)
+        lock = " ORDER BY device_key, budget FOR UPDATE" if postgres else ""
+        max_retention = max((p.retention_days for p in policies.values() if p), default=1)
+        for s in range(0, len(pairs), _CHUNK):
+            part = pairs[s : s + _CHUNK]
+            cond = " OR ".join([f"(device_key = {ph} AND budget = {ph})"] * len(part))
+            flat = [v for pair in part for v in pair]
+            cur.execute(
+                f"SELECT device_key, budget, epsilon_micro FROM accounts WHERE ({cond}){lock}", flat
+            )
+            for dk, b, eps in cur.fetchall():
+                lifetime[(dk, b)] = int(eps)
+            cur.execute(
+                f"SELECT device_key, budget, day, count, epsilon_micro FROM daily_spend"
+                f" WHERE ({cond}) AND day > {ph} AND day <= {ph}",
+                [*flat, day - max_retention, day],
+            )
+            for dk, b, d, count, eps in cur.fetchall():
+                days[(dk, b)][int(d)] = [int(count), int(eps)]
+
+        # Decide in order.
+        accepted: list[tuple[int, Decision]] = []
+        pair_inc: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        lifetime_inc: dict[tuple[str, str, int], int] = defaultdict(int)
+        for i in to_decide:
+            policy = policies[items[i].use_case]
+            decision = _decide(policy, keys[i], day, days, lifetime)
+            results[i] = decision
+            if decision.accepted:
+                pair = (keys[i], decision.budget)
+                eps = to_micro(policy.epsilon_per_report)
+                pair_inc[pair][0] += 1
+                pair_inc[pair][1] += eps
+                lifetime_inc[(keys[i], policy.name, eps)] += 1
+                accepted.append((i, decision))
+
+        # Write.
+        if pair_inc:
+            cur.executemany(
+                f"INSERT INTO accounts (device_key, budget, count, epsilon_micro)"
+                f" VALUES ({_placeholders(4, ph)}) ON CONFLICT (device_key, budget) DO UPDATE SET"
+                " count = accounts.count + excluded.count,"
+                " epsilon_micro = accounts.epsilon_micro + excluded.epsilon_micro",
+                [(dk, b, n, e) for (dk, b), (n, e) in pair_inc.items()],
+            )
+            caps = {}
+            for i, d in accepted:
+                caps[(keys[i], d.budget)] = policies[items[i].use_case].max_reports_per_day
+            rows = [(dk, b, day, n, e, caps[(dk, b)]) for (dk, b), (n, e) in pair_inc.items()]
+            cur.executemany(
+                f"INSERT INTO daily_spend (device_key, budget, day, count, epsilon_micro)"
+                f" VALUES ({_placeholders(5, ph)}) ON CONFLICT (device_key, budget, day) DO UPDATE"
+                " SET count = daily_spend.count + excluded.count,"
+                " epsilon_micro = daily_spend.epsilon_micro + excluded.epsilon_micro"
+                f" WHERE daily_spend.count + excluded.count <= {ph}",
+                rows,
+            )
+            if cur.rowcount not in (-1, len(rows)):
+                raise InternalError("the daily caps in the database refused part of a batch")
+            cur.executemany(
+                f"INSERT INTO lifetime_totals (device_key, use_case, epsilon_micro, count)"
+                f" VALUES ({_placeholders(4, ph)})"
+                " ON CONFLICT (device_key, use_case, epsilon_micro)"
+                " DO UPDATE SET count = lifetime_totals.count + excluded.count",
+                [(dk, uc, e, n) for (dk, uc, e), n in lifetime_inc.items()],
+            )
+            charge_rows = [
+                (
+                    keys[i],
+                    d.use_case,
+                    d.budget,
+                    d.policy_version,
+                    to_micro(d.epsilon),
+                    day,
+                    items[i].idempotency_key,
+                )
+                for i, d in accepted
+            ]
+            ids = _insert_charges(cur, charge_rows, ph, postgres)
+            for n, (i, d) in enumerate(accepted):
+                decision = replace(d, charge_id=ids[n])
+                results[i] = decision
+                accepted[n] = (i, decision)
+        for i, j in replay_of.items():
+            first_result = results[j]
+            results[i] = (
+                replace(first_result, replayed=True)
+                if isinstance(first_result, Decision)
+                else first_result
+            )
+        idem_rows = []
+        for k, i in first_of_key.items():
+            r = results[i]
+            if isinstance(r, Decision):
+                item = items[i]
+                fingerprint = (
+                    item.request_hash or hashlib.sha256(item.use_case.encode()).hexdigest()
+                )
+                idem_rows.append(
+                    (k[0], k[1], fingerprint, day, r.to_json(), item.use_case, r.charge_id)
+                )
+        if idem_rows:
+            cur.executemany(
+                "INSERT INTO idempotency (device_key, key, request_hash, day, decision, use_case,"
+                f" charge_id) VALUES ({_placeholders(7, ph)})",
+                idem_rows,
+            )
+        if on_accept is not None and accepted:
+            on_accept(conn, accepted)
+    out: list[Decision | BudgetError] = []
+    for r in results:
+        assert r is not None
+        out.append(r)
+    return out
+
+
+def _insert_charges(cur: Any, rows: list[tuple[Any, ...]], ph: str, postgres: bool) -> list[int]:
+    sql = (
+        "INSERT INTO charges (device_key, use_case, budget, policy_version, epsilon_micro, day,"
+        f" idempotency_key) VALUES ({_placeholders(7, ph)})"
+    )
+    if postgres:
+        cur.executemany(sql + " RETURNING id", rows, returning=True)
+        ids: list[int] = []
+        while True:
+            ids.append(int(cur.fetchone()[0]))
+            if not cur.nextset():
+                break
+        return ids
+    cur.executemany(sql, rows)
+    cur.execute("SELECT max(id) FROM charges")
+    last = int(cur.fetchone()[0])  # consecutive: the write lock is held throughout
+    return list(range(last - len(rows) + 1, last + 1))
+
+
+def _decide(
+    policy: Policy,
+    dk: str,
+    day: int,
+    days: dict[tuple[str, str], dict[int, list[int]]],
+    lifetime: dict[tuple[str, str], int],
+) -> Decision:
+    """The single-report gate's decision on in-memory state, which it updates on acceptance."""
+    eps = to_micro(policy.epsilon_per_report)
+    budget = budget_key(policy)
+    base = Decision(
+        accepted=False,
+        reason="accepted",
+        use_case=policy.name,
+        budget=budget,
+        policy_version=policy.version,
+        epsilon=policy.epsilon_per_report,
+        day=day,
+    )
+    spends = days[(dk, budget)]
+    today = spends.get(day, [0, 0])
+    cap = policy.max_reports_per_day
+    if today[0] >= cap:
+        return replace(base, reason="daily_cap", retry_at=day_start(day + 1))
+    window_remaining: float | None = None
+    if policy.window_epsilon_cap is not None:
+        window_cap = to_micro(policy.window_epsilon_cap)
+        in_window = sorted(
+            (d, e) for d, (_, e) in spends.items() if day - policy.retention_days < d <= day
+        )
+        spent = sum(e for _, e in in_window) + eps
+        if spent > window_cap:
+            remaining = spent - eps
+            retry = day + 1
+            for d, e in in_window:
+                remaining -= e
+                if remaining + eps <= window_cap:
+                    retry = max(d + policy.retention_days, day + 1)
+                    break
+            return replace(
+                base,
+                reason="window_cap",
+                retry_at=day_start(retry),
+                window_remaining=from_micro(window_cap - (spent - eps)),
+            )
+        window_remaining = from_micro(window_cap - spent)
+    lifetime_after = lifetime[(dk, budget)] + eps
+    lifetime_remaining: float | None = None
+    if policy.lifetime_epsilon_cap is not None:
+        lifetime_cap = to_micro(policy.lifetime_epsilon_cap)
+        if lifetime_after > lifetime_cap:
+            return replace(
+                base,
+                reason="lifetime_cap",
+                lifetime_remaining=from_micro(lifetime_cap - (lifetime_after - eps)),
+            )
+        lifetime_remaining = from_micro(lifetime_cap - lifetime_after)
+    spends[day] = [today[0] + 1, today[1] + eps]
+    lifetime[(dk, budget)] = lifetime_after
+    return replace(
+        base,
+        accepted=True,
+        reports_left_today=cap - today[0] - 1,
+        window_remaining=window_remaining,
+        lifetime_remaining=lifetime_remaining,
+    )
