@@ -28,7 +28,8 @@ from pydantic import Field as PydField
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.ingest import Ingestor, PolicyChanged
+from api.committer import GroupCommitter
+from api.ingest import Ingestor, PolicyChanged, SubmitRequest
 from api.jobs import JOBS, RUNTIMES, Runtime, run_job, start_scheduler
 from api.pipeline import load_sketch
 from api.settings import Settings, load_or_create_secret
@@ -366,6 +367,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         app.state.ledger = ledger
         app.state.ingestor = ingestor
         app.state.runtime_key = key
+        committer = GroupCommitter(ingestor, clock)
+        committer.start()
+        app.state.committer = committer
         scheduler = None
         if settings.scheduler:
             scheduler = start_scheduler(
@@ -375,6 +379,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         try:
             yield
         finally:
+            await committer.stop()
             if scheduler is not None:
                 scheduler.shutdown(wait=True)
             RUNTIMES.pop(key, None)
@@ -458,6 +463,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     )
     async def submit_report(
         name: UseCaseName,
+        request: Request,
         ingestor: IngestorDep,
         device_id: DeviceHeader,
         body: Annotated[
@@ -481,9 +487,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         ] = None,
     ) -> Receipt | JSONResponse:
         """Submit one privatized report; it is charged and enqueued atomically."""
-        decision = ingestor.submit(
-            name, device_id, body, now=clock.now(), idempotency_key=idempotency_key
-        )
+        committer: GroupCommitter = request.app.state.committer
+        decision = await committer.submit(SubmitRequest(name, device_id, body, idempotency_key))
         reports_total.labels(name, decision.reason).inc()
         if not decision.accepted:
             return _refusal(decision, clock)

@@ -23,7 +23,7 @@ from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
 from mechanisms import CMS, HCMS, SFP, InvalidReport
 from policies import Policy, mechanism_for
 
-__all__ = ["Ingestor", "ItemResult", "PolicyChanged", "params_hash"]
+__all__ = ["Ingestor", "ItemResult", "PolicyChanged", "SubmitRequest", "params_hash"]
 
 _INBOX = InboxRow.__table__  # type: ignore[attr-defined]
 Mechanism = CMS | HCMS | SFP
@@ -44,6 +44,16 @@ def params_hash(mechanism: Mechanism) -> str:
     fields["mechanism"] = mechanism.name
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One device's submission, as the HTTP route received it."""
+
+    use_case: str
+    device_id: str
+    body: Any
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +139,64 @@ class Ingestor:
             on_accept=enqueue,
             validate=validate,
         )
+
+    def submit_group(
+        self, requests: list[SubmitRequest], *, now: datetime
+    ) -> list[Decision | Exception]:
+        """Charge concurrent single submissions together in one transaction (group commit).
+
+        The answers are exactly those of submitting them one by one in this order: each body
+        is validated against its use case's current policy, then :func:`charge_batch` decides
+        in order; invalid bodies and gate errors come back as exceptions for their request.
+        """
+        out: list[Decision | Exception | None] = [None] * len(requests)
+        policies: dict[str, Policy | Exception] = {}
+        batch: list[BatchItem] = []
+        payloads: list[tuple[str, str, str]] = []
+        positions: list[int] = []
+        for i, req in enumerate(requests):
+            if req.use_case not in policies:
+                try:
+                    policies[req.use_case] = self.ledger.policies.get(req.use_case)
+                except BudgetError as exc:
+                    policies[req.use_case] = exc
+            policy = policies[req.use_case]
+            if isinstance(policy, Exception):
+                out[i] = policy
+                continue
+            mech, params = self.mechanism(policy)
+            try:
+                report = mech.parse_report(req.body)
+            except InvalidReport as exc:
+                out[i] = exc
+                continue
+            payload = json.dumps(report.to_dict(), separators=(",", ":"), sort_keys=True)
+            canonical = json.dumps(req.body, separators=(",", ":"), sort_keys=True, default=str)
+            request_hash = hashlib.sha256(f"{req.use_case}\n{canonical}".encode()).hexdigest()
+            batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
+            payloads.append((req.use_case, params, payload))
+            positions.append(i)
+
+        def enqueue(conn: Connection, accepted: list[tuple[int, Decision]]) -> None:
+            for _, d in accepted:
+                policy = policies[d.use_case]
+                if isinstance(policy, Exception) or d.policy_version != policy.version:
+                    raise PolicyChanged(d.use_case)
+            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cursor.executemany(
+                self._inbox_sql,
+                [(payloads[n][0], payloads[n][1], d.day, payloads[n][2]) for n, d in accepted],
+            )
+
+        if batch:
+            results = charge_batch(self.ledger.gate, batch, now=now, on_accept=enqueue)
+            for n, result in enumerate(results):
+                out[positions[n]] = result
+        final: list[Decision | Exception] = []
+        for r in out:
+            assert r is not None
+            final.append(r)
+        return final
 
     def submit_many(self, use_case: str, items: list[Any], *, now: datetime) -> list[ItemResult]:
         """Submit a relay's batch in one transaction (:func:`budget.batch.charge_batch`).
