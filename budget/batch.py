@@ -59,6 +59,11 @@ def _placeholders(n: int, style: str) -> str:
     return ", ".join([style] * n)
 
 
+def _pairs(n: int, style: str) -> str:
+    """``VALUES (?, ?), (?, ?), ...``: a row-value list both SQLite and PostgreSQL index-join."""
+    return "VALUES " + ", ".join([f"({style}, {style})"] * n)
+
+
 def charge_batch(
     gate: Gate,
     items: Sequence[BatchItem],
@@ -107,10 +112,9 @@ def charge_batch(
         ]
         for s in range(0, len(keyed), _CHUNK):
             part = keyed[s : s + _CHUNK]
-            cond = " OR ".join([f"(device_key = {ph} AND key = {ph})"] * len(part))
             cur.execute(
-                f"SELECT device_key, key, request_hash, use_case, decision FROM idempotency"
-                f" WHERE {cond}",
+                "SELECT device_key, key, request_hash, use_case, decision FROM idempotency"
+                f" WHERE (device_key, key) IN ({_pairs(len(part), ph)})",
                 [v for pair in part for v in pair],
             )
             for dk, key, rh, uc, dec in cur.fetchall():
@@ -158,16 +162,16 @@ def charge_batch(
         max_retention = max((p.retention_days for p in policies.values() if p), default=1)
         for s in range(0, len(pairs), _CHUNK):
             part = pairs[s : s + _CHUNK]
-            cond = " OR ".join([f"(device_key = {ph} AND budget = {ph})"] * len(part))
+            cond = f"(device_key, budget) IN ({_pairs(len(part), ph)})"
             flat = [v for pair in part for v in pair]
             cur.execute(
-                f"SELECT device_key, budget, epsilon_micro FROM accounts WHERE ({cond}){lock}", flat
+                f"SELECT device_key, budget, epsilon_micro FROM accounts WHERE {cond}{lock}", flat
             )
             for dk, b, eps in cur.fetchall():
                 lifetime[(dk, b)] = int(eps)
             cur.execute(
                 f"SELECT device_key, budget, day, count, epsilon_micro FROM daily_spend"
-                f" WHERE ({cond}) AND day > {ph} AND day <= {ph}",
+                f" WHERE {cond} AND day > {ph} AND day <= {ph}",
                 [*flat, day - max_retention, day],
             )
             for dk, b, d, count, eps in cur.fetchall():
