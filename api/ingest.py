@@ -22,6 +22,7 @@ from budget.batch import BatchItem, charge_batch
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
 from mechanisms import CMS, HCMS, SFP, InvalidReport
 from policies import Policy, mechanism_for
+from policies.errors import PolicyError
 
 __all__ = ["Ingestor", "ItemResult", "PolicyChanged", "SubmitRequest", "params_hash"]
 
@@ -158,7 +159,7 @@ class Ingestor:
             if req.use_case not in policies:
                 try:
                     policies[req.use_case] = self.ledger.policies.get(req.use_case)
-                except BudgetError as exc:
+                except (BudgetError, PolicyError) as exc:
                     policies[req.use_case] = exc
             policy = policies[req.use_case]
             if isinstance(policy, Exception):

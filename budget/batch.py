@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from budget.clock import day_start, utc_day
-from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
+from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
 from budget.gate import (
     MAX_DEVICE_ID,
     MAX_IDEMPOTENCY_KEY,
@@ -70,10 +70,10 @@ def charge_batch(
     *,
     now: datetime,
     on_accept: OnAcceptMany | None = None,
-) -> list[Decision | BudgetError]:
+) -> list[Decision | Exception]:
     """Charge ``items`` in order in one transaction; see the module docstring."""
     day = utc_day(now)
-    results: list[Decision | BudgetError | None] = [None] * len(items)
+    results: list[Decision | Exception | None] = [None] * len(items)
     valid: list[int] = []
     for i, item in enumerate(items):
         try:
@@ -266,7 +266,7 @@ def charge_batch(
             )
         if on_accept is not None and accepted:
             on_accept(conn, accepted)
-    out: list[Decision | BudgetError] = []
+    out: list[Decision | Exception] = []
     for r in results:
         assert r is not None
         out.append(r)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from policies.errors import PolicyConflict, UnknownUseCase
+
 __all__ = [
     "BudgetError",
     "IdempotencyConflict",
@@ -24,26 +26,9 @@ class InvalidRequest(BudgetError, ValueError):
         self.reason = reason
 
 
-class UnknownUseCase(BudgetError, LookupError):
-    """No active policy has this name."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown use case {name!r}")
-        self.name = name
-
-
 class IdempotencyConflict(BudgetError):
     """An idempotency key was reused for a different request."""
 
     def __init__(self, key: str) -> None:
         super().__init__("the idempotency key was already used for a different request")
         self.key = key
-
-
-class PolicyConflict(BudgetError, ValueError):
-    """A policy change conflicts with stored state; ``field`` names the culprit."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"`{field}` {reason}")
-        self.field = field
-        self.reason = reason

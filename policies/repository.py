@@ -10,8 +10,7 @@ from sqlalchemy import Connection, Engine, Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
-from budget.db import writer
-from budget.errors import PolicyConflict, UnknownUseCase
+from policies.errors import PolicyConflict, UnknownUseCase
 from policies.model import Policy, PolicyBase, PolicyCreate, PolicyUpdate
 
 __all__ = ["GROUP_FIELDS", "PolicyStore"]
@@ -43,7 +42,8 @@ class PolicyStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._writer = writer(engine)
+        # the ledger's write option (budget.db.writer): BEGIN IMMEDIATE on SQLite
+        self._writer = engine.execution_options(dpgov_write=True)
 
     # -- reads ---------------------------------------------------------------------------------
 

@@ -24,3 +24,26 @@ def test_quickstart_has_exactly_two_one_line_commands() -> None:
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert _quickstart_commands()[1] in ci.splitlines()
+
+
+def test_every_package_imports_first_in_a_fresh_interpreter() -> None:
+    # Import cycles only show when a package is the first one imported.
+    import subprocess
+    import sys
+
+    for package in ("policies", "budget", "mechanisms", "api", "api.app", "api.cli"):
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import {package}"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
+        assert proc.returncode == 0, (package, proc.stderr)
+
+
+def test_the_policy_store_uses_the_ledgers_write_option() -> None:
+    from budget.db import WRITE_OPTION
+
+    source = (ROOT / "policies" / "repository.py").read_text(encoding="utf-8")
+    assert f"{WRITE_OPTION}=True" in source
