@@ -538,9 +538,10 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         ingestor.ledger.policies.get(name)  # 404 before any work
         results = ingestor.submit_many(name, items, now=clock.now())
         out = []
+        outcomes: dict[str, int] = {}
         for r in results:
             if r.decision is not None:
-                reports_total.labels(name, r.decision.reason).inc()
+                outcomes[r.decision.reason] = outcomes.get(r.decision.reason, 0) + 1
                 out.append(
                     BatchItemResult(
                         status=r.status,
@@ -551,6 +552,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
                 )
             else:
                 out.append(BatchItemResult(status=r.status, field=r.field, error=r.error))
+        for reason, n in outcomes.items():
+            reports_total.labels(name, reason).inc(n)
         return BatchResult(accepted=sum(1 for r in out if r.status == 202), results=out)
 
     # -- budgets -------------------------------------------------------------------------------

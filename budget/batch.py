@@ -158,20 +158,24 @@ def charge_batch(
             )
         lifetime: dict[tuple[str, str], int] = defaultdict(int)
         days: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(dict)
-        lock = " ORDER BY device_key, budget FOR UPDATE" if postgres else ""
         max_retention = max((p.retention_days for p in policies.values() if p), default=1)
         for s in range(0, len(pairs), _CHUNK):
             part = pairs[s : s + _CHUNK]
-            cond = f"(device_key, budget) IN ({_pairs(len(part), ph)})"
+            keys_sql = f"({_pairs(len(part), ph)}) AS k"
             flat = [v for pair in part for v in pair]
+            lock_of = " FOR UPDATE OF a" if postgres else ""
             cur.execute(
-                f"SELECT device_key, budget, epsilon_micro FROM accounts WHERE {cond}{lock}", flat
+                f"SELECT a.device_key, a.budget, a.epsilon_micro FROM {keys_sql}"
+                " JOIN accounts a ON a.device_key = k.column1 AND a.budget = k.column2"
+                f" ORDER BY a.device_key, a.budget{lock_of}",
+                flat,
             )
             for dk, b, eps in cur.fetchall():
                 lifetime[(dk, b)] = int(eps)
             cur.execute(
-                f"SELECT device_key, budget, day, count, epsilon_micro FROM daily_spend"
-                f" WHERE {cond} AND day > {ph} AND day <= {ph}",
+                f"SELECT d.device_key, d.budget, d.day, d.count, d.epsilon_micro FROM {keys_sql}"
+                " JOIN daily_spend d ON d.device_key = k.column1 AND d.budget = k.column2"
+                f" AND d.day > {ph} AND d.day <= {ph}",
                 [*flat, day - max_retention, day],
             )
             for dk, b, d, count, eps in cur.fetchall():

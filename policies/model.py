@@ -12,6 +12,7 @@ import math
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any, Literal, Self
 
 from pydantic import ConfigDict, field_validator, model_validator
@@ -50,7 +51,13 @@ def to_micro(value: float, field: str = "epsilon") -> int:
     """
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"`{field}` must be a finite number, got {value!r}")
-    scaled = Decimal(repr(float(value))) * MICRO
+    return _micro(float(value), field)
+
+
+@lru_cache(maxsize=4096)
+def _micro(value: float, field: str) -> int:
+    """The conversion itself, cached (the hot paths convert the same few epsilons)."""
+    scaled = Decimal(repr(value)) * MICRO
     if scaled != scaled.to_integral_value():
         raise ValueError(f"`{field}` must be a multiple of 0.000001, got {value!r}")
     return int(scaled)
