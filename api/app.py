@@ -32,6 +32,7 @@ from api.committer import GroupCommitter
 from api.ingest import Ingestor, PolicyChanged, SubmitRequest
 from api.jobs import JOBS, RUNTIMES, Runtime, run_job, start_scheduler
 from api.pipeline import load_sketch
+from api.ratelimit import RateLimiter
 from api.settings import Settings, load_or_create_secret
 from api.tables import InboxRow
 from budget import (
@@ -311,10 +312,14 @@ def require_admin(
     request: Request,
     authorization: Annotated[str | None, Header(description="`Bearer <admin token>`")] = None,
 ) -> None:
-    """401 without credentials, 403 with wrong ones."""
+    """401 without credentials, 403 with wrong ones, 429 after repeated wrong ones."""
     if not authorization:
         raise _Http(401, "admin routes need `Authorization: Bearer <token>`")
     if not _is_admin(request.app.state.settings, authorization):
+        client = request.client.host if request.client else "unknown"
+        wait = request.app.state.admin_failures.hit(client)
+        if wait:
+            raise _Http(429, "too many bad admin tokens; retry later", {"Retry-After": str(wait)})
         raise _Http(403, "the admin token is not valid")
 
 
@@ -442,6 +447,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         return _is_admin(settings, authorization)
 
     app.state.settings = settings
+    device_limit = RateLimiter(settings.device_rate_per_minute)
+    app.state.admin_failures = RateLimiter(settings.admin_failures_per_minute)
 
     @app.exception_handler(_Http)
     async def _http(_: Request, exc: _Http) -> JSONResponse:
@@ -487,6 +494,14 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         ] = None,
     ) -> Receipt | JSONResponse:
         """Submit one privatized report; it is charged and enqueued atomically."""
+        wait = device_limit.hit(device_id)
+        if wait:
+            reports_total.labels(name, "rate_limited").inc()
+            raise _Http(
+                429,
+                f"too many requests from this device; retry in {wait} s",
+                {"Retry-After": str(wait)},
+            )
         committer: GroupCommitter = request.app.state.committer
         decision = await committer.submit(SubmitRequest(name, device_id, body, idempotency_key))
         reports_total.labels(name, decision.reason).inc()

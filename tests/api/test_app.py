@@ -360,3 +360,45 @@ def test_store_has_no_device_column_and_logs_carry_no_identifiers(
     with ledger.engine.connect() as conn:
         columns = [r[1] for r in conn.execute(text("PRAGMA table_info(reports)"))]
     assert columns == ["id", "use_case", "params", "day", "payload", "folded"]
+
+
+def test_device_rate_limit_answers_429_without_charging(tmp_path: Path) -> None:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'rl.sqlite'}",
+        secret_file=tmp_path / "secret",
+        admin_token="admin-secret-token",
+        scheduler=False,
+        device_rate_per_minute=3,
+        admin_failures_per_minute=2,
+    )
+    with TestClient(create_app(settings, clock=FixedClock(NOW))) as c:
+        body = {"j": 1, "l": 2, "bit": 1}
+        codes = [
+            c.post(
+                "/v1/use-cases/safari-energy-domains/reports",
+                json=body,
+                headers={"X-Device-Id": "spammy"},
+            ).status_code
+            for _ in range(5)
+        ]
+        assert codes == [202, 202, 429, 429, 429]  # the third is the daily cap, then the limiter
+        limited = c.post(
+            "/v1/use-cases/emoji/reports", json=body, headers={"X-Device-Id": "spammy"}
+        )
+        assert limited.status_code == 429 and int(limited.headers["Retry-After"]) >= 1
+        assert "too many requests" in limited.json()["detail"]
+        assert count(c, "charges") == 2
+        bad = [
+            c.delete("/v1/use-cases/emoji", headers={"Authorization": "Bearer nope"}).status_code
+            for _ in range(4)
+        ]
+        assert bad == [403, 403, 429, 429]
+
+
+def test_rate_limiter_window() -> None:
+    from api.ratelimit import RateLimiter
+
+    limiter = RateLimiter(2)
+    assert [limiter.hit("k", now=t) for t in (0.0, 1.0, 2.0)] == [0, 0, 58]
+    assert limiter.hit("k", now=60.5) == 0  # the first event left the window
+    assert limiter.hit("other", now=2.0) == 0
