@@ -24,9 +24,10 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import Engine, make_url, text
+from sqlalchemy import Engine, text
 
 from budget import Ledger, create_db_engine, init_db, utc_day
+from budget.db import scratch_schema
 
 SECRET = b"benchmark-secret-benchmark-secret!!"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
@@ -43,20 +44,13 @@ def database(kind: str, pg_url: str | None) -> Iterator[Engine]:
             engine.dispose()
         return
     assert pg_url is not None
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = create_db_engine(pg_url, pool_size=1)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    url = make_url(pg_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    engine = create_db_engine(url.render_as_string(hide_password=False), pool_size=16)
-    init_db(engine)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+    with scratch_schema(pg_url, "bench") as url:
+        engine = create_db_engine(url, pool_size=16)
+        init_db(engine)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
 
 
 def gate_throughput(engine: Engine, charges: int, threads: int) -> float:

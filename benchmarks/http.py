@@ -29,9 +29,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from sqlalchemy import make_url, text
+from sqlalchemy import text
 
 from budget import create_db_engine
+from budget.db import scratch_schema
 from mechanisms import HCMS
 from policies import PolicyCreate, mechanism_for
 
@@ -258,27 +259,10 @@ def main(argv: list[str] | None = None) -> None:
         for row in rows:
             print(row, flush=True)
     if args.postgres:
-        schema = f"http_{uuid.uuid4().hex[:10]}"
-        admin = create_db_engine(args.postgres, pool_size=1)
-        with admin.begin() as conn:
-            conn.execute(text(f"CREATE SCHEMA {schema}"))
-        url = make_url(args.postgres).update_query_dict({"options": f"-csearch_path={schema}"})
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                rows = run(
-                    f"postgresql, {args.workers} workers",
-                    url.render_as_string(hide_password=False),
-                    args.workers,
-                    args.seconds,
-                    args.clients,
-                    Path(tmp),
-                )
-                for row in rows:
-                    print(row, flush=True)
-        finally:
-            with admin.begin() as conn:
-                conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-            admin.dispose()
+        with scratch_schema(args.postgres, "http") as url, tempfile.TemporaryDirectory() as tmp:
+            label = f"postgresql, {args.workers} workers"
+            for row in run(label, url, args.workers, args.seconds, args.clients, Path(tmp)):
+                print(row, flush=True)
 
 
 if __name__ == "__main__":

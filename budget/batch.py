@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from budget.clock import day_start, utc_day
+from budget.clock import utc_day
 from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
 from budget.gate import (
     MAX_DEVICE_ID,
@@ -32,8 +32,9 @@ from budget.gate import (
     Decision,
     Gate,
     _validate_text,
+    decide,
 )
-from policies.model import Policy, budget_key, from_micro, to_micro
+from policies.model import Policy, budget_key, to_micro
 
 __all__ = ["BatchItem", "charge_batch"]
 
@@ -303,62 +304,26 @@ def _decide(
     days: dict[tuple[str, str], dict[int, list[int]]],
     lifetime: dict[tuple[str, str], int],
 ) -> Decision:
-    """The single-report gate's decision on in-memory state, which it updates on acceptance."""
+    """:func:`budget.gate.decide` on in-memory state, which it updates on acceptance."""
     eps = to_micro(policy.epsilon_per_report)
     budget = budget_key(policy)
-    base = Decision(
-        accepted=False,
-        reason="accepted",
-        use_case=policy.name,
-        budget=budget,
-        policy_version=policy.version,
-        epsilon=policy.epsilon_per_report,
-        day=day,
-    )
     spends = days[(dk, budget)]
     today = spends.get(day, [0, 0])
-    cap = policy.max_reports_per_day
-    if today[0] >= cap:
-        return replace(base, reason="daily_cap", retry_at=day_start(day + 1))
-    window_remaining: float | None = None
-    if policy.window_epsilon_cap is not None:
-        window_cap = to_micro(policy.window_epsilon_cap)
-        in_window = sorted(
-            (d, e) for d, (_, e) in spends.items() if day - policy.retention_days < d <= day
-        )
-        spent = sum(e for _, e in in_window) + eps
-        if spent > window_cap:
-            remaining = spent - eps
-            retry = day + 1
-            for d, e in in_window:
-                remaining -= e
-                if remaining + eps <= window_cap:
-                    retry = max(d + policy.retention_days, day + 1)
-                    break
-            return replace(
-                base,
-                reason="window_cap",
-                retry_at=day_start(retry),
-                window_remaining=from_micro(window_cap - (spent - eps)),
-            )
-        window_remaining = from_micro(window_cap - spent)
-    lifetime_after = lifetime[(dk, budget)] + eps
-    lifetime_remaining: float | None = None
-    if policy.lifetime_epsilon_cap is not None:
-        lifetime_cap = to_micro(policy.lifetime_epsilon_cap)
-        if lifetime_after > lifetime_cap:
-            return replace(
-                base,
-                reason="lifetime_cap",
-                lifetime_remaining=from_micro(lifetime_cap - (lifetime_after - eps)),
-            )
-        lifetime_remaining = from_micro(lifetime_cap - lifetime_after)
-    spends[day] = [today[0] + 1, today[1] + eps]
-    lifetime[(dk, budget)] = lifetime_after
-    return replace(
-        base,
-        accepted=True,
-        reports_left_today=cap - today[0] - 1,
-        window_remaining=window_remaining,
-        lifetime_remaining=lifetime_remaining,
+    fits_today = today[0] < policy.max_reports_per_day
+
+    def rows() -> list[tuple[int, int]]:
+        low = day - policy.retention_days
+        out = [(d, e) for d, (_, e) in spends.items() if low < d <= day and d != day]
+        return [*out, (day, today[1] + eps)]
+
+    decision = decide(
+        policy,
+        day,
+        reports_today=today[0] + 1 if fits_today else None,
+        window_rows=rows,
+        lifetime_after=lifetime[(dk, budget)] + eps,
     )
+    if decision.accepted:
+        spends[day] = [today[0] + 1, today[1] + eps]
+        lifetime[(dk, budget)] += eps
+    return decision

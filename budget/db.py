@@ -11,12 +11,15 @@ one device's charges.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, make_url, text
 from sqlmodel import SQLModel, create_engine
 
-__all__ = ["WRITE_OPTION", "create_db_engine", "init_db", "is_sqlite", "writer"]
+__all__ = ["WRITE_OPTION", "create_db_engine", "init_db", "is_sqlite", "scratch_schema", "writer"]
 
 WRITE_OPTION = "dpgov_write"
 
@@ -80,3 +83,25 @@ def init_db(engine: Engine) -> None:
     import policies.model  # noqa: F401 - registers the policy table
 
     SQLModel.metadata.create_all(engine)
+
+
+@contextmanager
+def scratch_schema(url: str, prefix: str = "scratch") -> Iterator[str]:
+    """A throw-away PostgreSQL schema for tests and benchmarks; yields a URL that uses it.
+
+    Every connection made from the yielded URL has ``search_path`` set to the new schema; the
+    schema and everything in it is dropped on exit.
+    """
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_db_engine(url, pool_size=1)
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f"CREATE SCHEMA {schema}"))
+        scoped = make_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
+        try:
+            yield scoped.render_as_string(hide_password=False)
+        finally:
+            with admin.begin() as conn:
+                conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+    finally:
+        admin.dispose()

@@ -39,7 +39,7 @@ from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, Lifeti
 from policies.model import Policy, budget_key, from_micro, to_micro
 from policies.repository import PolicyStore
 
-__all__ = ["Decision", "Gate", "Reason", "device_key"]
+__all__ = ["Decision", "Gate", "Reason", "decide", "device_key", "window_rows", "window_sum"]
 
 Reason = Literal["accepted", "daily_cap", "window_cap", "lifetime_cap"]
 OnAccept = Callable[[Connection, "Decision"], None]
@@ -235,59 +235,103 @@ class Gate:
     ) -> Decision:
         eps = to_micro(policy.epsilon_per_report)
         budget = budget_key(policy)
-        base = Decision(
-            accepted=False,
-            reason="accepted",
-            use_case=policy.name,
-            budget=budget,
-            policy_version=policy.version,
-            epsilon=policy.epsilon_per_report,
-            day=day,
-        )
         lifetime_after = int(self._run(conn, "account", (dk, budget, eps)).fetchone()[0])
         cap = policy.max_reports_per_day
         today_row = self._run(conn, "daily", (dk, budget, day, eps, cap)).fetchone()
-        if today_row is None:
-            return replace(base, reason="daily_cap", retry_at=day_start(day + 1))
-        window_remaining: float | None = None
-        if policy.window_epsilon_cap is not None:
-            window_cap = to_micro(policy.window_epsilon_cap)
-            spent = window_sum(conn, dk, budget, day, policy.retention_days)
-            if spent > window_cap:
-                retry = window_retry_day(
-                    conn, dk, budget, day, policy.retention_days, eps, window_cap
-                )
-                return replace(
-                    base,
-                    reason="window_cap",
-                    retry_at=day_start(retry),
-                    window_remaining=from_micro(window_cap - (spent - eps)),
-                )
-            window_remaining = from_micro(window_cap - spent)
-        lifetime_remaining: float | None = None
-        if policy.lifetime_epsilon_cap is not None:
-            lifetime_cap = to_micro(policy.lifetime_epsilon_cap)
-            if lifetime_after > lifetime_cap:
-                return replace(
-                    base,
-                    reason="lifetime_cap",
-                    lifetime_remaining=from_micro(lifetime_cap - (lifetime_after - eps)),
-                )
-            lifetime_remaining = from_micro(lifetime_cap - lifetime_after)
+        decision = decide(
+            policy,
+            day,
+            reports_today=None if today_row is None else int(today_row[0]),
+            window_rows=lambda: window_rows(conn, dk, budget, day, policy.retention_days),
+            lifetime_after=lifetime_after,
+        )
+        if not decision.accepted:
+            return decision
         self._run(conn, "lifetime", (dk, policy.name, eps))
         charge_id = int(
             self._run(
                 conn, "charge", (dk, policy.name, budget, policy.version, eps, day, key)
             ).fetchone()[0]
         )
-        return replace(
-            base,
-            accepted=True,
-            charge_id=charge_id,
-            reports_left_today=cap - int(today_row[0]),
-            window_remaining=window_remaining,
-            lifetime_remaining=lifetime_remaining,
-        )
+        return replace(decision, charge_id=charge_id)
+
+
+def decide(
+    policy: Policy,
+    day: int,
+    *,
+    reports_today: int | None,
+    window_rows: Callable[[], list[tuple[int, int]]],
+    lifetime_after: int,
+) -> Decision:
+    """The gate's verdict on one report, given the state with the report counted in.
+
+    ``reports_today`` is today's count including this report, or ``None`` when the daily cap's
+    conditional upsert refused it; ``window_rows`` gives ``(day, micro-epsilon)`` spends in the
+    window including this report (asked only when a window cap is set); ``lifetime_after`` is
+    the budget's lifetime micro-epsilon including it. Checks run daily, window, lifetime. Both
+    the single-report gate and the batch path decide here.
+    """
+    eps = to_micro(policy.epsilon_per_report)
+    base = Decision(
+        accepted=False,
+        reason="accepted",
+        use_case=policy.name,
+        budget=budget_key(policy),
+        policy_version=policy.version,
+        epsilon=policy.epsilon_per_report,
+        day=day,
+    )
+    if reports_today is None:
+        return replace(base, reason="daily_cap", retry_at=day_start(day + 1))
+    window_remaining: float | None = None
+    if policy.window_epsilon_cap is not None:
+        window_cap = to_micro(policy.window_epsilon_cap)
+        rows = window_rows()
+        spent = sum(e for _, e in rows)
+        if spent > window_cap:
+            retry = _window_retry_day(rows, day, policy.retention_days, eps, window_cap)
+            return replace(
+                base,
+                reason="window_cap",
+                retry_at=day_start(retry),
+                window_remaining=from_micro(window_cap - (spent - eps)),
+            )
+        window_remaining = from_micro(window_cap - spent)
+    lifetime_remaining: float | None = None
+    if policy.lifetime_epsilon_cap is not None:
+        lifetime_cap = to_micro(policy.lifetime_epsilon_cap)
+        if lifetime_after > lifetime_cap:
+            return replace(
+                base,
+                reason="lifetime_cap",
+                lifetime_remaining=from_micro(lifetime_cap - (lifetime_after - eps)),
+            )
+        lifetime_remaining = from_micro(lifetime_cap - lifetime_after)
+    return replace(
+        base,
+        accepted=True,
+        reports_left_today=policy.max_reports_per_day - reports_today,
+        window_remaining=window_remaining,
+        lifetime_remaining=lifetime_remaining,
+    )
+
+
+def _window_retry_day(
+    rows: list[tuple[int, int]], day: int, retention: int, eps: int, cap: int
+) -> int:
+    """The first day a report of ``eps`` fits the window cap again, after today's attempt.
+
+    Spends drop out of the window ``retention`` days after their day; today's tentative
+    report (``eps``, counted in ``rows``) is not.
+    """
+    spends = sorted((d, e - (eps if d == day else 0)) for d, e in rows)
+    remaining = sum(e for _, e in spends)
+    for d, e in spends:
+        remaining -= e
+        if remaining + eps <= cap:
+            return max(d + retention, day + 1)
+    return day + 1
 
 
 # The hot path as plain SQL that SQLite (>= 3.35) and PostgreSQL both accept; "?" is replaced by
@@ -344,17 +388,12 @@ def window_sum(conn: Connection, dk: str, budget: str, day: int, retention_days:
     return int(total)
 
 
-def window_retry_day(
-    conn: Connection, dk: str, budget: str, day: int, retention: int, eps: int, cap: int
-) -> int:
-    """The first day a report of ``eps`` fits the window cap again, after today's attempt.
-
-    Spends drop out of the window ``retention`` days after their day; today's tentative
-    increment (``eps``) is not counted.
-    """
+def window_rows(
+    conn: Connection, dk: str, budget: str, day: int, retention: int
+) -> list[tuple[int, int]]:
+    """``(day, micro-epsilon)`` spends against ``budget`` on days ``day - retention + 1 .. day``."""
     rows = conn.execute(
-        select(_DAILY.c.day, _DAILY.c.epsilon_micro)
-        .where(
+        select(_DAILY.c.day, _DAILY.c.epsilon_micro).where(
             and_(
                 _DAILY.c.device_key == dk,
                 _DAILY.c.budget == budget,
@@ -362,12 +401,5 @@ def window_retry_day(
                 _DAILY.c.day <= day,
             )
         )
-        .order_by(_DAILY.c.day)
     ).all()
-    spends = [(int(d), int(e) - (eps if d == day else 0)) for d, e in rows]
-    remaining = sum(e for _, e in spends)
-    for d, e in spends:
-        remaining -= e
-        if remaining + eps <= cap:
-            return max(d + retention, day + 1)
-    return day + 1
+    return [(int(d), int(e)) for d, e in rows]

@@ -6,14 +6,14 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, make_url, text
+from sqlalchemy import Engine
 
 from budget import Ledger, create_db_engine, init_db
+from budget.db import scratch_schema
 
 SECRET = b"test-secret-test-secret-test-secret!"
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
@@ -37,20 +37,13 @@ def make_engine(backend: str, tmp_path: Path) -> Iterator[Engine]:
         engine.dispose()
         return
     assert PG_URL is not None
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_db_engine(PG_URL, pool_size=1)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    url = make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    engine = create_db_engine(url.render_as_string(hide_password=False), pool_size=20)
-    init_db(engine)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+    with scratch_schema(PG_URL, "t") as url:
+        engine = create_db_engine(url, pool_size=20)
+        init_db(engine)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
 
 
 @pytest.fixture(params=BACKENDS)
