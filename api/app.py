@@ -36,6 +36,7 @@ from api.ratelimit import RateLimiter
 from api.settings import Settings, load_or_create_secret
 from api.tables import InboxRow
 from budget import (
+    BudgetStatus,
     Clock,
     IdempotencyConflict,
     InvalidRequest,
@@ -178,31 +179,11 @@ class BatchResult(BaseModel):
     results: list[BatchItemResult]
 
 
-class UseCaseBudget(BaseModel):
-    """A device's standing against one use case."""
-
-    use_case: str
-    budget: str
-    policy_version: int
-    epsilon_per_report: float
-    max_reports_per_day: int
-    reports_today: int
-    reports_left_today: int
-    epsilon_today: float
-    epsilon_window: float
-    epsilon_lifetime: float
-    window_cap: float | None
-    window_remaining: float | None
-    lifetime_cap: float | None
-    lifetime_remaining: float | None
-    next_reset: datetime
-
-
 class DeviceBudget(BaseModel):
     """Every use case's budget for one device."""
 
     device_id: str
-    use_cases: list[UseCaseBudget]
+    use_cases: list[BudgetStatus]
 
 
 class EstimateItem(BaseModel):
@@ -589,7 +570,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         status = ledger.status(device_id, now=clock.now())
         return DeviceBudget(
             device_id=device_id,
-            use_cases=[UseCaseBudget.model_validate(s, from_attributes=True) for s in status],
+            use_cases=status,
         )
 
     # -- use cases -----------------------------------------------------------------------------
