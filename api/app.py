@@ -593,7 +593,48 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     @app.put("/v1/use-cases/{name}", response_model=PolicyPublic, tags=["use cases"])
     def put_use_case(
         name: UseCaseName,
-        body: Annotated[dict[str, Any], Body()],
+        body: Annotated[
+            dict[str, Any],
+            Body(
+                description="A policy (the fields of `PolicyCreate`); `name` may be omitted.",
+                openapi_examples={
+                    "emoji with caps": {
+                        "value": {
+                            "mechanism": "cms",
+                            "k": 65536,
+                            "m": 1024,
+                            "epsilon_per_report": 4.0,
+                            "max_reports_per_day": 1,
+                            "window_epsilon_cap": 120.0,
+                            "lifetime_epsilon_cap": 1000.0,
+                        }
+                    },
+                    "safari domains (shared budget)": {
+                        "value": {
+                            "mechanism": "hcms",
+                            "k": 1024,
+                            "m": 32768,
+                            "epsilon_per_report": 4.0,
+                            "max_reports_per_day": 2,
+                            "budget_group": "safari-domains",
+                        }
+                    },
+                    "new words (SFP)": {
+                        "value": {
+                            "mechanism": "sfp",
+                            "k": 2048,
+                            "m": 1024,
+                            "k_fragment": 2048,
+                            "m_fragment": 1024,
+                            "epsilon_per_report": 8.0,
+                            "epsilon_word": 2.0,
+                            "epsilon_fragment": 6.0,
+                            "max_reports_per_day": 2,
+                        }
+                    },
+                },
+            ),
+        ],
         ledger: LedgerDep,
         _admin: None = AdminDep,
     ) -> PolicyPublic:

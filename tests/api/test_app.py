@@ -402,3 +402,20 @@ def test_rate_limiter_window() -> None:
     assert [limiter.hit("k", now=t) for t in (0.0, 1.0, 2.0)] == [0, 0, 58]
     assert limiter.hit("k", now=60.5) == 0  # the first event left the window
     assert limiter.hit("other", now=2.0) == 0
+
+
+def test_openapi_documents_every_operation(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    operations = [
+        (path, method, op)
+        for path, methods in spec["paths"].items()
+        for method, op in methods.items()
+    ]
+    assert len(operations) >= 14
+    for path, method, op in operations:
+        assert op.get("description") or op.get("summary"), (path, method)
+    put = spec["paths"]["/v1/use-cases/{name}"]["put"]
+    examples = put["requestBody"]["content"]["application/json"]["examples"]
+    assert "new words (SFP)" in examples
+    report = spec["paths"]["/v1/use-cases/{name}/reports"]["post"]
+    assert {"202", "404", "409", "422", "429"} <= set(report["responses"])
