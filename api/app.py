@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import math
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
@@ -144,6 +147,82 @@ class Timing:
             self.histogram.labels(getattr(route, "path", "unmatched"), scope["method"]).observe(
                 time.perf_counter() - start
             )
+
+
+_REPORT_PATH = re.compile(r"^/v1/use-cases/([a-z0-9][a-z0-9-]{0,62})/reports$")
+_LANE_ROUTE = SimpleNamespace(path="/v1/use-cases/{name}/reports")
+
+
+class ReportLane:
+    """ASGI middleware: serve well-formed single-report submissions without the framework.
+
+    It handles ``POST /v1/use-cases/{name}/reports`` with a JSON body and valid headers through
+    the same ``accept_report`` as the documented route, and the same :func:`error_response`;
+    anything irregular (missing or oversized headers, another content type, malformed JSON) is
+    replayed to the FastAPI route, which answers it. The framework's routing, dependency and
+    response-model machinery is most of a report's cost, and this is the hot path.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = _REPORT_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        raw = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        headers = dict(scope["headers"])
+        device = headers.get(b"x-device-id")
+        idem = headers.get(b"idempotency-key")
+        regular = (
+            device is not None
+            and 1 <= len(device) <= 256
+            and (idem is None or len(idem) <= 255)
+            and headers.get(b"content-type", b"").split(b";")[0].strip() == b"application/json"
+        )
+        body: Any = None
+        if regular:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                regular = False
+        if not regular:
+            await self.app(scope, replay, send)
+            return
+        assert device is not None
+        scope["route"] = _LANE_ROUTE
+        try:
+            response = await scope["app"].state.accept_report(
+                scope["app"],
+                match.group(1),
+                device.decode("latin-1"),
+                body,
+                None if idem is None else idem.decode("latin-1"),
+            )
+        except Exception as exc:
+            mapped = error_response(exc)
+            if mapped is None:
+                raise
+            response = mapped
+        await response(scope, replay, send)
 
 
 # -- response models ------------------------------------------------------------------------------
@@ -377,11 +456,12 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         description="Privacy accounting and budget governance for local-DP telemetry.",
         lifespan=lifespan,
     )
+    app.add_middleware(ReportLane)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
     app.add_middleware(Timing, histogram=latency)
 
-    # -- errors: one mapping -------------------------------------------------------------------
+    # -- errors: one mapping (also used by the report fast lane) -------------------------------
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -391,38 +471,13 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     async def _model_validation(_: Request, exc: ValidationError) -> JSONResponse:
         return JSONResponse({"detail": _errors(exc)}, status_code=422)
 
-    @app.exception_handler(InvalidReport)
-    async def _invalid_report(_: Request, exc: InvalidReport) -> JSONResponse:
-        return JSONResponse(
-            {
-                "detail": [
-                    {"loc": ["body", *exc.field.split(".")], "field": exc.field, "msg": str(exc)}
-                ]
-            },
-            status_code=422,
-        )
+    async def _domain(_: Request, exc: Exception) -> JSONResponse:
+        response = error_response(exc)
+        assert response is not None
+        return response
 
-    @app.exception_handler(InvalidRequest)
-    async def _invalid_request(_: Request, exc: InvalidRequest) -> JSONResponse:
-        return JSONResponse(
-            {"detail": [{"loc": [exc.field], "field": exc.field, "msg": str(exc)}]}, status_code=422
-        )
-
-    @app.exception_handler(UnknownUseCase)
-    async def _unknown(_: Request, exc: UnknownUseCase) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(IdempotencyConflict)
-    async def _idem(_: Request, exc: IdempotencyConflict) -> JSONResponse:
-        return JSONResponse({"detail": str(exc), "field": "Idempotency-Key"}, status_code=409)
-
-    @app.exception_handler(PolicyConflict)
-    async def _policy_conflict(_: Request, exc: PolicyConflict) -> JSONResponse:
-        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=409)
-
-    @app.exception_handler(PolicyChanged)
-    async def _changed(_: Request, exc: PolicyChanged) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=409)
+    for error in DOMAIN_ERRORS:
+        app.add_exception_handler(error, _domain)
 
     def is_admin(authorization: str | None) -> bool:
         return _is_admin(settings, authorization)
@@ -430,10 +485,6 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.state.settings = settings
     device_limit = RateLimiter(settings.device_rate_per_minute)
     app.state.admin_failures = RateLimiter(settings.admin_failures_per_minute)
-
-    @app.exception_handler(_Http)
-    async def _http(_: Request, exc: _Http) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
 
     # -- reports -------------------------------------------------------------------------------
 
@@ -474,7 +525,17 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
             str | None, Header(alias="Idempotency-Key", max_length=255)
         ] = None,
     ) -> Receipt | JSONResponse:
-        """Submit one privatized report; it is charged and enqueued atomically."""
+        """Submit one privatized report; it is charged and enqueued atomically.
+
+        Well-formed requests are served by the report fast lane (the same logic without the
+        framework's per-request machinery); this route documents them and answers the rest.
+        """
+        return await accept_report(request.app, name, device_id, body, idempotency_key)
+
+    async def accept_report(
+        asgi: Any, name: str, device_id: str, body: Any, idempotency_key: str | None
+    ) -> JSONResponse:
+        """Rate limit, group-commit, answer: 202 receipt or 429 refusal (errors raise)."""
         wait = device_limit.hit(device_id)
         if wait:
             reports_total.labels(name, "rate_limited").inc()
@@ -483,20 +544,24 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
                 f"too many requests from this device; retry in {wait} s",
                 {"Retry-After": str(wait)},
             )
-        committer: GroupCommitter = request.app.state.committer
+        committer: GroupCommitter = asgi.state.committer
         decision = await committer.submit(SubmitRequest(name, device_id, body, idempotency_key))
         reports_total.labels(name, decision.reason).inc()
         if not decision.accepted:
             return _refusal(decision, clock)
-        return Receipt(
-            receipt=ingestor.receipt(decision),
-            use_case=decision.use_case,
-            policy_version=decision.policy_version,
-            epsilon=decision.epsilon,
-            day=day_date(decision.day),
-            reports_left_today=decision.reports_left_today,
-            replayed=decision.replayed,
-        )
+        ingestor: Ingestor = asgi.state.ingestor
+        receipt = {
+            "receipt": ingestor.receipt(decision),
+            "use_case": decision.use_case,
+            "policy_version": decision.policy_version,
+            "epsilon": decision.epsilon,
+            "day": day_date(decision.day).isoformat(),
+            "reports_left_today": decision.reports_left_today,
+            "replayed": decision.replayed,
+        }
+        return JSONResponse(receipt, status_code=202)
+
+    app.state.accept_report = accept_report
 
     @app.post("/v1/use-cases/{name}/reports:batch", response_model=BatchResult, tags=["reports"])
     def submit_batch(
@@ -771,6 +836,41 @@ class _Http(Exception):
         self.status = status
         self.detail = detail
         self.headers = headers
+
+
+DOMAIN_ERRORS: tuple[type[Exception], ...] = (
+    InvalidReport,
+    InvalidRequest,
+    UnknownUseCase,
+    IdempotencyConflict,
+    PolicyConflict,
+    PolicyChanged,
+    _Http,
+)
+
+
+def error_response(exc: Exception) -> JSONResponse | None:
+    """The one mapping of domain errors to HTTP answers (``None``: not a domain error)."""
+    if isinstance(exc, InvalidReport):
+        loc = ["body", *exc.field.split(".")]
+        return JSONResponse(
+            {"detail": [{"loc": loc, "field": exc.field, "msg": str(exc)}]}, status_code=422
+        )
+    if isinstance(exc, InvalidRequest):
+        return JSONResponse(
+            {"detail": [{"loc": [exc.field], "field": exc.field, "msg": str(exc)}]}, status_code=422
+        )
+    if isinstance(exc, UnknownUseCase):
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+    if isinstance(exc, IdempotencyConflict):
+        return JSONResponse({"detail": str(exc), "field": "Idempotency-Key"}, status_code=409)
+    if isinstance(exc, PolicyConflict):
+        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=409)
+    if isinstance(exc, PolicyChanged):
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+    if isinstance(exc, _Http):
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+    return None
 
 
 def _refusal(decision: Any, clock: Clock) -> JSONResponse:
