@@ -53,7 +53,7 @@ from budget import (
 )
 from budget.clock import day_date
 from mechanisms import InvalidReport, SfpSketch
-from policies import Policy, PolicyCreate, PolicyPublic, budget_key
+from policies import DEFAULT_POLICIES, Policy, PolicyCreate, PolicyPublic, budget_key
 
 __all__ = ["create_app"]
 
@@ -148,6 +148,21 @@ class Timing:
                 time.perf_counter() - start
             )
 
+
+def _policy_example(name: str, **changes: Any) -> dict[str, Any]:
+    """A default policy's fields (without name and description) as an OpenAPI example."""
+    base = next(p for p in DEFAULT_POLICIES if p["name"] == name)
+    value = {k: v for k, v in base.items() if k not in ("name", "description")}
+    return {"value": {**value, **changes}}
+
+
+_POLICY_EXAMPLES = {
+    "emoji with caps": _policy_example(
+        "emoji", window_epsilon_cap=120.0, lifetime_epsilon_cap=1000.0
+    ),
+    "safari domains (shared budget)": _policy_example("safari-energy-domains"),
+    "new words (SFP)": _policy_example("quicktype"),
+}
 
 _REPORT_PATH = re.compile(r"^/v1/use-cases/([a-z0-9][a-z0-9-]{0,62})/reports$")
 _LANE_ROUTE = SimpleNamespace(path="/v1/use-cases/{name}/reports")
@@ -662,42 +677,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
             dict[str, Any],
             Body(
                 description="A policy (the fields of `PolicyCreate`); `name` may be omitted.",
-                openapi_examples={
-                    "emoji with caps": {
-                        "value": {
-                            "mechanism": "cms",
-                            "k": 65536,
-                            "m": 1024,
-                            "epsilon_per_report": 4.0,
-                            "max_reports_per_day": 1,
-                            "window_epsilon_cap": 120.0,
-                            "lifetime_epsilon_cap": 1000.0,
-                        }
-                    },
-                    "safari domains (shared budget)": {
-                        "value": {
-                            "mechanism": "hcms",
-                            "k": 1024,
-                            "m": 32768,
-                            "epsilon_per_report": 4.0,
-                            "max_reports_per_day": 2,
-                            "budget_group": "safari-domains",
-                        }
-                    },
-                    "new words (SFP)": {
-                        "value": {
-                            "mechanism": "sfp",
-                            "k": 2048,
-                            "m": 1024,
-                            "k_fragment": 2048,
-                            "m_fragment": 1024,
-                            "epsilon_per_report": 8.0,
-                            "epsilon_word": 2.0,
-                            "epsilon_fragment": 6.0,
-                            "max_reports_per_day": 2,
-                        }
-                    },
-                },
+                openapi_examples=_POLICY_EXAMPLES,
             ),
         ],
         ledger: LedgerDep,
