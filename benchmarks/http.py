@@ -206,8 +206,8 @@ def run(label: str, url: str, workers: int, seconds: float, clients: int, tmp: P
         bodies = mech.privatize(
             [f"d{i}.example" for i in range(2000)], rng=np.random.default_rng(1)
         ).to_dicts()
-        ok, err, lat = _singles(base, bodies, seconds, clients)
         wrk = _wrk(base, bodies[0], seconds, clients, tmp)
+        ok, err, lat = _singles(base, bodies, seconds, clients)
         batch_ok, batch_seconds = _batches(base, bodies, 20)
     finally:
         proc.terminate()
