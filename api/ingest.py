@@ -94,53 +94,6 @@ class Ingestor:
         msg = f"receipt:{decision.use_case}:{decision.charge_id}".encode()
         return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()[:32]
 
-    def submit(
-        self,
-        use_case: str,
-        device_id: str,
-        body: Any,
-        *,
-        now: datetime,
-        idempotency_key: str | None = None,
-    ) -> Decision:
-        """Validate ``body`` for ``use_case``, then charge and enqueue it atomically.
-
-        The body is checked against the policy read inside the charge's transaction, so a
-        report is always charged under the parameters it was validated against.
-
-        Raises:
-            InvalidReport: the body does not fit the mechanism (nothing charged or stored).
-            UnknownUseCase, InvalidRequest, IdempotencyConflict: from the gate.
-        """
-        prepared: dict[str, str] = {}
-
-        def validate(policy: Policy) -> None:
-            mech, params = self.mechanism(policy)
-            report = mech.parse_report(body)
-            prepared["params"] = params
-            prepared["payload"] = json.dumps(
-                report.to_dict(), separators=(",", ":"), sort_keys=True
-            )
-
-        def enqueue(conn: Connection, decision: Decision) -> None:
-            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            cursor.execute(
-                self._inbox_sql, (use_case, prepared["params"], decision.day, prepared["payload"])
-            )
-
-        # The idempotency fingerprint covers the body as sent (before the policy is known).
-        canonical = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
-        request_hash = hashlib.sha256(f"{use_case}\n{canonical}".encode()).hexdigest()
-        return self.ledger.charge(
-            device_id,
-            use_case,
-            now=now,
-            idempotency_key=idempotency_key,
-            request_hash=request_hash,
-            on_accept=enqueue,
-            validate=validate,
-        )
-
     def submit_group(
         self, requests: list[SubmitRequest], *, now: datetime
     ) -> list[Decision | Exception]:
@@ -200,17 +153,14 @@ class Ingestor:
         return final
 
     def submit_many(self, use_case: str, items: list[Any], *, now: datetime) -> list[ItemResult]:
-        """Submit a relay's batch in one transaction (:func:`budget.batch.charge_batch`).
+        """A relay's batch for one use case: item shapes checked, then :meth:`submit_group`.
 
-        Each item is validated on its own (an invalid item gets a 422 naming
-        ``items[i].field``, the others go on); the valid ones are decided in order, exactly as
-        one-by-one submissions would be, and their inbox rows are written with their charges.
+        Each item is judged on its own (an invalid one gets an error naming
+        ``items[i].field``, the others go on), in order, exactly as one-by-one submissions.
         """
-        policy = self.ledger.policies.get(use_case)
-        mech, params = self.mechanism(policy)
+        self.ledger.policies.get(use_case)  # an unknown use case fails the whole batch
         out: list[ItemResult | None] = [None] * len(items)
-        batch: list[BatchItem] = []
-        payloads: list[str] = []
+        requests: list[SubmitRequest] = []
         positions: list[int] = []
         for i, item in enumerate(items):
             prefix = f"items[{i}]."
@@ -219,46 +169,29 @@ class Ingestor:
                 continue
             extra = set(item) - {"device_id", "report", "idempotency_key"}
             if extra:
-                out[i] = ItemResult(
-                    None, 422, "is not a field of a batch item", prefix + sorted(extra)[0]
-                )
+                field = prefix + sorted(extra)[0]
+                out[i] = ItemResult(None, 422, "is not a field of a batch item", field)
                 continue
             if "device_id" not in item:
                 out[i] = ItemResult(None, 422, "is required", prefix + "device_id")
                 continue
-            try:
-                report = mech.parse_report(item.get("report"))
-            except InvalidReport as exc:
-                out[i] = ItemResult(None, 422, exc.reason, prefix + "report." + exc.field)
-                continue
-            payload = json.dumps(report.to_dict(), separators=(",", ":"), sort_keys=True)
-            request_hash = hashlib.sha256(f"{use_case}\n{payload}".encode()).hexdigest()
-            batch.append(
-                BatchItem(item["device_id"], use_case, item.get("idempotency_key"), request_hash)
+            requests.append(
+                SubmitRequest(
+                    use_case, item["device_id"], item.get("report"), item.get("idempotency_key")
+                )
             )
-            payloads.append(payload)
             positions.append(i)
-        placeholder = "?" if self.ledger.engine.dialect.paramstyle == "qmark" else "%s"
-
-        def enqueue(conn: Connection, accepted: list[tuple[int, Decision]]) -> None:
-            if any(d.policy_version != policy.version for _, d in accepted):
-                raise PolicyChanged(use_case)
-            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            cursor.executemany(
-                "INSERT INTO inbox (use_case, params, day, payload) VALUES"
-                f" ({placeholder}, {placeholder}, {placeholder}, {placeholder})",
-                [(use_case, params, d.day, payloads[n]) for n, d in accepted],
-            )
-
-        results = charge_batch(self.ledger.gate, batch, now=now, on_accept=enqueue)
-        for n, result in enumerate(results):
-            i = positions[n]
+        results = self.submit_group(requests, now=now) if requests else []
+        for i, result in zip(positions, results, strict=True):
+            prefix = f"items[{i}]."
             if isinstance(result, Decision):
                 out[i] = ItemResult(result, 202 if result.accepted else 429)
+            elif isinstance(result, InvalidReport):
+                out[i] = ItemResult(None, 422, result.reason, prefix + "report." + result.field)
             elif isinstance(result, InvalidRequest):
-                out[i] = ItemResult(None, 422, result.reason, f"items[{i}].{result.field}")
+                out[i] = ItemResult(None, 422, result.reason, prefix + result.field)
             elif isinstance(result, IdempotencyConflict):
-                out[i] = ItemResult(None, 409, str(result), f"items[{i}].idempotency_key")
+                out[i] = ItemResult(None, 409, str(result), prefix + "idempotency_key")
             else:
                 out[i] = ItemResult(None, 404, str(result), None)
         final: list[ItemResult] = []

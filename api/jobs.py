@@ -19,6 +19,7 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 
 from api.ingest import Ingestor
 from api.pipeline import aggregate, flush_inbox, purge
@@ -80,7 +81,7 @@ def acquire_lease(engine: Engine, job: str, holder: str, ttl: float) -> bool:
                 with conn.begin_nested():
                     conn.execute(table.insert().values(job=job, holder=holder, until=now + ttl))
                 return True
-            except Exception:  # a concurrent first insert won
+            except IntegrityError:  # a concurrent first insert won
                 return False
         updated = conn.execute(
             table.update()

@@ -137,13 +137,8 @@ class Gate:
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         on_accept: OnAccept | None = None,
-        validate: Callable[[Policy], object] | None = None,
     ) -> Decision:
         """Charge one report of ``device_id`` to ``use_case`` at ``now``; see the module doc.
-
-        ``validate`` sees the current policy inside the transaction before anything is written
-        (the report's body is checked against exactly the parameters it is charged under); if
-        it raises, nothing is written and the error propagates.
 
         Raises:
             InvalidRequest: a field is invalid (nothing written).
@@ -165,8 +160,6 @@ class Gate:
 
         with self.write_lock, self.engine.connect() as conn, conn.begin() as transaction:
             policy = self._policy(conn, use_case)
-            if validate is not None:
-                validate(policy)
             if idempotency_key is not None:
                 first = self._claim_key(conn, dk, idempotency_key, fingerprint, use_case, day)
                 if first is not None:

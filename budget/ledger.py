@@ -6,7 +6,7 @@ The ledger owns the database: the service layer calls these methods and never wr
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -98,7 +98,6 @@ class Ledger:
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         on_accept: OnAccept | None = None,
-        validate: Callable[[Policy], object] | None = None,
     ) -> Decision:
         """Check and charge one report atomically (:meth:`budget.gate.Gate.charge`)."""
         return self.gate.charge(
@@ -108,7 +107,6 @@ class Ledger:
             idempotency_key=idempotency_key,
             request_hash=request_hash,
             on_accept=on_accept,
-            validate=validate,
         )
 
     def device_key(self, device_id: str) -> str:
@@ -210,9 +208,6 @@ class Ledger:
 
     # -- accounting ------------------------------------------------------------------------------
 
-    def _policy_map(self) -> dict[str, Policy]:
-        return self._all_policies()
-
     def device_loss(
         self, device_id: str, *, now: datetime, delta: float | None = None
     ) -> DeviceLoss:
@@ -225,7 +220,7 @@ class Ledger:
             raise InvalidRequest("device_id", "must be a non-empty string")
         dk = self.device_key(device_id)
         day = utc_day(now)
-        policies = self._policy_map()
+        policies = self._all_policies()
         window_rows: dict[str, list[tuple[int, int]]] = defaultdict(list)
         lifetime_rows: dict[str, list[tuple[int, int]]] = defaultdict(list)
         with self.engine.connect() as conn:
@@ -276,7 +271,7 @@ class Ledger:
         With ``use_case=None`` each use case's own retention window applies.
         """
         day = utc_day(now)
-        policies = self._policy_map()
+        policies = self._all_policies()
         if use_case is not None and use_case not in policies:
             raise UnknownUseCase(use_case)
         names = [use_case] if use_case else list(policies)
@@ -303,7 +298,7 @@ class Ledger:
     ) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
         """Each device's window multiset ``((epsilon, count), ...)`` for one use case."""
         day = utc_day(now)
-        policy = self._policy_map().get(use_case)
+        policy = self._all_policies().get(use_case)
         if policy is None:
             raise UnknownUseCase(use_case)
         cutoff = day - policy.retention_days
@@ -335,7 +330,7 @@ class Ledger:
         self, *, use_case: str
     ) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
         """Each device's lifetime multiset for one use case (from the purge-proof totals)."""
-        if use_case not in self._policy_map():
+        if use_case not in self._all_policies():
             raise UnknownUseCase(use_case)
         current: str | None = None
         events: list[tuple[int, int]] = []
@@ -356,7 +351,7 @@ class Ledger:
 
     def population_lifetime_loss(self, *, use_case: str) -> dict[str, PrivacyLoss]:
         """Tight lifetime loss of every device of a use case (memoized by ledger multiset)."""
-        policy = self._policy_map()[use_case]
+        policy = self._all_policies()[use_case]
         return {
             dk: self.accountant.loss(ev, delta=policy.delta, group_size=policy.group_size)
             for dk, ev in self.lifetime_ledgers(use_case=use_case)
@@ -370,7 +365,7 @@ class Ledger:
 
     def population_window_loss(self, *, now: datetime, use_case: str) -> dict[str, PrivacyLoss]:
         """Tight window loss of every device of a use case (memoized by ledger multiset)."""
-        policy = self._policy_map()[use_case]
+        policy = self._all_policies()[use_case]
         return {
             dk: self.accountant.loss(ev, delta=policy.delta, group_size=policy.group_size)
             for dk, ev in self.window_ledgers(now=now, use_case=use_case)
