@@ -16,7 +16,6 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from api.tables import InboxRow
 from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
@@ -26,7 +25,6 @@ from policies.errors import PolicyError
 
 __all__ = ["Ingestor", "ItemResult", "PolicyChanged", "SubmitRequest", "params_hash"]
 
-_INBOX = InboxRow.__table__  # type: ignore[attr-defined]
 Mechanism = CMS | HCMS | SFP
 
 
