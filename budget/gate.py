@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, and_, func, select
+from sqlalchemy import Connection, Engine, and_, select
 
 from budget.clock import day_start, utc_day
 from budget.db import writer
@@ -39,7 +39,7 @@ from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, Lifeti
 from policies.model import Policy, budget_key, from_micro, to_micro
 from policies.repository import PolicyStore
 
-__all__ = ["Decision", "Gate", "Reason", "decide", "device_key", "window_rows", "window_sum"]
+__all__ = ["Decision", "Gate", "Reason", "decide", "device_key", "window_rows"]
 
 Reason = Literal["accepted", "daily_cap", "window_cap", "lifetime_cap"]
 OnAccept = Callable[[Connection, "Decision"], None]
@@ -364,21 +364,6 @@ _HOT_PATH = {
         " idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
     ),
 }
-
-
-def window_sum(conn: Connection, dk: str, budget: str, day: int, retention_days: int) -> int:
-    """Micro-epsilon spent against ``budget`` on days ``day - retention + 1 .. day``."""
-    total = conn.execute(
-        select(func.coalesce(func.sum(_DAILY.c.epsilon_micro), 0)).where(
-            and_(
-                _DAILY.c.device_key == dk,
-                _DAILY.c.budget == budget,
-                _DAILY.c.day > day - retention_days,
-                _DAILY.c.day <= day,
-            )
-        )
-    ).scalar_one()
-    return int(total)
 
 
 def window_rows(

@@ -6,9 +6,10 @@ The ledger owns the database: the service layer calls these methods and never wr
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine, and_, delete, func, select
 
@@ -16,7 +17,7 @@ from budget.accountant import Accountant, PrivacyLoss
 from budget.clock import day_start, utc_day
 from budget.db import writer
 from budget.errors import InvalidRequest, UnknownUseCase
-from budget.gate import Decision, Gate, OnAccept, window_sum
+from budget.gate import Decision, Gate, OnAccept, window_rows
 from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, LifetimeTotal
 from policies.model import Policy, budget_key, from_micro, to_micro
 from policies.repository import PolicyStore
@@ -78,6 +79,22 @@ def _events(rows: list[tuple[int, int]], scale: int = 1) -> tuple[tuple[float, i
     return tuple((from_micro(eps) * scale, int(count)) for eps, count in rows)
 
 
+def _per_device(
+    rows: Iterable[Any],
+) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
+    """Group ``(device_key, micro-epsilon, count)`` rows sorted by device into ledgers."""
+    current: str | None = None
+    events: list[tuple[int, int]] = []
+    for dk, eps, count in rows:
+        if dk != current and current is not None:
+            yield current, _events(events)
+            events = []
+        current = dk
+        events.append((int(eps), int(count)))
+    if current is not None:
+        yield current, _events(events)
+
+
 class Ledger:
     """Per-device privacy accounts over a database engine."""
 
@@ -134,7 +151,9 @@ class Ledger:
             for policy in PolicyStore.list_in(conn):
                 budget = budget_key(policy)
                 count, eps_today = daily.get((budget, day), (0, 0))
-                window = window_sum(conn, dk, budget, day, policy.retention_days)
+                window = sum(
+                    e for _, e in window_rows(conn, dk, budget, day, policy.retention_days)
+                )
                 life = lifetime.get(budget, 0)
                 wcap = policy.window_epsilon_cap
                 lcap = policy.lifetime_epsilon_cap
@@ -302,8 +321,6 @@ class Ledger:
         if policy is None:
             raise UnknownUseCase(use_case)
         cutoff = day - policy.retention_days
-        current: str | None = None
-        events: list[tuple[int, int]] = []
         with self.engine.connect() as conn:
             result = conn.execute(
                 select(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro, func.count())
@@ -317,14 +334,7 @@ class Ledger:
                 .group_by(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro)
                 .order_by(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro)
             )
-            for dk, eps, count in result:
-                if dk != current and current is not None:
-                    yield current, _events(events)
-                    events = []
-                current = dk
-                events.append((eps, count))
-        if current is not None:
-            yield current, _events(events)
+            yield from _per_device(result)
 
     def lifetime_ledgers(
         self, *, use_case: str
@@ -332,22 +342,13 @@ class Ledger:
         """Each device's lifetime multiset for one use case (from the purge-proof totals)."""
         if use_case not in self._all_policies():
             raise UnknownUseCase(use_case)
-        current: str | None = None
-        events: list[tuple[int, int]] = []
         with self.engine.connect() as conn:
             result = conn.execute(
                 select(_LIFETIME.c.device_key, _LIFETIME.c.epsilon_micro, _LIFETIME.c.count)
                 .where(_LIFETIME.c.use_case == use_case)
                 .order_by(_LIFETIME.c.device_key, _LIFETIME.c.epsilon_micro)
             )
-            for dk, eps, count in result:
-                if dk != current and current is not None:
-                    yield current, _events(events)
-                    events = []
-                current = dk
-                events.append((int(eps), int(count)))
-        if current is not None:
-            yield current, _events(events)
+            yield from _per_device(result)
 
     def population_lifetime_loss(self, *, use_case: str) -> dict[str, PrivacyLoss]:
         """Tight lifetime loss of every device of a use case (memoized by ledger multiset)."""
