@@ -334,17 +334,6 @@ def _public(p: Policy) -> PolicyPublic:
     return PolicyPublic.model_validate(data)
 
 
-def _finite(value: Any) -> Any:
-    """Replace non-finite floats (never echoed back into JSON) by their repr."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any]]:
     out = []
     for err in exc.errors():

@@ -107,9 +107,8 @@ def _print_timing(seconds: dict[str, float], devices: int) -> None:
 
 def _print_spend(epsilon: float) -> None:
     print(
-        f"Privacy spent: each device sent one report, epsilon {epsilon:g} (pure LDP). At Apple's"
-        " daily caps this repeats every day: the loss grows without bound unless a window or"
-        " lifetime cap is set (the budget service, next)."
+        f"Each report is {epsilon:g}-LDP (the mechanism's parameter). This simulation keeps no"
+        " ledger; `dpgov demo` charges every report to a real one and prints the spend."
     )
 
 
@@ -173,11 +172,18 @@ def demo(
             f"  {d['word']:<12} {d['count']:>9,.0f} +- {1.96 * d['stderr']:,.0f}"
             f"   true {result.word_truth.get(d['word'], 0):,d}"
         )
-    print("\nPrivacy spent by one device (every device spent the same):")
+    everyone = "every device spent the same: all reports were accepted"
+    alike = everyone if result.accepted == result.submitted else "others may differ"
+    print(f"\nPrivacy spent by {result.spend_device}, from its ledger ({alike}):")
     for row in result.spend:
         print(
             f"  {row['use_case']:<12} {row['epsilon_lifetime']:>5g} in {result.days} days"
-            f" (window {row['epsilon_window']:g}); unbounded over time without a cap"
+            f" (window {row['epsilon_window']:g}); "
+            + (
+                "no window or lifetime cap: unbounded over time"
+                if row["window_cap"] is None and row["lifetime_cap"] is None
+                else f"caps: window {row['window_cap']}, lifetime {row['lifetime_cap']}"
+            )
         )
 
 
@@ -227,8 +233,7 @@ def serve(
 
     settings = _settings(database_url, host=host, port=port)
     _ledger(settings).engine.dispose()  # create tables, defaults and the secret once, up front
-    for key, value in (("DPGOV_DATABASE_URL", settings.database_url),):
-        os.environ[key] = value
+    os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_file.resolve())
     typer.echo(f"dp-governor on http://{settings.host}:{settings.port} (docs at /docs)")
     uvicorn.run(

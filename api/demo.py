@@ -50,6 +50,7 @@ class DemoResult:
     words: list[dict[str, Any]]
     word_truth: dict[str, int]
     spend: list[dict[str, Any]]
+    spend_device: str
     seconds: float
 
 
@@ -178,5 +179,6 @@ def _simulate(
         words=found,
         word_truth={words[i]: int(word_truth[i]) for i in range(len(words))},
         spend=spend,
+        spend_device=ids[0],
         seconds=time.perf_counter() - start,
     )

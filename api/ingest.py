@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 
 from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
+from budget.db import placeholder
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
 from mechanisms import CMS, HCMS, SFP, InvalidReport
 from policies import Policy, mechanism_for
@@ -72,7 +73,7 @@ class Ingestor:
         self.ledger = ledger
         self._secret = secret
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
-        ph = "?" if ledger.engine.dialect.paramstyle == "qmark" else "%s"
+        ph = placeholder(ledger.engine)
         self._inbox_sql = (
             f"INSERT INTO inbox (use_case, params, day, payload) VALUES ({ph}, {ph}, {ph}, {ph})"
         )

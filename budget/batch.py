@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from budget.clock import utc_day
+from budget.db import placeholder
 from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
 from budget.gate import (
     MAX_DEVICE_ID,
@@ -86,7 +87,7 @@ def charge_batch(
             results[i] = exc
         else:
             valid.append(i)
-    ph = "?" if gate.engine.dialect.paramstyle == "qmark" else "%s"
+    ph = placeholder(gate.engine)
     postgres = gate.engine.dialect.name == "postgresql"
     with gate.write_lock, gate.engine.connect() as conn, conn.begin():
         cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]

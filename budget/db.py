@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Engine, event, make_url, text
 from sqlmodel import SQLModel, create_engine
 
-__all__ = ["WRITE_OPTION", "create_db_engine", "init_db", "is_sqlite", "scratch_schema", "writer"]
+__all__ = ["WRITE_OPTION", "create_db_engine", "init_db", "placeholder", "scratch_schema", "writer"]
 
 WRITE_OPTION = "dpgov_write"
 
@@ -34,9 +34,9 @@ def writer(engine: Engine) -> Engine:
     return engine.execution_options(**{WRITE_OPTION: True})
 
 
-def is_sqlite(engine: Engine) -> bool:
-    """Whether the engine talks to SQLite."""
-    return engine.dialect.name == "sqlite"
+def placeholder(engine: Engine) -> str:
+    """The driver's parameter marker for raw SQL: ``?`` for sqlite3, ``%s`` for psycopg."""
+    return "?" if engine.dialect.paramstyle == "qmark" else "%s"
 
 
 def create_db_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Engine:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, and_, select
 
 from budget.clock import day_start, utc_day
-from budget.db import writer
+from budget.db import placeholder, writer
 from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
 from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, LifetimeTotal
 from policies.model import Policy, budget_key, from_micro, to_micro
@@ -115,8 +115,8 @@ class Gate:
             raise ValueError("the device-key secret must be at least 32 bytes")
         self.engine = writer(engine)
         self._secret = secret
-        placeholder = "?" if engine.dialect.paramstyle == "qmark" else "%s"
-        self._statements = {k: v.replace("?", placeholder) for k, v in _HOT_PATH.items()}
+        ph = placeholder(engine)
+        self._statements = {k: v.replace("?", ph) for k, v in _HOT_PATH.items()}
         self._policies: dict[tuple[str, int], Policy] = {}
         # SQLite has one writer at a time: queue this process's writers on a lock instead of
         # letting them spin in SQLite's busy handler, whose sleeps (up to 100 ms) are the tail.

@@ -43,7 +43,6 @@ __all__ = [
     "Fingerprints",
     "HashFamily",
     "Item",
-    "encode_item",
 ]
 
 ALGORITHM: Final = "blake2b-poly31-v1"
@@ -59,19 +58,6 @@ _PERSON = b"dpgov.fp.v1"
 Item = str | bytes
 IntArray = npt.NDArray[np.int64]
 U64Array = npt.NDArray[np.uint64]
-
-
-def encode_item(item: Item) -> bytes:
-    """Return the bytes that are hashed for ``item``: UTF-8 for ``str``, the bytes themselves.
-
-    >>> encode_item("ab")
-    b'ab'
-    """
-    if isinstance(item, bytes):
-        return item
-    if isinstance(item, str):
-        return item.encode("utf-8")
-    raise TypeError(f"items must be str or bytes, got {type(item).__name__}")
 
 
 def _mod_p(t: U64Array) -> U64Array:

@@ -22,7 +22,7 @@ def test_emoji_simulation_prints_the_top_ten_beside_the_truth() -> None:
     assert len(lines) == 10
     assert "😂" in lines[0]  # the most popular emoji is found first
     assert "10/10 of the true top 10 recovered" in result.output
-    assert "epsilon 4" in result.output
+    assert "Each report is 4-LDP" in result.output
 
 
 def test_safari_and_quicktype_simulations_run() -> None:
