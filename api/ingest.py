@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import Connection
 
 from budget import Decision, Ledger
@@ -71,7 +72,7 @@ class Ingestor:
 
     def __init__(self, ledger: Ledger, secret: bytes) -> None:
         self.ledger = ledger
-        self._secret = secret
+        self._mac = hmac.new(secret, digestmod="sha256")
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         ph = placeholder(ledger.engine)
         self._inbox_sql = (
@@ -90,50 +91,56 @@ class Ingestor:
 
     def receipt(self, decision: Decision) -> str:
         """An opaque charge receipt (never the report's id, which does not exist yet)."""
-        msg = f"receipt:{decision.use_case}:{decision.charge_id}".encode()
-        return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()[:32]
+        mac = self._mac.copy()
+        mac.update(f"receipt:{decision.use_case}:{decision.charge_id}".encode())
+        return mac.digest()[:16].hex()
 
     def submit_group(
         self, requests: list[SubmitRequest], *, now: datetime
     ) -> list[Decision | Exception]:
-        """Charge concurrent single submissions together in one transaction (group commit).
+        """Charge submissions together in one transaction (group commit, or a relay's batch).
 
         The answers are exactly those of submitting them one by one in this order: each body
         is validated against its use case's current policy, then :func:`charge_batch` decides
         in order; invalid bodies and gate errors come back as exceptions for their request.
+        The inbox payload is the report re-encoded canonically (sorted keys, no spaces), and an
+        idempotency key is bound to the use case and that payload.
         """
         out: list[Decision | Exception | None] = [None] * len(requests)
-        policies: dict[str, Policy | Exception] = {}
+        current: dict[str, tuple[Mechanism, str, int] | Exception] = {}
         batch: list[BatchItem] = []
         payloads: list[tuple[str, str, str]] = []
         positions: list[int] = []
         for i, req in enumerate(requests):
-            if req.use_case not in policies:
+            found = current.get(req.use_case)
+            if found is None:
                 try:
-                    policies[req.use_case] = self.ledger.policies.get(req.use_case)
+                    policy = self.ledger.policies.get(req.use_case)
+                    found = (*self.mechanism(policy), policy.version)
                 except (BudgetError, PolicyError) as exc:
-                    policies[req.use_case] = exc
-            policy = policies[req.use_case]
-            if isinstance(policy, Exception):
-                out[i] = policy
+                    found = exc
+                current[req.use_case] = found
+            if isinstance(found, Exception):
+                out[i] = found
                 continue
-            mech, params = self.mechanism(policy)
             try:
-                report = mech.parse_report(req.body)
+                report = found[0].parse_report(req.body)
             except InvalidReport as exc:
                 out[i] = exc
                 continue
-            payload = json.dumps(report.to_dict(), separators=(",", ":"), sort_keys=True)
-            canonical = json.dumps(req.body, separators=(",", ":"), sort_keys=True, default=str)
-            request_hash = hashlib.sha256(f"{req.use_case}\n{canonical}".encode()).hexdigest()
+            payload = orjson.dumps(report.to_dict(), option=orjson.OPT_SORT_KEYS).decode()
+            request_hash = None
+            if req.idempotency_key is not None:
+                text = f"{req.use_case}\n{payload}".encode()
+                request_hash = hashlib.sha256(text).hexdigest()
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
-            payloads.append((req.use_case, params, payload))
+            payloads.append((req.use_case, found[1], payload))
             positions.append(i)
 
         def enqueue(conn: Connection, accepted: list[tuple[int, Decision]]) -> None:
             for _, d in accepted:
-                policy = policies[d.use_case]
-                if isinstance(policy, Exception) or d.policy_version != policy.version:
+                found = current[d.use_case]
+                if isinstance(found, Exception) or d.policy_version != found[2]:
                     raise PolicyChanged(d.use_case)
             cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             cursor.executemany(
@@ -161,18 +168,19 @@ class Ingestor:
         out: list[ItemResult | None] = [None] * len(items)
         requests: list[SubmitRequest] = []
         positions: list[int] = []
+        allowed = {"device_id", "report", "idempotency_key"}
         for i, item in enumerate(items):
-            prefix = f"items[{i}]."
             if not isinstance(item, dict):
                 out[i] = ItemResult(None, 422, "must be an object", f"items[{i}]")
                 continue
-            extra = set(item) - {"device_id", "report", "idempotency_key"}
-            if extra:
-                field = prefix + sorted(extra)[0]
-                out[i] = ItemResult(None, 422, "is not a field of a batch item", field)
-                continue
-            if "device_id" not in item:
-                out[i] = ItemResult(None, 422, "is required", prefix + "device_id")
+            if "device_id" not in item or len(item) > 3 or not allowed.issuperset(item):
+                extra = sorted(set(item) - allowed)
+                if extra:
+                    out[i] = ItemResult(
+                        None, 422, "is not a field of a batch item", f"items[{i}].{extra[0]}"
+                    )
+                else:
+                    out[i] = ItemResult(None, 422, "is required", f"items[{i}].device_id")
                 continue
             requests.append(
                 SubmitRequest(
@@ -182,15 +190,14 @@ class Ingestor:
             positions.append(i)
         results = self.submit_group(requests, now=now) if requests else []
         for i, result in zip(positions, results, strict=True):
-            prefix = f"items[{i}]."
             if isinstance(result, Decision):
                 out[i] = ItemResult(result, 202 if result.accepted else 429)
             elif isinstance(result, InvalidReport):
-                out[i] = ItemResult(None, 422, result.reason, prefix + "report." + result.field)
+                out[i] = ItemResult(None, 422, result.reason, f"items[{i}].report.{result.field}")
             elif isinstance(result, InvalidRequest):
-                out[i] = ItemResult(None, 422, result.reason, prefix + result.field)
+                out[i] = ItemResult(None, 422, result.reason, f"items[{i}].{result.field}")
             elif isinstance(result, IdempotencyConflict):
-                out[i] = ItemResult(None, 409, str(result), prefix + "idempotency_key")
+                out[i] = ItemResult(None, 409, str(result), f"items[{i}].idempotency_key")
             else:
                 out[i] = ItemResult(None, 404, str(result), None)
         final: list[ItemResult] = []

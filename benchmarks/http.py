@@ -7,7 +7,7 @@ schema with ``--workers``); the load comes from this process: ``--clients`` thre
 its own keep-alive connection, submitting one HCMS report per request for a new device each
 time (so every report is accepted and written); then the same with ``wrk`` (a C load generator,
 Debian package ``wrk``) when installed, since a Python client saturates a core before the
-server does; then the relay endpoint with batches of 5,000.
+server does; then the relay endpoint: 40 batches of 5,000 over 2 connections.
 Afterwards it checks that accepted = charged = stored (inbox + reports).
 """
 
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 from sqlalchemy import text
 
 from budget import create_db_engine
@@ -166,22 +167,46 @@ def _wrk(
     return total - errors, errors, ms("50"), ms("99")
 
 
-def _batches(base: str, bodies: list[dict[str, int]], batches: int) -> tuple[int, float]:
+def _batches(
+    base: str, bodies: list[dict[str, int]], batches: int, connections: int
+) -> tuple[int, float]:
+    """Relay batches of 5,000 over ``connections`` concurrent connections: (accepted, seconds).
+
+    The request bodies are encoded before the clock starts (a relay has them ready), so the
+    figure is the server's.
+    """
     run = uuid.uuid4().hex[:8]
-    accepted = 0
-    with httpx.Client(
-        base_url=base, timeout=300, headers={"Authorization": f"Bearer {TOKEN}"}
-    ) as c:
-        t0 = time.perf_counter()
-        for b in range(batches):
-            items = [
-                {"device_id": f"{run}-b{b}-{i}", "report": bodies[i % len(bodies)]}
-                for i in range(5000)
-            ]
-            r = c.post("/v1/use-cases/safari-energy-domains/reports:batch", json={"items": items})
-            r.raise_for_status()
-            accepted += r.json()["accepted"]
-        return accepted, time.perf_counter() - t0
+    payloads = [
+        orjson.dumps(
+            {
+                "items": [
+                    {"device_id": f"{run}-b{b}-{i}", "report": bodies[i % len(bodies)]}
+                    for i in range(5000)
+                ]
+            }
+        )
+        for b in range(batches)
+    ]
+    accepted = [0] * connections
+
+    def worker(w: int) -> None:
+        with httpx.Client(
+            base_url=base,
+            timeout=300,
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        ) as c:
+            for payload in payloads[w::connections]:
+                r = c.post("/v1/use-cases/safari-energy-domains/reports:batch", content=payload)
+                r.raise_for_status()
+                accepted[w] += r.json()["accepted"]
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(connections)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(accepted), time.perf_counter() - t0
 
 
 def _check(url: str) -> tuple[int, int]:
@@ -208,7 +233,7 @@ def run(label: str, url: str, workers: int, seconds: float, clients: int, tmp: P
         ).to_dicts()
         wrk = _wrk(base, bodies[0], seconds, clients, tmp)
         ok, err, lat = _singles(base, bodies, seconds, clients)
-        batch_ok, batch_seconds = _batches(base, bodies, 20)
+        batch_ok, batch_seconds = _batches(base, bodies, 40, 2)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -230,7 +255,8 @@ def run(label: str, url: str, workers: int, seconds: float, clients: int, tmp: P
         )
     return [
         *rows,
-        f"| {label} | batch of 5,000 | {batch_ok / batch_seconds:,.0f} /s | | | 0 | {consistent} |",
+        f"| {label} | batches of 5,000, 2 connections | {batch_ok / batch_seconds:,.0f} /s"
+        f" | | | 0 | {consistent} |",
     ]
 
 

@@ -9,7 +9,8 @@ transaction for the whole batch, so a relay can push tens of thousands of report
    missing and locked with ``SELECT ... FOR UPDATE`` in key order (no deadlocks between
    batches);
 3. decide the items in order, in memory, exactly as the single-report gate would;
-4. write everything with ``executemany``; the daily-cap upsert keeps its conditional
+4. write everything with ``executemany`` (charge ids are allocated before deciding, so each
+   decision is built once, complete); the daily-cap upsert keeps its conditional
    ``WHERE count + n <= cap`` as a backstop, and the batch fails whole if any row disagrees.
 """
 
@@ -32,10 +33,10 @@ from budget.gate import (
     MAX_IDEMPOTENCY_KEY,
     Decision,
     Gate,
+    Terms,
     _validate_text,
     decide,
 )
-from policies.model import Policy, budget_key, to_micro
 
 __all__ = ["BatchItem", "charge_batch"]
 
@@ -91,19 +92,19 @@ def charge_batch(
     postgres = gate.engine.dialect.name == "postgresql"
     with gate.write_lock, gate.engine.connect() as conn, conn.begin():
         cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        policies: dict[str, Policy] = {}
-        for i in list(valid):
+        terms: dict[str, Terms | UnknownUseCase] = {}
+        for i in valid:
             name = items[i].use_case
-            if name not in policies:
+            if name not in terms:
                 try:
-                    policies[name] = gate._policy(conn, name)
+                    terms[name] = gate._policy(conn, name)
                 except UnknownUseCase as exc:
-                    policies[name] = None  # type: ignore[assignment]
-                    results[i] = exc
-                    continue
-            if policies[name] is None:
-                results[i] = UnknownUseCase(name)
+                    terms[name] = exc
+            found = terms[name]
+            if isinstance(found, UnknownUseCase):
+                results[i] = found
         valid = [i for i in valid if results[i] is None]
+        of: dict[int, Terms] = {i: terms[items[i].use_case] for i in valid}  # type: ignore[misc]
         keys = {i: gate.device_key(items[i].device_id) for i in valid}
 
         # Idempotency: replay earlier decisions; the first of repeated keys decides.
@@ -125,10 +126,10 @@ def charge_batch(
         replay_of: dict[int, int] = {}
         for i in valid:
             item = items[i]
-            fingerprint = item.request_hash or hashlib.sha256(item.use_case.encode()).hexdigest()
             if item.idempotency_key is None:
                 to_decide.append(i)
                 continue
+            fingerprint = _fingerprint(item)
             k = (keys[i], item.idempotency_key)
             if k in stored:
                 rh, uc, dec = stored[k]
@@ -137,21 +138,17 @@ def charge_batch(
                 else:
                     results[i] = Decision.from_json(dec)
             elif k in first_of_key:
-                j = first_of_key[k]
-                first = items[j]
-                first_hash = (
-                    first.request_hash or hashlib.sha256(first.use_case.encode()).hexdigest()
-                )
-                if first_hash != fingerprint or first.use_case != item.use_case:
+                first = items[first_of_key[k]]
+                if _fingerprint(first) != fingerprint or first.use_case != item.use_case:
                     results[i] = IdempotencyConflict(item.idempotency_key)
                 else:
-                    replay_of[i] = j
+                    replay_of[i] = first_of_key[k]
             else:
                 first_of_key[k] = i
                 to_decide.append(i)
 
         # Lock and read the touched (device, budget) pairs.
-        pairs = sorted({(keys[i], budget_key(policies[items[i].use_case])) for i in to_decide})
+        pairs = sorted({(keys[i], of[i].budget) for i in to_decide})
         if postgres and pairs:
             cur.executemany(
                 "INSERT INTO accounts (device_key, budget, count, epsilon_micro)"
@@ -160,7 +157,7 @@ def charge_batch(
             )
         lifetime: dict[tuple[str, str], int] = defaultdict(int)
         days: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(dict)
-        max_retention = max((p.retention_days for p in policies.values() if p), default=1)
+        max_retention = max((t.retention_days for t in of.values()), default=1)
         for s in range(0, len(pairs), _CHUNK):
             part = pairs[s : s + _CHUNK]
             keys_sql = f"({_pairs(len(part), ph)}) AS k"
@@ -183,69 +180,20 @@ def charge_batch(
             for dk, b, d, count, eps in cur.fetchall():
                 days[(dk, b)][int(d)] = [int(count), int(eps)]
 
-        # Decide in order.
+        # Decide in order; acceptances take consecutive pre-allocated charge ids.
+        ids = iter(_allocate_ids(cur, len(to_decide), postgres))
+        next_id = next(ids, 0)
         accepted: list[tuple[int, Decision]] = []
-        pair_inc: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        lifetime_inc: dict[tuple[str, str, int], int] = defaultdict(int)
         for i in to_decide:
-            policy = policies[items[i].use_case]
-            decision = _decide(policy, keys[i], day, days, lifetime)
+            decision = _decide(of[i], keys[i], day, days, lifetime, next_id)
             results[i] = decision
             if decision.accepted:
-                pair = (keys[i], decision.budget)
-                eps = to_micro(policy.epsilon_per_report)
-                pair_inc[pair][0] += 1
-                pair_inc[pair][1] += eps
-                lifetime_inc[(keys[i], policy.name, eps)] += 1
                 accepted.append((i, decision))
+                next_id = next(ids, 0)
 
         # Write.
-        if pair_inc:
-            cur.executemany(
-                f"INSERT INTO accounts (device_key, budget, count, epsilon_micro)"
-                f" VALUES ({_placeholders(4, ph)}) ON CONFLICT (device_key, budget) DO UPDATE SET"
-                " count = accounts.count + excluded.count,"
-                " epsilon_micro = accounts.epsilon_micro + excluded.epsilon_micro",
-                [(dk, b, n, e) for (dk, b), (n, e) in pair_inc.items()],
-            )
-            caps = {}
-            for i, d in accepted:
-                caps[(keys[i], d.budget)] = policies[items[i].use_case].max_reports_per_day
-            rows = [(dk, b, day, n, e, caps[(dk, b)]) for (dk, b), (n, e) in pair_inc.items()]
-            cur.executemany(
-                f"INSERT INTO daily_spend (device_key, budget, day, count, epsilon_micro)"
-                f" VALUES ({_placeholders(5, ph)}) ON CONFLICT (device_key, budget, day) DO UPDATE"
-                " SET count = daily_spend.count + excluded.count,"
-                " epsilon_micro = daily_spend.epsilon_micro + excluded.epsilon_micro"
-                f" WHERE daily_spend.count + excluded.count <= {ph}",
-                rows,
-            )
-            if cur.rowcount not in (-1, len(rows)):
-                raise InternalError("the daily caps in the database refused part of a batch")
-            cur.executemany(
-                f"INSERT INTO lifetime_totals (device_key, use_case, epsilon_micro, count)"
-                f" VALUES ({_placeholders(4, ph)})"
-                " ON CONFLICT (device_key, use_case, epsilon_micro)"
-                " DO UPDATE SET count = lifetime_totals.count + excluded.count",
-                [(dk, uc, e, n) for (dk, uc, e), n in lifetime_inc.items()],
-            )
-            charge_rows = [
-                (
-                    keys[i],
-                    d.use_case,
-                    d.budget,
-                    d.policy_version,
-                    to_micro(d.epsilon),
-                    day,
-                    items[i].idempotency_key,
-                )
-                for i, d in accepted
-            ]
-            ids = _insert_charges(cur, charge_rows, ph, postgres)
-            for n, (i, d) in enumerate(accepted):
-                decision = replace(d, charge_id=ids[n])
-                results[i] = decision
-                accepted[n] = (i, decision)
+        if accepted:
+            _write(cur, ph, day, [(keys[i], of[i], items[i], d) for i, d in accepted])
         for i, j in replay_of.items():
             first_result = results[j]
             results[i] = (
@@ -258,11 +206,8 @@ def charge_batch(
             r = results[i]
             if isinstance(r, Decision):
                 item = items[i]
-                fingerprint = (
-                    item.request_hash or hashlib.sha256(item.use_case.encode()).hexdigest()
-                )
                 idem_rows.append(
-                    (k[0], k[1], fingerprint, day, r.to_json(), item.use_case, r.charge_id)
+                    (k[0], k[1], _fingerprint(item), day, r.to_json(), item.use_case, r.charge_id)
                 )
         if idem_rows:
             cur.executemany(
@@ -279,52 +224,107 @@ def charge_batch(
     return out
 
 
-def _insert_charges(cur: Any, rows: list[tuple[Any, ...]], ph: str, postgres: bool) -> list[int]:
-    sql = (
-        "INSERT INTO charges (device_key, use_case, budget, policy_version, epsilon_micro, day,"
-        f" idempotency_key) VALUES ({_placeholders(7, ph)})"
-    )
+def _fingerprint(item: BatchItem) -> str:
+    """What an idempotency key is bound to: the request's hash, or its use case."""
+    return item.request_hash or hashlib.sha256(item.use_case.encode()).hexdigest()
+
+
+def _allocate_ids(cur: Any, n: int, postgres: bool) -> list[int]:
+    """``n`` fresh charge ids, in order (unused ones are left as gaps).
+
+    SQLite: the batch holds the write lock, so the ids after the current maximum are free.
+    PostgreSQL: drawn from the column's sequence, like the single gate's inserts.
+    """
+    if n == 0:
+        return []
     if postgres:
-        cur.executemany(sql + " RETURNING id", rows, returning=True)
-        ids: list[int] = []
-        while True:
-            ids.append(int(cur.fetchone()[0]))
-            if not cur.nextset():
-                break
-        return ids
-    cur.executemany(sql, rows)
-    cur.execute("SELECT max(id) FROM charges")
-    last = int(cur.fetchone()[0])  # consecutive: the write lock is held throughout
-    return list(range(last - len(rows) + 1, last + 1))
+        cur.execute(
+            "SELECT nextval(pg_get_serial_sequence('charges', 'id')) FROM generate_series(1, %s)",
+            (n,),
+        )
+        return sorted(int(r[0]) for r in cur.fetchall())
+    cur.execute("SELECT coalesce(max(id), 0) FROM charges")
+    last = int(cur.fetchone()[0])
+    return list(range(last + 1, last + n + 1))
+
+
+def _write(
+    cur: Any, ph: str, day: int, accepted: list[tuple[str, Terms, BatchItem, Decision]]
+) -> None:
+    """Every row of the accepted charges, one ``executemany`` per table."""
+    pair_inc: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    lifetime_inc: dict[tuple[str, str, int], int] = defaultdict(int)
+    charge_rows = []
+    for dk, t, item, d in accepted:
+        inc = pair_inc[(dk, t.budget)]
+        inc[0] += 1
+        inc[1] += t.eps_micro
+        inc[2] = t.max_reports_per_day
+        lifetime_inc[(dk, t.name, t.eps_micro)] += 1
+        charge_rows.append(
+            (d.charge_id, dk, t.name, t.budget, t.version, t.eps_micro, day, item.idempotency_key)
+        )
+    cur.executemany(
+        f"INSERT INTO accounts (device_key, budget, count, epsilon_micro)"
+        f" VALUES ({_placeholders(4, ph)}) ON CONFLICT (device_key, budget) DO UPDATE SET"
+        " count = accounts.count + excluded.count,"
+        " epsilon_micro = accounts.epsilon_micro + excluded.epsilon_micro",
+        [(dk, b, n, e) for (dk, b), (n, e, _) in pair_inc.items()],
+    )
+    rows = [(dk, b, day, n, e, cap) for (dk, b), (n, e, cap) in pair_inc.items()]
+    cur.executemany(
+        f"INSERT INTO daily_spend (device_key, budget, day, count, epsilon_micro)"
+        f" VALUES ({_placeholders(5, ph)}) ON CONFLICT (device_key, budget, day) DO UPDATE"
+        " SET count = daily_spend.count + excluded.count,"
+        " epsilon_micro = daily_spend.epsilon_micro + excluded.epsilon_micro"
+        f" WHERE daily_spend.count + excluded.count <= {ph}",
+        rows,
+    )
+    if cur.rowcount not in (-1, len(rows)):
+        raise InternalError("the daily caps in the database refused part of a batch")
+    cur.executemany(
+        f"INSERT INTO lifetime_totals (device_key, use_case, epsilon_micro, count)"
+        f" VALUES ({_placeholders(4, ph)})"
+        " ON CONFLICT (device_key, use_case, epsilon_micro)"
+        " DO UPDATE SET count = lifetime_totals.count + excluded.count",
+        [(dk, uc, e, n) for (dk, uc, e), n in lifetime_inc.items()],
+    )
+    cur.executemany(
+        "INSERT INTO charges (id, device_key, use_case, budget, policy_version, epsilon_micro,"
+        f" day, idempotency_key) VALUES ({_placeholders(8, ph)})",
+        charge_rows,
+    )
 
 
 def _decide(
-    policy: Policy,
+    terms: Terms,
     dk: str,
     day: int,
     days: dict[tuple[str, str], dict[int, list[int]]],
     lifetime: dict[tuple[str, str], int],
+    charge_id: int,
 ) -> Decision:
     """:func:`budget.gate.decide` on in-memory state, which it updates on acceptance."""
-    eps = to_micro(policy.epsilon_per_report)
-    budget = budget_key(policy)
-    spends = days[(dk, budget)]
+    eps = terms.eps_micro
+    pair = (dk, terms.budget)
+    spends = days[pair]
     today = spends.get(day, [0, 0])
-    fits_today = today[0] < policy.max_reports_per_day
+    fits_today = today[0] < terms.max_reports_per_day
 
     def rows() -> list[tuple[int, int]]:
-        low = day - policy.retention_days
+        low = day - terms.retention_days
         out = [(d, e) for d, (_, e) in spends.items() if low < d <= day and d != day]
         return [*out, (day, today[1] + eps)]
 
     decision = decide(
-        policy,
+        terms,
         day,
         reports_today=today[0] + 1 if fits_today else None,
         window_rows=rows,
-        lifetime_after=lifetime[(dk, budget)] + eps,
+        lifetime_after=lifetime[pair] + eps,
+        charge_id=charge_id,
     )
     if decision.accepted:
         spends[day] = [today[0] + 1, today[1] + eps]
-        lifetime[(dk, budget)] += eps
+        lifetime[pair] += eps
     return decision

@@ -39,7 +39,7 @@ from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, Lifeti
 from policies.model import Policy, budget_key, from_micro, to_micro
 from policies.repository import PolicyStore
 
-__all__ = ["Decision", "Gate", "Reason", "decide", "device_key", "window_rows"]
+__all__ = ["Decision", "Gate", "Reason", "Terms", "decide", "device_key", "window_rows"]
 
 Reason = Literal["accepted", "daily_cap", "window_cap", "lifetime_cap"]
 OnAccept = Callable[[Connection, "Decision"], None]
@@ -55,8 +55,12 @@ MAX_IDEMPOTENCY_KEY = 255
 
 
 def device_key(secret: bytes, device_id: str) -> str:
-    """The device's pseudonym: ``HMAC-SHA256(secret, device id)``, hex. The id is never stored."""
-    return hmac.new(secret, device_id.encode("utf-8"), hashlib.sha256).hexdigest()
+    """The device's pseudonym: ``HMAC-SHA256(secret, device id)`` truncated to 128 bits, hex.
+
+    The id is never stored. 128 bits keep collisions out of reach (about 1e-21 for 1e9
+    devices) and halve every ledger index against the full 256.
+    """
+    return hmac.digest(secret, device_id.encode("utf-8"), "sha256")[:16].hex()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +101,41 @@ class Decision:
         return cls(**data, replayed=replayed)
 
 
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """The figures of one policy version the gate decides on, as plain integers.
+
+    A policy is a database model whose every attribute read goes through SQLAlchemy's
+    instrumentation; the hot paths read these instead (one snapshot per policy version).
+    """
+
+    name: str
+    version: int
+    budget: str
+    epsilon: float
+    eps_micro: int
+    max_reports_per_day: int
+    retention_days: int
+    window_cap_micro: int | None
+    lifetime_cap_micro: int | None
+
+    @classmethod
+    def of(cls, policy: Policy) -> Terms:
+        """The snapshot of ``policy``."""
+        window, lifetime = policy.window_epsilon_cap, policy.lifetime_epsilon_cap
+        return cls(
+            name=policy.name,
+            version=policy.version,
+            budget=budget_key(policy),
+            epsilon=policy.epsilon_per_report,
+            eps_micro=to_micro(policy.epsilon_per_report),
+            max_reports_per_day=policy.max_reports_per_day,
+            retention_days=policy.retention_days,
+            window_cap_micro=None if window is None else to_micro(window),
+            lifetime_cap_micro=None if lifetime is None else to_micro(lifetime),
+        )
+
+
 def _validate_text(field: str, value: object, limit: int) -> str:
     if not isinstance(value, str):
         raise InvalidRequest(field, f"must be a string, got {type(value).__name__}")
@@ -114,10 +153,10 @@ class Gate:
         if len(secret) < 32:
             raise ValueError("the device-key secret must be at least 32 bytes")
         self.engine = writer(engine)
-        self._secret = secret
+        self._mac = hmac.new(secret, digestmod="sha256")  # copied per device: skips the key setup
         ph = placeholder(engine)
         self._statements = {k: v.replace("?", ph) for k, v in _HOT_PATH.items()}
-        self._policies: dict[tuple[str, int], Policy] = {}
+        self._policies: dict[tuple[str, int], Terms] = {}
         # SQLite has one writer at a time: queue this process's writers on a lock instead of
         # letting them spin in SQLite's busy handler, whose sleeps (up to 100 ms) are the tail.
         self.write_lock: AbstractContextManager[object] = (
@@ -125,8 +164,10 @@ class Gate:
         )
 
     def device_key(self, device_id: str) -> str:
-        """The stored pseudonym of ``device_id``."""
-        return device_key(self._secret, device_id)
+        """The stored pseudonym of ``device_id`` (:func:`device_key`, from a keyed HMAC state)."""
+        mac = self._mac.copy()
+        mac.update(device_id.encode("utf-8"))
+        return mac.digest()[:16].hex()
 
     def charge(
         self,
@@ -200,14 +241,14 @@ class Gate:
         cursor.execute(self._sql(name), params)
         return cursor
 
-    def _policy(self, conn: Connection, use_case: str) -> Policy:
-        """The current policy, parsed once per (name, version) and cached."""
+    def _policy(self, conn: Connection, use_case: str) -> Terms:
+        """The current policy's terms, parsed once per (name, version) and cached."""
         row = self._run(conn, "policy_version", (use_case,)).fetchone()
         if row is None or not row[1]:
             raise UnknownUseCase(use_case)
         cached = self._policies.get((use_case, row[0]))
         if cached is None:
-            cached = PolicyStore.current_in(conn, use_case)
+            cached = Terms.of(PolicyStore.current_in(conn, use_case))
             self._policies[(use_case, cached.version)] = cached
         return cached
 
@@ -224,90 +265,86 @@ class Gate:
         return Decision.from_json(row[2])
 
     def _check_and_charge(
-        self, conn: Connection, dk: str, policy: Policy, day: int, key: str | None
+        self, conn: Connection, dk: str, terms: Terms, day: int, key: str | None
     ) -> Decision:
-        eps = to_micro(policy.epsilon_per_report)
-        budget = budget_key(policy)
+        eps = terms.eps_micro
+        budget = terms.budget
         lifetime_after = int(self._run(conn, "account", (dk, budget, eps)).fetchone()[0])
-        cap = policy.max_reports_per_day
+        cap = terms.max_reports_per_day
         today_row = self._run(conn, "daily", (dk, budget, day, eps, cap)).fetchone()
         decision = decide(
-            policy,
+            terms,
             day,
             reports_today=None if today_row is None else int(today_row[0]),
-            window_rows=lambda: window_rows(conn, dk, budget, day, policy.retention_days),
+            window_rows=lambda: window_rows(conn, dk, budget, day, terms.retention_days),
             lifetime_after=lifetime_after,
         )
         if not decision.accepted:
             return decision
-        self._run(conn, "lifetime", (dk, policy.name, eps))
+        self._run(conn, "lifetime", (dk, terms.name, eps))
         charge_id = int(
             self._run(
-                conn, "charge", (dk, policy.name, budget, policy.version, eps, day, key)
+                conn, "charge", (dk, terms.name, budget, terms.version, eps, day, key)
             ).fetchone()[0]
         )
         return replace(decision, charge_id=charge_id)
 
 
 def decide(
-    policy: Policy,
+    terms: Terms,
     day: int,
     *,
     reports_today: int | None,
     window_rows: Callable[[], list[tuple[int, int]]],
     lifetime_after: int,
+    charge_id: int | None = None,
 ) -> Decision:
     """The gate's verdict on one report, given the state with the report counted in.
 
     ``reports_today`` is today's count including this report, or ``None`` when the daily cap's
     conditional upsert refused it; ``window_rows`` gives ``(day, micro-epsilon)`` spends in the
     window including this report (asked only when a window cap is set); ``lifetime_after`` is
-    the budget's lifetime micro-epsilon including it. Checks run daily, window, lifetime. Both
-    the single-report gate and the batch path decide here.
+    the budget's lifetime micro-epsilon including it; ``charge_id`` goes into an acceptance.
+    Checks run daily, window, lifetime. Both the single-report gate and the batch path decide
+    here.
     """
-    eps = to_micro(policy.epsilon_per_report)
-    base = Decision(
-        accepted=False,
-        reason="accepted",
-        use_case=policy.name,
-        budget=budget_key(policy),
-        policy_version=policy.version,
-        epsilon=policy.epsilon_per_report,
-        day=day,
-    )
+    eps = terms.eps_micro
+
+    def refused(
+        reason: Reason,
+        retry_at: datetime | None,
+        window: float | None = None,
+        lifetime: float | None = None,
+    ) -> Decision:
+        return Decision(
+            False, reason, terms.name, terms.budget, terms.version, terms.epsilon, day,
+            retry_at=retry_at, window_remaining=window, lifetime_remaining=lifetime,
+        )  # fmt: skip
+
     if reports_today is None:
-        return replace(base, reason="daily_cap", retry_at=day_start(day + 1))
+        return refused("daily_cap", day_start(day + 1))
     window_remaining: float | None = None
-    if policy.window_epsilon_cap is not None:
-        window_cap = to_micro(policy.window_epsilon_cap)
+    window_cap = terms.window_cap_micro
+    if window_cap is not None:
         rows = window_rows()
         spent = sum(e for _, e in rows)
         if spent > window_cap:
-            retry = _window_retry_day(rows, day, policy.retention_days, eps, window_cap)
-            return replace(
-                base,
-                reason="window_cap",
-                retry_at=day_start(retry),
-                window_remaining=from_micro(window_cap - (spent - eps)),
-            )
+            retry = _window_retry_day(rows, day, terms.retention_days, eps, window_cap)
+            left = from_micro(window_cap - (spent - eps))
+            return refused("window_cap", day_start(retry), window=left)
         window_remaining = from_micro(window_cap - spent)
     lifetime_remaining: float | None = None
-    if policy.lifetime_epsilon_cap is not None:
-        lifetime_cap = to_micro(policy.lifetime_epsilon_cap)
+    lifetime_cap = terms.lifetime_cap_micro
+    if lifetime_cap is not None:
         if lifetime_after > lifetime_cap:
-            return replace(
-                base,
-                reason="lifetime_cap",
-                lifetime_remaining=from_micro(lifetime_cap - (lifetime_after - eps)),
-            )
+            left = from_micro(lifetime_cap - (lifetime_after - eps))
+            return refused("lifetime_cap", None, lifetime=left)
         lifetime_remaining = from_micro(lifetime_cap - lifetime_after)
-    return replace(
-        base,
-        accepted=True,
-        reports_left_today=policy.max_reports_per_day - reports_today,
-        window_remaining=window_remaining,
-        lifetime_remaining=lifetime_remaining,
-    )
+    return Decision(
+        True, "accepted", terms.name, terms.budget, terms.version, terms.epsilon, day,
+        charge_id, None, terms.max_reports_per_day - reports_today, window_remaining,
+        lifetime_remaining,
+    )  # fmt: skip
 
 
 def _window_retry_day(

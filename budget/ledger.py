@@ -245,7 +245,7 @@ class Ledger:
         with self.engine.connect() as conn:
             for r in conn.execute(
                 select(_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.epsilon_micro, func.count())
-                .where(_CHARGES.c.device_key == dk)
+                .where(and_(_CHARGES.c.use_case.in_(sorted(policies)), _CHARGES.c.device_key == dk))
                 .group_by(_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.epsilon_micro)
             ):
                 p = policies.get(r.use_case)

@@ -1,4 +1,4 @@
-"""The ledger's tables. Devices appear only as ``device_key = HMAC-SHA256(secret, device id)``.
+"""The ledger's tables. Devices appear only as ``device_key``, a keyed HMAC of the device id.
 
 - ``charges``: one row per accepted report (device key, use case, budget, policy version,
   micro-epsilon, UTC day, idempotency key): the source of window accounting; purged after the
@@ -25,8 +25,8 @@ class Charge(SQLModel, table=True):
 
     __tablename__ = "charges"
     __table_args__ = (
-        Index("ix_charges_device_budget_day", "device_key", "budget", "day"),
-        # covering, in device order: window totals and ledgers per use case read only the index
+        # covering, in device order: window totals and ledgers per use case read only the index,
+        # and one device's charges are a probe per use case (no second random index to write)
         Index("ix_charges_use_case_device", "use_case", "device_key", "day", "epsilon_micro"),
     )
 
