@@ -39,7 +39,7 @@ from api.ingest import Ingestor, PolicyChanged, SubmitRequest
 from api.jobs import JOBS, RUNTIMES, Runtime, run_job, start_scheduler
 from api.pipeline import load_sketch
 from api.ratelimit import RateLimiter
-from api.settings import Settings, load_or_create_secret
+from api.settings import Settings, load_or_create_audit_key, load_or_create_secret
 from api.tables import InboxRow
 from budget import (
     BudgetStatus,
@@ -307,6 +307,20 @@ class BatchResult(BaseModel):
     results: list[BatchItemResult]
 
 
+class AuditVerification(BaseModel):
+    """The audit chain's state: entries checked, head, checkpoints, and the first failure."""
+
+    ok: bool
+    entries: int
+    head_seq: int
+    head_hash: str
+    checkpoints: int
+    latest_checkpoint_seq: int | None
+    latest_checkpoint_at: str | None
+    first_bad: int | None
+    problem: str | None
+
+
 class DeviceBudget(BaseModel):
     """Every use case's budget for one device."""
 
@@ -460,7 +474,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         secret = load_or_create_secret(settings)
         engine = create_db_engine(settings.database_url)
         init_service_db(engine)
-        ledger = Ledger(engine, secret)
+        ledger = Ledger(engine, secret, audit_key=load_or_create_audit_key(settings))
         loaded = ledger.policies.ensure_defaults()
         if loaded:
             log.info("loaded %d default policies into an empty database", len(loaded))
@@ -477,7 +491,11 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         if settings.scheduler:
             scheduler = start_scheduler(
                 key,
-                {"flush-inbox": settings.flush_seconds, "aggregate": settings.aggregate_seconds},
+                {
+                    "flush-inbox": settings.flush_seconds,
+                    "aggregate": settings.aggregate_seconds,
+                    "checkpoint": settings.checkpoint_seconds,
+                },
             )
         # Everything loaded so far (framework, ORM, numpy) lives as long as the process: keep it
         # out of the cyclic collector's full passes, which otherwise rescan it every few
@@ -830,9 +848,18 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
             )
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/v1/audit/verify", response_model=AuditVerification, tags=["audit"])
+    def audit_verify(ledger: LedgerDep, _admin: None = AdminDep) -> AuditVerification:
+        """Check the whole audit chain, its tags and its signed checkpoints.
+
+        ``ok`` false names the first bad entry and what is wrong with it. Admins only: it
+        reads the whole log.
+        """
+        return AuditVerification(**ledger.audit.verify().to_dict())
+
     @app.post("/v1/admin/jobs/{job}:run", tags=["operations"])
     def run_job_now(job: str, request: Request, _admin: None = AdminDep) -> dict[str, Any]:
-        """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``)."""
+        """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``, ``checkpoint``)."""
         if job not in JOBS:
             raise _Http(404, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
         result = run_job(job, request.app.state.runtime_key)

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from api.app import init_service_db
 from api.ingest import Ingestor
 from api.jobs import JOBS, RUNTIMES, Runtime, run_job
-from api.settings import Settings, load_or_create_secret
+from api.settings import Settings, load_or_create_audit_key, load_or_create_secret
 from api.simulation import (
     default_mechanism,
     emoji_vocabulary,
@@ -24,6 +24,8 @@ from api.simulation import (
     zipf_indices,
 )
 from budget import Ledger, PolicyConflict, SystemClock, UnknownUseCase, create_db_engine
+from budget.export import export_ledger, read_export, report_from_export
+from budget.report import render_text
 from mechanisms import CMS, HCMS, SFP
 from policies import PolicyFileError, dump_policies, load_policies
 
@@ -214,7 +216,9 @@ def _settings(database_url: str | None, **overrides: object) -> Settings:
 def _ledger(settings: Settings) -> Ledger:
     engine = create_db_engine(settings.database_url)
     init_service_db(engine)
-    ledger = Ledger(engine, load_or_create_secret(settings))
+    ledger = Ledger(
+        engine, load_or_create_secret(settings), audit_key=load_or_create_audit_key(settings)
+    )
     ledger.policies.ensure_defaults()
     return ledger
 
@@ -235,6 +239,7 @@ def serve(
     _ledger(settings).engine.dispose()  # create tables, defaults and the secret once, up front
     os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_file.resolve())
+    os.environ["DPGOV_AUDIT_KEY_FILE"] = str(settings.audit_key_file.resolve())
     typer.echo(f"dp-governor on http://{settings.host}:{settings.port} (docs at /docs)")
     uvicorn.run(
         "api.app:create_app",
@@ -253,7 +258,7 @@ app.add_typer(jobs_app, name="jobs")
 
 @jobs_app.command("run")
 def jobs_run(
-    name: Annotated[str, typer.Argument(help="flush-inbox, aggregate or purge.")],
+    name: Annotated[str, typer.Argument(help="flush-inbox, aggregate, purge or checkpoint.")],
     database_url: DatabaseOption = None,
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
@@ -274,6 +279,88 @@ def jobs_run(
         typer.echo(f"Error: job {name!r} is running in another process", err=True)
         raise typer.Exit(1)
     typer.echo(json.dumps({"job": name, "result": result}))
+
+
+audit_app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
+
+
+@audit_app.command("verify")
+def audit_verify(database_url: DatabaseOption = None) -> None:
+    """Check the audit chain, tags and signed checkpoints; exit 1 naming the first bad entry."""
+    ledger = _ledger(_settings(database_url))
+    try:
+        result = ledger.audit.verify()
+    finally:
+        ledger.engine.dispose()
+    typer.echo(json.dumps(result.to_dict(), indent=2))
+    if not result.ok:
+        typer.echo(
+            f"Error: the audit log fails at entry {result.first_bad}: {result.problem}", err=True
+        )
+        raise typer.Exit(1)
+
+
+@audit_app.command("report")
+def audit_report(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    delta: Annotated[
+        float | None, typer.Option(help="Delta of the tight bounds (default: the policies').")
+    ] = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """The effective-epsilon report: what each policy allows and what devices spent."""
+    if delta is not None and not 0 < delta < 1:
+        typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
+        raise typer.Exit(2)
+    ledger = _ledger(_settings(database_url))
+    try:
+        report = ledger.effective_epsilon(now=SystemClock().now(), delta=delta)
+    finally:
+        ledger.engine.dispose()
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        typer.echo(render_text(report), nl=False)
+
+
+@audit_app.command("export")
+def audit_export(
+    out: Annotated[Path, typer.Option("--out", "-o", help="File to write.")],
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
+    database_url: DatabaseOption = None,
+) -> None:
+    """Export the ledger (policies, charges, lifetime totals) to recompute the report offline."""
+    if fmt not in ("jsonl", "csv"):
+        typer.echo(f"Error: --format must be jsonl or csv, got {fmt!r}", err=True)
+        raise typer.Exit(2)
+    ledger = _ledger(_settings(database_url))
+    try:
+        with out.open("w", encoding="utf-8", newline="") as handle:
+            n = export_ledger(ledger, handle, fmt=fmt, now=SystemClock().now())  # type: ignore[arg-type]
+    except OSError as exc:
+        typer.echo(f"Error: cannot write {out}: {exc.strerror}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        ledger.engine.dispose()
+    typer.echo(f"{n} records written to {out}")
+
+
+@audit_app.command("recompute")
+def audit_recompute(
+    file: Annotated[Path, typer.Argument(help="An export written by `dpgov audit export`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Recompute the effective-epsilon report from an export, offline (no database)."""
+    try:
+        report = report_from_export(read_export(file))
+    except (OSError, ValueError) as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        typer.echo(render_text(report), nl=False)
 
 
 policies_app = typer.Typer(

@@ -75,6 +75,7 @@ def run_demo(
         settings = Settings(
             database_url=f"sqlite:///{Path(tmp) / 'demo.sqlite'}",
             secret_file=Path(tmp) / "secret",
+            audit_key_file=Path(tmp) / "audit.key",
             admin_token=SecretStr(ADMIN_TOKEN),
             scheduler=False,
             max_body_bytes=64 << 20,

@@ -60,10 +60,18 @@ def _purge(rt: Runtime) -> dict[str, Any]:
     return purge(rt.ledger, now=rt.clock.now())
 
 
+def _checkpoint(rt: Runtime) -> dict[str, Any]:
+    point = rt.ledger.audit.checkpoint(now=rt.clock.now())
+    if point is None:
+        return {"signed": None}
+    return {"signed": {"seq": point.seq, "hash": point.hash, "at": point.at}}
+
+
 JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {
     "flush-inbox": (_flush, {"trigger": "interval", "seconds": 60}),
     "aggregate": (_aggregate, {"trigger": "interval", "seconds": 300}),
     "purge": (_purge, {"trigger": "cron", "hour": 0, "minute": 15}),
+    "checkpoint": (_checkpoint, {"trigger": "interval", "seconds": 300}),
 }
 
 # Runtimes by key, so that jobs scheduled by textual reference get primitive arguments only.

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, and_, delete, func, select, update
 from api.ingest import Ingestor, Mechanism, params_hash
 from api.tables import InboxRow, SketchRow, StoredReport
 from budget import Ledger, utc_day
+from budget.audit import Entry
 from budget.db import writer
 from mechanisms import (
     CMS,
@@ -291,6 +292,8 @@ def purge(ledger: Ledger, *, now: datetime) -> dict[str, int]:
                 )
             ).rowcount
         inbox_depth = conn.execute(select(func.count()).select_from(_INBOX)).scalar_one()
+        data = {"day": day, "reports": reports, "sketches": sketches}
+        ledger.audit.append(conn, [Entry("job:purge", "purge.reports", data)], now=now)
     return {
         "charges": result.charges,
         "daily_spend": result.daily_spend,

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "load_or_create_secret"]
+__all__ = ["Settings", "load_or_create_audit_key", "load_or_create_secret"]
 
 
 class Settings(BaseSettings):
@@ -30,6 +30,13 @@ class Settings(BaseSettings):
         description="HMAC key for device pseudonyms; generated into `secret_file` if unset.",
     )
     secret_file: Path = Field(default=Path("dpgov.secret"))
+    audit_key: SecretStr | None = Field(
+        default=None,
+        description="HMAC key that tags audit entries and signs checkpoints; kept outside the"
+        " database; generated into `audit_key_file` if unset.",
+    )
+    audit_key_file: Path = Field(default=Path("dpgov-audit.key"))
+    checkpoint_seconds: int = Field(default=300, ge=1, description="Audit checkpoint interval.")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
@@ -48,6 +55,8 @@ class Settings(BaseSettings):
                 raise ValueError("`device_key_secret` must be set in production")
             if self.admin_token is None:
                 raise ValueError("`admin_token` must be set in production")
+        if self.audit_key is not None and len(self.audit_key.get_secret_value()) < 32:
+            raise ValueError("`audit_key` must be at least 32 characters")
         if (
             self.device_key_secret is not None
             and len(self.device_key_secret.get_secret_value()) < 32
@@ -62,20 +71,32 @@ def load_or_create_secret(settings: Settings) -> bytes:
     The generated secret is written with mode 0600 next to the embedded database, so device
     pseudonyms stay stable across restarts.
     """
-    if settings.device_key_secret is not None:
-        return settings.device_key_secret.get_secret_value().encode()
-    path = settings.secret_file
+    return _load_or_create(settings.device_key_secret, settings.secret_file)
+
+
+def load_or_create_audit_key(settings: Settings) -> bytes:
+    """The audit key, like the device secret but from ``audit_key`` / ``audit_key_file``.
+
+    It must stay out of the database (and out of its backups): whoever can rewrite the
+    database but not read this key cannot forge audit entries or checkpoints.
+    """
+    return _load_or_create(settings.audit_key, settings.audit_key_file)
+
+
+def _load_or_create(configured: SecretStr | None, path: Path) -> bytes:
+    if configured is not None:
+        return configured.get_secret_value().encode()
     if path.exists():
         value = path.read_text(encoding="ascii").strip()
         if len(value) < 32:
-            raise ValueError(f"the secret in {path} is shorter than 32 characters")
+            raise ValueError(f"the key in {path} is shorter than 32 characters")
         return value.encode()
     value = secrets.token_hex(32)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:  # another process created it first: use theirs
-        return load_or_create_secret(settings)
+        return _load_or_create(configured, path)
     with os.fdopen(fd, "w", encoding="ascii") as handle:
         handle.write(value + "\n")
     return value.encode()

@@ -11,7 +11,8 @@ transaction for the whole batch, so a relay can push tens of thousands of report
 3. decide the items in order, in memory, exactly as the single-report gate would;
 4. write everything with ``executemany`` (charge ids are allocated before deciding, so each
    decision is built once, complete); the daily-cap upsert keeps its conditional
-   ``WHERE count + n <= cap`` as a backstop, and the batch fails whole if any row disagrees.
+   ``WHERE count + n <= cap`` as a backstop, and the batch fails whole if any row disagrees;
+5. the caller's ``on_accept`` (the inbox rows), then one audit entry per decision, in order.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from budget.gate import (
     Gate,
     Terms,
     _validate_text,
+    charge_entry,
     decide,
 )
 
@@ -217,6 +219,12 @@ def charge_batch(
             )
         if on_accept is not None and accepted:
             on_accept(conn, accepted)
+        entries = []
+        for i in to_decide:
+            made = results[i]
+            assert isinstance(made, Decision)
+            entries.append(charge_entry(keys[i], made, of[i]))
+        gate.audit.append(conn, entries, now=now)  # last: it holds the chain's head until commit
     out: list[Decision | Exception] = []
     for r in results:
         assert r is not None

@@ -78,7 +78,8 @@ def _configure_sqlite(engine: Engine) -> None:
 
 
 def init_db(engine: Engine) -> None:
-    """Create the tables that do not exist yet (ledger and policy tables)."""
+    """Create the tables that do not exist yet (ledger, audit and policy tables)."""
+    import budget.audit
     import budget.tables  # noqa: F401 - registers the ledger tables
     import policies.model  # noqa: F401 - registers the policy table
 

@@ -12,10 +12,11 @@ Order inside the transaction (one device, one budget; ``eps`` the policy's micro
 4. The lifetime cap: the total returned by step 1.
 5. ``lifetime_totals`` and ``charges`` rows; then the caller's ``on_accept`` (the inbox row)
    in the same transaction.
+6. The decision's audit entry (:mod:`budget.audit`), last, accepted or refused.
 
-A refusal rolls the transaction (or, with an idempotency key, a savepoint) back, so a refused
-report leaves no trace but its idempotency record. Nothing is read first and inserted later in
-Python without a lock held.
+Steps 1-5 run under a savepoint that a refusal rolls back, so a refused report leaves no trace
+but its audit entry and idempotency record. Nothing is read first and inserted later in Python
+without a lock held.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, and_, select
 
+from budget.audit import AuditLog, Entry
 from budget.clock import day_start, utc_day
 from budget.db import placeholder, writer
 from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
@@ -136,6 +138,24 @@ class Terms:
         )
 
 
+def charge_entry(dk: str, decision: Decision, terms: Terms) -> Entry:
+    """The audit entry of one charge decision (accepted or refused; no report payload)."""
+    return Entry(
+        f"device:{dk}",
+        "charge",
+        {
+            "use_case": decision.use_case,
+            "budget": decision.budget,
+            "policy_version": decision.policy_version,
+            "epsilon_micro": terms.eps_micro,
+            "day": decision.day,
+            "accepted": decision.accepted,
+            "reason": decision.reason,
+            "charge_id": decision.charge_id,
+        },
+    )
+
+
 def _validate_text(field: str, value: object, limit: int) -> str:
     if not isinstance(value, str):
         raise InvalidRequest(field, f"must be a string, got {type(value).__name__}")
@@ -149,10 +169,11 @@ def _validate_text(field: str, value: object, limit: int) -> str:
 class Gate:
     """Checks and charges reports against their use case's policy, atomically."""
 
-    def __init__(self, engine: Engine, secret: bytes) -> None:
+    def __init__(self, engine: Engine, secret: bytes, audit: AuditLog) -> None:
         if len(secret) < 32:
             raise ValueError("the device-key secret must be at least 32 bytes")
         self.engine = writer(engine)
+        self.audit = audit
         self._mac = hmac.new(secret, digestmod="sha256")  # copied per device: skips the key setup
         ph = placeholder(engine)
         self._statements = {k: v.replace("?", ph) for k, v in _HOT_PATH.items()}
@@ -199,32 +220,27 @@ class Gate:
         dk = self.device_key(device_id)
         fingerprint = request_hash or hashlib.sha256(use_case.encode()).hexdigest()
 
-        with self.write_lock, self.engine.connect() as conn, conn.begin() as transaction:
-            policy = self._policy(conn, use_case)
+        with self.write_lock, self.engine.connect() as conn, conn.begin():
+            terms = self._policy(conn, use_case)
             if idempotency_key is not None:
                 first = self._claim_key(conn, dk, idempotency_key, fingerprint, use_case, day)
                 if first is not None:
                     return first
-                savepoint = conn.begin_nested()
-                decision = self._check_and_charge(conn, dk, policy, day, idempotency_key)
-                if decision.accepted:
-                    savepoint.commit()
-                    if on_accept is not None:
-                        on_accept(conn, decision)
-                else:
-                    savepoint.rollback()
+            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cursor.execute("SAVEPOINT gate")
+            decision = self._check_and_charge(conn, dk, terms, day, idempotency_key)
+            if decision.accepted:
+                if on_accept is not None:
+                    on_accept(conn, decision)
+            else:
+                cursor.execute("ROLLBACK TO SAVEPOINT gate")  # undo the tentative upserts
+            if idempotency_key is not None:
                 conn.execute(
                     _IDEM.update()
                     .where(and_(_IDEM.c.device_key == dk, _IDEM.c.key == idempotency_key))
                     .values(decision=decision.to_json(), charge_id=decision.charge_id)
                 )
-                return decision
-            decision = self._check_and_charge(conn, dk, policy, day, None)
-            if not decision.accepted:
-                transaction.rollback()
-                return decision
-            if on_accept is not None:
-                on_accept(conn, decision)
+            self.audit.append(conn, [charge_entry(dk, decision, terms)], now=now)
             return decision
 
     def _sql(self, name: str) -> str:

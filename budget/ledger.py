@@ -11,13 +11,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, func, select
+from sqlalchemy import Connection, Engine, and_, delete, func, select
 
 from budget.accountant import Accountant, PrivacyLoss
+from budget.audit import AuditLog, Entry, derive_audit_key
 from budget.clock import day_start, utc_day
 from budget.db import writer
 from budget.errors import InvalidRequest, UnknownUseCase
 from budget.gate import Decision, Gate, OnAccept, window_rows
+from budget.report import EffectiveEpsilonReport, build_report
 from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, LifetimeTotal
 from policies.model import Policy, budget_key, from_micro, to_micro
 from policies.repository import PolicyStore
@@ -75,6 +77,12 @@ class DeviceLoss:
     lifetime_total: PrivacyLoss | None = None
 
 
+def _policy_json(policy: Policy) -> dict[str, Any]:
+    """A policy version as audit data."""
+    data: dict[str, Any] = policy.model_dump(mode="json")
+    return data
+
+
 def _events(rows: list[tuple[int, int]], scale: int = 1) -> tuple[tuple[float, int], ...]:
     return tuple((from_micro(eps) * scale, int(count)) for eps, count in rows)
 
@@ -98,11 +106,31 @@ def _per_device(
 class Ledger:
     """Per-device privacy accounts over a database engine."""
 
-    def __init__(self, engine: Engine, secret: bytes, accountant: Accountant | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        secret: bytes,
+        accountant: Accountant | None = None,
+        *,
+        audit_key: bytes | None = None,
+    ) -> None:
         self.engine = engine
-        self.gate = Gate(engine, secret)
-        self.policies = PolicyStore(engine)
+        self.audit = AuditLog(engine, audit_key or derive_audit_key(secret))
+        self.gate = Gate(engine, secret, self.audit)
+        self.policies = PolicyStore(engine, on_change=self._policy_changed)
         self.accountant = accountant or Accountant()
+
+    def _policy_changed(self, conn: Connection, old: Policy | None, new: Policy) -> None:
+        """Audit a policy write in its transaction: the old and the new version."""
+        action = "policy.create" if old is None or not old.active else "policy.update"
+        if not new.active:
+            action = "policy.delete"
+        data = {
+            "name": new.name,
+            "old": None if old is None else _policy_json(old),
+            "new": _policy_json(new),
+        }
+        self.audit.append(conn, [Entry(new.actor, action, data)], now=new.created_at)
 
     # -- the gate --------------------------------------------------------------------------------
 
@@ -193,6 +221,74 @@ class Ledger:
                 latest[row.name] = Policy.model_validate(row._asdict())
         return latest
 
+    def all_policy_versions(self) -> list[Policy]:
+        """Every version of every use case, by name and version."""
+        with self.engine.connect() as conn:
+            table = Policy.__table__  # type: ignore[attr-defined]
+            rows = conn.execute(select(table).order_by(table.c.name, table.c.version)).all()
+        return [Policy.model_validate(r._asdict()) for r in rows]
+
+    def charge_rows(self) -> Iterator[tuple[str, str, str, int, int, int]]:
+        """Every charge held: ``(device key, use case, budget, version, micro-epsilon, day)``."""
+        with self.engine.connect() as conn:
+            query = select(
+                _CHARGES.c.device_key,
+                _CHARGES.c.use_case,
+                _CHARGES.c.budget,
+                _CHARGES.c.policy_version,
+                _CHARGES.c.epsilon_micro,
+                _CHARGES.c.day,
+            ).order_by(_CHARGES.c.id)
+            with conn.execution_options(yield_per=20_000).execute(query) as result:
+                for r in result:
+                    yield str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5])
+
+    def lifetime_rows(self) -> Iterator[tuple[str, str, int, int]]:
+        """The lifetime multiset: ``(device key, use case, micro-epsilon, count)``."""
+        with self.engine.connect() as conn:
+            query = select(
+                _LIFETIME.c.device_key,
+                _LIFETIME.c.use_case,
+                _LIFETIME.c.epsilon_micro,
+                _LIFETIME.c.count,
+            ).order_by(_LIFETIME.c.device_key, _LIFETIME.c.use_case, _LIFETIME.c.epsilon_micro)
+            with conn.execution_options(yield_per=20_000).execute(query) as result:
+                for r in result:
+                    yield str(r[0]), str(r[1]), int(r[2]), int(r[3])
+
+    def window_spend_rows(self, *, now: datetime) -> Iterator[tuple[str, str, int, int]]:
+        """Each active use case's charges in its own window, grouped per device and epsilon."""
+        day = utc_day(now)
+        with self.engine.connect() as conn:
+            for policy in self.policies.list_in(conn):
+                cutoff = day - policy.retention_days
+                query = (
+                    select(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro, func.count())
+                    .where(
+                        and_(
+                            _CHARGES.c.use_case == policy.name,
+                            _CHARGES.c.day > cutoff,
+                            _CHARGES.c.day <= day,
+                        )
+                    )
+                    .group_by(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro)
+                )
+                for dk, eps, n in conn.execute(query):
+                    yield str(dk), policy.name, int(eps), int(n)
+
+    def effective_epsilon(
+        self, *, now: datetime, delta: float | None = None
+    ) -> EffectiveEpsilonReport:
+        """The effective-epsilon report (:mod:`budget.report`) on the live ledger."""
+        return build_report(
+            list(self._all_policies().values()),
+            utc_day(now),
+            self.window_spend_rows(now=now),
+            self.lifetime_rows(),
+            accountant=self.accountant,
+            delta=delta,
+        )
+
     def purge(self, *, now: datetime) -> PurgeResult:
         """Delete charges, daily rows and idempotency records older than each window.
 
@@ -223,6 +319,8 @@ class Ledger:
                         and_(_DAILY.c.budget == b, _DAILY.c.day <= day - retention)
                     )
                 ).rowcount
+            data = {"day": day, "charges": charges, "daily_spend": daily, "idempotency": idem}
+            self.audit.append(conn, [Entry("job:purge", "purge.ledger", data)], now=now)
         return PurgeResult(charges, daily, idem)
 
     # -- accounting ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,11 +38,19 @@ def _latest_versions() -> Select[Any]:
     )
 
 
-class PolicyStore:
-    """Reads and writes policy versions through an engine (one transaction per call)."""
+OnChange = Callable[[Connection, Policy | None, Policy], None]
 
-    def __init__(self, engine: Engine) -> None:
+
+class PolicyStore:
+    """Reads and writes policy versions through an engine (one transaction per call).
+
+    ``on_change(conn, old, new)`` runs inside each write's transaction (the ledger's audit
+    entry: the old version, or ``None`` for a new use case, and the new one).
+    """
+
+    def __init__(self, engine: Engine, *, on_change: OnChange | None = None) -> None:
         self.engine = engine
+        self._on_change = on_change
         # the ledger's write option (budget.db.writer): BEGIN IMMEDIATE on SQLite
         self._writer = engine.execution_options(dpgov_write=True)
 
@@ -170,6 +179,16 @@ class PolicyStore:
                 raise PolicyConflict(
                     "version", f"a concurrent change to {policy.name!r} won; retry"
                 ) from None
+            if self._on_change is not None:
+                old = None
+                if latest is not None:
+                    found = conn.execute(
+                        select(_TABLE).where(
+                            (_TABLE.c.name == policy.name) & (_TABLE.c.version == latest.version)
+                        )
+                    ).one()
+                    old = Policy.model_validate(found._asdict())
+                self._on_change(conn, old, row)
         return row
 
     def _check_group(self, conn: Connection, policy: PolicyCreate) -> None:

@@ -29,6 +29,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'service.sqlite'}",
         secret_file=tmp_path / "secret",
+        audit_key_file=tmp_path / "audit.key",
         admin_token="admin-secret-token",
         scheduler=False,
         max_body_bytes=64 * 1024,
@@ -366,6 +367,7 @@ def test_device_rate_limit_answers_429_without_charging(tmp_path: Path) -> None:
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'rl.sqlite'}",
         secret_file=tmp_path / "secret",
+        audit_key_file=tmp_path / "audit.key",
         admin_token="admin-secret-token",
         scheduler=False,
         device_rate_per_minute=3,

@@ -41,6 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         **os.environ,
         "DPGOV_DATABASE_URL": f"sqlite:///{tmp / 'e2e.sqlite'}",
         "DPGOV_SECRET_FILE": str(tmp / "secret"),
+        "DPGOV_AUDIT_KEY_FILE": str(tmp / "audit.key"),
         "DPGOV_ADMIN_TOKEN": TOKEN,
         "DPGOV_SCHEDULER": "false",
     }

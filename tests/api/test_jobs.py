@@ -44,7 +44,7 @@ def test_a_running_job_is_not_started_twice(two_processes: list[str]) -> None:
     engine = RUNTIMES[two_processes[0]].ledger.engine
     assert acquire_lease(engine, "aggregate:run", "someone-else", 60)
     assert run_job("aggregate", two_processes[0]) is None
-    assert set(JOBS) == {"flush-inbox", "aggregate", "purge"}
+    assert set(JOBS) == {"flush-inbox", "aggregate", "purge", "checkpoint"}
 
 
 def test_unknown_job() -> None:

@@ -54,6 +54,7 @@ def test_lifespan_starts_and_stops_the_scheduler(tmp_path: Path) -> None:
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'life.sqlite'}",
         secret_file=tmp_path / "secret",
+        audit_key_file=tmp_path / "audit.key",
         scheduler=True,
         flush_seconds=3600,
         aggregate_seconds=3600,

@@ -1,0 +1,376 @@
+"""The tamper-evident audit log: every charge decision, policy change and purge, hash-chained.
+
+Each entry is one row: sequence number, UTC time, actor (``device:<key>``, ``admin``,
+``system`` or ``job:<name>``), action, and ``body``, the canonical JSON (sorted keys, no spaces)
+of all of those plus the action's data (never a report payload). ``hash`` is
+``SHA-256(previous hash || body)``, so anyone holding an export can check the chain; ``tag`` is
+``HMAC-SHA256(audit key, hash)`` with a key kept outside the database, so a chain recomputed by
+someone who can write the database but not read the key fails too. Entries are appended in the
+transaction of what they record, under the single ``audit_head`` row (``FOR UPDATE`` on
+PostgreSQL; SQLite's write lock is already held), so concurrent appends get consecutive numbers
+and one chain. The database refuses UPDATE, DELETE and TRUNCATE on the log (triggers).
+
+A scheduled checkpoint stores ``(seq, hash, time)`` signed with the audit key and chained to the
+previous checkpoint's signature, so a truncated tail (entries deleted after a checkpoint) is
+detected as well. :meth:`AuditLog.verify` checks all of it and names the first bad entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Generator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import DDL, BigInteger, Column, Connection, Engine, Text, event, select, text
+from sqlmodel import Field, SQLModel
+
+from budget.db import placeholder, writer
+
+__all__ = [
+    "GENESIS",
+    "AuditEntry",
+    "AuditLog",
+    "Checkpoint",
+    "Entry",
+    "Verification",
+    "chain_hash",
+    "derive_audit_key",
+]
+
+GENESIS = "0" * 64
+
+
+class AuditEntry(SQLModel, table=True):
+    """One appended entry (see the module docstring); never updated or deleted."""
+
+    __tablename__ = "audit_log"
+
+    seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    at: str = Field(max_length=40, description="UTC time, ISO 8601 with microseconds.")
+    actor: str = Field(max_length=120)
+    action: str = Field(max_length=40)
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    prev_hash: str = Field(max_length=64)
+    hash: str = Field(max_length=64)
+    tag: str = Field(max_length=64)
+
+
+class AuditHead(SQLModel, table=True):
+    """The chain's head, one row: appends lock it, so they serialize into one chain."""
+
+    __tablename__ = "audit_head"
+
+    id: int = Field(primary_key=True)
+    seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    hash: str = Field(max_length=64)
+
+
+class AuditCheckpoint(SQLModel, table=True):
+    """A signed ``(seq, hash)`` of the head at some time."""
+
+    __tablename__ = "audit_checkpoints"
+
+    seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    hash: str = Field(max_length=64)
+    at: str = Field(max_length=40)
+    signature: str = Field(max_length=64)
+
+
+def _ddl(statement: str, dialect: str) -> Any:
+    """A DDL statement run after its table is created, on one dialect only."""
+    return DDL(statement).execute_if(dialect=dialect)  # type: ignore[no-untyped-call]
+
+
+_LOG = AuditEntry.__table__  # type: ignore[attr-defined]
+_HEAD = AuditHead.__table__  # type: ignore[attr-defined]
+_CHECKPOINTS = AuditCheckpoint.__table__  # type: ignore[attr-defined]
+
+for _table in (_LOG, _CHECKPOINTS):
+    _name = _table.name
+    for _op in ("UPDATE", "DELETE"):
+        event.listen(
+            _table,
+            "after_create",
+            _ddl(
+                f"CREATE TRIGGER {_name}_no_{_op.lower()} BEFORE {_op} ON {_name}"
+                f" BEGIN SELECT RAISE(ABORT, '{_name} is append-only: {_op} refused'); END",
+                "sqlite",
+            ),
+        )
+    for _statement in (
+        "CREATE OR REPLACE FUNCTION dpgov_append_only() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION '%% is append-only: %% refused', TG_TABLE_NAME, TG_OP; END $$",
+        f"CREATE TRIGGER {_name}_append_only BEFORE UPDATE OR DELETE ON {_name}"
+        " FOR EACH ROW EXECUTE FUNCTION dpgov_append_only()",
+        f"CREATE TRIGGER {_name}_no_truncate BEFORE TRUNCATE ON {_name}"
+        " FOR EACH STATEMENT EXECUTE FUNCTION dpgov_append_only()",
+    ):
+        event.listen(_table, "after_create", _ddl(_statement, "postgresql"))
+for _dialect in ("sqlite", "postgresql"):
+    event.listen(
+        _HEAD,
+        "after_create",
+        _ddl(f"INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '{GENESIS}')", _dialect),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What to append: who did what, with the action's data (JSON-serialisable)."""
+
+    actor: str
+    action: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A signed head."""
+
+    seq: int
+    hash: str
+    at: str
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """The result of checking the chain, its tags and its checkpoints.
+
+    ``first_bad`` is the first entry that fails (for a chain recomputed up to a checkpoint:
+    the checkpoint's entry; the change lies after the previous good checkpoint).
+    """
+
+    ok: bool
+    entries: int
+    head_seq: int
+    head_hash: str
+    checkpoints: int
+    latest_checkpoint_seq: int | None
+    latest_checkpoint_at: str | None
+    first_bad: int | None = None
+    problem: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return asdict(self)
+
+
+def derive_audit_key(secret: bytes) -> bytes:
+    """An audit key derived from the device-key secret (when no separate key is configured)."""
+    return hmac.digest(secret, b"dp-governor/audit-key/v1", "sha256")
+
+
+def chain_hash(prev_hash: str, body: str) -> str:
+    """``SHA-256(bytes of the previous hash || UTF-8 body)``, hex."""
+    return hashlib.sha256(bytes.fromhex(prev_hash) + body.encode("utf-8")).hexdigest()
+
+
+def canonical_body(seq: int, at: str, actor: str, action: str, data: dict[str, Any]) -> str:
+    """The hashed text of an entry: canonical JSON of every field."""
+    content = {"seq": seq, "at": at, "actor": actor, "action": action, "data": data}
+    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def timestamp(now: datetime) -> str:
+    """The entry time format: UTC, ISO 8601, microseconds."""
+    return now.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+class AuditLog:
+    """Appends to, checkpoints and verifies the log of one database."""
+
+    def __init__(self, engine: Engine, key: bytes) -> None:
+        if len(key) < 32:
+            raise ValueError("the audit key must be at least 32 bytes")
+        self.engine = engine
+        self._mac = hmac.new(key, digestmod="sha256")
+        self._postgres = engine.dialect.name == "postgresql"
+        ph = placeholder(engine)
+        self._insert = (
+            "INSERT INTO audit_log (seq, at, actor, action, body, prev_hash, hash, tag)"
+            f" VALUES ({', '.join([ph] * 8)})"
+        )
+        self._head = "SELECT seq, hash FROM audit_head WHERE id = 1" + (
+            " FOR UPDATE" if self._postgres else ""
+        )
+        self._move = f"UPDATE audit_head SET seq = {ph}, hash = {ph} WHERE id = 1"
+
+    def tag(self, entry_hash: str) -> str:
+        """``HMAC-SHA256(audit key, hash)``, hex."""
+        mac = self._mac.copy()
+        mac.update(entry_hash.encode("ascii"))
+        return mac.hexdigest()
+
+    def append(self, conn: Connection, entries: Sequence[Entry], *, now: datetime) -> int:
+        """Append ``entries`` in the caller's transaction, in order; returns the last seq.
+
+        Call it last in the transaction: the head row stays locked until commit.
+        """
+        if not entries:
+            return -1
+        at = timestamp(now)
+        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cur.execute(self._head)
+        seq, head = cur.fetchone()
+        seq = int(seq)
+        rows = []
+        for e in entries:
+            seq += 1
+            body = canonical_body(seq, at, e.actor, e.action, e.data)
+            new = chain_hash(head, body)
+            rows.append((seq, at, e.actor, e.action, body, head, new, self.tag(new)))
+            head = new
+        cur.executemany(self._insert, rows)
+        cur.execute(self._move, (seq, head))
+        return seq
+
+    def record(self, actor: str, action: str, data: dict[str, Any], *, now: datetime) -> int:
+        """Append one entry in a transaction of its own."""
+        with writer(self.engine).begin() as conn:
+            return self.append(conn, [Entry(actor, action, data)], now=now)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def _signature(self, seq: int, entry_hash: str, at: str, previous: str) -> str:
+        mac = self._mac.copy()
+        mac.update(f"checkpoint:{seq}:{entry_hash}:{at}:{previous}".encode("ascii"))
+        return mac.hexdigest()
+
+    def checkpoint(self, *, now: datetime) -> Checkpoint | None:
+        """Sign the current head (``None`` when nothing was appended since the last one)."""
+        at = timestamp(now)
+        with writer(self.engine).begin() as conn:
+            seq, head = conn.execute(text(self._head)).one()
+            last = conn.execute(
+                select(_CHECKPOINTS).order_by(_CHECKPOINTS.c.seq.desc()).limit(1)
+            ).first()
+            if seq == 0 or (last is not None and last.seq == seq):
+                return None
+            previous = last.signature if last is not None else GENESIS
+            point = Checkpoint(int(seq), head, at, self._signature(int(seq), head, at, previous))
+            conn.execute(
+                _CHECKPOINTS.insert().values(
+                    seq=point.seq, hash=point.hash, at=point.at, signature=point.signature
+                )
+            )
+            return point
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """All checkpoints, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(_CHECKPOINTS).order_by(_CHECKPOINTS.c.seq)).all()
+        return [Checkpoint(int(r.seq), r.hash, r.at, r.signature) for r in rows]
+
+    # -- reading and verifying -------------------------------------------------------------------
+
+    def head(self) -> tuple[int, str]:
+        """``(seq, hash)`` of the last entry as the head row says."""
+        with self.engine.connect() as conn:
+            seq, head = conn.execute(select(_HEAD.c.seq, _HEAD.c.hash)).one()
+        return int(seq), str(head)
+
+    def rows(self, *, after: int = 0, limit: int | None = None) -> Generator[tuple[Any, ...]]:
+        """Raw rows ``(seq, at, actor, action, body, prev_hash, hash, tag)`` in order, streamed."""
+        with self.engine.connect() as conn:
+            query = (
+                select(
+                    _LOG.c.seq,
+                    _LOG.c.at,
+                    _LOG.c.actor,
+                    _LOG.c.action,
+                    _LOG.c.body,
+                    _LOG.c.prev_hash,
+                    _LOG.c.hash,
+                    _LOG.c.tag,
+                )
+                .where(_LOG.c.seq > after)
+                .order_by(_LOG.c.seq)
+            )
+            if limit is not None:
+                query = query.limit(limit)
+            with conn.execution_options(yield_per=10_000).execute(query) as result:
+                for row in result:
+                    yield tuple(row)
+
+    def verify(self) -> Verification:
+        """Check every entry, the head row and every checkpoint; stop at the first failure."""
+        points = self.checkpoints()
+        head_seq, head_hash = self.head()
+        by_seq: dict[int, Checkpoint] = {}
+        previous = GENESIS
+        n = 0
+        expected_seq = 0
+        running = GENESIS
+
+        rows = self.rows()
+
+        def result(first_bad: int | None = None, problem: str | None = None) -> Verification:
+            rows.close()  # an early answer: end the streaming query now
+            latest = points[-1] if points else None
+            return Verification(
+                ok=problem is None,
+                entries=n,
+                head_seq=expected_seq,
+                head_hash=running,
+                checkpoints=len(points),
+                latest_checkpoint_seq=latest.seq if latest else None,
+                latest_checkpoint_at=latest.at if latest else None,
+                first_bad=first_bad,
+                problem=problem,
+            )
+
+        for point in points:
+            if not hmac.compare_digest(
+                point.signature, self._signature(point.seq, point.hash, point.at, previous)
+            ):
+                return result(point.seq, f"checkpoint at entry {point.seq} has a bad signature")
+            previous = point.signature
+            by_seq[point.seq] = point
+        mac = self._mac
+        for seq, at, actor, action, body, prev_hash, entry_hash, tag in rows:
+            seq = int(seq)
+            expected_seq += 1
+            if seq != expected_seq:
+                return result(expected_seq, f"entry {expected_seq} is missing (next is {seq})")
+            if prev_hash != running:
+                return result(seq, f"entry {seq} does not link to entry {seq - 1}")
+            if chain_hash(running, body) != entry_hash:
+                return result(seq, f"entry {seq}'s hash does not match its body")
+            check = mac.copy()
+            check.update(entry_hash.encode("ascii"))
+            if not hmac.compare_digest(check.hexdigest(), tag):
+                return result(seq, f"entry {seq}'s tag is not the audit key's (chain rewritten)")
+            try:
+                content = orjson.loads(body)
+                same = (content["seq"], content["at"], content["actor"], content["action"]) == (
+                    seq,
+                    at,
+                    actor,
+                    action,
+                )
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                same = False
+            if not same:
+                return result(seq, f"entry {seq}'s columns disagree with its hashed body")
+            signed = by_seq.get(seq)
+            if signed is not None and signed.hash != entry_hash:
+                return result(seq, f"entry {seq} differs from the signed checkpoint at {seq}")
+            running = entry_hash
+            n += 1
+        if points and points[-1].seq > expected_seq:
+            return result(
+                expected_seq + 1,
+                f"the log ends at entry {expected_seq} but a checkpoint signed entry"
+                f" {points[-1].seq}: the tail was truncated",
+            )
+        if (head_seq, head_hash) != (expected_seq, running):
+            return result(
+                min(head_seq, expected_seq) + 1,
+                f"the head row says entry {head_seq} but the log ends at entry {expected_seq}",
+            )
+        return result()

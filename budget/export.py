@@ -1,0 +1,192 @@
+"""Export the ledger (JSON Lines or CSV) so that its report can be recomputed offline.
+
+One record per line, each with a ``kind``: ``meta`` (format, as-of day, the audit head),
+``policy`` (every version), ``charge`` (every charge still held: device key, use case, budget,
+policy version, micro-epsilon, UTC day) and ``lifetime`` (the purge-proof lifetime multiset).
+Device keys are the ledger's pseudonyms; no device id or report is exported. CSV carries the
+same records with one column per field (``json`` holds meta and policy records).
+
+:func:`report_from_export` reads an export back and runs :func:`budget.report.build_report`
+on it, exactly as :meth:`budget.ledger.Ledger.effective_epsilon` does on the live tables.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import orjson
+
+from budget.accountant import Accountant
+from budget.clock import utc_day
+from budget.report import EffectiveEpsilonReport, Row, build_report
+from policies.model import Policy
+
+__all__ = ["FORMAT", "LedgerExport", "export_ledger", "read_export", "report_from_export"]
+
+FORMAT = "dp-governor ledger export v1"
+Format = Literal["jsonl", "csv"]
+CSV_FIELDS = [
+    "kind",
+    "device_key",
+    "use_case",
+    "budget",
+    "policy_version",
+    "epsilon_micro",
+    "day",
+    "count",
+    "json",
+]
+
+
+def records(ledger: Any, *, now: datetime) -> Iterator[dict[str, Any]]:
+    """Every record of the export, streamed (``ledger`` is a :class:`budget.ledger.Ledger`)."""
+    seq, head = ledger.audit.head()
+    yield {
+        "kind": "meta",
+        "format": FORMAT,
+        "as_of": now.isoformat(),
+        "as_of_day": utc_day(now),
+        "audit_head": {"seq": seq, "hash": head},
+    }
+    for policy in ledger.all_policy_versions():
+        yield {"kind": "policy", **policy.model_dump(mode="json")}
+    for dk, use_case, budget, version, eps, day in ledger.charge_rows():
+        yield {
+            "kind": "charge",
+            "device_key": dk,
+            "use_case": use_case,
+            "budget": budget,
+            "policy_version": version,
+            "epsilon_micro": eps,
+            "day": day,
+        }
+    for dk, use_case, eps, count in ledger.lifetime_rows():
+        yield {
+            "kind": "lifetime",
+            "device_key": dk,
+            "use_case": use_case,
+            "epsilon_micro": eps,
+            "count": count,
+        }
+
+
+def export_ledger(ledger: Any, out: TextIO, *, fmt: Format, now: datetime) -> int:
+    """Write the export to ``out``; returns the number of records."""
+    n = 0
+    if fmt == "jsonl":
+        for record in records(ledger, now=now):
+            out.write(orjson.dumps(record).decode())
+            out.write("\n")
+            n += 1
+        return n
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for record in records(ledger, now=now):
+        if record["kind"] in ("meta", "policy"):
+            row = {"kind": record["kind"], "json": orjson.dumps(record).decode()}
+        else:
+            row = {k: record.get(k, "") for k in CSV_FIELDS}
+        writer.writerow(row)
+        n += 1
+    return n
+
+
+@dataclass
+class LedgerExport:
+    """An export read back."""
+
+    meta: dict[str, Any]
+    policies: list[Policy] = field(default_factory=list)
+    charges: list[tuple[str, str, int, int]] = field(default_factory=list)  # dk, uc, eps, day
+    lifetime: list[Row] = field(default_factory=list)
+
+    def current_policies(self) -> list[Policy]:
+        """The latest version of every use case."""
+        latest: dict[str, Policy] = {}
+        for p in sorted(self.policies, key=lambda p: (p.name, p.version)):
+            latest[p.name] = p
+        return list(latest.values())
+
+
+def _parse(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        first = handle.readline()
+        handle.seek(0)
+        if first.startswith("kind,"):
+            for row in csv.DictReader(handle):
+                if row["json"]:
+                    yield orjson.loads(row["json"])
+                else:
+                    yield {k: v for k, v in row.items() if v != "" and k != "json"}
+        else:
+            for line in handle:
+                if line.strip():
+                    yield orjson.loads(line)
+
+
+def read_export(path: Path) -> LedgerExport:
+    """Read a JSON Lines or CSV export; raises ``ValueError`` naming a bad line's problem."""
+    export: LedgerExport | None = None
+    for n, record in enumerate(_parse(path), start=1):
+        kind = record.get("kind")
+        if export is None:
+            if kind != "meta" or record.get("format") != FORMAT:
+                raise ValueError(f"{path}: not a {FORMAT!r} file (line 1)")
+            export = LedgerExport(meta=record)
+            continue
+        try:
+            if kind == "policy":
+                data = {k: v for k, v in record.items() if k != "kind"}
+                export.policies.append(Policy.model_validate(data))
+            elif kind == "charge":
+                export.charges.append(
+                    (
+                        str(record["device_key"]),
+                        str(record["use_case"]),
+                        int(record["epsilon_micro"]),
+                        int(record["day"]),
+                    )
+                )
+            elif kind == "lifetime":
+                export.lifetime.append(
+                    (
+                        str(record["device_key"]),
+                        str(record["use_case"]),
+                        int(record["epsilon_micro"]),
+                        int(record["count"]),
+                    )
+                )
+            else:
+                raise ValueError(f"unknown kind {kind!r}")
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: record {n}: {exc}") from None
+    if export is None:
+        raise ValueError(f"{path}: empty export")
+    return export
+
+
+def report_from_export(
+    export: LedgerExport, *, accountant: Accountant | None = None, delta: float | None = None
+) -> EffectiveEpsilonReport:
+    """The effective-epsilon report of an export, as of its own day."""
+    day = int(export.meta["as_of_day"])
+    policies = export.current_policies()
+    retention = {p.name: p.retention_days for p in policies}
+    window: dict[tuple[str, str, int], int] = {}
+    for dk, use_case, eps, charge_day in export.charges:
+        keep = retention.get(use_case)
+        if keep is not None and day - keep < charge_day <= day:
+            window[(dk, use_case, eps)] = window.get((dk, use_case, eps), 0) + 1
+    return build_report(
+        policies,
+        day,
+        ((dk, uc, eps, n) for (dk, uc, eps), n in window.items()),
+        export.lifetime,
+        accountant=accountant or Accountant(),
+        delta=delta,
+    )

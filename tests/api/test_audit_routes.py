@@ -1,0 +1,89 @@
+"""The audit log through the service: every report is an entry, verify by API and CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from api.app import create_app
+from api.cli import app as cli
+from api.settings import Settings
+from budget import FixedClock
+
+ADMIN = {"Authorization": "Bearer admin-secret-token"}
+NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
+runner = CliRunner()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        database_url=f"sqlite:///{tmp_path / 'service.sqlite'}",
+        secret_file=tmp_path / "secret",
+        audit_key_file=tmp_path / "audit.key",
+        admin_token="admin-secret-token",
+        scheduler=False,
+    )
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, clock=FixedClock(NOW))) as c:
+        yield c
+
+
+def _submit(client: TestClient, n: int) -> None:
+    for i in range(n):
+        r = client.post(
+            "/v1/use-cases/safari-energy-domains/reports",
+            json={"j": 1, "l": 2, "bit": 1},
+            headers={"X-Device-Id": f"d{i % 3}"},
+        )
+        assert r.status_code in (202, 429), r.text
+
+
+def test_reports_refusals_and_checkpoints_verify(client: TestClient) -> None:
+    _submit(client, 9)  # 3 devices x 2/day accepted, 3 refused
+    ran = client.post("/v1/admin/jobs/checkpoint:run", headers=ADMIN).json()
+    assert ran["result"]["signed"]["seq"] == 7 + 9  # the default policies, then the reports
+    r = client.get("/v1/audit/verify", headers=ADMIN)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["ok"] and body["entries"] == 16 and body["checkpoints"] == 1, body
+    assert body["latest_checkpoint_seq"] == 16 and body["first_bad"] is None
+    assert client.get("/v1/audit/verify").status_code == 401
+    assert client.get("/v1/audit/verify", headers={"X-Device-Id": "d0"}).status_code == 401
+    bad = client.get("/v1/audit/verify", headers={"Authorization": "Bearer nope"})
+    assert bad.status_code == 403
+
+
+def test_cli_verify_and_checkpoint_then_catch_a_rewrite(
+    client: TestClient, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _submit(client, 4)
+    monkeypatch.setenv("DPGOV_SECRET_FILE", str(settings.secret_file))
+    monkeypatch.setenv("DPGOV_AUDIT_KEY_FILE", str(settings.audit_key_file))
+    url = ["--database-url", settings.database_url]
+    assert runner.invoke(cli, ["jobs", "run", "checkpoint", *url]).exit_code == 0
+    ok = runner.invoke(cli, ["audit", "verify", *url])
+    assert ok.exit_code == 0, ok.output
+    assert '"ok": true' in ok.output
+    ledger = client.app.state.ledger  # type: ignore[attr-defined]
+    with ledger.engine.begin() as conn:
+        conn.execute(text("DROP TRIGGER audit_log_no_update"))
+        conn.execute(
+            text("UPDATE audit_log SET body = replace(body, 'true', 'false') WHERE seq = 9")
+        )
+    bad = runner.invoke(cli, ["audit", "verify", *url])
+    assert bad.exit_code == 1
+    assert "fails at entry 9" in bad.output
+    other_key = runner.invoke(
+        cli, ["audit", "verify", *url], env={"DPGOV_AUDIT_KEY_FILE": str(settings.secret_file)}
+    )
+    assert other_key.exit_code == 1  # entry 1's tag is not this key's
