@@ -55,6 +55,7 @@ from budget import (
     utc_day,
 )
 from budget.clock import day_date
+from budget.report import EffectiveEpsilonReport
 from mechanisms import InvalidReport, SfpSketch
 from policies import DEFAULT_POLICIES, Policy, PolicyCreate, PolicyPublic, budget_key
 
@@ -856,6 +857,30 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         reads the whole log.
         """
         return AuditVerification(**ledger.audit.verify().to_dict())
+
+    report_cache: dict[float | None, tuple[float, EffectiveEpsilonReport]] = {}
+
+    @app.get("/v1/audit/effective-epsilon", response_model=EffectiveEpsilonReport, tags=["audit"])
+    def effective_epsilon(
+        ledger: LedgerDep,
+        delta: Annotated[
+            float | None,
+            Query(gt=0, lt=1, description="Delta of the tight bounds; default the policies'."),
+        ] = None,
+    ) -> EffectiveEpsilonReport:
+        """The effective-epsilon report Tang et al. (2017) ask for.
+
+        What each use case's policy allows per report, day, window and year, beside what
+        devices actually spent, and the total across use cases. Public, as Tang et al. ask:
+        it names no device. Recomputed at most every ``report_cache_seconds``; ``as_of`` and
+        ``provenance`` say how it was computed.
+        """
+        cached = report_cache.get(delta)
+        if cached is not None and time.monotonic() < cached[0]:
+            return cached[1]
+        report = ledger.effective_epsilon(now=clock.now(), delta=delta)
+        report_cache[delta] = (time.monotonic() + settings.report_cache_seconds, report)
+        return report
 
     @app.post("/v1/admin/jobs/{job}:run", tags=["operations"])
     def run_job_now(job: str, request: Request, _admin: None = AdminDep) -> dict[str, Any]:

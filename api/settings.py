@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     )
     audit_key_file: Path = Field(default=Path("dpgov-audit.key"))
     checkpoint_seconds: int = Field(default=300, ge=1, description="Audit checkpoint interval.")
+    report_cache_seconds: float = Field(
+        default=30.0, ge=0, description="How long an effective-epsilon report is served again."
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)

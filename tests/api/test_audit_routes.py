@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,3 +88,45 @@ def test_cli_verify_and_checkpoint_then_catch_a_rewrite(
         cli, ["audit", "verify", *url], env={"DPGOV_AUDIT_KEY_FILE": str(settings.secret_file)}
     )
     assert other_key.exit_code == 1  # entry 1's tag is not this key's
+
+
+def test_effective_epsilon_is_public_and_computed_from_the_ledger(client: TestClient) -> None:
+    _submit(client, 9)
+    r = client.get("/v1/audit/effective-epsilon")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    lines = {line["use_case"]: line for line in body["use_cases"]}
+    safari = lines["safari-energy-domains"]
+    assert safari["epsilon_per_day"] == 8.0
+    assert safari["shares_budget_with"] == ["safari-crash-domains"]
+    assert safari["spent_window"] == {"devices": 3, "max": 8.0, "p99": 8.0, "median": 8.0}
+    assert body["totals"]["allowed_per_day"]["epsilon_basic"] == 54.0
+    assert body["provenance"]["delta"] == 1e-9
+    assert client.get("/v1/audit/effective-epsilon?delta=0").status_code == 422
+    assert client.get("/v1/audit/effective-epsilon?delta=nan").status_code == 422
+    tighter = client.get("/v1/audit/effective-epsilon?delta=1e-6").json()
+    assert tighter["provenance"]["delta"] == 1e-6
+
+
+def test_cli_report_export_and_offline_recompute(
+    client: TestClient, settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _submit(client, 6)
+    monkeypatch.setenv("DPGOV_SECRET_FILE", str(settings.secret_file))
+    monkeypatch.setenv("DPGOV_AUDIT_KEY_FILE", str(settings.audit_key_file))
+    url = ["--database-url", settings.database_url]
+    table = runner.invoke(cli, ["audit", "report", *url])
+    assert table.exit_code == 0, table.output
+    assert "safari-energy-domains" in table.output and "nothing bounds" in table.output
+    live = runner.invoke(cli, ["audit", "report", "--json", *url])
+    out = tmp_path / "ledger.csv"
+    exported = runner.invoke(cli, ["audit", "export", "--format", "csv", "-o", str(out), *url])
+    assert exported.exit_code == 0, exported.output
+    again = runner.invoke(cli, ["audit", "recompute", "--json", str(out)])
+    assert again.exit_code == 0, again.output
+    a, b = (json.loads(x.output) for x in (live, again))
+    assert a == b  # both as of today (the CLI reads the wall clock)
+    bad = runner.invoke(cli, ["audit", "export", "--format", "xml", "-o", str(out), *url])
+    assert bad.exit_code == 2 and "--format" in bad.output
+    missing = runner.invoke(cli, ["audit", "recompute", str(tmp_path / "none.jsonl")])
+    assert missing.exit_code == 1 and "Error" in missing.output
