@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime
 from types import SimpleNamespace
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
@@ -56,8 +56,9 @@ from budget import (
 )
 from budget.clock import day_date
 from budget.report import EffectiveEpsilonReport
+from budget.views import Distribution, Timeline, WhatIf, device_timeline, distribution, what_if
 from mechanisms import InvalidReport, SfpSketch
-from policies import DEFAULT_POLICIES, Policy, PolicyCreate, PolicyPublic, budget_key
+from policies import DEFAULT_POLICIES, Policy, PolicyBase, PolicyCreate, PolicyPublic, budget_key
 
 __all__ = ["create_app"]
 
@@ -857,6 +858,62 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         reads the whole log.
         """
         return AuditVerification(**ledger.audit.verify().to_dict())
+
+    @app.get("/v1/audit/devices/{device_id}", response_model=Timeline, tags=["audit"])
+    def audit_device(
+        device_id: Annotated[str, Path(min_length=1, max_length=256)],
+        ledger: LedgerDep,
+        x_device_id: Annotated[str | None, Header(alias="X-Device-Id")] = None,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> Timeline:
+        """A device's charge timeline and cumulative epsilon, per use case and in total.
+
+        Window and lifetime curves, with the tight bounds; a device reads its own, admins any.
+        """
+        if not is_admin(authorization):
+            if x_device_id is None and not authorization:
+                raise _Http(401, "send `X-Device-Id` (the device itself) or an admin token")
+            if x_device_id != device_id:
+                raise _Http(403, "a device may read only its own timeline")
+        return device_timeline(ledger, device_id, now=clock.now())
+
+    @app.get("/v1/audit/use-cases/{name}/distribution", response_model=Distribution, tags=["audit"])
+    def audit_distribution(
+        name: UseCaseName,
+        ledger: LedgerDep,
+        scope: Annotated[Literal["window", "lifetime"], Query()] = "window",
+        bins: Annotated[int, Query(ge=1, le=200)] = 20,
+    ) -> Distribution:
+        """Histogram and quantiles of cumulative epsilon per device (public: names no device)."""
+        return distribution(ledger, name, now=clock.now(), scope=scope, bins=bins)
+
+    @app.post("/v1/use-cases/{name}/what-if", response_model=WhatIf, tags=["use cases"])
+    def what_if_route(
+        name: UseCaseName,
+        body: Annotated[
+            dict[str, Any],
+            Body(
+                description="A proposed policy: any fields of `PolicyCreate`; the others are"
+                " the current policy's.",
+                openapi_examples={
+                    "halve emoji": {"value": {"max_reports_per_day": 1, "window_epsilon_cap": 60}}
+                },
+            ),
+        ],
+        ledger: LedgerDep,
+        _admin: None = AdminDep,
+    ) -> WhatIf:
+        """What a proposed policy would do on today's ledger; nothing is changed.
+
+        Devices whose next report today would be refused, devices over the proposed caps, and
+        the effective-epsilon figures, each under the current and the proposed policy.
+        """
+        current = ledger.policies.get(name)
+        data = current.model_dump(include=set(PolicyBase.model_fields))
+        if body.get("name", name) != name:
+            raise InvalidRequest("name", f"must equal the path's use case {name!r}")
+        data.update(body)
+        return what_if(ledger, name, PolicyCreate.model_validate(data), now=clock.now())
 
     report_cache: dict[float | None, tuple[float, EffectiveEpsilonReport]] = {}
 

@@ -130,3 +130,37 @@ def test_cli_report_export_and_offline_recompute(
     assert bad.exit_code == 2 and "--format" in bad.output
     missing = runner.invoke(cli, ["audit", "recompute", str(tmp_path / "none.jsonl")])
     assert missing.exit_code == 1 and "Error" in missing.output
+
+
+def test_device_timeline_distribution_and_what_if_routes(client: TestClient) -> None:
+    _submit(client, 9)
+    mine = client.get("/v1/audit/devices/d0", headers={"X-Device-Id": "d0"})
+    assert mine.status_code == 200, mine.text
+    body = mine.json()
+    assert body["days"] == ["2026-11-22"]
+    assert body["use_cases"]["safari-energy-domains"]["reports"] == [2]
+    assert body["total"]["lifetime"] == [8.0]
+    assert body["loss"]["lifetime_total"]["epsilon_basic"] == 8.0
+    assert client.get("/v1/audit/devices/d0", headers=ADMIN).status_code == 200
+    other = client.get("/v1/audit/devices/d0", headers={"X-Device-Id": "d1"})
+    assert other.status_code == 403
+    assert client.get("/v1/audit/devices/d0").status_code == 401
+
+    dist = client.get("/v1/audit/use-cases/safari-energy-domains/distribution?bins=2").json()
+    assert dist["devices"] == 3 and dist["quantiles"]["max"] == 8.0
+    assert client.get("/v1/audit/use-cases/nope/distribution").status_code == 404
+    bad = client.get("/v1/audit/use-cases/emoji/distribution?scope=day")
+    assert bad.status_code == 422 and "scope" in bad.text
+
+    url = "/v1/use-cases/safari-energy-domains/what-if"
+    halve = {"max_reports_per_day": 1}
+    r = client.post(url, json=halve, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert r.json()["refused_next_report_today"] == {"current": 3, "proposed": 3}
+    assert r.json()["effective_epsilon"]["epsilon_per_day"] == {"current": 8.0, "proposed": 4.0}
+    assert client.get("/v1/use-cases/safari-energy-domains").json()["version"] == 1
+    assert client.post(url, json=halve).status_code == 401
+    bad_eps = client.post(url, json={"epsilon_per_report": "4"}, headers=ADMIN)
+    assert bad_eps.status_code == 422 and "epsilon_per_report" in bad_eps.text
+    wrong = client.post(url, json={"name": "emoji"}, headers=ADMIN)
+    assert wrong.status_code == 422 and "name" in wrong.text

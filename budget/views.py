@@ -1,0 +1,290 @@
+"""Audit views on the ledger: one device's timeline, a use case's distribution, what-if.
+
+All read-only. A device's timeline is built from the charges still held (the retention
+window) plus its purge-proof lifetime totals: whatever a purge removed is carried into the
+lifetime line as a starting value, so the cumulative curve ends at the true lifetime spend.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import and_, func, select
+
+from budget.accountant import PrivacyLoss
+from budget.clock import day_date, utc_day
+from budget.errors import InvalidRequest
+from budget.ledger import DeviceLoss, Ledger
+from budget.report import UseCaseLine, build_report
+from budget.tables import Account, Charge, DailySpend, LifetimeTotal
+from policies.model import Policy, PolicyCreate, budget_key, from_micro, to_micro
+
+__all__ = ["Distribution", "Timeline", "WhatIf", "device_timeline", "distribution", "what_if"]
+
+_CHARGES = Charge.__table__  # type: ignore[attr-defined]
+_LIFETIME = LifetimeTotal.__table__  # type: ignore[attr-defined]
+_DAILY = DailySpend.__table__  # type: ignore[attr-defined]
+_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
+MAX_TIMELINE_DAYS = 400
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One use case's (or the total's) daily series, aligned with :attr:`Timeline.days`."""
+
+    reports: list[int]
+    epsilon: list[float]
+    window: list[float]
+    lifetime: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """A device's charges per day and its cumulative epsilon, per use case and in total."""
+
+    days: list[str]
+    use_cases: dict[str, Series]
+    total: Series
+    loss: DeviceLoss
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return asdict(self)
+
+
+def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timeline:
+    """The timeline of ``device_id`` up to ``now`` (at most :data:`MAX_TIMELINE_DAYS` days)."""
+    if not isinstance(device_id, str) or not 1 <= len(device_id) <= 256:
+        raise InvalidRequest("device_id", "must be 1 to 256 characters")
+    dk = ledger.device_key(device_id)
+    today = utc_day(now)
+    policies = {p.name: p for p in ledger.all_policy_versions()}  # the latest of each name
+    per_day: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    lifetime: dict[str, int] = defaultdict(int)
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                _CHARGES.c.use_case,
+                _CHARGES.c.day,
+                func.count(),
+                func.sum(_CHARGES.c.epsilon_micro),
+            )
+            .where(and_(_CHARGES.c.use_case.in_(sorted(policies)), _CHARGES.c.device_key == dk))
+            .group_by(_CHARGES.c.use_case, _CHARGES.c.day)
+        )
+        for use_case, day, n, eps in rows:
+            if int(day) <= today:
+                per_day[use_case][int(day)] = [int(n), int(eps)]
+        for use_case, eps, n in conn.execute(
+            select(_LIFETIME.c.use_case, _LIFETIME.c.epsilon_micro, _LIFETIME.c.count).where(
+                _LIFETIME.c.device_key == dk
+            )
+        ):
+            lifetime[use_case] += int(eps) * int(n)
+    first = min((d for days in per_day.values() for d in days), default=today)
+    first = max(first, today - MAX_TIMELINE_DAYS + 1)
+    days = list(range(first, today + 1))
+    series: dict[str, Series] = {}
+    total_window = np.zeros(len(days), dtype=np.int64)
+    total_life = np.zeros(len(days), dtype=np.int64)
+    for use_case in sorted(set(per_day) | set(lifetime)):
+        policy = policies.get(use_case)
+        retention = policy.retention_days if policy else 1
+        daily = per_day.get(use_case, {})
+        # the window at day d sums days d - retention + 1 .. d: start the sums early enough
+        extended = range(first - retention + 1, today + 1)
+        cumulative = np.cumsum(np.array([daily.get(d, [0, 0])[1] for d in extended], np.int64))
+        shifted = np.concatenate(
+            [np.zeros(retention, np.int64), cumulative[: len(cumulative) - retention]]
+        )
+        window = (cumulative - shifted)[retention - 1 :]
+        # the lifetime at day d: today's lifetime total less what was charged after d
+        later = np.array([sum(e for x, (_, e) in daily.items() if x > d) for d in days], np.int64)
+        life = lifetime.get(use_case, 0) - later
+        total_window += window
+        total_life += life
+        series[use_case] = Series(
+            [daily.get(d, [0, 0])[0] for d in days],
+            [from_micro(daily.get(d, [0, 0])[1]) for d in days],
+            [from_micro(int(v)) for v in window],
+            [from_micro(int(v)) for v in life],
+        )
+    total_reports = [sum(s.reports[i] for s in series.values()) for i in range(len(days))]
+    total_eps = [sum(s.epsilon[i] for s in series.values()) for i in range(len(days))]
+    total = Series(
+        total_reports,
+        total_eps,
+        [from_micro(int(v)) for v in total_window],
+        [from_micro(int(v)) for v in total_life],
+    )
+    return Timeline(
+        [day_date(d).isoformat() for d in days],
+        series,
+        total,
+        ledger.device_loss(device_id, now=now),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """Histogram and quantiles of per-device cumulative epsilon for one use case."""
+
+    use_case: str
+    scope: str
+    devices: int
+    quantiles: dict[str, float]
+    bin_edges: list[float]
+    counts: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return asdict(self)
+
+
+def _spends(ledger: Ledger, use_case: str, scope: str, now: datetime) -> dict[str, int]:
+    """Per-device micro-epsilon of one use case, in its window or over the lifetime."""
+    out: dict[str, int] = defaultdict(int)
+    if scope == "window":
+        rows = (r for r in ledger.window_spend_rows(now=now) if r[1] == use_case)
+    else:
+        rows = (r for r in ledger.lifetime_rows() if r[1] == use_case)
+    for dk, _, eps, n in rows:
+        out[dk] += eps * n
+    return out
+
+
+def distribution(
+    ledger: Ledger, use_case: str, *, now: datetime, scope: str = "window", bins: int = 20
+) -> Distribution:
+    """Where the devices of ``use_case`` stand (devices with at least one charge)."""
+    if scope not in ("window", "lifetime"):
+        raise InvalidRequest("scope", f"must be 'window' or 'lifetime', got {scope!r}")
+    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= 200:
+        raise InvalidRequest("bins", "must be an integer from 1 to 200")
+    ledger.policies.get(use_case)  # UnknownUseCase for a name never defined or retired
+    values = np.array(sorted(_spends(ledger, use_case, scope, now).values()), dtype=np.int64)
+    if values.size == 0:
+        return Distribution(use_case, scope, 0, {}, [], [])
+    eps = values / 1_000_000
+    qs = np.percentile(values, [50, 90, 99, 100], method="inverted_cdf")
+    counts, edges = np.histogram(eps, bins=bins)
+    return Distribution(
+        use_case,
+        scope,
+        int(values.size),
+        {k: from_micro(int(v)) for k, v in zip(("p50", "p90", "p99", "max"), qs, strict=True)},
+        [float(e) for e in edges],
+        [int(c) for c in counts],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """What a proposed policy would do on the live ledger today; nothing is changed."""
+
+    use_case: str
+    current_version: int
+    devices_in_window: int
+    refused_next_report_today: dict[str, int]
+    over_window_cap: dict[str, int]
+    over_lifetime_cap: dict[str, int]
+    effective_epsilon: dict[str, dict[str, Any]]
+    totals_allowed_per_day: dict[str, PrivacyLoss]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return asdict(self)
+
+
+def _refusals(
+    policy: PolicyCreate | Policy,
+    today: dict[str, int],
+    window: dict[str, int],
+    life: dict[str, int],
+) -> tuple[int, int, int]:
+    """Devices whose next report today is refused; devices over the window and lifetime caps."""
+    eps = to_micro(policy.epsilon_per_report)
+    wcap = None if policy.window_epsilon_cap is None else to_micro(policy.window_epsilon_cap)
+    lcap = None if policy.lifetime_epsilon_cap is None else to_micro(policy.lifetime_epsilon_cap)
+    refused = 0
+    for dk in set(today) | set(window) | set(life):
+        if (
+            today.get(dk, 0) >= policy.max_reports_per_day
+            or (wcap is not None and window.get(dk, 0) + eps > wcap)
+            or (lcap is not None and life.get(dk, 0) + eps > lcap)
+        ):
+            refused += 1
+    over_w = 0 if wcap is None else sum(1 for v in window.values() if v > wcap)
+    over_l = 0 if lcap is None else sum(1 for v in life.values() if v > lcap)
+    return refused, over_w, over_l
+
+
+def what_if(ledger: Ledger, use_case: str, proposed: PolicyCreate, *, now: datetime) -> WhatIf:
+    """Compare the current policy of ``use_case`` with ``proposed`` on today's ledger."""
+    current = ledger.policies.get(use_case)
+    if proposed.name != use_case:
+        raise InvalidRequest("name", f"must be {use_case!r}, the use case asked about")
+    day = utc_day(now)
+    budget = budget_key(current)
+    retention = max(current.retention_days, proposed.retention_days)
+    today: dict[str, int] = {}
+    window_cur: dict[str, int] = defaultdict(int)
+    window_new: dict[str, int] = defaultdict(int)
+    with ledger.engine.connect() as conn:
+        for dk, d, count, eps in conn.execute(
+            select(_DAILY.c.device_key, _DAILY.c.day, _DAILY.c.count, _DAILY.c.epsilon_micro).where(
+                and_(_DAILY.c.budget == budget, _DAILY.c.day > day - retention, _DAILY.c.day <= day)
+            )
+        ):
+            if int(d) == day:
+                today[dk] = int(count)
+            if int(d) > day - current.retention_days:
+                window_cur[dk] += int(eps)
+            if int(d) > day - proposed.retention_days:
+                window_new[dk] += int(eps)
+        life = {
+            dk: int(eps)
+            for dk, eps in conn.execute(
+                select(_ACCOUNTS.c.device_key, _ACCOUNTS.c.epsilon_micro).where(
+                    _ACCOUNTS.c.budget == budget
+                )
+            )
+        }
+    cur = _refusals(current, today, window_cur, life)
+    new = _refusals(proposed, today, window_new, life)
+
+    policies = list({p.name: p for p in ledger.all_policy_versions()}.values())
+    candidate = Policy(
+        **proposed.model_dump(),
+        version=current.version + 1,
+        active=True,
+        created_at=now,
+        actor="what-if",
+    )
+    window_rows = list(ledger.window_spend_rows(now=now))
+    lifetime_rows = list(ledger.lifetime_rows())
+
+    def line_and_total(ps: list[Policy]) -> tuple[UseCaseLine, PrivacyLoss]:
+        report = build_report(ps, day, window_rows, lifetime_rows, accountant=ledger.accountant)
+        line = next(x for x in report.use_cases if x.use_case == use_case)
+        return line, report.totals.allowed_per_day
+
+    before, before_total = line_and_total(policies)
+    after, after_total = line_and_total([candidate if p.name == use_case else p for p in policies])
+    keys = ("epsilon_per_day", "epsilon_per_window", "epsilon_per_year", "lifetime_bounded")
+    return WhatIf(
+        use_case=use_case,
+        current_version=current.version,
+        devices_in_window=len(set(window_cur) | set(window_new)),
+        refused_next_report_today={"current": cur[0], "proposed": new[0]},
+        over_window_cap={"current": cur[1], "proposed": new[1]},
+        over_lifetime_cap={"current": cur[2], "proposed": new[2]},
+        effective_epsilon={
+            k: {"current": getattr(before, k), "proposed": getattr(after, k)} for k in keys
+        },
+        totals_allowed_per_day={"current": before_total, "proposed": after_total},
+    )

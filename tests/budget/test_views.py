@@ -1,0 +1,79 @@
+"""Audit views: a device's timeline, a use case's distribution, what-if on the live ledger."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from budget import InvalidRequest, Ledger, UnknownUseCase
+from budget.batch import BatchItem, charge_batch
+from budget.views import device_timeline, distribution, what_if
+from policies import PolicyUpdate
+
+NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
+
+
+def test_timeline_cumulates_window_and_lifetime_across_a_purge(ledger: Ledger) -> None:
+    ledger.policies.update("emoji", PolicyUpdate(retention_days=3))
+    for back in (10, 2, 1, 0):
+        ledger.charge("dev", "emoji", now=NOW - timedelta(days=back))
+    ledger.charge("dev", "lookup-hints", now=NOW)
+    ledger.charge("dev", "lookup-hints", now=NOW)
+    ledger.purge(now=NOW)  # drops the emoji charge of 10 days ago (kept in lifetime totals)
+    t = device_timeline(ledger, "dev", now=NOW)
+    assert t.days[0] == "2026-11-20" and t.days[-1] == "2026-11-22"
+    emoji = t.use_cases["emoji"]
+    assert emoji.reports == [1, 1, 1]
+    assert emoji.window == [4.0, 8.0, 12.0]  # three days in a 3-day window
+    assert emoji.lifetime == [8.0, 12.0, 16.0]  # the purged report is carried
+    lookup = t.use_cases["lookup-hints"]
+    assert lookup.reports == [0, 0, 2] and lookup.lifetime == [0.0, 0.0, 8.0]
+    assert t.total.lifetime[-1] == 24.0 and t.total.window[-1] == 20.0
+    assert t.loss.lifetime_total is not None and t.loss.lifetime_total.epsilon_basic == 24.0
+    with pytest.raises(InvalidRequest):
+        device_timeline(ledger, "", now=NOW)
+
+
+def test_an_unknown_device_has_an_empty_timeline(ledger: Ledger) -> None:
+    t = device_timeline(ledger, "nobody", now=NOW)
+    assert t.days == ["2026-11-22"] and t.use_cases == {} and t.total.lifetime == [0.0]
+
+
+def test_distribution_histogram_and_quantiles(ledger: Ledger) -> None:
+    items = [BatchItem(f"d{i}", "lookup-hints") for i in range(100)]
+    items += [BatchItem(f"d{i}", "lookup-hints") for i in range(10)]  # ten devices twice
+    charge_batch(ledger.gate, items, now=NOW)
+    d = distribution(ledger, "lookup-hints", now=NOW, bins=4)
+    assert d.devices == 100 and sum(d.counts) == 100
+    assert d.quantiles == {"p50": 4.0, "p90": 4.0, "p99": 8.0, "max": 8.0}
+    assert d.bin_edges[0] == 4.0 and d.bin_edges[-1] == 8.0
+    assert d.counts[0] == 90 and d.counts[-1] == 10
+    life = distribution(ledger, "lookup-hints", now=NOW, scope="lifetime")
+    assert life.devices == 100
+    assert distribution(ledger, "emoji", now=NOW).devices == 0
+    with pytest.raises(InvalidRequest, match="scope"):
+        distribution(ledger, "emoji", now=NOW, scope="day")
+    with pytest.raises(UnknownUseCase):
+        distribution(ledger, "nope", now=NOW)
+
+
+def test_what_if_counts_refusals_and_changes_nothing(ledger: Ledger) -> None:
+    items = [
+        BatchItem(f"d{i}", "lookup-hints") for i in range(20) for _ in range(2 if i < 5 else 1)
+    ]
+    charge_batch(ledger.gate, items, now=NOW)
+    before = (ledger.audit.head(), ledger.policies.get("lookup-hints").version)
+    current = ledger.policies.get("lookup-hints")
+    proposed = PolicyUpdate(max_reports_per_day=1, window_epsilon_cap=6.0).apply_to(current)
+    result = what_if(ledger, "lookup-hints", proposed, now=NOW)
+    assert result.devices_in_window == 20
+    assert result.refused_next_report_today == {"current": 5, "proposed": 20}
+    assert result.over_window_cap == {"current": 0, "proposed": 5}  # 8 > 6
+    assert result.effective_epsilon["epsilon_per_day"] == {"current": 8.0, "proposed": 4.0}
+    assert result.effective_epsilon["epsilon_per_window"] == {"current": 720.0, "proposed": 6.0}
+    assert result.totals_allowed_per_day["current"].epsilon_basic == 54.0
+    assert result.totals_allowed_per_day["proposed"].epsilon_basic == 54.0 - 4.0
+    assert (ledger.audit.head(), ledger.policies.get("lookup-hints").version) == before
+    with pytest.raises(InvalidRequest, match="name"):
+        what_if(ledger, "emoji", proposed, now=NOW)
