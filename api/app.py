@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -35,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.committer import GroupCommitter
+from api.dashboard import EstimatePanel, render_dashboard
 from api.ingest import Ingestor, PolicyChanged, SubmitRequest
 from api.jobs import JOBS, RUNTIMES, Runtime, run_job, start_scheduler
 from api.pipeline import load_sketch
@@ -54,10 +55,20 @@ from budget import (
     init_db,
     utc_day,
 )
+from budget.audit import Verification
 from budget.clock import day_date
 from budget.report import EffectiveEpsilonReport
-from budget.views import Distribution, Timeline, WhatIf, device_timeline, distribution, what_if
+from budget.views import (
+    Distribution,
+    Timeline,
+    WhatIf,
+    cumulative_series,
+    device_timeline,
+    distribution,
+    what_if,
+)
 from mechanisms import InvalidReport, SfpSketch
+from mechanisms.sfp import DiscoveredWord
 from policies import DEFAULT_POLICIES, Policy, PolicyBase, PolicyCreate, PolicyPublic, budget_key
 
 __all__ = ["create_app"]
@@ -916,6 +927,87 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         return what_if(ledger, name, PolicyCreate.model_validate(data), now=clock.now())
 
     report_cache: dict[float | None, tuple[float, EffectiveEpsilonReport]] = {}
+    verify_cache: dict[str, tuple[float, Verification]] = {}
+    page_cache: dict[tuple[str | None, tuple[str, ...]], tuple[float, str]] = {}
+    discovered: dict[tuple[str, int, int, int], list[DiscoveredWord]] = {}
+
+    def cached_report(ledger: Ledger, delta: float | None) -> EffectiveEpsilonReport:
+        cached = report_cache.get(delta)
+        if cached is not None and time.monotonic() < cached[0]:
+            return cached[1]
+        report = ledger.effective_epsilon(now=clock.now(), delta=delta)
+        report_cache[delta] = (time.monotonic() + settings.report_cache_seconds, report)
+        return report
+
+    def cached_verification(ledger: Ledger) -> Verification:
+        cached = verify_cache.get("chain")
+        if cached is not None and time.monotonic() < cached[0]:
+            return cached[1]
+        result = ledger.audit.verify()
+        verify_cache["chain"] = (time.monotonic() + settings.verify_cache_seconds, result)
+        return result
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def dashboard(
+        ledger: LedgerDep,
+        ingestor: IngestorDep,
+        estimate: Annotated[str | None, Query(max_length=63)] = None,
+        candidates: Annotated[list[str] | None, Query(max_length=1000)] = None,
+    ) -> HTMLResponse:
+        """The dashboard page (:mod:`api.dashboard`).
+
+        ``?estimate=NAME&candidates=...`` adds a dictionary's estimates beside SFP's words.
+        """
+        key = (estimate, tuple(candidates or ()))
+        cached = page_cache.get(key)
+        if cached is not None and time.monotonic() < cached[0]:
+            return HTMLResponse(cached[1])
+        now = clock.now()
+        today = utc_day(now)
+        policies = ledger.policies.list()
+        panels = []
+        for p in policies:
+            if p.mechanism != "sfp" and p.name != estimate:
+                continue
+            sketch, _ = load_sketch(ledger, ingestor, p, today - p.retention_days + 1, today)
+            if isinstance(sketch, SfpSketch):
+                found_key = (p.name, p.version, today, sketch.n)
+                found = discovered.get(found_key)
+                if found is None:  # seconds for a full sketch: once per sketch state
+                    found = sketch.discover_detailed(threshold=p.publish_threshold or None)
+                    if len(discovered) > 16:
+                        discovered.clear()
+                    discovered[found_key] = found
+                rows = [(w.word, w.count, w.stderr) for w in found]
+                panels.append(EstimatePanel(p.name, f"{p.name}: discovered words", sketch.n, rows))
+            elif candidates:
+                est = sketch.estimate(candidates)
+                rows = sorted(
+                    (
+                        (str(c), float(n), float(s))
+                        for c, n, s in zip(est.candidates, est.counts, est.stderr, strict=True)
+                        if n >= p.publish_threshold
+                    ),
+                    key=lambda r: -r[1],
+                )
+                panels.append(EstimatePanel(p.name, f"{p.name}: estimates", est.n, rows))
+        if estimate is not None and estimate not in {p.name for p in policies}:
+            raise UnknownUseCase(estimate)
+        page = render_dashboard(
+            policies=policies,
+            report=cached_report(ledger, None),
+            series=[cumulative_series(ledger, p.name, now=now) for p in policies],
+            distributions=[distribution(ledger, p.name, now=now) for p in policies],
+            estimates=panels,
+            chain=cached_verification(ledger),
+            hint="Add ?estimate=USE_CASE&candidates=a&candidates=b for a dictionary's estimates."
+            " JSON for all of this: /v1/audit/effective-epsilon, /v1/audit/use-cases/NAME/"
+            "distribution, /v1/audit/verify; API documentation at /docs.",
+        )
+        page_cache[key] = (time.monotonic() + settings.report_cache_seconds, page)
+        if len(page_cache) > 64:
+            page_cache.pop(next(iter(page_cache)))
+        return HTMLResponse(page)
 
     @app.get("/v1/audit/effective-epsilon", response_model=EffectiveEpsilonReport, tags=["audit"])
     def effective_epsilon(
@@ -932,12 +1024,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         it names no device. Recomputed at most every ``report_cache_seconds``; ``as_of`` and
         ``provenance`` say how it was computed.
         """
-        cached = report_cache.get(delta)
-        if cached is not None and time.monotonic() < cached[0]:
-            return cached[1]
-        report = ledger.effective_epsilon(now=clock.now(), delta=delta)
-        report_cache[delta] = (time.monotonic() + settings.report_cache_seconds, report)
-        return report
+        return cached_report(ledger, delta)
 
     @app.post("/v1/admin/jobs/{job}:run", tags=["operations"])
     def run_job_now(job: str, request: Request, _admin: None = AdminDep) -> dict[str, Any]:

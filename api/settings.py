@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     )
     audit_key_file: Path = Field(default=Path("dpgov-audit.key"))
     checkpoint_seconds: int = Field(default=300, ge=1, description="Audit checkpoint interval.")
+    verify_cache_seconds: float = Field(
+        default=300.0, ge=0, description="How long the dashboard shows one chain verification."
+    )
     report_cache_seconds: float = Field(
         default=30.0, ge=0, description="How long an effective-epsilon report is served again."
     )

@@ -243,7 +243,7 @@ class Ledger:
                 for r in result:
                     yield str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5])
 
-    def lifetime_rows(self) -> Iterator[tuple[str, str, int, int]]:
+    def lifetime_rows(self, use_case: str | None = None) -> Iterator[tuple[str, str, int, int]]:
         """The lifetime multiset: ``(device key, use case, micro-epsilon, count)``."""
         with self.engine.connect() as conn:
             query = select(
@@ -252,15 +252,21 @@ class Ledger:
                 _LIFETIME.c.epsilon_micro,
                 _LIFETIME.c.count,
             ).order_by(_LIFETIME.c.device_key, _LIFETIME.c.use_case, _LIFETIME.c.epsilon_micro)
+            if use_case is not None:
+                query = query.where(_LIFETIME.c.use_case == use_case)
             with conn.execution_options(yield_per=20_000).execute(query) as result:
                 for r in result:
                     yield str(r[0]), str(r[1]), int(r[2]), int(r[3])
 
-    def window_spend_rows(self, *, now: datetime) -> Iterator[tuple[str, str, int, int]]:
+    def window_spend_rows(
+        self, *, now: datetime, use_case: str | None = None
+    ) -> Iterator[tuple[str, str, int, int]]:
         """Each active use case's charges in its own window, grouped per device and epsilon."""
         day = utc_day(now)
         with self.engine.connect() as conn:
             for policy in self.policies.list_in(conn):
+                if use_case is not None and policy.name != use_case:
+                    continue
                 cutoff = day - policy.retention_days
                 query = (
                     select(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro, func.count())

@@ -23,7 +23,16 @@ from budget.report import UseCaseLine, build_report
 from budget.tables import Account, Charge, DailySpend, LifetimeTotal
 from policies.model import Policy, PolicyCreate, budget_key, from_micro, to_micro
 
-__all__ = ["Distribution", "Timeline", "WhatIf", "device_timeline", "distribution", "what_if"]
+__all__ = [
+    "CumulativeSeries",
+    "Distribution",
+    "Timeline",
+    "WhatIf",
+    "cumulative_series",
+    "device_timeline",
+    "distribution",
+    "what_if",
+]
 
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
 _LIFETIME = LifetimeTotal.__table__  # type: ignore[attr-defined]
@@ -149,9 +158,9 @@ def _spends(ledger: Ledger, use_case: str, scope: str, now: datetime) -> dict[st
     """Per-device micro-epsilon of one use case, in its window or over the lifetime."""
     out: dict[str, int] = defaultdict(int)
     if scope == "window":
-        rows = (r for r in ledger.window_spend_rows(now=now) if r[1] == use_case)
+        rows = ledger.window_spend_rows(now=now, use_case=use_case)
     else:
-        rows = (r for r in ledger.lifetime_rows() if r[1] == use_case)
+        rows = ledger.lifetime_rows(use_case)
     for dk, _, eps, n in rows:
         out[dk] += eps * n
     return out
@@ -287,4 +296,83 @@ def what_if(ledger: Ledger, use_case: str, proposed: PolicyCreate, *, now: datet
             k: {"current": getattr(before, k), "proposed": getattr(after, k)} for k in keys
         },
         totals_allowed_per_day={"current": before_total, "proposed": after_total},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CumulativeSeries:
+    """Per day of the window: the most-spent and the p99 device's cumulative epsilon."""
+
+    use_case: str
+    days: list[str]
+    max: list[float]
+    p99: list[float]
+    devices: int
+    sampled: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return asdict(self)
+
+
+def cumulative_series(
+    ledger: Ledger, use_case: str, *, now: datetime, max_cells: int = 4_000_000
+) -> CumulativeSeries:
+    """How far the top devices of ``use_case`` have spent over its window, day by day.
+
+    The maximum is exact (cumulative spend only grows, so each day's maximum is the larger of
+    the day before's and that day's reporters'). The p99 is over every device when
+    ``devices x days <= max_cells``, else over the devices first in pseudonym order, a uniform
+    sample since pseudonyms are HMAC outputs; ``sampled`` says how many.
+    """
+    policy = ledger.policies.get(use_case)
+    today = utc_day(now)
+    first = today - policy.retention_days + 1
+    n_days = policy.retention_days
+    with ledger.engine.connect() as conn:
+        c = _CHARGES.c
+        rows = conn.execute(
+            select(c.device_key, c.day, func.sum(c.epsilon_micro))
+            .where(and_(c.use_case == use_case, c.day >= first, c.day <= today))
+            .group_by(c.device_key, c.day)
+            .order_by(c.device_key, c.day)
+        ).all()
+    days = [day_date(d).isoformat() for d in range(first, today + 1)]
+    if not rows:
+        zeros = [0.0] * n_days
+        return CumulativeSeries(use_case, days, zeros, list(zeros), 0, 0)
+    keys = np.array([r[0] for r in rows])
+    day_idx = np.array([int(r[1]) - first for r in rows], dtype=np.int64)
+    eps = np.array([int(r[2]) for r in rows], dtype=np.int64)
+    _, device, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    # cumulative spend of each device at each of its charge days (rows are in device order)
+    running = np.cumsum(eps)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    offsets = np.repeat(running[starts] - eps[starts], counts)
+    cumulative = running - offsets
+    top = np.zeros(n_days, dtype=np.int64)
+    np.maximum.at(top, day_idx, cumulative)
+    top = np.maximum.accumulate(top)
+    n_devices = len(counts)
+    sampled = min(n_devices, max(1, max_cells // n_days))
+    grid = np.zeros((sampled, n_days), dtype=np.int64)
+    keep = device < sampled
+    np.add.at(grid, (device[keep], day_idx[keep]), eps[keep])
+    grid = np.cumsum(grid, axis=1)
+    p99 = []
+    for d in range(n_days):
+        column = grid[:, d]
+        active = column[column > 0]
+        p99.append(
+            from_micro(int(np.percentile(active, 99, method="inverted_cdf")))
+            if active.size
+            else 0.0
+        )
+    return CumulativeSeries(
+        use_case,
+        days,
+        [from_micro(int(v)) for v in top],
+        p99,
+        n_devices,
+        sampled,
     )

@@ -326,6 +326,8 @@ class SfpSketch:
                 ``4`` standard errors of a zero-count word (the noise floor).
         """
         check_int("top_fragments", top_fragments, 1, 1 << 16)
+        if self.n == 0:
+            return []  # nothing to discover (and the fragment scan below costs seconds)
         p = self.params
         items, counts = self.fragment_estimates()
         per_piece: list[defaultdict[int, list[str]]] = []
