@@ -10,7 +10,7 @@ from typing import Annotated
 
 import numpy as np
 import typer
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from api.app import init_service_db
 from api.ingest import Ingestor
@@ -25,7 +25,7 @@ from api.simulation import (
 )
 from budget import Ledger, PolicyConflict, SystemClock, UnknownUseCase, create_db_engine
 from budget.export import export_ledger, read_export, report_from_export
-from budget.report import render_text
+from budget.report import EffectiveEpsilonReport, render_text
 from mechanisms import CMS, HCMS, SFP
 from policies import PolicyFileError, dump_policies, load_policies
 
@@ -187,6 +187,15 @@ def demo(
                 else f"caps: window {row['window_cap']}, lifetime {row['lifetime_cap']}"
             )
         )
+    report = TypeAdapter(EffectiveEpsilonReport).validate_python(result.effective_epsilon)
+    print()
+    print(render_text(report), end="")
+    chain = result.audit
+    print(
+        f"\nAudit log: {'verified' if chain['ok'] else 'FAILED: ' + str(chain['problem'])},"
+        f" {chain['entries']:,d} entries, signed checkpoint at entry"
+        f" {chain['latest_checkpoint_seq']}."
+    )
 
 
 # -- service commands -----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ th:first-child,td:first-child{text-align:left}th{background:#eef1f5}
 padding:8px}.ok{color:#0a7d32}.bad{color:#b3261e}.muted{color:#65707d}
 svg text{font:11px system-ui,sans-serif;fill:#444}
 """
+_EMPTY = '<p class="muted">no charges in the window</p>'
 _COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563"]
 
 
@@ -81,7 +82,7 @@ def _line_chart(series: CumulativeSeries, color: str) -> str:
 def _histogram(dist: Distribution, color: str) -> str:
     width, height = 300, 120
     if not dist.counts:
-        return '<p class="muted">no charges in the window</p>'
+        return _EMPTY
     most = max(dist.counts)
     bar = (width - 10) / len(dist.counts)
     bars = "".join(
@@ -173,7 +174,7 @@ def render_dashboard(
     charts = "".join(
         f'<div class="card"><b>{escape(s.use_case)}</b> <span class="muted">'
         f"{s.devices} devices{'' if s.sampled == s.devices else f', p99 of {s.sampled}'}"
-        f"</span><br>{_line_chart(s, _COLORS[i % len(_COLORS)])}</div>"
+        f"</span><br>{_line_chart(s, _COLORS[i % len(_COLORS)]) if s.devices else _EMPTY}</div>"
         for i, s in enumerate(series)
     )
     hists = "".join(

@@ -52,6 +52,8 @@ class DemoResult:
     spend: list[dict[str, Any]]
     spend_device: str
     seconds: float
+    effective_epsilon: dict[str, Any]
+    audit: dict[str, Any]
 
 
 def _free_port() -> int:
@@ -170,6 +172,12 @@ def _simulate(
         for row in sample:
             if row["epsilon_lifetime"] > 0:
                 spend.append(row)
+        client.run_job("checkpoint")
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        report = httpx.get(base + "/v1/audit/effective-epsilon", timeout=600)
+        report.raise_for_status()
+        audit = httpx.get(base + "/v1/audit/verify", headers=admin, timeout=600)
+        audit.raise_for_status()
     return DemoResult(
         devices=devices,
         days=days,
@@ -182,4 +190,6 @@ def _simulate(
         spend=spend,
         spend_device=ids[0],
         seconds=time.perf_counter() - start,
+        effective_epsilon=report.json(),
+        audit=audit.json(),
     )

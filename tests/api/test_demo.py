@@ -25,6 +25,11 @@ def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
         "emoji": 8.0,
         "quicktype": 16.0,
     }
+    lines = {u["use_case"]: u for u in result.effective_epsilon["use_cases"]}
+    assert lines["emoji"]["spent_window"]["max"] == 8.0  # 2 days x 4
+    assert lines["emoji"]["spent_window"]["devices"] == 3000
+    assert lines["quicktype"]["spent_lifetime"]["median"] == 16.0  # 2 days x one 8-report
+    assert result.audit["ok"] and result.audit["latest_checkpoint_seq"] == result.audit["entries"]
 
 
 def test_demo_cli_validates_its_options() -> None:
