@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -276,6 +277,13 @@ def test_a_forged_checkpoint_is_caught(ledger: Ledger) -> None:
     other.checkpoint(now=NOW)  # signed with a key that is not the service's
     result = ledger.audit.verify()
     assert not result.ok and "signature" in str(result.problem)
+
+
+def test_tags_are_hmac_sha256(ledger: Ledger) -> None:
+    for key in (b"k" * 32, b"long" * 40):
+        log = AuditLog(ledger.engine, key)
+        expected = hmac.new(key, b"ab" * 32, hashlib.sha256).hexdigest()
+        assert log.tag("ab" * 32) == expected
 
 
 def test_record_outside_a_transaction_and_entries_are_canonical(ledger: Ledger) -> None:
