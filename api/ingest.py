@@ -20,7 +20,7 @@ from sqlalchemy import Connection
 from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
 from budget.db import placeholder
-from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
+from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
 from mechanisms import CMS, HCMS, SFP, InvalidReport
 from policies import Policy, mechanism_for
 from policies.errors import PolicyError
@@ -75,9 +75,28 @@ class Ingestor:
         self._mac = hmac.new(secret, digestmod="sha256")
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         ph = placeholder(ledger.engine)
+        self._version_sql = (
+            f"SELECT version, active FROM policies WHERE name = {ph} ORDER BY version DESC LIMIT 1"
+        )
         self._inbox_sql = (
             f"INSERT INTO inbox (use_case, params, day, payload) VALUES ({ph}, {ph}, {ph}, {ph})"
         )
+
+    def current(self, use_case: str) -> tuple[Mechanism, str, int]:
+        """The current policy's mechanism, parameter hash and version.
+
+        One indexed lookup of the current version; policy versions are immutable, so each is
+        parsed once (parsing a policy row costs more than a small group's charges).
+        """
+        with self.ledger.engine.connect() as conn:
+            row = conn.exec_driver_sql(self._version_sql, (use_case,)).first()
+        if row is None or not row[1]:
+            raise UnknownUseCase(use_case)
+        version = int(row[0])
+        found = self._mechanisms.get((use_case, version))
+        if found is None:
+            found = self.mechanism(self.ledger.policies.get(use_case, version))
+        return (*found, version)
 
     def mechanism(self, policy: Policy) -> tuple[Mechanism, str]:
         """The policy's mechanism and its parameter hash (cached per version)."""
@@ -115,8 +134,7 @@ class Ingestor:
             found = current.get(req.use_case)
             if found is None:
                 try:
-                    policy = self.ledger.policies.get(req.use_case)
-                    found = (*self.mechanism(policy), policy.version)
+                    found = self.current(req.use_case)
                 except (BudgetError, PolicyError) as exc:
                     found = exc
                 current[req.use_case] = found
