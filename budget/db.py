@@ -84,6 +84,13 @@ def init_db(engine: Engine) -> None:
     import policies.model  # noqa: F401 - registers the policy table
 
     SQLModel.metadata.create_all(engine)
+    with engine.connect() as conn:
+        key = conn.execute(text("SELECT device_key FROM accounts LIMIT 1")).scalar()
+    if key is not None and len(key) != 32:
+        raise RuntimeError(
+            "this database holds device keys in the pre-release 256-bit format; device keys"
+            " are now 128-bit, so its budgets would not carry over: start from a new database"
+        )
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Connection, func, select, text
 
-from budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase
+from budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase, init_db
 from budget.tables import Charge, DailySpend, LifetimeTotal
 from policies import PolicyCreate, PolicyUpdate
 
@@ -289,3 +289,16 @@ def test_population_accounting_window_and_lifetime(ledger: Ledger) -> None:
     assert after == {}
     with pytest.raises(UnknownUseCase):
         ledger.window_totals(now=NOW, use_case="nope")
+
+
+def test_a_database_with_old_format_device_keys_is_refused(ledger: Ledger) -> None:
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO accounts (device_key, budget, count, epsilon_micro)"
+                " VALUES (:k, 'x', 1, 1)"
+            ),
+            {"k": "a" * 64},
+        )
+    with pytest.raises(RuntimeError, match="128-bit"):
+        init_db(ledger.engine)
