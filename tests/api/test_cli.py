@@ -68,3 +68,12 @@ def test_console_entry_point_runs_in_a_real_process() -> None:
         check=False,
     )
     assert bad.returncode != 0 and "--devices" in bad.stderr
+
+
+def test_selftest_audits_every_default_randomizer() -> None:
+    result = runner.invoke(app, ["selftest", "--samples", "100000", "--seed", "5"])
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.rstrip().endswith(" ok")]
+    assert len(lines) == 7
+    bad = runner.invoke(app, ["selftest", "--samples", "5"])
+    assert bad.exit_code != 0 and "--samples" in bad.output

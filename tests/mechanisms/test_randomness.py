@@ -61,3 +61,52 @@ def test_os_path_never_touches_numpy_random(monkeypatch: pytest.MonkeyPatch) -> 
 def test_rejects_degenerate_probabilities(p: float) -> None:
     with pytest.raises(ValueError, match="`p`"):
         threshold_bytes(p)
+
+
+DEVICE_MECHANISMS = ["emoji", "safari-energy-domains", "quicktype"]
+
+
+@pytest.mark.parametrize("name", DEVICE_MECHANISMS)
+def test_the_device_path_uses_only_the_os_csprng(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from policies import default_policies, mechanism_for
+
+    mech = mechanism_for(next(p for p in default_policies() if p.name == name))
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("numpy or stdlib randomness used on the device path")
+
+    forbid_numpy_and_stdlib_random(monkeypatch, boom)
+    reports = [mech.privatize_one(f"value-{i}").to_dict() for i in range(100)]
+    assert len(reports) == 100
+
+
+@pytest.mark.parametrize("name", DEVICE_MECHANISMS)
+def test_the_randomness_drawn_does_not_depend_on_the_input(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same byte requests and the same number of bounded draws for every input."""
+    import mechanisms.randomness as randomness
+    from policies import default_policies, mechanism_for
+
+    mech = mechanism_for(next(p for p in default_policies() if p.name == name))
+    calls: list[tuple[str, int]] = []
+    real_bytes, real_below = randomness.secrets.token_bytes, randomness.secrets.randbelow
+
+    def token_bytes(n: int) -> bytes:
+        calls.append(("bytes", n))
+        return real_bytes(n)
+
+    def randbelow(n: int) -> int:
+        calls.append(("below", n))
+        return real_below(n)
+
+    monkeypatch.setattr(randomness.secrets, "token_bytes", token_bytes)
+    monkeypatch.setattr(randomness.secrets, "randbelow", randbelow)
+    seen = []
+    for value in ("a", "a much longer value than the first", "ü😂", ""):
+        calls.clear()
+        mech.privatize_one(value)
+        seen.append(list(calls))
+    assert all(s == seen[0] for s in seen), seen
