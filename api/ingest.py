@@ -114,6 +114,11 @@ class Ingestor:
         mac.update(f"receipt:{decision.use_case}:{decision.charge_id}".encode())
         return mac.digest()[:16].hex()
 
+    def store_reports(self, conn: Connection, rows: list[tuple[str, str, int, str]]) -> None:
+        """Insert ``(use case, params, day, payload)`` inbox rows in the charges' transaction."""
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor.executemany(self._inbox_sql, rows)
+
     def submit_group(
         self, requests: list[SubmitRequest], *, now: datetime
     ) -> list[Decision | Exception]:
@@ -160,11 +165,8 @@ class Ingestor:
                 found = current[d.use_case]
                 if isinstance(found, Exception) or d.policy_version != found[2]:
                     raise PolicyChanged(d.use_case)
-            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            cursor.executemany(
-                self._inbox_sql,
-                [(payloads[n][0], payloads[n][1], d.day, payloads[n][2]) for n, d in accepted],
-            )
+            rows = [(payloads[n][0], payloads[n][1], d.day, payloads[n][2]) for n, d in accepted]
+            self.store_reports(conn, rows)
 
         if batch:
             results = charge_batch(self.ledger.gate, batch, now=now, on_accept=enqueue)
