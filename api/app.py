@@ -20,6 +20,7 @@ import orjson
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -32,6 +33,8 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 from pydantic import Field as PydField
 from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.committer import GroupCommitter
@@ -320,6 +323,27 @@ class BatchResult(BaseModel):
     results: list[BatchItemResult]
 
 
+class ErrorBody(BaseModel):
+    """An error: ``detail`` says what is wrong (a list of field errors for 422)."""
+
+    detail: str | list[dict[str, Any]]
+    field: str | None = None
+
+
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        400: "A body that cannot be read (not UTF-8, not the declared encoding).",
+        401: "No credentials: `X-Device-Id` or `Authorization: Bearer <admin token>`.",
+        403: "Credentials that do not allow this.",
+        404: "Unknown use case (or route).",
+        409: "Idempotency-key or policy conflict.",
+        413: "Body or batch too large.",
+        429: "A budget cap or a rate limit; see `Retry-After`.",
+    }.items()
+}
+
+
 class AuditVerification(BaseModel):
     """The audit chain's state: entries checked, head, checkpoints, and the first failure."""
 
@@ -404,6 +428,7 @@ def _errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any
                 "loc": loc,
                 "field": ".".join(loc[1:] if loc and loc[0] == "body" else loc),
                 "msg": str(err.get("msg")),
+                "type": str(err.get("type", "value_error")),
             }
         )
     return out
@@ -524,6 +549,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
             engine.dispose()
 
     app = FastAPI(
+        responses=_ERROR_RESPONSES,
         title="dp-governor",
         version="0.1.0",
         description="Privacy accounting and budget governance for local-DP telemetry.",
@@ -551,6 +577,19 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
 
     for error in DOMAIN_ERRORS:
         app.add_exception_handler(error, _domain)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Allow: every method of every route on this path
+            methods = {
+                m
+                for route in app.router.routes
+                if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE
+                for m in route.methods or ()
+            }
+            headers["Allow"] = ", ".join(sorted(methods))
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     def is_admin(authorization: str | None) -> bool:
         return _is_admin(settings, authorization)
@@ -1064,13 +1103,11 @@ def error_response(exc: Exception) -> JSONResponse | None:
     """The one mapping of domain errors to HTTP answers (``None``: not a domain error)."""
     if isinstance(exc, InvalidReport):
         loc = ["body", *exc.field.split(".")]
-        return JSONResponse(
-            {"detail": [{"loc": loc, "field": exc.field, "msg": str(exc)}]}, status_code=422
-        )
+        item = {"loc": loc, "field": exc.field, "msg": str(exc), "type": "value_error"}
+        return JSONResponse({"detail": [item]}, status_code=422)
     if isinstance(exc, InvalidRequest):
-        return JSONResponse(
-            {"detail": [{"loc": [exc.field], "field": exc.field, "msg": str(exc)}]}, status_code=422
-        )
+        item = {"loc": [exc.field], "field": exc.field, "msg": str(exc), "type": "value_error"}
+        return JSONResponse({"detail": [item]}, status_code=422)
     if isinstance(exc, UnknownUseCase):
         return JSONResponse({"detail": str(exc)}, status_code=404)
     if isinstance(exc, IdempotencyConflict):
