@@ -22,14 +22,21 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
+import pytest
+from sqlalchemy import text
 
+from budget import create_db_engine
+from budget.db import scratch_schema
 from policies import default_policies, mechanism_for
 
 TOKEN = "crash-admin-token-crash-admin-token"
+PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
 
 
 def _free_port() -> int:
@@ -41,13 +48,14 @@ def _free_port() -> int:
 class Server:
     """``dpgov serve`` in a subprocess that can be killed and restarted on the same port."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, url: str | None = None, workers: int = 1) -> None:
         self.tmp = tmp
+        self.workers = workers
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {
             **os.environ,
-            "DPGOV_DATABASE_URL": f"sqlite:///{tmp / 'crash.sqlite'}",
+            "DPGOV_DATABASE_URL": url or f"sqlite:///{tmp / 'crash.sqlite'}",
             "DPGOV_SECRET_FILE": str(tmp / "secret"),
             "DPGOV_AUDIT_KEY_FILE": str(tmp / "audit.key"),
             "DPGOV_ADMIN_TOKEN": TOKEN,
@@ -55,14 +63,17 @@ class Server:
             "DPGOV_DEVICE_RATE_PER_MINUTE": "100000",
         }
         self.proc: subprocess.Popen[bytes] | None = None
+        self.accepted: list[dict[str, object]] = []
+        self.flags = ["--workers", str(workers)]
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "api.cli", "serve", "--port", str(self.port), *self.flags],
             env=self.env,
             cwd=self.tmp,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its workers too: the kill takes the whole group
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -75,8 +86,9 @@ class Server:
 
     def kill(self) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
+        os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
+        time.sleep(0.2)  # orphaned workers, if any, die with the group
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -110,6 +122,31 @@ def _workload() -> list[tuple[str, str, dict[str, object], str]]:
 
 def test_sigkill_under_load_loses_nothing_and_overspends_nothing(tmp_path: Path) -> None:
     server = Server(tmp_path)
+    _chaos(server)
+    db = sqlite3.connect(tmp_path / "crash.sqlite")
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        _check(server, lambda sql: db.execute(sql).fetchall())
+    finally:
+        db.close()
+
+
+@pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is not set")
+def test_sigkill_with_four_workers_on_postgresql(tmp_path: Path) -> None:
+    assert PG_URL is not None
+    with scratch_schema(PG_URL, "crash") as url:
+        server = Server(tmp_path, url, workers=4)
+        _chaos(server)
+        engine = create_db_engine(url)
+        try:
+            with engine.connect() as conn:
+                _check(server, lambda sql: [tuple(r) for r in conn.execute(text(sql))])
+        finally:
+            engine.dispose()
+
+
+def _chaos(server: Server) -> None:
+    """Load, five SIGKILLs and restarts, a restart with a full inbox, flush and fold."""
     server.start()
     work = _workload()
     answers: dict[str, tuple[int, dict[str, object]]] = {}
@@ -162,8 +199,8 @@ def test_sigkill_under_load_loses_nothing_and_overspends_nothing(tmp_path: Path)
     assert len(answers) == len(work)
     statuses = Counter(status for status, _ in answers.values())
     assert set(statuses) <= {202, 429}, statuses
-    accepted = [body for status, body in answers.values() if status == 202]
 
+    server.accepted = [body for status, body in answers.values() if status == 202]
     # Restart once more with reports still in the inbox, then flush and fold.
     server.kill()
     server.start()
@@ -171,35 +208,33 @@ def test_sigkill_under_load_loses_nothing_and_overspends_nothing(tmp_path: Path)
     for job in ("flush-inbox", "aggregate"):
         ran = server.cli("jobs", "run", job)
         assert ran.returncode == 0, ran.stderr
-    db = sqlite3.connect(tmp_path / "crash.sqlite")
-    try:
-        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        charges = db.execute("SELECT use_case, day, id FROM charges").fetchall()
-        # every 202 has its charge: the receipt is an HMAC of the charge id
-        secret = (tmp_path / "secret").read_text().strip().encode()
-        receipts = {
-            hmac.new(secret, f"receipt:{uc}:{cid}".encode(), hashlib.sha256).hexdigest()[:32]
-            for uc, _, cid in charges
-        }
-        assert {b["receipt"] for b in accepted} <= receipts
-        assert len(charges) == len({b["receipt"] for b in accepted})  # and nothing else
-        per_case_day = Counter((uc, day) for uc, day, _ in charges)
-        stored = Counter(
-            (uc, day)
-            for uc, day in db.execute(
-                "SELECT use_case, day FROM reports UNION ALL SELECT use_case, day FROM inbox"
-            )
+
+
+def _check(server: Server, query: Callable[[str], list[tuple[Any, ...]]]) -> None:
+    """Every 202 charged and stored once; nothing over a cap; the chain verifies."""
+    accepted = server.accepted
+    charges = query("SELECT use_case, day, id FROM charges")
+    # every 202 has its charge: the receipt is an HMAC of the charge id
+    secret = (server.tmp / "secret").read_text().strip().encode()
+    receipts = {
+        hmac.new(secret, f"receipt:{uc}:{cid}".encode(), hashlib.sha256).hexdigest()[:32]
+        for uc, _, cid in charges
+    }
+    assert {b["receipt"] for b in accepted} <= receipts
+    assert len(charges) == len({b["receipt"] for b in accepted})  # and nothing else
+    per_case_day = Counter((uc, day) for uc, day, _ in charges)
+    stored = Counter(
+        (uc, day)
+        for uc, day in query(
+            "SELECT use_case, day FROM reports UNION ALL SELECT use_case, day FROM inbox"
         )
-        assert stored == per_case_day
-        assert db.execute("SELECT COUNT(*) FROM inbox").fetchone() == (0,)
-        folded = db.execute("SELECT COALESCE(SUM(n), 0) FROM sketches").fetchone()[0]
-        assert folded == len(charges)  # nothing aggregated twice
-        over = db.execute(
-            "SELECT COUNT(*) FROM daily_spend WHERE count > 2"  # every budget here allows 2/day
-        ).fetchone()
-        assert over == (0,)
-    finally:
-        db.close()
+    )
+    assert stored == per_case_day
+    assert query("SELECT COUNT(*) FROM inbox") == [(0,)]
+    folded = query("SELECT COALESCE(SUM(n), 0) FROM sketches")[0][0]
+    assert folded == len(charges)  # nothing aggregated twice
+    # every budget here allows 2 a day
+    assert query("SELECT COUNT(*) FROM daily_spend WHERE count > 2") == [(0,)]
     verified = server.cli("audit", "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert json.loads(verified.stdout)["ok"]
