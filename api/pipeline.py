@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+import orjson
 from sqlalchemy import Engine, and_, delete, func, select, update
 
 from api.ingest import Ingestor, Mechanism, params_hash
@@ -39,9 +39,12 @@ from policies import Policy, mechanism_for
 __all__ = [
     "AggregateResult",
     "aggregate",
+    "decode_payloads",
     "flush_inbox",
     "load_sketch",
     "purge",
+    "sketch_arrays",
+    "sketch_from_arrays",
     "sketch_from_bytes",
     "sketch_to_bytes",
 ]
@@ -90,56 +93,64 @@ def flush_inbox(engine: Engine, *, batch: int = 10_000) -> int:
     return moved
 
 
+def sketch_arrays(sketch: Sketch) -> dict[str, np.ndarray]:
+    """A sketch's whole state as named arrays (what persists and what crosses processes)."""
+    if isinstance(sketch, CmsSketch):
+        return {"counts": np.asarray(sketch.counts), "rows": np.asarray(sketch.row_counts)}
+    if isinstance(sketch, HcmsSketch):
+        return {"sums": np.asarray(sketch.sums), "rows": np.asarray(sketch.row_counts)}
+    arrays = {"word_counts": sketch.word.counts, "word_rows": sketch.word.row_counts}
+    for i, frag in enumerate(sketch.fragments):
+        arrays[f"frag{i}_counts"] = frag.counts
+        arrays[f"frag{i}_rows"] = frag.row_counts
+    return {name: np.asarray(a) for name, a in arrays.items()}
+
+
+def sketch_from_arrays(mechanism: Mechanism, arrays: Mapping[str, np.ndarray]) -> Sketch:
+    """Inverse of :func:`sketch_arrays` for the mechanism's parameters (validated)."""
+    if isinstance(mechanism, CMS):
+        return CmsSketch.from_arrays(mechanism, arrays["counts"], arrays["rows"])
+    if isinstance(mechanism, HCMS):
+        return HcmsSketch.from_arrays(mechanism, arrays["sums"], arrays["rows"])
+    sk = SfpSketch(mechanism)
+    sk.word = CmsSketch.from_arrays(mechanism.word_cms, arrays["word_counts"], arrays["word_rows"])
+    frag = mechanism.fragment_cms
+    sk.fragments = tuple(
+        CmsSketch.from_arrays(frag, arrays[f"frag{i}_counts"], arrays[f"frag{i}_rows"])
+        for i in range(len(sk.fragments))
+    )
+    return sk
+
+
 def sketch_to_bytes(sketch: Sketch) -> bytes:
     """Compressed arrays of a sketch's state (``numpy.savez_compressed``)."""
-    arrays: dict[str, Any]
-    if isinstance(sketch, CmsSketch):
-        arrays = {"counts": sketch.counts, "rows": sketch.row_counts}
-    elif isinstance(sketch, HcmsSketch):
-        arrays = {"sums": sketch.sums, "rows": sketch.row_counts}
-    else:
-        arrays = {"word_counts": sketch.word.counts, "word_rows": sketch.word.row_counts}
-        for i, frag in enumerate(sketch.fragments):
-            arrays[f"frag{i}_counts"] = frag.counts
-            arrays[f"frag{i}_rows"] = frag.row_counts
     buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
+    np.savez_compressed(buf, **sketch_arrays(sketch))  # type: ignore[arg-type]
     return buf.getvalue()
 
 
 def sketch_from_bytes(mechanism: Mechanism, data: bytes) -> Sketch:
     """Inverse of :func:`sketch_to_bytes` for the mechanism's parameters."""
     with np.load(io.BytesIO(data)) as arrays:
-        if isinstance(mechanism, CMS):
-            return CmsSketch.from_arrays(mechanism, arrays["counts"], arrays["rows"])
-        if isinstance(mechanism, HCMS):
-            return HcmsSketch.from_arrays(mechanism, arrays["sums"], arrays["rows"])
-        sk = SfpSketch(mechanism)
-        sk.word = CmsSketch.from_arrays(
-            mechanism.word_cms, arrays["word_counts"], arrays["word_rows"]
-        )
-        frag = mechanism.fragment_cms
-        sk.fragments = tuple(
-            CmsSketch.from_arrays(frag, arrays[f"frag{i}_counts"], arrays[f"frag{i}_rows"])
-            for i in range(len(sk.fragments))
-        )
-        return sk
+        return sketch_from_arrays(mechanism, arrays)
 
 
 def _cms_batch(bodies: list[dict[str, Any]], m: int) -> CmsReports:
     j = np.fromiter((b["j"] for b in bodies), dtype=np.int64, count=len(bodies))
     raw = b"".join(base64.b64decode(b["bits"]) for b in bodies)
-    bits = np.frombuffer(raw, dtype=np.uint8).reshape(len(bodies), (m + 7) // 8).copy()
+    bits = np.frombuffer(raw, dtype=np.uint8).reshape(len(bodies), (m + 7) // 8)
     return CmsReports(j, bits, m)
 
 
-def _batch(mechanism: Mechanism, payloads: Iterable[str]) -> CmsReports | HcmsReports | SfpReports:
-    """Stored JSON payloads (already validated at ingestion) as a report batch."""
-    bodies = [json.loads(p) for p in payloads]
+def decode_payloads(
+    mechanism: Mechanism, payloads: Iterable[str | bytes]
+) -> CmsReports | HcmsReports | SfpReports:
+    """Stored JSON payloads (already validated at ingestion) as one report batch."""
+    bodies = [orjson.loads(p) for p in payloads]
+    n = len(bodies)
     if isinstance(mechanism, CMS):
         return _cms_batch(bodies, mechanism.m)
     if isinstance(mechanism, HCMS):
-        n = len(bodies)
         return HcmsReports(
             np.fromiter((b["j"] for b in bodies), dtype=np.int64, count=n),
             np.fromiter((b["l"] for b in bodies), dtype=np.int64, count=n),
@@ -148,7 +159,7 @@ def _batch(mechanism: Mechanism, payloads: Iterable[str]) -> CmsReports | HcmsRe
     return SfpReports(
         _cms_batch([b["word"] for b in bodies], mechanism.m),
         _cms_batch([b["fragment"] for b in bodies], mechanism.m_fragment),
-        np.fromiter((b["position"] for b in bodies), dtype=np.int64, count=len(bodies)),
+        np.fromiter((b["position"] for b in bodies), dtype=np.int64, count=n),
     )
 
 
@@ -215,7 +226,7 @@ def aggregate(ledger: Ledger) -> AggregateResult:
                 sketch: Any = (
                     sketch_from_bytes(mechanism, existing[0]) if existing else mechanism.sketch()
                 )
-                sketch.add(_batch(mechanism, (r.payload for r in rows)))
+                sketch.add(decode_payloads(mechanism, (r.payload for r in rows)))
                 state = sketch_to_bytes(sketch)
                 if existing:
                     conn.execute(

@@ -1,0 +1,131 @@
+"""Aggregate a Parquet report dataset into one sketch, in this process or on a Dask cluster.
+
+Sketches are additive, so aggregation is a map (fold a group of files into a partial sketch) and
+a tree of merges. Each task reads its files in bounded batches, so a worker's memory is one
+partial sketch plus one batch, whatever the dataset's size. Counts are integers: the result is
+the same, bit for bit, whichever engine and grouping produced it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from api.ingest import Mechanism
+from api.parquet import iter_reports
+from api.pipeline import Sketch, sketch_arrays, sketch_from_arrays
+
+__all__ = [
+    "DaskOptions",
+    "EngineName",
+    "aggregate_files",
+    "fold_files",
+    "group_files",
+    "merge_arrays",
+]
+
+EngineName = Literal["local", "dask"]
+Arrays = dict[str, np.ndarray]
+
+
+def fold_files(
+    mechanism: Mechanism, files: Sequence[str | os.PathLike[str]], *, batch_rows: int = 1 << 20
+) -> Arrays:
+    """Fold files into one sketch and return its arrays (the unit of work of a task)."""
+    sketch: Any = mechanism.sketch()
+    for path in files:
+        for reports in iter_reports(path, mechanism, batch_rows=batch_rows):
+            sketch.add(reports)
+    return sketch_arrays(sketch)
+
+
+def merge_arrays(mechanism: Mechanism, a: Arrays, b: Arrays) -> Arrays:
+    """The arrays of the sum of two partial sketches."""
+    left: Any = sketch_from_arrays(mechanism, a)
+    left.merge(sketch_from_arrays(mechanism, b))
+    return sketch_arrays(left)
+
+
+def group_files(files: Sequence[Path], groups: int) -> list[list[Path]]:
+    """Split files into at most ``groups`` groups of similar total size (largest first)."""
+    buckets: list[tuple[int, list[Path]]] = [(0, []) for _ in range(max(1, groups))]
+    for path in sorted(files, key=lambda p: p.stat().st_size, reverse=True):
+        buckets.sort(key=lambda b: b[0])
+        size, members = buckets[0]
+        members.append(path)
+        buckets[0] = (size + path.stat().st_size, members)
+    return [sorted(members) for _, members in buckets if members]
+
+
+@dataclass(frozen=True, slots=True)
+class DaskOptions:
+    """Where to run: an existing scheduler's address, or a LocalCluster of ``workers``."""
+
+    scheduler: str | None = None
+    workers: int = 2
+    memory_limit: str = "auto"
+
+
+def aggregate_files(
+    mechanism: Mechanism,
+    files: Sequence[Path],
+    *,
+    engine: EngineName = "local",
+    dask: DaskOptions | None = None,
+    batch_rows: int = 1 << 20,
+) -> Sketch:
+    """Aggregate report files into one sketch with the chosen engine.
+
+    ``dask`` starts a ``LocalCluster`` unless ``DaskOptions.scheduler`` names one; the files
+    are split into two groups per worker, folded in parallel, and merged pairwise.
+    """
+    if engine == "local":
+        return sketch_from_arrays(mechanism, fold_files(mechanism, files, batch_rows=batch_rows))
+    if engine != "dask":
+        raise ValueError(f"unknown engine {engine!r}; engines: local, dask")
+    return _on_dask(mechanism, files, dask or DaskOptions(), batch_rows)
+
+
+def _on_dask(
+    mechanism: Mechanism,
+    files: Sequence[Path],
+    options: DaskOptions,
+    batch_rows: int,
+) -> Sketch:
+    from dask.distributed import Client, LocalCluster
+
+    cluster = None
+    if options.scheduler is None:
+        cluster = LocalCluster(  # type: ignore[no-untyped-call]
+            n_workers=options.workers,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=options.memory_limit,
+            dashboard_address=":0",  # None does not disable it (dask/distributed#8136)
+        )
+        client = Client(cluster)  # type: ignore[no-untyped-call]
+    else:
+        client = Client(options.scheduler, timeout="15s")  # type: ignore[no-untyped-call]
+    try:
+        workers = max(1, len(client.scheduler_info()["workers"]))
+        groups = group_files(files, 2 * workers) if files else [[]]
+        paths = [[str(p.resolve()) for p in g] for g in groups]
+        partials = client.map(
+            fold_files, [mechanism] * len(paths), paths, batch_rows=batch_rows, pure=False
+        )
+        while len(partials) > 1:
+            pairs = [partials[i : i + 2] for i in range(0, len(partials), 2)]
+            partials = [
+                client.submit(merge_arrays, mechanism, *p, pure=False) if len(p) == 2 else p[0]
+                for p in pairs
+            ]
+        return sketch_from_arrays(mechanism, partials[0].result())
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+        if cluster is not None:
+            cluster.close()

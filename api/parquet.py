@@ -1,0 +1,265 @@
+"""The report store as a Parquet dataset, for aggregation outside the service.
+
+Layout: ``ROOT/use_case=NAME/day=D/params=HASH/part-NNNNN.parquet`` (Hive-style, so any Parquet
+reader sees the partitions as columns). Every file holds reports of one parameter set, as numpy-
+ready columns (HCMS ``j, l, bit``; CMS ``j, bits``; SFP ``word_j, word_bits, fragment_j,
+fragment_bits, position``) and carries the parameter hash in its metadata, so a reader can refuse
+reports of other parameters. Like the store, the files hold no device, no time finer than the day.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import Engine, and_, select
+
+from api.ingest import Mechanism, params_hash
+from api.pipeline import decode_payloads
+from api.tables import StoredReport
+from mechanisms import CMS, HCMS, CmsReports, HcmsReports, SfpReports
+
+__all__ = [
+    "ExportResult",
+    "Reports",
+    "dataset_files",
+    "export_reports",
+    "iter_reports",
+    "partition_dir",
+    "reports_table",
+    "write_reports",
+]
+
+Reports = CmsReports | HcmsReports | SfpReports
+_REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
+_META_PARAMS = b"dpgov.params"
+_READ_CHUNK = 50_000
+
+
+def partition_dir(root: Path, use_case: str, day: int, params: str) -> Path:
+    """The directory of one (use case, day, parameter set) partition."""
+    return root / f"use_case={use_case}" / f"day={day}" / f"params={params}"
+
+
+def _bits(bits: np.ndarray, width: int) -> pa.Array:
+    flat = pa.py_buffer(np.ascontiguousarray(bits, dtype=np.uint8).tobytes())
+    return pa.Array.from_buffers(pa.binary(width), len(bits), [None, flat])
+
+
+def reports_table(mechanism: Mechanism, reports: Reports) -> pa.Table:
+    """A batch of reports as an Arrow table of the mechanism's columns."""
+    if isinstance(reports, HcmsReports):
+        return pa.table(
+            {
+                "j": pa.array(reports.j.astype(np.int32)),
+                "l": pa.array(reports.l.astype(np.int32)),
+                "bit": pa.array(reports.bit.astype(np.int8)),
+            }
+        )
+    if isinstance(reports, CmsReports):
+        return pa.table(
+            {
+                "j": pa.array(reports.j.astype(np.int32)),
+                "bits": _bits(reports.bits, reports.bits.shape[1]),
+            }
+        )
+    return pa.table(
+        {
+            "word_j": pa.array(reports.word.j.astype(np.int32)),
+            "word_bits": _bits(reports.word.bits, reports.word.bits.shape[1]),
+            "fragment_j": pa.array(reports.fragment.j.astype(np.int32)),
+            "fragment_bits": _bits(reports.fragment.bits, reports.fragment.bits.shape[1]),
+            "position": pa.array(reports.position.astype(np.int32)),
+        }
+    )
+
+
+def _column_bits(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    data = arr.buffers()[1]
+    out = np.frombuffer(data, dtype=np.uint8, count=len(arr) * width, offset=arr.offset * width)
+    return out.reshape(len(arr), width)
+
+
+def _ints(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _from_batch(mechanism: Mechanism, batch: pa.RecordBatch) -> Reports:
+    if isinstance(mechanism, HCMS):
+        bit = np.asarray(batch.column("bit").to_numpy(zero_copy_only=False), dtype=np.int8)
+        return HcmsReports(_ints(batch.column("j")), _ints(batch.column("l")), bit)
+    if isinstance(mechanism, CMS):
+        width = (mechanism.m + 7) // 8
+        bits = _column_bits(batch.column("bits"), width)
+        return CmsReports(_ints(batch.column("j")), bits, mechanism.m)
+    word_width = (mechanism.m + 7) // 8
+    frag_width = (mechanism.m_fragment + 7) // 8
+    return SfpReports(
+        CmsReports(
+            _ints(batch.column("word_j")),
+            _column_bits(batch.column("word_bits"), word_width),
+            mechanism.m,
+        ),
+        CmsReports(
+            _ints(batch.column("fragment_j")),
+            _column_bits(batch.column("fragment_bits"), frag_width),
+            mechanism.m_fragment,
+        ),
+        _ints(batch.column("position")),
+    )
+
+
+def write_reports(path: Path, mechanism: Mechanism, reports: Iterator[Reports]) -> int:
+    """Write report batches to one Parquet file (zstd, one row group per batch); returns rows."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {_META_PARAMS: params_hash(mechanism).encode()}
+    writer: pq.ParquetWriter | None = None
+    rows = 0
+    try:
+        for batch in reports:
+            table = reports_table(mechanism, batch)
+            table = table.replace_schema_metadata(meta)
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema, compression="zstd")
+            writer.write_table(table)
+            rows += table.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows
+
+
+def iter_reports(
+    path: str | os.PathLike[str], mechanism: Mechanism, *, batch_rows: int = 1 << 20
+) -> Iterator[Reports]:
+    """Read one file's reports in batches of at most ``batch_rows`` (memory stays bounded).
+
+    Raises ValueError if the file was written for other mechanism parameters.
+    """
+    file = pq.ParquetFile(path)
+    meta = file.schema_arrow.metadata or {}
+    expected = params_hash(mechanism)
+    if meta.get(_META_PARAMS, b"").decode() != expected:
+        raise ValueError(f"{path}: reports of parameters other than {expected}")
+    for batch in file.iter_batches(batch_size=batch_rows):
+        yield _from_batch(mechanism, batch)
+
+
+def dataset_files(root: Path, use_case: str, days: Sequence[int], params: str) -> list[Path]:
+    """The Parquet files of the given days' partitions (sorted, for a stable order)."""
+    files: list[Path] = []
+    for day in days:
+        files.extend(sorted(partition_dir(root, use_case, day, params).glob("*.parquet")))
+    return files
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """What :func:`export_reports` wrote: rows and files per (day, parameter hash)."""
+
+    rows: int
+    files: list[Path]
+    partitions: dict[tuple[int, str], int]
+
+
+def _chunks(
+    engine: Engine, use_case: str, day: int, params: str, chunk: int
+) -> Iterator[list[str]]:
+    """Payloads of one partition, by keyset pages over the random report ids."""
+    last = ""
+    while True:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(_REPORTS.c.id, _REPORTS.c.payload)
+                .where(
+                    and_(
+                        _REPORTS.c.use_case == use_case,
+                        _REPORTS.c.day == day,
+                        _REPORTS.c.params == params,
+                        _REPORTS.c.id > last,
+                    )
+                )
+                .order_by(_REPORTS.c.id)
+                .limit(chunk)
+            ).all()
+        if not rows:
+            return
+        last = rows[-1].id
+        yield [r.payload for r in rows]
+
+
+def _write_part(staging: Path, part: int, mechanism: Mechanism, payloads: list[str]) -> Path:
+    path = staging / f"part-{part:05d}.parquet"
+    batches = (
+        decode_payloads(mechanism, payloads[s : s + _READ_CHUNK])
+        for s in range(0, len(payloads), _READ_CHUNK)
+    )
+    write_reports(path, mechanism, batches)
+    return path
+
+
+def export_reports(
+    engine: Engine,
+    root: Path,
+    use_case: str,
+    first_day: int,
+    last_day: int,
+    mechanisms: dict[str, Mechanism],
+    *,
+    rows_per_file: int = 1_000_000,
+) -> ExportResult:
+    """Export a use case's stored reports of ``first_day..last_day`` to ``root``.
+
+    Each partition is written to a temporary directory and renamed into place, so a partition is
+    either the previous export or the complete new one; re-exporting replaces it. Reports whose
+    parameter hash is not in ``mechanisms`` are skipped (they cannot be decoded).
+    """
+    if rows_per_file < 1:
+        raise ValueError("rows_per_file must be positive")
+    with engine.connect() as conn:
+        groups = conn.execute(
+            select(_REPORTS.c.day, _REPORTS.c.params)
+            .where(
+                and_(
+                    _REPORTS.c.use_case == use_case,
+                    _REPORTS.c.day >= first_day,
+                    _REPORTS.c.day <= last_day,
+                )
+            )
+            .group_by(_REPORTS.c.day, _REPORTS.c.params)
+            .order_by(_REPORTS.c.day, _REPORTS.c.params)
+        ).all()
+    files: list[Path] = []
+    partitions: dict[tuple[int, str], int] = {}
+    for day, params in groups:
+        mechanism = mechanisms.get(params)
+        if mechanism is None:
+            continue
+        final = partition_dir(root, use_case, int(day), params)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".export-", dir=final.parent))
+        written: list[Path] = []
+        buffered: list[str] = []
+        rows = 0
+        for payloads in _chunks(engine, use_case, int(day), params, _READ_CHUNK):
+            buffered.extend(payloads)
+            rows += len(payloads)
+            while len(buffered) >= rows_per_file:
+                head, buffered = buffered[:rows_per_file], buffered[rows_per_file:]
+                written.append(_write_part(staging, len(written), mechanism, head))
+        if buffered:
+            written.append(_write_part(staging, len(written), mechanism, buffered))
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+        files.extend(final / p.name for p in written)
+        partitions[(int(day), params)] = rows
+    return ExportResult(sum(partitions.values()), files, partitions)

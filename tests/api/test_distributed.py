@@ -1,0 +1,250 @@
+"""Parquet export and distributed aggregation: the same sketch, bit for bit, on every engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from api.app import init_service_db
+from api.cli import app
+from api.distributed import DaskOptions, aggregate_files, group_files
+from api.ingest import Ingestor, params_hash
+from api.parquet import dataset_files, export_reports, iter_reports, partition_dir, write_reports
+from api.pipeline import (
+    aggregate,
+    flush_inbox,
+    load_sketch,
+    mechanisms_by_params,
+    sketch_arrays,
+)
+from api.simulation import zipf_indices
+from budget import Ledger, create_db_engine, utc_day
+from mechanisms import CMS, HCMS, SFP
+from policies import default_policies, mechanism_for
+
+SECRET = b"dist-secret-dist-secret-dist-secret!"
+DAY0 = datetime(2026, 11, 20, 12, tzinfo=UTC)
+CASES = ("safari-energy-domains", "emoji", "quicktype")
+runner = CliRunner()
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_parquet_round_trip_keeps_every_report(tmp_path: Path, name: str) -> None:
+    policy = {p.name: p for p in default_policies()}[name]
+    mech = mechanism_for(policy)
+    rng = np.random.default_rng(5)
+    words = ["hello", "world", "privacy", "budget"]
+    batches = [mech.privatize([words[i % 4] for i in range(n)], rng=rng) for n in (300, 7)]
+    path = tmp_path / "part.parquet"
+    assert write_reports(path, mech, iter(batches)) == 307
+    read = list(iter_reports(path, mech, batch_rows=100))
+    assert [len(r) for r in read] == [100, 100, 100, 7]
+    direct = mech.sketch().add(batches[0]).add(batches[1])
+    folded = mech.sketch()
+    for r in read:
+        folded.add(r)
+    assert _same(sketch_arrays(direct), sketch_arrays(folded))
+
+
+def test_files_of_other_parameters_are_refused(tmp_path: Path) -> None:
+    mech = HCMS(epsilon=4.0, k=16, m=64)
+    path = tmp_path / "part.parquet"
+    write_reports(path, mech, iter([mech.privatize(["a"] * 10, rng=np.random.default_rng(1))]))
+    other = HCMS(epsilon=2.0, k=16, m=64)
+    with pytest.raises(ValueError, match="parameters other than"):
+        list(iter_reports(path, other))
+
+
+def test_file_groups_are_balanced_and_complete(tmp_path: Path) -> None:
+    files = []
+    for i, size in enumerate([900, 500, 400, 300, 200, 100]):
+        f = tmp_path / f"f{i}"
+        f.write_bytes(b"x" * size)
+        files.append(f)
+    groups = group_files(files, 2)
+    assert sorted(p for g in groups for p in g) == sorted(files)
+    sizes = sorted(sum(p.stat().st_size for p in g) for g in groups)
+    assert sizes == [1200, 1200]
+    assert len(group_files(files[:1], 4)) == 1
+
+
+@dataclass
+class Service:
+    """A service database holding two days of reports of three use cases, folded by the job."""
+
+    url: str
+    ledger: Ledger
+    ingestor: Ingestor
+    days: tuple[int, int]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    tmp = tmp_path_factory.mktemp("dist")
+    url = f"sqlite:///{tmp / 'dist.sqlite'}"
+    engine = create_db_engine(url)
+    init_service_db(engine)
+    ledger = Ledger(engine, SECRET)
+    ledger.policies.ensure_defaults()
+    ingestor = Ingestor(ledger, SECRET)
+    policies = {p.name: p for p in default_policies()}
+    rng = np.random.default_rng(11)
+    words = ["hello", "world", "privacy", "budget", "sketch", "device"]
+    for offset in (0, 1):
+        now = DAY0 + timedelta(days=offset)
+        for name in CASES:
+            mech = mechanism_for(policies[name])
+            values = [words[i] for i in zipf_indices(len(words), 700, 1.2, rng=rng)]
+            reports = mech.privatize(values, rng=rng).to_dicts()
+            items = [{"device_id": f"dev-{i}", "report": r} for i, r in enumerate(reports)]
+            results = ingestor.submit_many(name, items, now=now)
+            assert all(r.status == 202 for r in results)
+    flush_inbox(engine)
+    assert aggregate(ledger).reports == 6 * 700
+    yield Service(url, ledger, ingestor, (utc_day(DAY0), utc_day(DAY0) + 1))
+    engine.dispose()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_export_then_aggregate_equals_the_services_sketches(
+    service: Service, tmp_path: Path, name: str
+) -> None:
+    first, last = service.days
+    policy = service.ledger.policies.get(name)
+    exported = export_reports(
+        service.ledger.engine,
+        tmp_path,
+        name,
+        first,
+        last,
+        mechanisms_by_params(service.ledger, name),
+        rows_per_file=97,
+    )
+    assert exported.rows == 1400
+    mech = mechanism_for(policy)
+    params = params_hash(mech)
+    assert exported.partitions == {(first, params): 700, (last, params): 700}
+    files = dataset_files(tmp_path, name, [first, last], params)
+    assert len(files) == 2 * 8  # 700 rows in files of at most 97
+    stored, _ = load_sketch(service.ledger, service.ingestor, policy, first, last)
+    local = aggregate_files(mech, files)
+    assert _same(sketch_arrays(local), sketch_arrays(stored))
+    # re-exporting replaces the partitions and leaves no staging directory behind
+    export_reports(
+        service.ledger.engine,
+        tmp_path,
+        name,
+        first,
+        last,
+        mechanisms_by_params(service.ledger, name),
+    )
+    assert len(dataset_files(tmp_path, name, [first, last], params)) == 2
+    assert not list(tmp_path.rglob(".export-*"))
+    day_dir = partition_dir(tmp_path, name, first, params)
+    assert day_dir.parent.name == f"day={first}"
+
+
+def test_dask_local_cluster_gives_the_same_sketch_bit_for_bit(
+    service: Service, tmp_path: Path
+) -> None:
+    first, last = service.days
+    sketches = {}
+    for name in CASES:
+        mech = mechanism_for(service.ledger.policies.get(name))
+        export_reports(
+            service.ledger.engine,
+            tmp_path,
+            name,
+            first,
+            last,
+            mechanisms_by_params(service.ledger, name),
+            rows_per_file=150,
+        )
+        sketches[name] = (mech, dataset_files(tmp_path, name, [first, last], params_hash(mech)))
+    # one cluster, three use cases: start-up is the slow part
+    from dask.distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        address = client.scheduler.address
+        for name, (mech, files) in sketches.items():
+            local = aggregate_files(mech, files)
+            on_dask = aggregate_files(
+                mech, files, engine="dask", dask=DaskOptions(scheduler=address)
+            )
+            assert on_dask.n == local.n == 1400
+            a, b = sketch_arrays(local), sketch_arrays(on_dask)
+            assert _same(a, b), name
+            assert all(a[k].dtype == b[k].dtype for k in a)
+            assert isinstance(mech, CMS | HCMS | SFP)
+
+
+def test_cli_aggregate_on_a_local_cluster_matches_in_process(
+    service: Service, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "DPGOV_SECRET_FILE": str(tmp_path / "s"),
+        "DPGOV_AUDIT_KEY_FILE": str(tmp_path / "a"),
+    }
+    first, last = DAY0.date().isoformat(), (DAY0 + timedelta(days=1)).date().isoformat()
+    base = [
+        sys.executable, "-m", "api.cli", "aggregate", "emoji",
+        "--from", first, "--to", last, "--database-url", service.url, "--out", str(tmp_path / "pq"),
+    ]  # fmt: skip
+    runs = {}
+    for engine in ("local", "dask"):
+        proc = subprocess.run(
+            [*base, "--engine", engine, "--sketch", str(tmp_path / f"{engine}.npz")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        runs[engine] = json.loads(proc.stdout)
+    assert runs["local"]["reports"] == runs["dask"]["reports"] == 1400
+    assert runs["local"]["sketch_sha256"] == runs["dask"]["sketch_sha256"]
+    assert (tmp_path / "local.npz").read_bytes() == (tmp_path / "dask.npz").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["aggregate", "nope"], 1, "unknown use case 'nope'"),
+        (["aggregate", "emoji", "--scheduler", "tcp://127.0.0.1:1"], 2, "--engine dask"),
+        (["aggregate", "emoji", "--from", "2026-11-02", "--to", "2026-11-01"], 2, "--from"),
+        (["aggregate", "emoji", "--from", "yesterday"], 2, "--from"),
+        (["aggregate", "emoji", "--engine", "spark"], 2, "--engine"),
+        (["aggregate", "emoji", "--rows-per-file", "0"], 2, "--rows-per-file"),
+    ],
+)
+def test_cli_aggregate_bad_input(
+    service: Service, tmp_path: Path, args: list[str], code: int, message: str
+) -> None:
+    result = runner.invoke(
+        app,
+        [*args, "--database-url", service.url, "--out", str(tmp_path / "pq")],
+        env={"DPGOV_SECRET_FILE": str(tmp_path / "s"), "DPGOV_AUDIT_KEY_FILE": str(tmp_path / "a")},
+    )
+    assert result.exit_code == code, result.output
+    assert message in result.output
