@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -31,6 +31,7 @@ __all__ = [
 
 EngineName = Literal["local", "dask"]
 Arrays = dict[str, np.ndarray]
+_CLIENT_FAN_IN = 4  # partials the client merges itself (more: merged pairwise on the cluster)
 
 
 def fold_files(
@@ -82,7 +83,9 @@ def aggregate_files(
     """Aggregate report files into one sketch with the chosen engine.
 
     ``dask`` starts a ``LocalCluster`` unless ``DaskOptions.scheduler`` names one; the files
-    are split into two groups per worker, folded in parallel, and merged pairwise.
+    are split into one group per worker thread (one partial sketch each, so a worker holds
+    one sketch and one batch at a time) and folded in parallel; the partials are merged
+    pairwise on the cluster down to a few, which this process fetches and merges.
     """
     if engine == "local":
         return sketch_from_arrays(mechanism, fold_files(mechanism, files, batch_rows=batch_rows))
@@ -97,7 +100,7 @@ def _on_dask(
     options: DaskOptions,
     batch_rows: int,
 ) -> Sketch:
-    from dask.distributed import Client, LocalCluster
+    from dask.distributed import Client, LocalCluster, as_completed
 
     cluster = None
     if options.scheduler is None:
@@ -112,19 +115,27 @@ def _on_dask(
     else:
         client = Client(options.scheduler, timeout="15s")  # type: ignore[no-untyped-call]
     try:
-        workers = max(1, len(client.scheduler_info()["workers"]))
-        groups = group_files(files, 2 * workers) if files else [[]]
+        info = client.scheduler_info()["workers"].values()
+        threads = max(1, sum(int(w.get("nthreads", 1)) for w in info))
+        groups = group_files(files, threads) if files else [[]]
         paths = [[str(p.resolve()) for p in g] for g in groups]
         partials = client.map(
             fold_files, [mechanism] * len(paths), paths, batch_rows=batch_rows, pure=False
         )
-        while len(partials) > 1:
+        while len(partials) > _CLIENT_FAN_IN:  # merge on the cluster down to a few partials
             pairs = [partials[i : i + 2] for i in range(0, len(partials), 2)]
             partials = [
                 client.submit(merge_arrays, mechanism, *p, pure=False) if len(p) == 2 else p[0]
                 for p in pairs
             ]
-        return sketch_from_arrays(mechanism, partials[0].result())
+        total: Any = None
+        for done in as_completed(partials):  # type: ignore[no-untyped-call]
+            # fetch the rest as they finish, one at a time
+            part: Any = sketch_from_arrays(mechanism, done.result())
+            done.release()
+            total = part if total is None else total.merge(part)
+        assert total is not None
+        return cast(Sketch, total)
     finally:
         client.close()  # type: ignore[no-untyped-call]
         if cluster is not None:

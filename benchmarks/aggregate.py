@@ -8,7 +8,8 @@ k=1024, m=32768; 250,000 domains, Zipf 1.1) as the service's Parquet layout, in 
 each dataset is aggregated:
 - in-process (``--engine local``), in a fresh subprocess so its peak RSS is its own;
 - on a 2-worker ``LocalCluster`` (one thread per worker, started before timing), with each
-  worker's peak RSS (``ru_maxrss``) read after the run.
+  worker's peak RSS (``VmHWM``) read after the run; the workers import dp-governor before
+  timing, as the workers of a running cluster have.
 Memory bounded by the partition size means: the same per-worker peak at 1e7 and 1e8 reports.
 Every engine's result is checked identical (SHA-256 of the sketch arrays) to the in-process one.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import resource
@@ -50,7 +52,7 @@ def generate(root: Path, n: int, rows_per_file: int, seed: int = 7) -> list[Path
     """Write (or reuse) ``n`` privatized reports as Parquet files of ``rows_per_file``."""
     mech = mechanism()
     part = partition_dir(root, USE_CASE, 0, params_hash(mech))
-    done = root / f".complete-{n}-{rows_per_file}"
+    done = root / ".complete"
     if done.exists():
         return dataset_files(root, USE_CASE, [0], params_hash(mech))
     rng = np.random.default_rng(seed)
@@ -82,6 +84,10 @@ def digest(arrays: dict[str, np.ndarray]) -> str:
 
 
 def _peak_mib() -> float:
+    """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -109,6 +115,7 @@ def run_dask(files: list[Path], workers: int) -> dict[str, object]:
         ) as cluster,
         Client(cluster) as client,
     ):
+        client.run(importlib.import_module, "api.distributed")  # a running cluster's state
         baseline = client.run(_peak_mib)
         t0 = time.perf_counter()
         sketch = aggregate_files(
@@ -148,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| reports | files | engine | seconds | reports/s | peak RSS per process (MiB) | same |")
     print("|---:|---:|---|---:|---:|---|---|")
     for n in (int(x) for x in args.n):
-        root = args.root / f"n{n}"
+        root = args.root / f"n{n}-f{args.rows_per_file}"
         t0 = time.perf_counter()
         files = generate(root, n, args.rows_per_file)
         gen = time.perf_counter() - t0

@@ -175,12 +175,13 @@ def test_dask_local_cluster_gives_the_same_sketch_bit_for_bit(
             rows_per_file=150,
         )
         sketches[name] = (mech, dataset_files(tmp_path, name, [first, last], params_hash(mech)))
-    # one cluster, three use cases: start-up is the slow part
+    # one cluster, three use cases (start-up is the slow part); six threads make six partials,
+    # so some are merged on the cluster and the rest in this process
     from dask.distributed import Client, LocalCluster
 
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+            n_workers=2, threads_per_worker=3, processes=True, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as client,
     ):
