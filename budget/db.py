@@ -11,6 +11,7 @@ one device's charges.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -78,12 +79,21 @@ def _configure_sqlite(engine: Engine) -> None:
 
 
 def init_db(engine: Engine) -> None:
-    """Create the tables that do not exist yet (ledger, audit and policy tables)."""
+    """Create the tables that do not exist yet (ledger, audit and policy tables).
+
+    On PostgreSQL a new ``charges`` is partitioned by day (:mod:`budget.partitions`).
+    """
     import budget.audit
     import budget.tables  # noqa: F401 - registers the ledger tables
     import policies.model  # noqa: F401 - registers the policy table
+    from budget.partitions import DAYS_AHEAD, create_partitioned_charges, ensure_partitions
 
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            create_partitioned_charges(conn)  # before create_all, which then skips the table
     SQLModel.metadata.create_all(engine)
+    today = int(time.time() // 86_400)
+    ensure_partitions(engine, today - 1, today + DAYS_AHEAD)
     with engine.connect() as conn:
         key = conn.execute(text("SELECT device_key FROM accounts LIMIT 1")).scalar()
     if key is not None and len(key) != 32:

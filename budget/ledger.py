@@ -19,6 +19,7 @@ from budget.clock import day_start, utc_day
 from budget.db import writer
 from budget.errors import InvalidRequest, UnknownUseCase
 from budget.gate import Decision, Gate, OnAccept, window_rows
+from budget.partitions import DAYS_AHEAD, drop_days_through, ensure_partitions, is_partitioned
 from budget.report import EffectiveEpsilonReport, build_report
 from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, LifetimeTotal
 from policies.model import Policy, budget_key, from_micro, to_micro
@@ -300,6 +301,8 @@ class Ledger:
 
         Day ``D - retention + 1`` is still in the window at day ``D``; day ``D - retention`` is
         not and is deleted. Lifetime totals and accounts are kept (they carry no timestamps).
+        On a partitioned PostgreSQL ledger, days past every window are dropped as partitions,
+        and the partitions of the coming days are created.
         """
         day = utc_day(now)
         policies = self._all_policies()
@@ -308,7 +311,12 @@ class Ledger:
             b = budget_key(p)
             budgets[b] = max(budgets.get(b, 0), p.retention_days)
         charges = daily = idem = 0
+        dropped: list[int] = []
         with writer(self.engine).begin() as conn:
+            if policies and is_partitioned(conn):
+                # whole days past every window go as partitions; rows only where windows differ
+                gone = drop_days_through(conn, day - max(budgets.values()))
+                charges, dropped = gone.charges, gone.days
             for name, p in policies.items():
                 cutoff = day - p.retention_days
                 charges += conn.execute(
@@ -325,8 +333,16 @@ class Ledger:
                         and_(_DAILY.c.budget == b, _DAILY.c.day <= day - retention)
                     )
                 ).rowcount
-            data = {"day": day, "charges": charges, "daily_spend": daily, "idempotency": idem}
+            data: dict[str, Any] = {
+                "day": day,
+                "charges": charges,
+                "daily_spend": daily,
+                "idempotency": idem,
+            }
+            if dropped:
+                data["partitions_dropped"] = dropped
             self.audit.append(conn, [Entry("job:purge", "purge.ledger", data)], now=now)
+        ensure_partitions(self.engine, day, day + DAYS_AHEAD)  # the days ahead, daily
         return PurgeResult(charges, daily, idem)
 
     # -- accounting ------------------------------------------------------------------------------
