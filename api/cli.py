@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import time
 from datetime import UTC, datetime
@@ -429,7 +428,7 @@ def aggregate(
     """Export stored reports to Parquet and aggregate them into one sketch (local or Dask)."""
     from api.distributed import DaskOptions, aggregate_files
     from api.parquet import dataset_files, export_reports
-    from api.pipeline import mechanisms_by_params, sketch_arrays, sketch_to_bytes
+    from api.pipeline import mechanisms_by_params, sketch_digest, sketch_to_bytes
 
     if scheduler is not None and engine is not AggregateEngine.dask:
         typer.echo("Error: --scheduler needs --engine dask", err=True)
@@ -482,10 +481,6 @@ def aggregate(
     t2 = time.perf_counter()
     if sketch_file is not None:
         sketch_file.write_bytes(sketch_to_bytes(sketch))
-    digest = hashlib.sha256()
-    for name, array in sorted(sketch_arrays(sketch).items()):
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     other = sorted({p for (_, p) in exported.partitions if p != params} if exported else set())
     summary = {
         "use_case": use_case,
@@ -495,7 +490,7 @@ def aggregate(
         "exported": exported.rows if exported else None,
         "files": len(files),
         "reports": sketch.n,
-        "sketch_sha256": digest.hexdigest(),
+        "sketch_sha256": sketch_digest(sketch),
         "sketch_file": str(sketch_file) if sketch_file else None,
         "other_params_skipped": other,
         "seconds": {"export": round(t1 - t0, 3), "aggregate": round(t2 - t1, 3)},

@@ -8,6 +8,7 @@ the same, bit for bit, whichever engine and grouping produced it.
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,13 +55,13 @@ def merge_arrays(mechanism: Mechanism, a: Arrays, b: Arrays) -> Arrays:
 
 def group_files(files: Sequence[Path], groups: int) -> list[list[Path]]:
     """Split files into at most ``groups`` groups of similar total size (largest first)."""
-    buckets: list[tuple[int, list[Path]]] = [(0, []) for _ in range(max(1, groups))]
-    for path in sorted(files, key=lambda p: p.stat().st_size, reverse=True):
-        buckets.sort(key=lambda b: b[0])
-        size, members = buckets[0]
+    sizes = {p: p.stat().st_size for p in files}
+    heap: list[tuple[int, int, list[Path]]] = [(0, i, []) for i in range(max(1, groups))]
+    for path in sorted(files, key=lambda p: sizes[p], reverse=True):
+        total, i, members = heapq.heappop(heap)  # the lightest group takes the next file
         members.append(path)
-        buckets[0] = (size + path.stat().st_size, members)
-    return [sorted(members) for _, members in buckets if members]
+        heapq.heappush(heap, (total + sizes[path], i, members))
+    return [sorted(members) for _, _, members in sorted(heap, key=lambda b: b[1]) if members]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ Every job is idempotent: ``flush_inbox`` moves rows it deletes in the same trans
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import secrets
 from collections.abc import Iterable, Mapping
@@ -44,6 +45,7 @@ __all__ = [
     "load_sketch",
     "purge",
     "sketch_arrays",
+    "sketch_digest",
     "sketch_from_arrays",
     "sketch_from_bytes",
     "sketch_to_bytes",
@@ -104,6 +106,15 @@ def sketch_arrays(sketch: Sketch) -> dict[str, np.ndarray]:
         arrays[f"frag{i}_counts"] = frag.counts
         arrays[f"frag{i}_rows"] = frag.row_counts
     return {name: np.asarray(a) for name, a in arrays.items()}
+
+
+def sketch_digest(sketch: Sketch) -> str:
+    """SHA-256 over a sketch's arrays as int64: equal digests mean equal sketches, bit for bit."""
+    h = hashlib.sha256()
+    for name, array in sorted(sketch_arrays(sketch).items()):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+    return h.hexdigest()
 
 
 def sketch_from_arrays(mechanism: Mechanism, arrays: Mapping[str, np.ndarray]) -> Sketch:

@@ -17,7 +17,6 @@ Every engine's result is checked identical (SHA-256 of the sketch arrays) to the
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import json
 import os
@@ -32,7 +31,7 @@ import numpy as np
 from api.distributed import DaskOptions, aggregate_files
 from api.ingest import params_hash
 from api.parquet import dataset_files, partition_dir, write_reports
-from api.pipeline import sketch_arrays
+from api.pipeline import sketch_digest
 from api.simulation import zipf_indices
 from mechanisms import HCMS
 from policies import default_policies, mechanism_for
@@ -74,15 +73,6 @@ def generate(root: Path, n: int, rows_per_file: int, seed: int = 7) -> list[Path
     return dataset_files(root, USE_CASE, [0], params_hash(mech))
 
 
-def digest(arrays: dict[str, np.ndarray]) -> str:
-    """SHA-256 over a sketch's arrays (as int64), to compare engines bit for bit."""
-    h = hashlib.sha256()
-    for name, array in sorted(arrays.items()):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
-    return h.hexdigest()
-
-
 def _peak_mib() -> float:
     """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited across exec)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -101,7 +91,7 @@ def run_local(files: list[Path]) -> dict[str, object]:
         "seconds": seconds,
         "n": sketch.n,
         "peak": [_peak_mib()],
-        "digest": digest(sketch_arrays(sketch)),
+        "digest": sketch_digest(sketch),
     }
 
 
@@ -128,7 +118,7 @@ def run_dask(files: list[Path], workers: int) -> dict[str, object]:
         "n": sketch.n,
         "peak": sorted(peaks.values()),
         "baseline": sorted(baseline.values()),
-        "digest": digest(sketch_arrays(sketch)),
+        "digest": sketch_digest(sketch),
     }
 
 

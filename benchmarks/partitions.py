@@ -62,32 +62,22 @@ def _purge(engine: Engine, expected: int) -> float:
     return seconds
 
 
-def partitioned(url: str, n: int) -> tuple[float, float]:
-    """Fill and purge a day-partitioned ledger; (fill seconds, purge seconds)."""
-    with scratch_schema(url, "bench_part") as scoped:
-        engine = create_db_engine(scoped)
-        init_db(engine)
-        ensure_partitions(engine, OLD, OLD)
-        fill = _fill(engine, OLD, n)
-        _fill(engine, TODAY, 100_000)
-        try:
-            return fill, _purge(engine, n)
-        finally:
-            engine.dispose()
-
-
-def unpartitioned(url: str, n: int) -> tuple[float, float]:
-    """Fill and purge a ledger whose charges are one table; (fill seconds, purge seconds)."""
+def run(url: str, n: int, *, partitioned: bool) -> tuple[float, float]:
+    """Fill and purge one ledger layout in a fresh schema; (fill seconds, purge seconds)."""
     import budget.audit
     import budget.tables  # noqa: F401
-    import policies.model  # noqa: F401
+    import policies.model  # noqa: F401 - registers the tables for the one-table layout
 
-    with scratch_schema(url, "bench_flat") as scoped:
+    with scratch_schema(url, "bench_part" if partitioned else "bench_flat") as scoped:
         engine = create_db_engine(scoped)
-        SQLModel.metadata.create_all(engine)  # the layout before partitioning
-        fill = _fill(engine, OLD, n)
-        _fill(engine, TODAY, 100_000)
         try:
+            if partitioned:
+                init_db(engine)
+                ensure_partitions(engine, OLD, OLD)
+            else:
+                SQLModel.metadata.create_all(engine)  # the layout before partitioning
+            fill = _fill(engine, OLD, n)
+            _fill(engine, TODAY, 100_000)
             return fill, _purge(engine, n)
         finally:
             engine.dispose()
@@ -104,11 +94,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--postgres URL (or DPGOV_TEST_DATABASE_URL) is required")
     print("| ledger layout | charges on the purged day | fill (s) | purge (s) | charges/s |")
     print("|---|---:|---:|---:|---:|")
-    for label, run, n in (
-        ("partitioned by day (drop)", partitioned, int(args.day_charges)),
-        ("one table (delete)", unpartitioned, int(args.compare)),
+    for label, partitioned, n in (
+        ("partitioned by day (drop)", True, int(args.day_charges)),
+        ("one table (delete)", False, int(args.compare)),
     ):
-        fill, purge = run(args.postgres, n)
+        fill, purge = run(args.postgres, n, partitioned=partitioned)
         print(f"| {label} | {n:,} | {fill:.1f} | {purge:.2f} | {n / purge:,.0f} |")
 
 

@@ -63,12 +63,19 @@ class Server:
             "DPGOV_DEVICE_RATE_PER_MINUTE": "100000",
         }
         self.proc: subprocess.Popen[bytes] | None = None
-        self.accepted: list[dict[str, object]] = []
-        self.flags = ["--workers", str(workers)]
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--port", str(self.port), *self.flags],
+            [
+                sys.executable,
+                "-m",
+                "api.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(self.workers),
+            ],
             env=self.env,
             cwd=self.tmp,
             stdout=subprocess.DEVNULL,
@@ -122,11 +129,11 @@ def _workload() -> list[tuple[str, str, dict[str, object], str]]:
 
 def test_sigkill_under_load_loses_nothing_and_overspends_nothing(tmp_path: Path) -> None:
     server = Server(tmp_path)
-    _chaos(server)
+    accepted = _chaos(server)
     db = sqlite3.connect(tmp_path / "crash.sqlite")
     try:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        _check(server, lambda sql: db.execute(sql).fetchall())
+        _check(server, accepted, lambda sql: db.execute(sql).fetchall())
     finally:
         db.close()
 
@@ -136,17 +143,20 @@ def test_sigkill_with_four_workers_on_postgresql(tmp_path: Path) -> None:
     assert PG_URL is not None
     with scratch_schema(PG_URL, "crash") as url:
         server = Server(tmp_path, url, workers=4)
-        _chaos(server)
+        accepted = _chaos(server)
         engine = create_db_engine(url)
         try:
             with engine.connect() as conn:
-                _check(server, lambda sql: [tuple(r) for r in conn.execute(text(sql))])
+                _check(server, accepted, lambda sql: [tuple(r) for r in conn.execute(text(sql))])
         finally:
             engine.dispose()
 
 
-def _chaos(server: Server) -> None:
-    """Load, five SIGKILLs and restarts, a restart with a full inbox, flush and fold."""
+def _chaos(server: Server) -> list[dict[str, object]]:
+    """Load, five SIGKILLs and restarts, a restart with a full inbox, flush and fold.
+
+    Returns the bodies of the 202 answers.
+    """
     server.start()
     work = _workload()
     answers: dict[str, tuple[int, dict[str, object]]] = {}
@@ -200,7 +210,7 @@ def _chaos(server: Server) -> None:
     statuses = Counter(status for status, _ in answers.values())
     assert set(statuses) <= {202, 429}, statuses
 
-    server.accepted = [body for status, body in answers.values() if status == 202]
+    accepted = [body for status, body in answers.values() if status == 202]
     # Restart once more with reports still in the inbox, then flush and fold.
     server.kill()
     server.start()
@@ -208,11 +218,15 @@ def _chaos(server: Server) -> None:
     for job in ("flush-inbox", "aggregate"):
         ran = server.cli("jobs", "run", job)
         assert ran.returncode == 0, ran.stderr
+    return accepted
 
 
-def _check(server: Server, query: Callable[[str], list[tuple[Any, ...]]]) -> None:
+def _check(
+    server: Server,
+    accepted: list[dict[str, object]],
+    query: Callable[[str], list[tuple[Any, ...]]],
+) -> None:
     """Every 202 charged and stored once; nothing over a cap; the chain verifies."""
-    accepted = server.accepted
     charges = query("SELECT use_case, day, id FROM charges")
     # every 202 has its charge: the receipt is an HMAC of the charge id
     secret = (server.tmp / "secret").read_text().strip().encode()
