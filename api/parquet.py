@@ -117,16 +117,20 @@ def _from_batch(mechanism: Mechanism, batch: pa.RecordBatch) -> Reports:
     )
 
 
+def _tagged(mechanism: Mechanism, reports: Reports) -> pa.Table:
+    """The reports' table with the parameter hash in its schema metadata."""
+    meta = {_META_PARAMS: params_hash(mechanism).encode()}
+    return reports_table(mechanism, reports).replace_schema_metadata(meta)
+
+
 def write_reports(path: Path, mechanism: Mechanism, reports: Iterator[Reports]) -> int:
     """Write report batches to one Parquet file (zstd, one row group per batch); returns rows."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {_META_PARAMS: params_hash(mechanism).encode()}
     writer: pq.ParquetWriter | None = None
     rows = 0
     try:
         for batch in reports:
-            table = reports_table(mechanism, batch)
-            table = table.replace_schema_metadata(meta)
+            table = _tagged(mechanism, batch)
             if writer is None:
                 writer = pq.ParquetWriter(path, table.schema, compression="zstd")
             writer.write_table(table)
@@ -196,14 +200,31 @@ def _chunks(
         yield [r.payload for r in rows]
 
 
-def _write_part(staging: Path, part: int, mechanism: Mechanism, payloads: list[str]) -> Path:
-    path = staging / f"part-{part:05d}.parquet"
-    batches = (
-        decode_payloads(mechanism, payloads[s : s + _READ_CHUNK])
-        for s in range(0, len(payloads), _READ_CHUNK)
-    )
-    write_reports(path, mechanism, batches)
-    return path
+def _write_partition(
+    staging: Path, mechanism: Mechanism, pages: Iterator[list[str]], rows_per_file: int
+) -> tuple[list[Path], int]:
+    """Stream decoded pages into files of at most ``rows_per_file`` rows; (files, rows)."""
+    files: list[Path] = []
+    writer: pq.ParquetWriter | None = None
+    in_file = rows = 0
+    try:
+        for payloads in pages:
+            table = _tagged(mechanism, decode_payloads(mechanism, payloads))
+            while table.num_rows:
+                if writer is None:
+                    files.append(staging / f"part-{len(files):05d}.parquet")
+                    writer = pq.ParquetWriter(files[-1], table.schema, compression="zstd")
+                    in_file = 0
+                take = min(table.num_rows, rows_per_file - in_file)
+                writer.write_table(table.slice(0, take))
+                in_file, rows, table = in_file + take, rows + take, table.slice(take)
+                if in_file == rows_per_file:
+                    writer.close()
+                    writer = None
+    finally:
+        if writer is not None:
+            writer.close()
+    return files, rows
 
 
 def export_reports(
@@ -246,17 +267,12 @@ def export_reports(
         final = partition_dir(root, use_case, int(day), params)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".export-", dir=final.parent))
-        written: list[Path] = []
-        buffered: list[str] = []
-        rows = 0
-        for payloads in _chunks(engine, use_case, int(day), params, _READ_CHUNK):
-            buffered.extend(payloads)
-            rows += len(payloads)
-            while len(buffered) >= rows_per_file:
-                head, buffered = buffered[:rows_per_file], buffered[rows_per_file:]
-                written.append(_write_part(staging, len(written), mechanism, head))
-        if buffered:
-            written.append(_write_part(staging, len(written), mechanism, buffered))
+        try:
+            pages = _chunks(engine, use_case, int(day), params, _READ_CHUNK)
+            written, rows = _write_partition(staging, mechanism, pages, rows_per_file)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # the previous export stays as it was
+            raise
         if final.exists():
             shutil.rmtree(final)
         staging.rename(final)
