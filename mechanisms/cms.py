@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mechanisms._validation import check_epsilon, check_int
+from mechanisms.bitcount import add_bit_counts
 from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
 from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
 from mechanisms.randomness import bernoulli, flip_probability, os_bernoulli, os_randbelow
@@ -33,8 +34,6 @@ __all__ = ["CMS", "CmsReport", "CmsReports", "CmsSketch"]
 
 MAX_M: Final = 1 << 16
 _PRIVATIZE_CHUNK_BITS: Final = 1 << 22
-# Temporaries stay a few MiB so that the allocator reuses them instead of mapping fresh pages.
-_TEMP_CELLS: Final = 1 << 22
 _INT32_MAX: Final = np.iinfo(np.int32).max
 
 IntArray = npt.NDArray[np.int64]
@@ -253,54 +252,6 @@ class CMS:
         return CmsReport.from_dict(data, k=self.k, m=self.m, prefix=prefix)
 
 
-def _accumulate(counts: npt.NDArray[np.integer], j: IntArray, bits: ByteArray, m: int) -> None:
-    """Add each report's unpacked bits to ``counts[j]``, correctly for repeated rows.
-
-    Reports are grouped by row; pass ``r`` adds the ``r``-th report of every row at once (rows
-    within a pass are distinct, so fancy ``+=`` is exact) into a narrow (uint8 while fewer than
-    256 passes) accumulator over the touched rows, spilled into ``counts`` once per chunk. Work
-    is ``O(n m)`` plus one sort; temporaries are bounded by ``_TEMP_CELLS``.
-    """
-    k = counts.shape[0]
-    chunk = min(1 << 22, max(1 << 16, 16 * k))
-    for s in range(0, j.shape[0], chunk):
-        jj = j[s : s + chunk]
-        bb = bits[s : s + chunk]
-        rows, local = np.unique(jj, return_inverse=True)
-        order = np.argsort(local, kind="stable")
-        sorted_local = local[order]
-        starts = np.flatnonzero(np.r_[True, sorted_local[1:] != sorted_local[:-1]])
-        sizes = np.diff(np.r_[starts, sorted_local.size])
-        passes = int(sizes.max())
-        if rows.size <= passes:
-            # Few rows (small k): sum each row's reports directly, one row per iteration.
-            for i in range(rows.size):
-                sel = order[starts[i] : starts[i] + sizes[i]]
-                for s0 in range(0, sel.size, max(1, _TEMP_CELLS // m)):
-                    part = sel[s0 : s0 + max(1, _TEMP_CELLS // m)]
-                    unpacked = np.unpackbits(bb[part], axis=1, count=m)
-                    counts[rows[i]] += unpacked.sum(axis=0, dtype=counts.dtype)
-            continue
-        rank = np.arange(sorted_local.size) - np.repeat(starts, sizes)
-        by_rank = np.argsort(rank, kind="stable")
-        bounds = np.searchsorted(rank[by_rank], np.arange(passes + 1))
-        acc_dtype = np.uint8 if passes < 256 else np.uint16 if passes < 65536 else np.int64
-        dense = 2 * rows.size >= k  # most rows touched: accumulate by row id, spill in place
-        target = jj if dense else local
-        acc = np.zeros((k if dense else rows.size, m), dtype=acc_dtype)
-        sub = max(1, _TEMP_CELLS // m)
-        for r in range(passes):
-            sel = order[by_rank[bounds[r] : bounds[r + 1]]]
-            for s0 in range(0, sel.size, sub):
-                part = sel[s0 : s0 + sub]
-                acc[target[part]] += np.unpackbits(bb[part], axis=1, count=m)
-        if dense:
-            counts += acc
-        else:
-            for r0 in range(0, rows.size, sub):
-                counts[rows[r0 : r0 + sub]] += acc[r0 : r0 + sub]
-
-
 class CmsSketch:
     """Server-side CMS sketch: integer counts ``P[j, l]`` and per-row report counts ``n_j``."""
 
@@ -348,8 +299,12 @@ class CmsSketch:
         if self._counts.dtype == np.int32 and int((self._rows + extra_rows).max()) > _INT32_MAX:
             self._counts = self._counts.astype(np.int64)
 
-    def add(self, reports: CmsReports | CmsReport) -> Self:
-        """Fold reports in; returns the sketch so calls chain."""
+    def add(self, reports: CmsReports | CmsReport, *, threads: int = 1) -> Self:
+        """Fold reports in; returns the sketch so calls chain.
+
+        The bits are counted without unpacking them (:mod:`mechanisms.bitcount`); ``threads``
+        counts blocks of rows concurrently.
+        """
         if isinstance(reports, CmsReport):
             reports = CmsReports.from_reports([reports], self.params.m)
         if reports.m != self.params.m:
@@ -361,7 +316,7 @@ class CmsSketch:
             raise ValueError(f"report rows `j` must be in [0, {self.params.k})")
         per_row = np.bincount(j, minlength=self.params.k)
         self._reserve(per_row)
-        _accumulate(self._counts, j, reports.bits, self.params.m)
+        add_bit_counts(self._counts, j, reports.bits, threads=threads)
         self._rows += per_row
         return self
 
