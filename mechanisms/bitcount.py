@@ -34,6 +34,8 @@ _GROUP: Final = {1: 3, 2: 5, 4: 17}
 _MAX_RANKS: Final = 65535
 _CSA_LEVELS: Final = 2
 _BLOCK_BYTES: Final = 1 << 20  # with its scratch, about one core's L2 cache
+# Plane ``8 h8 + s`` of a block's counts holds coordinate ``8 h8 + 7 - s`` of each 16.
+_COORD_ORDER: Final = np.array([8 * h + 7 - b for h in (0, 1) for b in range(8)])
 _CHUNK: Final = 1 << 23  # vectors sorted at a time: bounds the index arrays to 128 MiB
 
 
@@ -195,20 +197,25 @@ def add_bit_counts(
     order = _group_order(rows, k)
     sizes = np.bincount(rows, minlength=k)
     starts = np.cumsum(sizes) - sizes
+    # Deepest rows first, so that a block's rows have about the same depth and little of the
+    # rank-major block is padding; each block holds about ``block_bytes`` of vectors.
     touched = np.flatnonzero(sizes)
-    dense = touched.size == k
-    per_row = max(1, n // touched.size)
-    kb = max(1, min(touched.size, block_bytes // (per_row * 8 * n_words)))
-    direct = m == 64 * n_words and counts.flags.c_contiguous
+    touched = touched[np.argsort(sizes[touched], kind="stable")[::-1]]
+    blocks: list[tuple[int, int]] = []
+    b0 = 0
+    while b0 < touched.size:
+        depth = min(int(sizes[touched[b0]]), _MAX_RANKS)
+        kk = max(1, min(touched.size - b0, block_bytes // (depth * 8 * n_words)))
+        blocks.append((b0, kk))
+        b0 += kk
     local = threading.local()
 
-    def run(b0: int) -> None:
+    def run(block: tuple[int, int]) -> None:
         ws: _Workspace | None = getattr(local, "ws", None)
         if ws is None:
             ws = local.ws = _Workspace()
-        rb = touched[b0 : b0 + kb]
-        kk = rb.size
-        target = slice(int(rb[0]), int(rb[0]) + kk) if dense else rb
+        b0, kk = block
+        rb = touched[b0 : b0 + kk]
         sz = sizes[rb]
         top = int(sz.max())
         step = max(1, min(_MAX_RANKS, 4 * block_bytes // (kk * 8 * n_words)))
@@ -225,20 +232,19 @@ def add_bit_counts(
             p[ragged:r][ranks[ragged:] >= sz] = 0  # ranks past a row's size
             p[r:] = 0
             z = _count_block(ws, p.reshape(p.shape[0], kk * n_words))
-            # Bit 16 q + 8 h8 + s of word w is coordinate 64 w + 16 q + 8 h8 + (7 - s).
-            z5 = z.reshape(2, 8, kk, n_words, 4).transpose(2, 3, 4, 0, 1)  # [row, w, q, h8, s]
-            if direct:
-                counts.reshape(k, n_words, 4, 2, 8)[target, :, :, :, ::-1] += z5
-            else:
-                tmp = np.zeros((kk, n_words, 4, 2, 8), dtype=np.int64)
-                tmp[..., ::-1] = z5
-                counts[target] += tmp.reshape(kk, 64 * n_words)[:, :m]
+            # Bit 16 q + 8 h8 + s of word w is coordinate 64 w + 16 q + 8 h8 + (7 - s): lay the
+            # counts out in coordinate order (a small copy) so that the add into ``counts`` is
+            # contiguous.
+            flat = ws.get("coords", (kk * n_words * 16,)).view("<u2").reshape(kk, 64 * n_words)
+            flat.reshape(kk, n_words, 4, 16)[...] = (
+                z[_COORD_ORDER].transpose(1, 2, 0).reshape(kk, n_words, 4, 16)
+            )
+            counts[rb] += flat[:, :m]
 
-    starts_of_blocks = range(0, touched.size, kb)
-    if threads <= 1 or len(starts_of_blocks) == 1:
-        for b0 in starts_of_blocks:
-            run(b0)
+    if threads <= 1 or len(blocks) == 1:
+        for block in blocks:
+            run(block)
         return
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        for _ in pool.map(run, starts_of_blocks):
+        for _ in pool.map(run, blocks):
             pass
