@@ -34,9 +34,11 @@ _LANE_MASKS: Final = {w: np.uint64(int(("0" * w + "1" * w) * (32 // w), 2)) for 
 _GROUP: Final = {1: 3, 2: 5, 4: 17}
 _MAX_RANKS: Final = 65535
 _CSA_LEVELS: Final = 2
+_CSA_MIN_ROWS: Final = 6  # fewer rows go straight to lane widening
 _BLOCK_BYTES: Final = 1 << 20  # with its scratch, about one core's L2 cache
 # Plane ``8 h8 + s`` of a block's counts holds coordinate ``8 h8 + 7 - s`` of each 16.
 _COORD_ORDER: Final = np.array([8 * h + 7 - b for h in (0, 1) for b in range(8)])
+_KEY_PART: Final = 1 << 16
 _CHUNK: Final = 1 << 23  # vectors sorted at a time: bounds the index arrays to 128 MiB
 
 
@@ -121,7 +123,7 @@ def _count_block(ws: _Workspace, p: Words) -> npt.NDArray[np.uint16]:
     x = p[None]
     lw = np.zeros(1, dtype=np.uint64)  # log2 weight of each stacked array
     level = 0
-    while level < _CSA_LEVELS and x.shape[1] >= 6:
+    while level < _CSA_LEVELS and x.shape[1] >= _CSA_MIN_ROWS:
         x = _csa(ws, level, x)
         lw = np.concatenate([lw, lw + np.uint64(1)])
         level += 1
@@ -148,9 +150,12 @@ def _group_order(rows: npt.NDArray[np.integer], k: int) -> npt.NDArray[np.intege
     shift = max(1, (n - 1).bit_length())
     wide = shift + max(1, (k - 1).bit_length()) > 32
     dtype = np.dtype(np.uint64 if wide else np.uint32)
-    key = np.empty(n, dtype=dtype)
-    np.left_shift(rows, shift, out=key, casting="unsafe")
-    key |= np.arange(n, dtype=dtype)
+    key = np.arange(n, dtype=dtype)
+    part = np.empty(min(n, _KEY_PART), dtype=dtype)
+    for s in range(0, n, _KEY_PART):  # by parts: no second n-long temporary
+        e = min(n, s + _KEY_PART)
+        np.left_shift(rows[s:e], shift, out=part[: e - s], casting="unsafe")
+        key[s:e] |= part[: e - s]
     key.sort()
     key &= np.array((1 << shift) - 1, dtype=dtype)
     return key.view(np.int64) if wide else key
@@ -188,7 +193,7 @@ def _fold_block(
         pos = first + ranks
         np.minimum(pos, n - 1, out=pos)
         r = ranks.shape[0]
-        p = ws.get("gather", (_up(r, 3), kk, n_words))
+        p = ws.get("gather", (_up(r, 3) if r >= _CSA_MIN_ROWS else r, kk, n_words))
         np.take(
             g.words, g.order[pos].reshape(-1), axis=0, out=p[:r].reshape(-1, n_words), mode="clip"
         )
@@ -261,7 +266,9 @@ def add_bit_counts(
     b0 = 0
     while b0 < touched.size:
         depth = min(int(sizes[touched[b0]]), _MAX_RANKS)
-        kk = max(1, min(touched.size - b0, block_bytes // (depth * 8 * n_words)))
+        # Gathered vectors and the block's int32 counts each stay within block_bytes.
+        kk = block_bytes // (8 * n_words * max(depth, 32))
+        kk = max(1, min(touched.size - b0, kk))
         blocks.append((b0, kk))
         b0 += kk
     grouped = _Grouped(words, order, starts, sizes, touched)
