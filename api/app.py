@@ -10,7 +10,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime
 from types import SimpleNamespace
@@ -874,7 +874,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         first, last = _day_range(start, end)
         sketch, days = load_sketch(ingestor.ledger, ingestor, policy, first, last)
         assert isinstance(sketch, SfpSketch)
-        found = sketch.discover_detailed(threshold=policy.publish_threshold or None)
+        found = cached_discovery(policy, days, sketch)
         return Discoveries(
             use_case=name,
             days=[day_date(d) for d in days],
@@ -968,7 +968,20 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     report_cache: dict[float | None, tuple[float, EffectiveEpsilonReport]] = {}
     verify_cache: dict[str, tuple[float, Verification]] = {}
     page_cache: dict[tuple[str | None, tuple[str, ...]], tuple[float, str]] = {}
-    discovered: dict[tuple[str, int, int, int], list[DiscoveredWord]] = {}
+    discovered: dict[tuple[str, int, tuple[int, ...], int], list[DiscoveredWord]] = {}
+
+    def cached_discovery(
+        policy: Policy, days: Sequence[int], sketch: SfpSketch
+    ) -> list[DiscoveredWord]:
+        """SFP discovery (seconds on a full sketch) once per policy version, days and size."""
+        key = (policy.name, policy.version, tuple(days), sketch.n)
+        found = discovered.get(key)
+        if found is None:
+            found = sketch.discover_detailed(threshold=policy.publish_threshold or None)
+            if len(discovered) > 16:
+                discovered.clear()
+            discovered[key] = found
+        return found
 
     def cached_report(ledger: Ledger, delta: float | None) -> EffectiveEpsilonReport:
         cached = report_cache.get(delta)
@@ -1008,15 +1021,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         for p in policies:
             if p.mechanism != "sfp" and p.name != estimate:
                 continue
-            sketch, _ = load_sketch(ledger, ingestor, p, today - p.retention_days + 1, today)
+            sketch, days = load_sketch(ledger, ingestor, p, today - p.retention_days + 1, today)
             if isinstance(sketch, SfpSketch):
-                found_key = (p.name, p.version, today, sketch.n)
-                found = discovered.get(found_key)
-                if found is None:  # seconds for a full sketch: once per sketch state
-                    found = sketch.discover_detailed(threshold=p.publish_threshold or None)
-                    if len(discovered) > 16:
-                        discovered.clear()
-                    discovered[found_key] = found
+                found = cached_discovery(p, days, sketch)
                 rows = [(w.word, w.count, w.stderr) for w in found]
                 panels.append(EstimatePanel(p.name, f"{p.name}: discovered words", sketch.n, rows))
             elif candidates:

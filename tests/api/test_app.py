@@ -17,7 +17,7 @@ from sqlalchemy import text
 from api.app import create_app
 from api.settings import Settings
 from budget import FixedClock
-from mechanisms import CMS, HCMS, SFP
+from mechanisms import CMS, HCMS, SFP, SfpSketch
 from policies import PolicyCreate, mechanism_for
 
 ADMIN = {"Authorization": "Bearer admin-secret-token"}
@@ -474,3 +474,46 @@ def test_fast_lane_receipts_match_the_route(client: TestClient) -> None:
     assert {k: v for k, v in lane.json().items() if k != "receipt"} == {
         k: v for k, v in route.json().items() if k != "receipt"
     }
+
+
+def test_discoveries_are_computed_once_per_sketch_state(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fields = {
+        k: v
+        for k, v in client.get("/v1/use-cases/quicktype").json().items()
+        if k in PolicyCreate.model_fields
+    }
+    small = {**fields, "k": 16, "m": 64, "k_fragment": 16, "m_fragment": 64}
+    assert client.put("/v1/use-cases/quicktype", json=small, headers=ADMIN).status_code == 200
+    calls: list[int] = []
+    discover = SfpSketch.discover_detailed
+
+    def counted(self: SfpSketch, *args: Any, **kwargs: Any) -> Any:
+        calls.append(self.n)
+        return discover(self, *args, **kwargs)
+
+    monkeypatch.setattr(SfpSketch, "discover_detailed", counted)
+    m = mech(client, "quicktype")
+
+    def submit(words: list[str], prefix: str) -> None:
+        for i, body in enumerate(
+            m.privatize(words, rng=np.random.default_rng(len(prefix))).to_dicts()
+        ):
+            r = client.post(
+                "/v1/use-cases/quicktype/reports",
+                json=body,
+                headers={"X-Device-Id": f"{prefix}{i}"},
+            )
+            assert r.status_code == 202, r.text
+        client.post("/v1/admin/jobs/aggregate:run", headers=ADMIN)
+
+    submit(["hello"] * 30, "a")
+    first = client.get("/v1/use-cases/quicktype/discoveries", headers=ADMIN)
+    second = client.get("/v1/use-cases/quicktype/discoveries", headers=ADMIN)
+    assert first.status_code == second.status_code == 200
+    assert first.json() == second.json() and first.json()["n"] == 30
+    assert calls == [30]  # the second answer came from the cache
+    submit(["world"] * 10, "bb")  # the sketch changed: computed again
+    assert client.get("/v1/use-cases/quicktype/discoveries", headers=ADMIN).json()["n"] == 40
+    assert calls == [30, 40]
