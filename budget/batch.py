@@ -240,8 +240,10 @@ def _fingerprint(item: BatchItem) -> str:
 def _allocate_ids(cur: Any, n: int, postgres: bool) -> list[int]:
     """``n`` fresh charge ids, in order (unused ones are left as gaps).
 
-    SQLite: the batch holds the write lock, so the ids after the current maximum are free.
-    PostgreSQL: drawn from the column's sequence, like the single gate's inserts.
+    SQLite: the batch holds the write lock, so the ids after the largest ever used (the table's
+    AUTOINCREMENT counter, or its maximum in databases made before it) are free; inserting them
+    advances the counter. PostgreSQL: drawn from the column's sequence, like the single gate's
+    inserts.
     """
     if n == 0:
         return []
@@ -251,7 +253,14 @@ def _allocate_ids(cur: Any, n: int, postgres: bool) -> list[int]:
             (n,),
         )
         return sorted(int(r[0]) for r in cur.fetchall())
-    cur.execute("SELECT coalesce(max(id), 0) FROM charges")
+    cur.execute("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'")
+    if int(cur.fetchone()[0]):
+        cur.execute(
+            "SELECT max(coalesce((SELECT max(id) FROM charges), 0),"
+            " coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'charges'), 0))"
+        )
+    else:
+        cur.execute("SELECT coalesce(max(id), 0) FROM charges")
     last = int(cur.fetchone()[0])
     return list(range(last + 1, last + n + 1))
 

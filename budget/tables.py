@@ -28,6 +28,9 @@ class Charge(SQLModel, table=True):
         # covering, in device order: window totals and ledgers per use case read only the index,
         # and one device's charges are a probe per use case (no second random index to write)
         Index("ix_charges_use_case_device", "use_case", "device_key", "day", "epsilon_micro"),
+        # SQLite: ids come from sqlite_sequence, never max(id) + 1, so that a purge that empties
+        # the table cannot hand out an id that a receipt or an audit entry already names
+        {"sqlite_autoincrement": True},
     )
 
     id: int | None = Field(

@@ -302,3 +302,21 @@ def test_a_database_with_old_format_device_keys_is_refused(ledger: Ledger) -> No
         )
     with pytest.raises(RuntimeError, match="128-bit"):
         init_db(ledger.engine)
+
+
+def test_charge_ids_are_never_reused_after_a_purge(ledger: Ledger) -> None:
+    # Receipts and audit entries name charges by id: a purge that empties the table must not
+    # let the next charge (single or batched) take an id that was already handed out.
+    from budget.batch import BatchItem, charge_batch
+
+    old = NOW - timedelta(days=200)
+    issued = [ledger.charge(f"dev-{i}", "emoji", now=old).charge_id for i in range(3)]
+    batched = charge_batch(ledger.gate, [BatchItem("dev-9", "emoji")], now=old)
+    assert isinstance(batched[0], Decision) and batched[0].accepted
+    issued.append(batched[0].charge_id)
+    assert ledger.purge(now=NOW).charges == 4 and count_rows(ledger, "charges") == 0
+    single = ledger.charge("dev-0", "emoji", now=NOW).charge_id
+    again = charge_batch(ledger.gate, [BatchItem("dev-1", "emoji")], now=NOW)
+    assert isinstance(again[0], Decision)
+    assert single is not None and again[0].charge_id is not None
+    assert min(single, again[0].charge_id) > max(i for i in issued if i is not None)
