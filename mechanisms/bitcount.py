@@ -217,7 +217,7 @@ def add_bit_counts(
     bits: npt.NDArray[np.uint8],
     *,
     threads: int = 1,
-    block_bytes: int = _BLOCK_BYTES,
+    block_bytes: int | None = None,
 ) -> None:
     """Add bit ``l`` of ``bits[i]`` (packed big-endian) to ``counts[rows[i], l]``, in place.
 
@@ -225,9 +225,13 @@ def add_bit_counts(
         counts: a ``(k, m)`` integer array, written in place.
         rows: ``n`` row indices in ``[0, k)`` (not checked here: callers validate).
         bits: ``(n, ceil(m / 8))`` packed vectors; bits past ``m`` are ignored.
-        threads: blocks of rows counted concurrently.
+        threads: blocks of rows counted concurrently (numpy releases the GIL in its loops, but
+            a block is some 60 short calls, so threads contend for it between them: bigger
+            blocks by default).
         block_bytes: the gathered block size (tuning; results do not depend on it).
     """
+    if block_bytes is None:
+        block_bytes = _BLOCK_BYTES if threads <= 1 else 2 * _BLOCK_BYTES
     k, m = counts.shape
     rows = np.asarray(rows)
     n = rows.shape[0]
