@@ -7,7 +7,8 @@ schema with ``--workers``); the load comes from this process: ``--clients`` thre
 its own keep-alive connection, submitting one HCMS report per request for a new device each
 time (so every report is accepted and written); then the same with ``wrk`` (a C load generator,
 Debian package ``wrk``) when installed, since a Python client saturates a core before the
-server does; then the relay endpoint: batches of 5,000 over 2 connections for as long.
+server does; then the relay endpoint: batches of ``--batch-items`` (5,000) over 2 connections
+for as long.
 Afterwards it checks that accepted = charged = stored (inbox + reports).
 """
 
@@ -46,7 +47,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(url: str, workers: int, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start(
+    url: str, workers: int, tmp: Path, batch_items: int
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = {
         **os.environ,
@@ -55,7 +58,7 @@ def _start(url: str, workers: int, tmp: Path) -> tuple[subprocess.Popen[bytes], 
         "DPGOV_AUDIT_KEY_FILE": str(tmp / "audit.key"),
         "DPGOV_ADMIN_TOKEN": TOKEN,
         "DPGOV_SCHEDULER": "false",
-        "DPGOV_MAX_BATCH_ITEMS": "5000",
+        "DPGOV_MAX_BATCH_ITEMS": str(batch_items),
         "DPGOV_MAX_BODY_BYTES": str(64 << 20),
     }
     proc = subprocess.Popen(
@@ -169,18 +172,18 @@ def _wrk(
 
 
 def _batches(
-    base: str, bodies: list[dict[str, int]], seconds: float, connections: int
+    base: str, bodies: list[dict[str, int]], seconds: float, connections: int, size: int
 ) -> tuple[int, float]:
-    """Relay batches of 5,000 over ``connections`` connections for ``seconds``: (accepted, s).
+    """Relay batches of ``size`` over ``connections`` connections for ``seconds``: (accepted, s).
 
     The request bodies are encoded before the clock starts (a relay has them ready), so the
     figure is the server's; every batch carries new devices, so every report is accepted.
     """
     run = uuid.uuid4().hex[:8]
-    template = [bodies[i % len(bodies)] for i in range(5000)]
+    template = [bodies[i % len(bodies)] for i in range(size)]
 
     def payload(b: int) -> bytes:
-        items = [{"device_id": f"{run}-b{b}-{i}", "report": template[i]} for i in range(5000)]
+        items = [{"device_id": f"{run}-b{b}-{i}", "report": template[i]} for i in range(size)]
         return orjson.dumps({"items": items})
 
     ready = [payload(b) for b in range(2 * connections)]
@@ -221,9 +224,11 @@ def _check(url: str) -> tuple[int, int]:
     return int(charges), int(stored)
 
 
-def run(label: str, url: str, workers: int, seconds: float, clients: int, tmp: Path) -> list[str]:
+def run(
+    label: str, url: str, workers: int, seconds: float, clients: int, tmp: Path, size: int = 5000
+) -> list[str]:
     """Benchmark one configuration; returns table rows."""
-    proc, base = _start(url, workers, tmp)
+    proc, base = _start(url, workers, tmp, size)
     try:
         policy = httpx.get(base + "/v1/use-cases/safari-energy-domains").json()
         fields = {k: v for k, v in policy.items() if k in PolicyCreate.model_fields}
@@ -234,7 +239,7 @@ def run(label: str, url: str, workers: int, seconds: float, clients: int, tmp: P
         ).to_dicts()
         wrk = _wrk(base, bodies[0], seconds, clients, tmp)
         ok, err, lat = _singles(base, bodies, seconds, clients)
-        batch_ok, batch_seconds = _batches(base, bodies, seconds, 2)
+        batch_ok, batch_seconds = _batches(base, bodies, seconds, 2, size)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -256,7 +261,7 @@ def run(label: str, url: str, workers: int, seconds: float, clients: int, tmp: P
         )
     return [
         *rows,
-        f"| {label} | batches of 5,000, 2 connections | {batch_ok / batch_seconds:,.0f} /s"
+        f"| {label} | batches of {size:,}, 2 connections | {batch_ok / batch_seconds:,.0f} /s"
         f" | | | 0 | {consistent} |",
     ]
 
@@ -268,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2, help="server workers on PostgreSQL")
     parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
+    parser.add_argument("--batch-items", type=int, default=5000, help="relay batch size")
     args = parser.parse_args(argv)
     print(
         "| backend | load | accepted throughput | p50 ms | p99 ms | errors"
@@ -282,13 +288,17 @@ def main(argv: list[str] | None = None) -> None:
             args.seconds,
             args.clients,
             Path(tmp),
+            args.batch_items,
         )
         for row in rows:
             print(row, flush=True)
     if args.postgres:
         with scratch_schema(args.postgres, "http") as url, tempfile.TemporaryDirectory() as tmp:
             label = f"postgresql, {args.workers} workers"
-            for row in run(label, url, args.workers, args.seconds, args.clients, Path(tmp)):
+            rows = run(
+                label, url, args.workers, args.seconds, args.clients, Path(tmp), args.batch_items
+            )
+            for row in rows:
                 print(row, flush=True)
 
 
