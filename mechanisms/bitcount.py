@@ -2,13 +2,14 @@
 
 ``add_bit_counts(counts, rows, bits)`` adds bit ``l`` of packed vector ``i`` to
 ``counts[rows[i], l]``. Unpacking costs a byte per bit; this costs a few word operations per 64
-bits. The vectors are grouped by row (one stable radix sort) and gathered rank-major into blocks
-of rows that fit in cache, so that the ``r``-th vectors of every row in a block form one row of
-64-bit words. Each block is then counted with bit-sliced arithmetic: carry-save adders (three
-words in, a sum word and a carry word out, five operations) cut the rows by a third per level,
-and SWAR lane widening (2-, 4-, 8- and 16-bit lanes, each level summing as many rows as its lanes
-hold) adds up what is left. Exact for any input, pure numpy; blocks may run on threads, since
-numpy releases the GIL in its loops and blocks write disjoint rows of ``counts``.
+bits. The vectors are grouped by row (one SIMD sort of ``row << b | index`` words) and gathered
+rank-major into blocks of rows of about equal depth that fit in cache, so that the ``r``-th
+vectors of every row in a block form one row of 64-bit words. Each block is then counted with
+bit-sliced arithmetic: carry-save adders (three words in, a sum word and a carry word out, five
+operations) cut the rows by a third per level, and SWAR lane widening (2-, 4-, 8- and 16-bit
+lanes, each level summing as many rows as its lanes hold) adds up what is left. Exact for any
+input, pure numpy; blocks may run on threads, since numpy releases the GIL in its loops and
+blocks write disjoint rows of ``counts``.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ _CSA_MIN_ROWS: Final = 6  # fewer rows go straight to lane widening
 _BLOCK_BYTES: Final = 1 << 20  # with its scratch, about one core's L2 cache
 # Plane ``8 h8 + s`` of a block's counts holds coordinate ``8 h8 + 7 - s`` of each 16.
 _COORD_ORDER: Final = np.array([8 * h + 7 - b for h in (0, 1) for b in range(8)])
-_KEY_PART: Final = 1 << 16
-_CHUNK: Final = 1 << 23  # vectors sorted at a time: bounds the index arrays to 128 MiB
+_KEY_PART: Final = 1 << 16  # sort keys are built this many at a time
+_CHUNK: Final = 1 << 23  # vectors sorted at a time with 64-bit keys: 64 MiB of keys
 
 
 class _Workspace:
@@ -233,7 +234,7 @@ def add_bit_counts(
     if block_bytes is None:
         block_bytes = _BLOCK_BYTES if threads <= 1 else 2 * _BLOCK_BYTES
     k, m = counts.shape
-    rows = np.asarray(rows)
+    rows = np.asarray(rows).astype(np.int64, copy=False)
     n = rows.shape[0]
     if bits.dtype != np.uint8 or bits.shape != (n, (m + 7) // 8):
         raise ValueError(f"bits must be uint8 of shape ({n}, {(m + 7) // 8}), got {bits.shape}")

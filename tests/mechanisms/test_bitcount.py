@@ -100,6 +100,13 @@ def test_input_is_taken_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     np.testing.assert_array_equal(counts, reference(64, 256, rows, bits))
 
 
+def test_narrow_row_dtypes_are_widened_before_the_sort_keys_shift_them() -> None:
+    rows, bits = random_input(65536, 64, 70_000, seed=6)  # 17 index bits + 16 row bits
+    counts = np.zeros((65536, 64), dtype=np.int32)
+    add_bit_counts(counts, rows.astype(np.int32), bits)
+    np.testing.assert_array_equal(counts, reference(65536, 64, rows, bits))
+
+
 def test_empty_input_changes_nothing() -> None:
     counts = np.ones((4, 16), dtype=np.int32)
     add_bit_counts(counts, np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.uint8))
