@@ -9,6 +9,8 @@ mode (which imports nothing of dp-governor). Every implementation runs in a fres
 its peak RSS (VmHWM) is its own. Workloads (values Zipf(1.1), eps 4):
 
 - emoji-k2048 / emoji-k65536: CMS, m = 1,024, k = 2,048 or 65,536, d = 2,600;
+- emoji-hcms-k2048 / emoji-hcms-k65536: the same values through HCMS (pure-ldp's HCMS can run
+  at m = 1,024);
 - safari: HCMS, m = 32,768, k = 1,024, d = 250,000.
 
 Peers: pure-ldp's ``CMSClient/CMSServer`` (CMS, and HCMS with ``is_hadamard``) and
@@ -48,6 +50,8 @@ PEER_PACKAGES = [
 WORKLOADS: dict[str, dict[str, Any]] = {
     "emoji-k2048": {"mech": "cms", "k": 2048, "m": 1024, "d": 2600},
     "emoji-k65536": {"mech": "cms", "k": 65536, "m": 1024, "d": 2600},
+    "emoji-hcms-k2048": {"mech": "hcms", "k": 2048, "m": 1024, "d": 2600},
+    "emoji-hcms-k65536": {"mech": "hcms", "k": 65536, "m": 1024, "d": 2600},
     "safari": {"mech": "hcms", "k": 1024, "m": 32768, "d": 250_000},
 }
 EPSILON = 4.0

@@ -31,6 +31,7 @@ __all__ = ["HCMS", "HcmsReport", "HcmsReports", "HcmsSketch"]
 
 MAX_M: Final = 1 << 24
 _INT32_MAX: Final = np.iinfo(np.int32).max
+_FOLD_CHUNK: Final = 1 << 20  # reports folded at a time (8 MiB of cell indices)
 
 IntArray = npt.NDArray[np.int64]
 
@@ -272,9 +273,17 @@ class HcmsSketch:
             raise ValueError("report bits must be -1 or +1")
         per_row = np.bincount(j, minlength=k)
         self._reserve(per_row)
-        flat = j * m
-        flat += l
-        np.add.at(self._sums.reshape(-1), flat, bit.astype(self._sums.dtype, copy=False))
+        sums = self._sums.reshape(-1)
+        size = min(len(j), _FOLD_CHUNK)
+        flat = np.empty(size, dtype=np.int64)
+        signs = np.empty(size, dtype=sums.dtype)
+        for s in range(0, len(j), _FOLD_CHUNK):  # bounded temporaries, reused: no fresh pages
+            e = min(len(j), s + _FOLD_CHUNK)
+            f, b = flat[: e - s], signs[: e - s]
+            np.multiply(j[s:e], m, out=f)
+            f += l[s:e]
+            b[...] = bit[s:e]
+            np.add.at(sums, f, b)
         self._rows += per_row
         return self
 

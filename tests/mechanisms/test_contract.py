@@ -111,3 +111,25 @@ def test_estimates_have_aligned_float_arrays(mech: Any) -> None:
     assert np.all(est.stderr > 0)
     empty = mech.sketch().estimate(["apple"])
     assert empty.n == 0 and empty.counts[0] == 0.0 and empty.stderr[0] == 0.0
+
+
+@pytest.mark.parametrize("mech", MECHANISMS[:2], ids=IDS[:2])
+def test_folding_in_chunks_equals_the_definition(
+    mech: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mechanisms.bitcount
+    import mechanisms.hcms
+
+    monkeypatch.setattr(mechanisms.hcms, "_FOLD_CHUNK", 37)
+    monkeypatch.setattr(mechanisms.bitcount, "_CHUNK", 37)
+    reports = mech.privatize(VALUES * 5, rng=np.random.default_rng(4))
+    sketch = mech.sketch().add(reports)
+    j = np.asarray(reports.j, dtype=np.int64)
+    expected = np.zeros((mech.k, mech.m), dtype=np.int64)
+    if isinstance(mech, HCMS):
+        np.add.at(expected, (j, np.asarray(reports.l)), np.asarray(reports.bit, dtype=np.int64))
+        np.testing.assert_array_equal(sketch.sums, expected)
+    else:
+        np.add.at(expected, j, np.unpackbits(reports.bits, axis=1, count=mech.m).astype(np.int64))
+        np.testing.assert_array_equal(sketch.counts, expected)
+    np.testing.assert_array_equal(sketch.row_counts, np.bincount(j, minlength=mech.k))
