@@ -44,29 +44,49 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _audit_rows(items: list[str], first: int) -> list[tuple[int, bytes, bytes]]:
-    return [
-        (first + i, PAYLOAD[:150] + k.encode(), hashlib.sha256(k.encode()).digest())
-        for i, k in enumerate(items)
-    ]
+# The per-report append-only rows every layout but the packed one writes.
+_APPEND_DDL = """
+    CREATE TABLE charges(id INTEGER PRIMARY KEY AUTOINCREMENT, device_key TEXT,
+        use_case TEXT, budget TEXT, version INTEGER, eps INTEGER, day INTEGER, idem TEXT);
+    CREATE TABLE inbox(id INTEGER PRIMARY KEY, use_case TEXT, day INTEGER, payload BLOB,
+        charge_id INTEGER);
+    CREATE TABLE audit(seq INTEGER PRIMARY KEY, body BLOB, digest BLOB);
+"""
+
+
+def _append_rows(conn: sqlite3.Connection, day: int, items: list[str], first: int) -> None:
+    """One charge, one inbox row and one audit entry per report."""
+    conn.executemany(
+        "INSERT INTO charges VALUES(?, ?, 'emoji', 'emoji', 1, 4000000, ?, NULL)",
+        [(first + i, k, day) for i, k in enumerate(items)],
+    )
+    conn.executemany(
+        "INSERT INTO inbox VALUES(NULL, 'emoji', ?, ?, ?)",
+        [(day, PAYLOAD, first + i) for i in range(len(items))],
+    )
+    conn.executemany(
+        "INSERT INTO audit VALUES(?, ?, ?)",
+        [
+            (first + i, PAYLOAD[:150] + k.encode(), hashlib.sha256(k.encode()).digest())
+            for i, k in enumerate(items)
+        ],
+    )
 
 
 def current(conn: sqlite3.Connection) -> Batch:
     """The shipped layout's rows for each accepted report."""
-    conn.executescript("""
+    conn.executescript(
+        """
         CREATE TABLE accounts(device_key TEXT PRIMARY KEY, created INTEGER);
         CREATE TABLE daily_spend(device_key TEXT, budget TEXT, day INTEGER, count INTEGER,
             eps INTEGER, PRIMARY KEY(device_key, budget, day));
         CREATE INDEX ix_daily_spend_day ON daily_spend(day);
         CREATE TABLE lifetime(device_key TEXT, use_case TEXT, eps INTEGER, count INTEGER,
             PRIMARY KEY(device_key, use_case, eps));
-        CREATE TABLE charges(id INTEGER PRIMARY KEY AUTOINCREMENT, device_key TEXT,
-            use_case TEXT, budget TEXT, version INTEGER, eps INTEGER, day INTEGER, idem TEXT);
-        CREATE INDEX ix_charges ON charges(use_case, device_key, day, eps);
-        CREATE TABLE inbox(id INTEGER PRIMARY KEY, use_case TEXT, day INTEGER, payload BLOB,
-            charge_id INTEGER);
-        CREATE TABLE audit(seq INTEGER PRIMARY KEY, body BLOB, digest BLOB);
-    """)
+    """
+        + _APPEND_DDL
+        + "CREATE INDEX ix_charges ON charges(use_case, device_key, day, eps);"
+    )
 
     def batch(day: int, items: list[str], first: int) -> None:
         conn.execute("BEGIN IMMEDIATE")
@@ -83,15 +103,7 @@ def current(conn: sqlite3.Connection) -> Batch:
             " SET count = count + 1",
             [(k,) for k in items],
         )
-        conn.executemany(
-            "INSERT INTO charges VALUES(?, ?, 'emoji', 'emoji', 1, 4000000, ?, NULL)",
-            [(first + i, k, day) for i, k in enumerate(items)],
-        )
-        conn.executemany(
-            "INSERT INTO inbox VALUES(NULL, 'emoji', ?, ?, ?)",
-            [(day, PAYLOAD, first + i) for i in range(len(items))],
-        )
-        conn.executemany("INSERT INTO audit VALUES(?, ?, ?)", _audit_rows(items, first))
+        _append_rows(conn, day, items, first)
         conn.execute("COMMIT")
 
     return batch
@@ -99,19 +111,17 @@ def current(conn: sqlite3.Connection) -> Batch:
 
 def state_row(conn: sqlite3.Connection, *, packed: bool) -> Batch:
     """One state row per (device, budget); per-report or per-batch appends."""
-    conn.executescript("""
+    conn.executescript(
+        """
         CREATE TABLE state(device_key TEXT, budget TEXT, days BLOB, lifetime INTEGER,
             PRIMARY KEY(device_key, budget)) WITHOUT ROWID;
-        CREATE TABLE charges(id INTEGER PRIMARY KEY AUTOINCREMENT, device_key TEXT,
-            use_case TEXT, budget TEXT, version INTEGER, eps INTEGER, day INTEGER, idem TEXT);
         CREATE TABLE charge_batches(id INTEGER PRIMARY KEY, day INTEGER, use_case TEXT,
             first_charge INTEGER, device_keys BLOB);
-        CREATE TABLE inbox(id INTEGER PRIMARY KEY, use_case TEXT, day INTEGER, payload BLOB,
-            charge_id INTEGER);
         CREATE TABLE inbox_batches(id INTEGER PRIMARY KEY, use_case TEXT, day INTEGER,
             payloads BLOB);
-        CREATE TABLE audit(seq INTEGER PRIMARY KEY, body BLOB, digest BLOB);
-    """)
+    """
+        + _APPEND_DDL
+    )
 
     def batch(day: int, items: list[str], first: int) -> None:
         conn.execute("BEGIN IMMEDIATE")
@@ -132,15 +142,7 @@ def state_row(conn: sqlite3.Connection, *, packed: bool) -> Batch:
             digests = b"".join(hashlib.sha256(k.encode()).digest() for k in items)
             conn.execute("INSERT INTO audit VALUES(?, ?, ?)", (first, digests, bytes(32)))
         else:
-            conn.executemany(
-                "INSERT INTO charges VALUES(?, ?, 'emoji', 'emoji', 1, 4000000, ?, NULL)",
-                [(first + i, k, day) for i, k in enumerate(items)],
-            )
-            conn.executemany(
-                "INSERT INTO inbox VALUES(NULL, 'emoji', ?, ?, ?)",
-                [(day, PAYLOAD, first + i) for i in range(len(items))],
-            )
-            conn.executemany("INSERT INTO audit VALUES(?, ?, ?)", _audit_rows(items, first))
+            _append_rows(conn, day, items, first)
         conn.execute("COMMIT")
 
     return batch

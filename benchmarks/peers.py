@@ -56,7 +56,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 EPSILON = 4.0
 CORES = len(os.sched_getaffinity(0))
-THREADED: dict[str, float] = {}  # dp-governor's fold with ``threads=CORES``, when measured
+# client s, server s, estimate s, estimates, extra figures (dp-governor: its threaded fold)
+Run = tuple[float, float, float, np.ndarray, dict[str, float]]
 
 
 def zipf_data(d: int, n: int, seed: int) -> np.ndarray:
@@ -79,7 +80,7 @@ def _peak_mib() -> float:
     return float("nan")
 
 
-def _ours(w: dict[str, Any], data: np.ndarray) -> tuple[float, float, float, np.ndarray]:
+def _ours(w: dict[str, Any], data: np.ndarray) -> Run:
     from mechanisms import CMS, HCMS, HashFamily
 
     vocab = [f"v{i}" for i in range(w["d"])]
@@ -95,15 +96,16 @@ def _ours(w: dict[str, Any], data: np.ndarray) -> tuple[float, float, float, np.
     t2 = time.perf_counter()
     est = sketch.estimate(vocab).counts
     t3 = time.perf_counter()
+    extra = {}
     if w["mech"] == "cms" and CORES > 1:  # the same fold on every core, reported beside
         again = mech.sketch().merge(mech.sketch())
         t4 = time.perf_counter()
         again.add(reports, threads=CORES)
-        THREADED["server"] = len(data) / (time.perf_counter() - t4)
-    return client, t2 - t1, t3 - t2, np.asarray(est)
+        extra["server_threaded"] = len(data) / (time.perf_counter() - t4)
+    return client, t2 - t1, t3 - t2, np.asarray(est), extra
 
 
-def _pure_ldp(w: dict[str, Any], data: np.ndarray) -> tuple[float, float, float, np.ndarray]:
+def _pure_ldp(w: dict[str, Any], data: np.ndarray) -> Run:
     from pure_ldp.frequency_oracles.apple_cms import CMSClient, CMSServer
 
     hadamard = w["mech"] == "hcms"
@@ -117,10 +119,10 @@ def _pure_ldp(w: dict[str, Any], data: np.ndarray) -> tuple[float, float, float,
     t2 = time.perf_counter()
     est = np.array(server.estimate_all(range(w["d"]), suppress_warnings=True), dtype=np.float64)
     t3 = time.perf_counter()
-    return t1 - t0, t2 - t1, t3 - t2, est
+    return t1 - t0, t2 - t1, t3 - t2, est, {}
 
 
-def _olh(w: dict[str, Any], data: np.ndarray) -> tuple[float, float, float, np.ndarray]:
+def _olh(w: dict[str, Any], data: np.ndarray) -> Run:
     from multi_freq_ldpy.pure_frequency_oracles.LH import LH_Aggregator_MI, LH_Client
 
     d = w["d"]
@@ -129,7 +131,7 @@ def _olh(w: dict[str, Any], data: np.ndarray) -> tuple[float, float, float, np.n
     t1 = time.perf_counter()
     freq = LH_Aggregator_MI(reports, d, EPSILON)  # aggregation and estimation are one pass
     t2 = time.perf_counter()
-    return t1 - t0, t2 - t1, 0.0, np.asarray(freq, dtype=np.float64) * len(data)
+    return t1 - t0, t2 - t1, 0.0, np.asarray(freq, dtype=np.float64) * len(data), {}
 
 
 def driver(impl: str, workload: str, n: int, seed: int) -> dict[str, Any]:
@@ -137,10 +139,10 @@ def driver(impl: str, workload: str, n: int, seed: int) -> dict[str, Any]:
     w = WORKLOADS[workload]
     data = zipf_data(w["d"], n, seed)
     run = {"dp-governor": _ours, "pure-ldp": _pure_ldp, "multi-freq-ldpy": _olh}[impl]
-    client, server, estimate, est = run(w, data)
+    client, server, estimate, est, extra = run(w, data)
     rmse, mape = _errors(est, data, w["d"])
     return {
-        **({"server_threaded": THREADED["server"]} if "server" in THREADED else {}),
+        **extra,
         "client": n / client,
         "server": n / server,
         "estimate": estimate,

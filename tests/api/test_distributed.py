@@ -19,7 +19,14 @@ from api.app import init_service_db
 from api.cli import app
 from api.distributed import DaskOptions, aggregate_files, group_files
 from api.ingest import Ingestor, params_hash
-from api.parquet import dataset_files, export_reports, iter_reports, partition_dir, write_reports
+from api.parquet import (
+    ExportResult,
+    dataset_files,
+    export_reports,
+    iter_reports,
+    partition_dir,
+    write_reports,
+)
 from api.pipeline import (
     aggregate,
     flush_inbox,
@@ -91,6 +98,12 @@ class Service:
     ingestor: Ingestor
     days: tuple[int, int]
 
+    def export(self, root: Path, name: str, **options: int) -> ExportResult:
+        """Export both days of a use case's stored reports to ``root``."""
+        first, last = self.days
+        mechanisms = mechanisms_by_params(self.ledger, name)
+        return export_reports(self.ledger.engine, root, name, first, last, mechanisms, **options)
+
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
@@ -125,15 +138,7 @@ def test_export_then_aggregate_equals_the_services_sketches(
 ) -> None:
     first, last = service.days
     policy = service.ledger.policies.get(name)
-    exported = export_reports(
-        service.ledger.engine,
-        tmp_path,
-        name,
-        first,
-        last,
-        mechanisms_by_params(service.ledger, name),
-        rows_per_file=97,
-    )
+    exported = service.export(tmp_path, name, rows_per_file=97)
     assert exported.rows == 1400
     mech = mechanism_for(policy)
     params = params_hash(mech)
@@ -144,14 +149,7 @@ def test_export_then_aggregate_equals_the_services_sketches(
     local = aggregate_files(mech, files)
     assert _same(sketch_arrays(local), sketch_arrays(stored))
     # re-exporting replaces the partitions and leaves no staging directory behind
-    export_reports(
-        service.ledger.engine,
-        tmp_path,
-        name,
-        first,
-        last,
-        mechanisms_by_params(service.ledger, name),
-    )
+    service.export(tmp_path, name)
     assert len(dataset_files(tmp_path, name, [first, last], params)) == 2
     assert not list(tmp_path.rglob(".export-*"))
     day_dir = partition_dir(tmp_path, name, first, params)
@@ -165,15 +163,7 @@ def test_dask_local_cluster_gives_the_same_sketch_bit_for_bit(
     sketches = {}
     for name in CASES:
         mech = mechanism_for(service.ledger.policies.get(name))
-        export_reports(
-            service.ledger.engine,
-            tmp_path,
-            name,
-            first,
-            last,
-            mechanisms_by_params(service.ledger, name),
-            rows_per_file=150,
-        )
+        service.export(tmp_path, name, rows_per_file=150)
         sketches[name] = (mech, dataset_files(tmp_path, name, [first, last], params_hash(mech)))
     # one cluster, three use cases (start-up is the slow part); six threads make six partials,
     # so some are merged on the cluster and the rest in this process
