@@ -1,6 +1,7 @@
 """HTTP ingestion against a real ``dpgov serve`` process; prints a Markdown table.
 
-Usage: ``python -m benchmarks.http [--seconds 15] [--clients 16] [--postgres URL]``.
+Usage: ``python -m benchmarks.http [--seconds 15] [--clients 16] [--postgres URL]
+[--loads singles relay] [--batch-items 5000] [--sqlite-workers 1]``.
 
 The server runs in its own process (SQLite file in a temporary folder, or a fresh PostgreSQL
 schema with ``--workers``); the load comes from this process: ``--clients`` threads, each with
@@ -39,6 +40,7 @@ from mechanisms import HCMS
 from policies import PolicyCreate, mechanism_for
 
 TOKEN = "bench-admin-token-bench-admin-token"
+LOADS = frozenset({"singles", "relay"})
 
 
 def _free_port() -> int:
@@ -225,7 +227,14 @@ def _check(url: str) -> tuple[int, int]:
 
 
 def run(
-    label: str, url: str, workers: int, seconds: float, clients: int, tmp: Path, size: int = 5000
+    label: str,
+    url: str,
+    workers: int,
+    seconds: float,
+    clients: int,
+    tmp: Path,
+    size: int = 5000,
+    loads: frozenset[str] = LOADS,
 ) -> list[str]:
     """Benchmark one configuration; returns table rows."""
     proc, base = _start(url, workers, tmp, size)
@@ -237,9 +246,13 @@ def run(
         bodies = mech.privatize(
             [f"d{i}.example" for i in range(2000)], rng=np.random.default_rng(1)
         ).to_dicts()
-        wrk = _wrk(base, bodies[0], seconds, clients, tmp)
-        ok, err, lat = _singles(base, bodies, seconds, clients)
-        batch_ok, batch_seconds = _batches(base, bodies, seconds, 2, size)
+        wrk = _wrk(base, bodies[0], seconds, clients, tmp) if "singles" in loads else None
+        ok, err, lat = (
+            _singles(base, bodies, seconds, clients) if "singles" in loads else (0, 0, [0.0])
+        )
+        batch_ok, batch_seconds = (
+            _batches(base, bodies, seconds, 2, size) if "relay" in loads else (0, 1.0)
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -250,20 +263,23 @@ def run(
     # wrk stops counting with up to `clients` requests in flight; the server still answers them
     ok_counts = charges == stored and 0 <= charges - total <= (clients if wrk else 0)
     consistent = "yes" if ok_counts else f"NO ({charges}/{stored}/{total})"
-    rows = [
-        f"| {label} | single reports, {clients} Python clients | {ok / seconds:,.0f} /s"
-        f" | {p[0]:.1f} | {p[1]:.1f} | {err} | {consistent} |",
-    ]
+    rows = []
+    if "singles" in loads:
+        rows.append(
+            f"| {label} | single reports, {clients} Python clients | {ok / seconds:,.0f} /s"
+            f" | {p[0]:.1f} | {p[1]:.1f} | {err} | {consistent} |"
+        )
     if wrk:
         rows.append(
             f"| {label} | single reports, wrk, {clients} connections | {wrk[0] / seconds:,.0f} /s"
             f" | {wrk[2]:.1f} | {wrk[3]:.1f} | {wrk[1]} | {consistent} |"
         )
-    return [
-        *rows,
-        f"| {label} | batches of {size:,}, 2 connections | {batch_ok / batch_seconds:,.0f} /s"
-        f" | | | 0 | {consistent} |",
-    ]
+    if "relay" in loads:
+        rows.append(
+            f"| {label} | batches of {size:,}, 2 connections | {batch_ok / batch_seconds:,.0f} /s"
+            f" | | | 0 | {consistent} |"
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -272,23 +288,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2, help="server workers on PostgreSQL")
+    parser.add_argument("--sqlite-workers", type=int, default=1, help="server workers on SQLite")
     parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
     parser.add_argument("--batch-items", type=int, default=5000, help="relay batch size")
+    parser.add_argument(
+        "--loads", nargs="+", choices=sorted(LOADS), default=sorted(LOADS), help="what to run"
+    )
     args = parser.parse_args(argv)
+    loads = frozenset(args.loads)
     print(
         "| backend | load | accepted throughput | p50 ms | p99 ms | errors"
         " | accepted = charged = stored |"
     )
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
+        n = args.sqlite_workers
         rows = run(
-            "sqlite, 1 worker",
+            f"sqlite, {n} worker{'s' if n > 1 else ''}",
             f"sqlite:///{Path(tmp) / 'bench.sqlite'}",
-            1,
+            n,
             args.seconds,
             args.clients,
             Path(tmp),
             args.batch_items,
+            loads,
         )
         for row in rows:
             print(row, flush=True)
@@ -296,7 +319,14 @@ def main(argv: list[str] | None = None) -> None:
         with scratch_schema(args.postgres, "http") as url, tempfile.TemporaryDirectory() as tmp:
             label = f"postgresql, {args.workers} workers"
             rows = run(
-                label, url, args.workers, args.seconds, args.clients, Path(tmp), args.batch_items
+                label,
+                url,
+                args.workers,
+                args.seconds,
+                args.clients,
+                Path(tmp),
+                args.batch_items,
+                loads,
             )
             for row in rows:
                 print(row, flush=True)

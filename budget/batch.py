@@ -92,6 +92,8 @@ def charge_batch(
             valid.append(i)
     ph = placeholder(gate.engine)
     postgres = gate.engine.dialect.name == "postgresql"
+    # outside the write lock: another worker's batch commits meanwhile
+    keys = {i: gate.device_key(items[i].device_id) for i in valid}
     with gate.write_lock, gate.engine.connect() as conn, conn.begin():
         cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         terms: dict[str, Terms | UnknownUseCase] = {}
@@ -107,7 +109,6 @@ def charge_batch(
                 results[i] = found
         valid = [i for i in valid if results[i] is None]
         of: dict[int, Terms] = {i: terms[items[i].use_case] for i in valid}  # type: ignore[misc]
-        keys = {i: gate.device_key(items[i].device_id) for i in valid}
 
         # Idempotency: replay earlier decisions; the first of repeated keys decides.
         first_of_key: dict[tuple[str, str], int] = {}

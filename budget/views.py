@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import and_, func, select
+from sqlalchemy import Connection, and_, func, select
 
 from budget.accountant import PrivacyLoss
 from budget.clock import day_date, utc_day
@@ -232,39 +232,58 @@ def _refusals(
     return refused, over_w, over_l
 
 
+def _budget_spends(
+    conn: Connection, budget: str, day: int, retentions: tuple[int, int]
+) -> tuple[dict[str, int], tuple[dict[str, int], dict[str, int]], dict[str, int]]:
+    """One budget's spends per device: reports today, the two windows' and the lifetime's."""
+    today: dict[str, int] = {}
+    windows: tuple[dict[str, int], dict[str, int]] = (defaultdict(int), defaultdict(int))
+    low = day - max(retentions)
+    for dk, d, count, eps in conn.execute(
+        select(_DAILY.c.device_key, _DAILY.c.day, _DAILY.c.count, _DAILY.c.epsilon_micro).where(
+            and_(_DAILY.c.budget == budget, _DAILY.c.day > low, _DAILY.c.day <= day)
+        )
+    ):
+        if int(d) == day:
+            today[dk] = int(count)
+        for window, retention in zip(windows, retentions, strict=True):
+            if int(d) > day - retention:
+                window[dk] += int(eps)
+    life = {
+        dk: int(eps)
+        for dk, eps in conn.execute(
+            select(_ACCOUNTS.c.device_key, _ACCOUNTS.c.epsilon_micro).where(
+                _ACCOUNTS.c.budget == budget
+            )
+        )
+    }
+    return today, windows, life
+
+
 def what_if(ledger: Ledger, use_case: str, proposed: PolicyCreate, *, now: datetime) -> WhatIf:
-    """Compare the current policy of ``use_case`` with ``proposed`` on today's ledger."""
+    """Compare the current policy of ``use_case`` with ``proposed`` on today's ledger.
+
+    Each side is judged on the budget it draws from: a proposal that moves the use case into
+    (or out of) a budget group is judged on that group's shared account, and one that the
+    group's other members would refuse raises :class:`PolicyConflict` as applying it would.
+    """
     current = ledger.policies.get(use_case)
     if proposed.name != use_case:
         raise InvalidRequest("name", f"must be {use_case!r}, the use case asked about")
     day = utc_day(now)
-    budget = budget_key(current)
-    retention = max(current.retention_days, proposed.retention_days)
-    today: dict[str, int] = {}
-    window_cur: dict[str, int] = defaultdict(int)
-    window_new: dict[str, int] = defaultdict(int)
+    retentions = (current.retention_days, proposed.retention_days)
     with ledger.engine.connect() as conn:
-        for dk, d, count, eps in conn.execute(
-            select(_DAILY.c.device_key, _DAILY.c.day, _DAILY.c.count, _DAILY.c.epsilon_micro).where(
-                and_(_DAILY.c.budget == budget, _DAILY.c.day > day - retention, _DAILY.c.day <= day)
+        ledger.policies.check_group(conn, proposed)
+        today, (window_cur, window_new), life = _budget_spends(
+            conn, budget_key(current), day, retentions
+        )
+        today_new, life_new = today, life
+        if budget_key(proposed) != budget_key(current):
+            today_new, (_, window_new), life_new = _budget_spends(
+                conn, budget_key(proposed), day, retentions
             )
-        ):
-            if int(d) == day:
-                today[dk] = int(count)
-            if int(d) > day - current.retention_days:
-                window_cur[dk] += int(eps)
-            if int(d) > day - proposed.retention_days:
-                window_new[dk] += int(eps)
-        life = {
-            dk: int(eps)
-            for dk, eps in conn.execute(
-                select(_ACCOUNTS.c.device_key, _ACCOUNTS.c.epsilon_micro).where(
-                    _ACCOUNTS.c.budget == budget
-                )
-            )
-        }
     cur = _refusals(current, today, window_cur, life)
-    new = _refusals(proposed, today, window_new, life)
+    new = _refusals(proposed, today_new, window_new, life_new)
 
     policies = list({p.name: p for p in ledger.all_policy_versions()}.values())
     candidate = Policy(

@@ -164,7 +164,7 @@ class PolicyStore:
             if not must_exist and exists:
                 raise PolicyConflict("name", f"use case {policy.name!r} already exists")
             if active and policy.budget_group:
-                self._check_group(conn, policy)
+                self.check_group(conn, policy)
             version = 1 if latest is None else latest.version + 1
             row = Policy(
                 **policy.model_dump(),
@@ -191,8 +191,13 @@ class PolicyStore:
                 self._on_change(conn, old, row)
         return row
 
-    def _check_group(self, conn: Connection, policy: PolicyCreate) -> None:
-        assert policy.budget_group is not None
+    def check_group(self, conn: Connection, policy: PolicyCreate) -> None:
+        """Refuse ``policy`` if it disagrees with another member of its budget group.
+
+        Raises :class:`PolicyConflict` naming the first shared field that differs.
+        """
+        if policy.budget_group is None:
+            return
         for other in self.group_members_in(conn, policy.budget_group):
             if other.name == policy.name:
                 continue

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from budget import InvalidRequest, Ledger, UnknownUseCase
+from budget import InvalidRequest, Ledger, PolicyConflict, UnknownUseCase
 from budget.batch import BatchItem, charge_batch
 from budget.views import device_timeline, distribution, what_if
 from policies import PolicyUpdate
@@ -77,3 +77,29 @@ def test_what_if_counts_refusals_and_changes_nothing(ledger: Ledger) -> None:
     assert (ledger.audit.head(), ledger.policies.get("lookup-hints").version) == before
     with pytest.raises(InvalidRequest, match="name"):
         what_if(ledger, "emoji", proposed, now=NOW)
+
+
+def test_what_if_judges_a_proposal_on_the_budget_it_would_draw_from(ledger: Ledger) -> None:
+    # five devices spent today's two safari-domains reports; lookup-hints was never used
+    items = [BatchItem(f"d{i}", "safari-energy-domains") for i in range(5) for _ in range(2)]
+    charge_batch(ledger.gate, items, now=NOW)
+    current = ledger.policies.get("lookup-hints")
+    joining = PolicyUpdate(budget_group="safari-domains").apply_to(current)
+    result = what_if(ledger, "lookup-hints", joining, now=NOW)
+    # the shared account is spent: each of the five would be refused under the proposal
+    assert result.refused_next_report_today == {"current": 0, "proposed": 5}
+    assert result.devices_in_window == 5
+    own = what_if(
+        ledger, "lookup-hints", PolicyUpdate(max_reports_per_day=1).apply_to(current), now=NOW
+    )
+    assert own.refused_next_report_today == {"current": 0, "proposed": 0}
+
+
+def test_what_if_refuses_a_proposal_its_budget_group_would_refuse(ledger: Ledger) -> None:
+    current = ledger.policies.get("emoji")  # 1 report a day; safari-domains allows 2
+    joining = PolicyUpdate(budget_group="safari-domains").apply_to(current)
+    with pytest.raises(PolicyConflict, match="max_reports_per_day") as info:
+        what_if(ledger, "emoji", joining, now=NOW)
+    assert info.value.field == "max_reports_per_day"
+    with pytest.raises(PolicyConflict, match="max_reports_per_day"):
+        ledger.policies.update("emoji", PolicyUpdate(budget_group="safari-domains"))
