@@ -1,0 +1,134 @@
+"""The relay's batch path in-process (no HTTP): reports/s and bytes written; prints a table.
+
+Usage: ``python -m benchmarks.relay [--batch 5000 20000] [--batches 10] [--postgres URL]``.
+
+The service's own :meth:`api.ingest.Ingestor.submit_many` on a fresh database with the default
+policies: Safari HCMS reports, every item a new device (so every report is accepted and every
+ledger row is new), ``--warm`` batches first, then ``--batches`` timed. On SQLite it also
+reports what the WAL grew by per report (automatic checkpoints off during the timed batches,
+so the figure is every page the commits wrote): the ledger layout's cost that no Python tuning
+removes. The loop to iterate on for the relay target, a few seconds a row instead of the HTTP
+benchmark's server process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from sqlalchemy import Engine, event
+
+from api.app import init_service_db
+from api.ingest import Ingestor
+from budget import Ledger, create_db_engine
+from budget.db import scratch_schema
+from policies import mechanism_for
+
+USE_CASE = "safari-energy-domains"
+SECRET = b"relay-benchmark-secret-relay-benchmark"
+NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
+
+
+@contextmanager
+def _engine(kind: str, folder: Path, pg_url: str | None) -> Iterator[tuple[Engine, Path | None]]:
+    if kind == "sqlite":
+        path = folder / f"relay-{uuid.uuid4().hex[:8]}.sqlite"
+        engine = create_db_engine(f"sqlite:///{path}")
+        try:
+            yield engine, path
+        finally:
+            engine.dispose()
+        return
+    assert pg_url is not None
+    with scratch_schema(pg_url, "relay") as url:
+        engine = create_db_engine(url)
+        try:
+            yield engine, None
+        finally:
+            engine.dispose()
+
+
+def _items(reports: list[dict[str, Any]], size: int) -> list[Any]:
+    """One relay batch as the route hands it over: parsed JSON, a new device per item."""
+    run = uuid.uuid4().hex[:12]
+    raw = orjson.dumps(
+        [{"device_id": f"{run}-{i}", "report": reports[i % len(reports)]} for i in range(size)]
+    )
+    items: list[Any] = orjson.loads(raw)
+    return items
+
+
+def run(kind: str, size: int, warm: int, batches: int, folder: Path, pg_url: str | None) -> str:
+    """Time ``batches`` batches of ``size`` after ``warm``; one table row."""
+    with _engine(kind, folder, pg_url) as (engine, path):
+        init_service_db(engine)
+        ledger = Ledger(engine, SECRET, audit_key=SECRET)
+        ledger.policies.ensure_defaults()
+        ingestor = Ingestor(ledger, SECRET)
+        mech = mechanism_for(ledger.policies.get(USE_CASE))
+        reports = mech.privatize(
+            [f"d{i}.example" for i in range(2_000)], rng=np.random.default_rng(1)
+        ).to_dicts()
+        for _ in range(warm):
+            ingestor.submit_many(USE_CASE, _items(reports, size), now=NOW)
+        ready = [_items(reports, size) for _ in range(batches)]
+        wal_before = 0
+        if path is not None:
+            with engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            engine.dispose()  # new connections take the pragma below
+
+            @event.listens_for(engine, "connect")
+            def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
+                dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
+
+            wal_before = os.path.getsize(f"{path}-wal") if os.path.exists(f"{path}-wal") else 0
+        accepted = 0
+        t0 = time.perf_counter()
+        for items in ready:
+            results = ingestor.submit_many(USE_CASE, items, now=NOW)
+            accepted += sum(1 for r in results if r.status == 202)
+        seconds = time.perf_counter() - t0
+        n = size * batches
+        if accepted != n:
+            raise AssertionError(f"{accepted} of {n} accepted: the benchmark's devices are new")
+        wal = "n/a"
+        if path is not None:
+            grown = os.path.getsize(f"{path}-wal") - wal_before
+            wal = f"{grown / n / 1024:.1f} KiB"
+        return (
+            f"| {kind} | {size:,} | {warm * size:,} | {n / seconds:,.0f} /s"
+            f" | {seconds / n * 1e6:.1f} | {wal} |"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, run every backend and batch size, print one table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[5_000, 20_000])
+    parser.add_argument("--warm", type=int, default=4, help="untimed batches first")
+    parser.add_argument("--batches", type=int, default=6, help="timed batches")
+    parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
+    args = parser.parse_args(argv)
+    print("| backend | batch | devices before | accepted | us/report | WAL written/report |")
+    print("|---|---:|---:|---:|---:|---:|")
+    kinds = ["sqlite"] + (["postgresql"] if args.postgres else [])
+    with tempfile.TemporaryDirectory(prefix="dpgov-relay-") as folder:
+        for kind in kinds:
+            for size in args.batch:
+                row = run(kind, size, args.warm, args.batches, Path(folder), args.postgres)
+                print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
