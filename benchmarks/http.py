@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -301,34 +302,21 @@ def main(argv: list[str] | None = None) -> None:
         " | accepted = charged = stored |"
     )
     print("|---|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        n = args.sqlite_workers
-        rows = run(
-            f"sqlite, {n} worker{'s' if n > 1 else ''}",
-            f"sqlite:///{Path(tmp) / 'bench.sqlite'}",
-            n,
-            args.seconds,
-            args.clients,
-            Path(tmp),
-            args.batch_items,
-            loads,
-        )
-        for row in rows:
-            print(row, flush=True)
+    n = args.sqlite_workers
+    configs = [(f"sqlite, {n} worker{'s' if n > 1 else ''}", None, n)]
     if args.postgres:
-        with scratch_schema(args.postgres, "http") as url, tempfile.TemporaryDirectory() as tmp:
-            label = f"postgresql, {args.workers} workers"
-            rows = run(
-                label,
-                url,
-                args.workers,
-                args.seconds,
-                args.clients,
-                Path(tmp),
-                args.batch_items,
-                loads,
+        configs.append((f"postgresql, {args.workers} workers", args.postgres, args.workers))
+    for label, pg_url, workers in configs:
+        with ExitStack() as stack:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            url = (
+                stack.enter_context(scratch_schema(pg_url, "http"))
+                if pg_url
+                else f"sqlite:///{tmp / 'bench.sqlite'}"
             )
-            for row in rows:
+            for row in run(
+                label, url, workers, args.seconds, args.clients, tmp, args.batch_items, loads
+            ):
                 print(row, flush=True)
 
 

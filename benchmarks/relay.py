@@ -15,47 +15,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import Engine, event
+from sqlalchemy import event
 
 from api.app import init_service_db
 from api.ingest import Ingestor
-from budget import Ledger, create_db_engine
-from budget.db import scratch_schema
+from benchmarks.budget import database
+from budget import Ledger
 from policies import mechanism_for
 
 USE_CASE = "safari-energy-domains"
 SECRET = b"relay-benchmark-secret-relay-benchmark"
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
-
-
-@contextmanager
-def _engine(kind: str, folder: Path, pg_url: str | None) -> Iterator[tuple[Engine, Path | None]]:
-    if kind == "sqlite":
-        path = folder / f"relay-{uuid.uuid4().hex[:8]}.sqlite"
-        engine = create_db_engine(f"sqlite:///{path}")
-        try:
-            yield engine, path
-        finally:
-            engine.dispose()
-        return
-    assert pg_url is not None
-    with scratch_schema(pg_url, "relay") as url:
-        engine = create_db_engine(url)
-        try:
-            yield engine, None
-        finally:
-            engine.dispose()
 
 
 def _items(reports: list[dict[str, Any]], size: int) -> list[Any]:
@@ -68,10 +45,11 @@ def _items(reports: list[dict[str, Any]], size: int) -> list[Any]:
     return items
 
 
-def run(kind: str, size: int, warm: int, batches: int, folder: Path, pg_url: str | None) -> str:
+def run(kind: str, size: int, warm: int, batches: int, pg_url: str | None) -> str:
     """Time ``batches`` batches of ``size`` after ``warm``; one table row."""
-    with _engine(kind, folder, pg_url) as (engine, path):
-        init_service_db(engine)
+    with database(kind, pg_url) as engine:
+        init_service_db(engine)  # the pipeline's tables beside the ledger's
+        path = engine.url.database if kind == "sqlite" else None
         ledger = Ledger(engine, SECRET, audit_key=SECRET)
         ledger.policies.ensure_defaults()
         ingestor = Ingestor(ledger, SECRET)
@@ -123,11 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     print("| backend | batch | devices before | accepted | us/report | WAL written/report |")
     print("|---|---:|---:|---:|---:|---:|")
     kinds = ["sqlite"] + (["postgresql"] if args.postgres else [])
-    with tempfile.TemporaryDirectory(prefix="dpgov-relay-") as folder:
-        for kind in kinds:
-            for size in args.batch:
-                row = run(kind, size, args.warm, args.batches, Path(folder), args.postgres)
-                print(row, flush=True)
+    for kind in kinds:
+        for size in args.batch:
+            print(run(kind, size, args.warm, args.batches, args.postgres), flush=True)
 
 
 if __name__ == "__main__":
