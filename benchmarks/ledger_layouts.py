@@ -7,11 +7,12 @@ per accepted report, with no Python service around it (``sqlite3``, the service'
 synchronous=NORMAL, 32 MiB cache, 256 MiB mmap). A ledger of ``--devices`` devices is loaded
 first, then batches of random devices are charged, one transaction each:
 
-- ``current``: the shipped layout's writes (accounts, daily spend and its day index, lifetime
-  totals, charges and their covering index: five random-key B-trees) plus the charge, inbox and
-  audit appends;
+- ``five trees``: the layout shipped until session 6 (accounts, daily spend and its day index,
+  lifetime totals, charges and their covering index: five random-key B-trees) plus the charge,
+  inbox and audit appends;
 - ``state row``: one row per (device, budget) holding its recent days and lifetime (one random
-  B-tree upsert) plus the three appends;
+  B-tree upsert) plus the three appends; the shipped layout since session 6 still keeps the
+  charges' covering index beside it;
 - ``state row, packed``: the upsert plus one row per batch for the charges, the inbox payloads
   and the audit entry.
 """
@@ -73,7 +74,7 @@ def _append_rows(conn: sqlite3.Connection, day: int, items: list[str], first: in
     )
 
 
-def current(conn: sqlite3.Connection) -> Batch:
+def five_trees(conn: sqlite3.Connection) -> Batch:
     """The shipped layout's rows for each accepted report."""
     conn.executescript(
         """
@@ -149,7 +150,7 @@ def state_row(conn: sqlite3.Connection, *, packed: bool) -> Batch:
 
 
 LAYOUTS: dict[str, Callable[[sqlite3.Connection], Batch]] = {
-    "current": current,
+    "five trees": five_trees,
     "state row": lambda conn: state_row(conn, packed=False),
     "state row, packed": lambda conn: state_row(conn, packed=True),
 }

@@ -10,15 +10,15 @@ transaction for the whole batch, so a relay can push tens of thousands of report
    batches);
 3. decide the items in order, in memory, exactly as the single-report gate would;
 4. write everything with ``executemany`` (charge ids are allocated before deciding, so each
-   decision is built once, complete); the daily-cap upsert keeps its conditional
-   ``WHERE count + n <= cap`` as a backstop, and the batch fails whole if any row disagrees;
+   decision is built once, complete): one ``accounts`` row per touched pair, written with a
+   compare-and-set on the count read in step 2 (the batch fails whole if any row disagrees),
+   and one ``charges`` row per acceptance;
 5. the caller's ``on_accept`` (the inbox rows), then one audit entry per decision, in order.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -34,20 +34,20 @@ from budget.gate import (
     MAX_IDEMPOTENCY_KEY,
     Decision,
     Gate,
+    InternalError,
     Terms,
     _validate_text,
+    _with_today,
     charge_entry,
     decide,
+    state_columns,
 )
+from budget.state import AccountState, decode
 
 __all__ = ["BatchItem", "charge_batch"]
 
 OnAcceptMany = Callable[[Connection, list[tuple[int, Decision]]], None]
 _CHUNK = 400
-
-
-class InternalError(AssertionError):
-    """A broken invariant: the database disagreed with the batch's decisions."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,41 +154,35 @@ def charge_batch(
         pairs = sorted({(keys[i], of[i].budget) for i in to_decide})
         if postgres and pairs:
             cur.executemany(
-                "INSERT INTO accounts (device_key, budget, count, epsilon_micro)"
-                " VALUES (%s, %s, 0, 0) ON CONFLICT (device_key, budget) DO NOTHING",
+                "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime)"
+                " VALUES (%s, %s, 0, 0, '[]', '{}') ON CONFLICT (device_key, budget) DO NOTHING",
                 pairs,
             )
-        lifetime: dict[tuple[str, str], int] = defaultdict(int)
-        days: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(dict)
-        max_retention = max((t.retention_days for t in of.values()), default=1)
+        states: dict[tuple[str, str], AccountState] = {}
         for s in range(0, len(pairs), _CHUNK):
             part = pairs[s : s + _CHUNK]
-            keys_sql = f"({_pairs(len(part), ph)}) AS k"
-            flat = [v for pair in part for v in pair]
             lock_of = " FOR UPDATE OF a" if postgres else ""
             cur.execute(
-                f"SELECT a.device_key, a.budget, a.epsilon_micro FROM {keys_sql}"
-                " JOIN accounts a ON a.device_key = k.column1 AND a.budget = k.column2"
+                "SELECT a.device_key, a.budget, a.count, a.epsilon_micro, a.days, a.lifetime"
+                f" FROM ({_pairs(len(part), ph)}) AS k JOIN accounts a"
+                " ON a.device_key = k.column1 AND a.budget = k.column2"
                 f" ORDER BY a.device_key, a.budget{lock_of}",
-                flat,
+                [v for pair in part for v in pair],
             )
-            for dk, b, eps in cur.fetchall():
-                lifetime[(dk, b)] = int(eps)
-            cur.execute(
-                f"SELECT d.device_key, d.budget, d.day, d.count, d.epsilon_micro FROM {keys_sql}"
-                " JOIN daily_spend d ON d.device_key = k.column1 AND d.budget = k.column2"
-                f" AND d.day > {ph} AND d.day <= {ph}",
-                [*flat, day - max_retention, day],
-            )
-            for dk, b, d, count, eps in cur.fetchall():
-                days[(dk, b)][int(d)] = [int(count), int(eps)]
+            for dk, b, count, eps, days_text, lifetime_text in cur.fetchall():
+                states[(dk, b)] = decode(count, eps, days_text, lifetime_text)
+        before = {pair: state.count for pair, state in states.items()}
 
         # Decide in order; acceptances take consecutive pre-allocated charge ids.
         ids = iter(_allocate_ids(cur, len(to_decide), postgres))
         next_id = next(ids, 0)
         accepted: list[tuple[int, Decision]] = []
         for i in to_decide:
-            decision = _decide(of[i], keys[i], day, days, lifetime, next_id)
+            pair = (keys[i], of[i].budget)
+            state = states.get(pair)
+            if state is None:
+                state = states[pair] = AccountState()
+            decision = _decide(of[i], day, state, next_id)
             results[i] = decision
             if decision.accepted:
                 accepted.append((i, decision))
@@ -196,7 +190,14 @@ def charge_batch(
 
         # Write.
         if accepted:
-            _write(cur, ph, day, [(keys[i], of[i], items[i], d) for i, d in accepted])
+            touched = {(keys[i], of[i].budget) for i, _ in accepted}
+            _write(
+                cur,
+                ph,
+                day,
+                [(keys[i], of[i], items[i], d) for i, d in accepted],
+                [(pair, states[pair], before.get(pair, 0)) for pair in sorted(touched)],
+            )
         for i, j in replay_of.items():
             first_result = results[j]
             results[i] = (
@@ -267,82 +268,46 @@ def _allocate_ids(cur: Any, n: int, postgres: bool) -> list[int]:
 
 
 def _write(
-    cur: Any, ph: str, day: int, accepted: list[tuple[str, Terms, BatchItem, Decision]]
+    cur: Any,
+    ph: str,
+    day: int,
+    accepted: list[tuple[str, Terms, BatchItem, Decision]],
+    states: list[tuple[tuple[str, str], AccountState, int]],
 ) -> None:
-    """Every row of the accepted charges, one ``executemany`` per table."""
-    pair_inc: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-    lifetime_inc: dict[tuple[str, str, int], int] = defaultdict(int)
-    charge_rows = []
-    for dk, t, item, d in accepted:
-        inc = pair_inc[(dk, t.budget)]
-        inc[0] += 1
-        inc[1] += t.eps_micro
-        inc[2] = t.max_reports_per_day
-        lifetime_inc[(dk, t.name, t.eps_micro)] += 1
-        charge_rows.append(
-            (d.charge_id, dk, t.name, t.budget, t.version, t.eps_micro, day, item.idempotency_key)
-        )
+    """The touched accounts (compare-and-set on their counts) and the charges' rows."""
+    rows = [(dk, b, *state_columns(state), count) for (dk, b), state, count in states]
     cur.executemany(
-        f"INSERT INTO accounts (device_key, budget, count, epsilon_micro)"
-        f" VALUES ({_placeholders(4, ph)}) ON CONFLICT (device_key, budget) DO UPDATE SET"
-        " count = accounts.count + excluded.count,"
-        " epsilon_micro = accounts.epsilon_micro + excluded.epsilon_micro",
-        [(dk, b, n, e) for (dk, b), (n, e, _) in pair_inc.items()],
-    )
-    rows = [(dk, b, day, n, e, cap) for (dk, b), (n, e, cap) in pair_inc.items()]
-    cur.executemany(
-        f"INSERT INTO daily_spend (device_key, budget, day, count, epsilon_micro)"
-        f" VALUES ({_placeholders(5, ph)}) ON CONFLICT (device_key, budget, day) DO UPDATE"
-        " SET count = daily_spend.count + excluded.count,"
-        " epsilon_micro = daily_spend.epsilon_micro + excluded.epsilon_micro"
-        f" WHERE daily_spend.count + excluded.count <= {ph}",
+        "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime,"
+        f" oldest_day) VALUES ({_placeholders(7, ph)}) ON CONFLICT (device_key, budget)"
+        " DO UPDATE SET count = excluded.count, epsilon_micro = excluded.epsilon_micro,"
+        " days = excluded.days, lifetime = excluded.lifetime, oldest_day = excluded.oldest_day"
+        f" WHERE accounts.count = {ph}",
         rows,
     )
     if cur.rowcount not in (-1, len(rows)):
-        raise InternalError("the daily caps in the database refused part of a batch")
-    cur.executemany(
-        f"INSERT INTO lifetime_totals (device_key, use_case, epsilon_micro, count)"
-        f" VALUES ({_placeholders(4, ph)})"
-        " ON CONFLICT (device_key, use_case, epsilon_micro)"
-        " DO UPDATE SET count = lifetime_totals.count + excluded.count",
-        [(dk, uc, e, n) for (dk, uc, e), n in lifetime_inc.items()],
-    )
+        raise InternalError("an account changed under the batch's lock")
     cur.executemany(
         "INSERT INTO charges (id, device_key, use_case, budget, policy_version, epsilon_micro,"
         f" day, idempotency_key) VALUES ({_placeholders(8, ph)})",
-        charge_rows,
+        [
+            (d.charge_id, dk, t.name, t.budget, t.version, t.eps_micro, day, item.idempotency_key)
+            for dk, t, item, d in accepted
+        ],
     )
 
 
-def _decide(
-    terms: Terms,
-    dk: str,
-    day: int,
-    days: dict[tuple[str, str], dict[int, list[int]]],
-    lifetime: dict[tuple[str, str], int],
-    charge_id: int,
-) -> Decision:
+def _decide(terms: Terms, day: int, state: AccountState, charge_id: int) -> Decision:
     """:func:`budget.gate.decide` on in-memory state, which it updates on acceptance."""
     eps = terms.eps_micro
-    pair = (dk, terms.budget)
-    spends = days[pair]
-    today = spends.get(day, [0, 0])
-    fits_today = today[0] < terms.max_reports_per_day
-
-    def rows() -> list[tuple[int, int]]:
-        low = day - terms.retention_days
-        out = [(d, e) for d, (_, e) in spends.items() if low < d <= day and d != day]
-        return [*out, (day, today[1] + eps)]
-
+    reports, _ = state.today(day)
     decision = decide(
         terms,
         day,
-        reports_today=today[0] + 1 if fits_today else None,
-        window_rows=rows,
-        lifetime_after=lifetime[pair] + eps,
+        reports_today=reports + 1 if reports < terms.max_reports_per_day else None,
+        window_rows=lambda: _with_today(state.window(day, terms.retention_days), day, eps),
+        lifetime_after=state.epsilon_micro + eps,
         charge_id=charge_id,
     )
     if decision.accepted:
-        spends[day] = [today[0] + 1, today[1] + eps]
-        lifetime[pair] += eps
+        state.charge(terms.name, day, eps, terms.retention_days)
     return decision

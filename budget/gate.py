@@ -2,21 +2,21 @@
 
 Order inside the transaction (one device, one budget; ``eps`` the policy's micro-epsilon):
 
-1. ``accounts`` upsert ``count + 1, epsilon + eps`` RETURNING the lifetime total. On PostgreSQL
-   the upsert locks the (device, budget) row, so every concurrent charge of this device against
-   this budget waits here until the first commits; SQLite's ``BEGIN IMMEDIATE`` serializes all
-   writers anyway. Everything below therefore reads a stable state.
-2. ``daily_spend`` upsert ``count + 1 ... WHERE count < cap``: a conditional update, the daily
-   cap's backstop even without step 1 (no row returned: refused).
-3. The window cap: the sum of ``daily_spend`` over days ``D - retention + 1 .. D``.
-4. The lifetime cap: the total returned by step 1.
-5. ``lifetime_totals`` and ``charges`` rows; then the caller's ``on_accept`` (the inbox row)
-   in the same transaction.
-6. The decision's audit entry (:mod:`budget.audit`), last, accepted or refused.
+1. Read the (device, budget) ``accounts`` row (:mod:`budget.state`): lifetime totals, the
+   spend of each day in the window, the lifetime multiset. On PostgreSQL the row is created if
+   missing and read ``FOR UPDATE``, so every concurrent charge of this device against this
+   budget waits here until the first commits; SQLite's ``BEGIN IMMEDIATE`` serializes all
+   writers anyway. Everything below therefore decides on a stable state.
+2. Decide in memory (:func:`decide`): the daily cap, the window cap (the days in the window),
+   the lifetime cap.
+3. On acceptance, write the row back (days out of the window pruned) with a compare-and-set on
+   the lifetime count read in step 1: a row that changed meanwhile fails the charge instead of
+   overcharging; then the ``charges`` row and the caller's ``on_accept`` (the inbox row).
+4. The decision's audit entry (:mod:`budget.audit`), last, accepted or refused.
 
-Steps 1-5 run under a savepoint that a refusal rolls back, so a refused report leaves no trace
-but its audit entry and idempotency record. Nothing is read first and inserted later in Python
-without a lock held.
+Steps 1-3 run under a savepoint that a refusal rolls back, so a refused report leaves no trace
+but its audit entry and idempotency record. Nothing is read first and written later without
+the row's lock (or SQLite's write lock) held.
 """
 
 from __future__ import annotations
@@ -31,25 +31,31 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, and_, select
+from sqlalchemy import Connection, Engine, and_
 
 from budget.audit import AuditLog, Entry
 from budget.clock import day_start, utc_day
 from budget.db import placeholder, writer
 from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
-from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, LifetimeTotal
+from budget.state import AccountState, decode
+from budget.tables import IdempotencyRecord
 from policies.model import Policy, budget_key, from_micro, to_micro
 from policies.repository import PolicyStore
 
-__all__ = ["Decision", "Gate", "Reason", "Terms", "decide", "device_key", "window_rows"]
+__all__ = [
+    "Decision",
+    "Gate",
+    "InternalError",
+    "Reason",
+    "Terms",
+    "decide",
+    "device_key",
+    "state_columns",
+]
 
 Reason = Literal["accepted", "daily_cap", "window_cap", "lifetime_cap"]
 OnAccept = Callable[[Connection, "Decision"], None]
 
-_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
-_DAILY = DailySpend.__table__  # type: ignore[attr-defined]
-_LIFETIME = LifetimeTotal.__table__  # type: ignore[attr-defined]
-_CHARGES = Charge.__table__  # type: ignore[attr-defined]
 _IDEM = IdempotencyRecord.__table__  # type: ignore[attr-defined]
 
 MAX_DEVICE_ID = 256
@@ -176,7 +182,10 @@ class Gate:
         self.audit = audit
         self._mac = hmac.new(secret, digestmod="sha256")  # copied per device: skips the key setup
         ph = placeholder(engine)
+        self.postgres = engine.dialect.name == "postgresql"
         self._statements = {k: v.replace("?", ph) for k, v in _HOT_PATH.items()}
+        if self.postgres:  # the row lock that serializes one device's charges to one budget
+            self._statements["read_state"] += " FOR UPDATE"
         self._policies: dict[tuple[str, int], Terms] = {}
         # SQLite has one writer at a time: queue this process's writers on a lock instead of
         # letting them spin in SQLite's busy handler, whose sleeps (up to 100 ms) are the tail.
@@ -280,30 +289,63 @@ class Gate:
             raise IdempotencyConflict(key)
         return Decision.from_json(row[2])
 
+    def read_state(self, conn: Connection, dk: str, budget: str) -> AccountState | None:
+        """The (device, budget) state, locked until commit; ``None``: no row (SQLite only)."""
+        row = self._run(conn, "read_state", (dk, budget)).fetchone()
+        if row is None and self.postgres:
+            self._run(conn, "insert_state", (dk, budget))  # a row to lock, if still missing
+            row = self._run(conn, "read_state", (dk, budget)).fetchone()
+        return None if row is None else decode(*row)
+
     def _check_and_charge(
         self, conn: Connection, dk: str, terms: Terms, day: int, key: str | None
     ) -> Decision:
         eps = terms.eps_micro
         budget = terms.budget
-        lifetime_after = int(self._run(conn, "account", (dk, budget, eps)).fetchone()[0])
-        cap = terms.max_reports_per_day
-        today_row = self._run(conn, "daily", (dk, budget, day, eps, cap)).fetchone()
+        state = self.read_state(conn, dk, budget) or AccountState()
+        before = state.count
+        reports, _ = state.today(day)
         decision = decide(
             terms,
             day,
-            reports_today=None if today_row is None else int(today_row[0]),
-            window_rows=lambda: window_rows(conn, dk, budget, day, terms.retention_days),
-            lifetime_after=lifetime_after,
+            reports_today=reports + 1 if reports < terms.max_reports_per_day else None,
+            window_rows=lambda: _with_today(state.window(day, terms.retention_days), day, eps),
+            lifetime_after=state.epsilon_micro + eps,
         )
         if not decision.accepted:
             return decision
-        self._run(conn, "lifetime", (dk, terms.name, eps))
+        state.charge(terms.name, day, eps, terms.retention_days)
+        written = self._run(conn, "write_state", (dk, budget, *state_columns(state), before))
+        if written.rowcount != 1:
+            raise InternalError(f"the account of budget {budget!r} changed under its lock")
         charge_id = int(
             self._run(
                 conn, "charge", (dk, terms.name, budget, terms.version, eps, day, key)
             ).fetchone()[0]
         )
         return replace(decision, charge_id=charge_id)
+
+
+class InternalError(AssertionError):
+    """A broken invariant: the database disagreed with a decision made under its lock."""
+
+
+def state_columns(state: AccountState) -> tuple[int, int, str, str, int | None]:
+    """The written columns of a state: count, micro-epsilon, days, lifetime, oldest day."""
+    return (
+        state.count,
+        state.epsilon_micro,
+        state.encode_days(),
+        state.encode_lifetime(),
+        state.oldest_day,
+    )
+
+
+def _with_today(rows: list[tuple[int, int]], day: int, eps: int) -> list[tuple[int, int]]:
+    """Window spends with one more report of ``eps`` counted on ``day``."""
+    out = [(d, e) for d, e in rows if d != day]
+    out.append((day, sum(e for d, e in rows if d == day) + eps))
+    return out
 
 
 def decide(
@@ -394,43 +436,24 @@ _HOT_PATH = {
     "read_key": (
         "SELECT request_hash, use_case, decision FROM idempotency WHERE device_key = ? AND key = ?"
     ),
-    "account": (
-        "INSERT INTO accounts (device_key, budget, count, epsilon_micro) VALUES (?, ?, 1, ?)"
-        " ON CONFLICT (device_key, budget) DO UPDATE SET count = accounts.count + 1,"
-        " epsilon_micro = accounts.epsilon_micro + excluded.epsilon_micro"
-        " RETURNING epsilon_micro"
+    "read_state": (
+        "SELECT count, epsilon_micro, days, lifetime FROM accounts"
+        " WHERE device_key = ? AND budget = ?"
     ),
-    "daily": (
-        "INSERT INTO daily_spend (device_key, budget, day, count, epsilon_micro)"
-        " VALUES (?, ?, ?, 1, ?) ON CONFLICT (device_key, budget, day) DO UPDATE SET"
-        " count = daily_spend.count + 1,"
-        " epsilon_micro = daily_spend.epsilon_micro + excluded.epsilon_micro"
-        " WHERE daily_spend.count < ? RETURNING count"
+    "insert_state": (
+        "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime)"
+        " VALUES (?, ?, 0, 0, '[]', '{}') ON CONFLICT (device_key, budget) DO NOTHING"
     ),
-    "lifetime": (
-        "INSERT INTO lifetime_totals (device_key, use_case, epsilon_micro, count)"
-        " VALUES (?, ?, ?, 1) ON CONFLICT (device_key, use_case, epsilon_micro)"
-        " DO UPDATE SET count = lifetime_totals.count + 1"
+    # compare-and-set on the count read under the lock (a new row on SQLite: 0, inserted)
+    "write_state": (
+        "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime,"
+        " oldest_day) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device_key, budget) DO UPDATE"
+        " SET count = excluded.count, epsilon_micro = excluded.epsilon_micro,"
+        " days = excluded.days, lifetime = excluded.lifetime, oldest_day = excluded.oldest_day"
+        " WHERE accounts.count = ?"
     ),
     "charge": (
         "INSERT INTO charges (device_key, use_case, budget, policy_version, epsilon_micro, day,"
         " idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
     ),
 }
-
-
-def window_rows(
-    conn: Connection, dk: str, budget: str, day: int, retention: int
-) -> list[tuple[int, int]]:
-    """``(day, micro-epsilon)`` spends against ``budget`` on days ``day - retention + 1 .. day``."""
-    rows = conn.execute(
-        select(_DAILY.c.day, _DAILY.c.epsilon_micro).where(
-            and_(
-                _DAILY.c.device_key == dk,
-                _DAILY.c.budget == budget,
-                _DAILY.c.day > day - retention,
-                _DAILY.c.day <= day,
-            )
-        )
-    ).all()
-    return [(int(d), int(e)) for d, e in rows]

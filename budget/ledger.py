@@ -16,20 +16,19 @@ from sqlalchemy import Connection, Engine, and_, delete, func, select
 from budget.accountant import Accountant, PrivacyLoss
 from budget.audit import AuditLog, Entry, derive_audit_key
 from budget.clock import day_start, utc_day
-from budget.db import writer
+from budget.db import placeholder, writer
 from budget.errors import InvalidRequest, UnknownUseCase
-from budget.gate import Decision, Gate, OnAccept, window_rows
+from budget.gate import Decision, Gate, OnAccept
 from budget.partitions import DAYS_AHEAD, drop_days_through, ensure_partitions, is_partitioned
 from budget.report import EffectiveEpsilonReport, build_report
-from budget.tables import Account, Charge, DailySpend, IdempotencyRecord, LifetimeTotal
+from budget.state import AccountState, decode
+from budget.tables import Account, Charge, IdempotencyRecord
 from policies.model import Policy, budget_key, from_micro, to_micro
 from policies.repository import PolicyStore
 
 __all__ = ["BudgetStatus", "DeviceLoss", "Ledger", "PurgeResult"]
 
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
-_DAILY = DailySpend.__table__  # type: ignore[attr-defined]
-_LIFETIME = LifetimeTotal.__table__  # type: ignore[attr-defined]
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
 _IDEM = IdempotencyRecord.__table__  # type: ignore[attr-defined]
 
@@ -167,23 +166,13 @@ class Ledger:
         day = utc_day(now)
         out: list[BudgetStatus] = []
         with self.engine.connect() as conn:
-            daily: dict[tuple[str, int], tuple[int, int]] = {
-                (r.budget, r.day): (int(r[3]), int(r[4]))
-                for r in conn.execute(
-                    select(_DAILY).where(and_(_DAILY.c.device_key == dk, _DAILY.c.day == day))
-                )
-            }
-            lifetime = {
-                r.budget: r.epsilon_micro
-                for r in conn.execute(select(_ACCOUNTS).where(_ACCOUNTS.c.device_key == dk))
-            }
+            states = self.states_of(conn, dk)
             for policy in PolicyStore.list_in(conn):
                 budget = budget_key(policy)
-                count, eps_today = daily.get((budget, day), (0, 0))
-                window = sum(
-                    e for _, e in window_rows(conn, dk, budget, day, policy.retention_days)
-                )
-                life = lifetime.get(budget, 0)
+                state = states.get(budget) or AccountState()
+                count, eps_today = state.today(day)
+                window = state.window_spend(day, policy.retention_days)
+                life = state.epsilon_micro
                 wcap = policy.window_epsilon_cap
                 lcap = policy.lifetime_epsilon_cap
                 out.append(
@@ -210,6 +199,45 @@ class Ledger:
                     )
                 )
         return out
+
+    @staticmethod
+    def states_of(conn: Connection, dk: str) -> dict[str, AccountState]:
+        """The device's state against each budget it ever spent."""
+        c = _ACCOUNTS.c
+        query = select(c.budget, c.count, c.epsilon_micro, c.days, c.lifetime)
+        return {
+            str(b): decode(n, e, days, lifetime)
+            for b, n, e, days, lifetime in conn.execute(query.where(c.device_key == dk))
+        }
+
+    def accounts(
+        self, *, expired_by: int | None = None, chunk: int = 20_000
+    ) -> Iterator[tuple[str, str, AccountState]]:
+        """Every ``(device key, budget, state)`` in key order (``expired_by``: holding that day).
+
+        Each chunk is its own short read (keyset pagination), so a scan of a large ledger never
+        holds a snapshot, or on SQLite a reader, for its whole length.
+        """
+        after: tuple[str, str] = ("", "")
+        c = _ACCOUNTS.c
+        while True:
+            query = (
+                select(c.device_key, c.budget, c.count, c.epsilon_micro, c.days, c.lifetime)
+                .where(
+                    (c.device_key > after[0]) | and_(c.device_key == after[0], c.budget > after[1])
+                )
+                .order_by(c.device_key, c.budget)
+                .limit(chunk)
+            )
+            if expired_by is not None:
+                query = query.where(c.oldest_day <= expired_by)
+            with self.engine.connect() as conn:
+                rows = conn.execute(query).all()
+            for dk, b, count, eps, days, lifetime in rows:
+                yield str(dk), str(b), decode(count, eps, days, lifetime)
+            if len(rows) < chunk:
+                return
+            after = (str(rows[-1][0]), str(rows[-1][1]))
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -245,19 +273,18 @@ class Ledger:
                     yield str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5])
 
     def lifetime_rows(self, use_case: str | None = None) -> Iterator[tuple[str, str, int, int]]:
-        """The lifetime multiset: ``(device key, use case, micro-epsilon, count)``."""
-        with self.engine.connect() as conn:
-            query = select(
-                _LIFETIME.c.device_key,
-                _LIFETIME.c.use_case,
-                _LIFETIME.c.epsilon_micro,
-                _LIFETIME.c.count,
-            ).order_by(_LIFETIME.c.device_key, _LIFETIME.c.use_case, _LIFETIME.c.epsilon_micro)
-            if use_case is not None:
-                query = query.where(_LIFETIME.c.use_case == use_case)
-            with conn.execution_options(yield_per=20_000).execute(query) as result:
-                for r in result:
-                    yield str(r[0]), str(r[1]), int(r[2]), int(r[3])
+        """The lifetime multiset: ``(device key, use case, micro-epsilon, count)``, sorted."""
+        current: str | None = None
+        counts: dict[tuple[str, int], int] = defaultdict(int)  # a use case can span budgets
+        for dk, _, state in self.accounts():
+            if dk != current:
+                yield from ((current, uc, e, n) for (uc, e), n in sorted(counts.items()))  # type: ignore[misc]
+                current, counts = dk, defaultdict(int)
+            for uc, spends in state.lifetime.items():
+                if use_case is None or uc == use_case:
+                    for e, n in spends:
+                        counts[(uc, int(e))] += int(n)
+        yield from ((current, uc, e, n) for (uc, e), n in sorted(counts.items()))  # type: ignore[misc]
 
     def window_spend_rows(
         self, *, now: datetime, use_case: str | None = None
@@ -297,12 +324,15 @@ class Ledger:
         )
 
     def purge(self, *, now: datetime) -> PurgeResult:
-        """Delete charges, daily rows and idempotency records older than each window.
+        """Delete charges and idempotency records, and prune account days, older than each window.
 
         Day ``D - retention + 1`` is still in the window at day ``D``; day ``D - retention`` is
-        not and is deleted. Lifetime totals and accounts are kept (they carry no timestamps).
-        On a partitioned PostgreSQL ledger, days past every window are dropped as partitions,
-        and the partitions of the coming days are created.
+        not and goes. The accounts' lifetime totals are kept (they carry no timestamps); their
+        days are pruned in short transactions of their own first (the gate also prunes a row
+        whenever it writes it), then charges and idempotency records go in one transaction with
+        the audit entry that counts everything. On a partitioned PostgreSQL ledger, days past
+        every window are dropped as partitions, and the partitions of the coming days are
+        created.
         """
         day = utc_day(now)
         policies = self._all_policies()
@@ -310,7 +340,8 @@ class Ledger:
         for p in policies.values():
             b = budget_key(p)
             budgets[b] = max(budgets.get(b, 0), p.retention_days)
-        charges = daily = idem = 0
+        days = self._prune_days(day, budgets)
+        charges = idem = 0
         dropped: list[int] = []
         with writer(self.engine).begin() as conn:
             if policies and is_partitioned(conn):
@@ -327,23 +358,55 @@ class Ledger:
                 idem += conn.execute(
                     delete(_IDEM).where(and_(_IDEM.c.use_case == name, _IDEM.c.day <= cutoff))
                 ).rowcount
-            for b, retention in budgets.items():
-                daily += conn.execute(
-                    delete(_DAILY).where(
-                        and_(_DAILY.c.budget == b, _DAILY.c.day <= day - retention)
-                    )
-                ).rowcount
             data: dict[str, Any] = {
                 "day": day,
                 "charges": charges,
-                "daily_spend": daily,
+                "daily_spend": days,
                 "idempotency": idem,
             }
             if dropped:
                 data["partitions_dropped"] = dropped
             self.audit.append(conn, [Entry("job:purge", "purge.ledger", data)], now=now)
         ensure_partitions(self.engine, day, day + DAYS_AHEAD)  # the days ahead, daily
-        return PurgeResult(charges, daily, idem)
+        return PurgeResult(charges, days, idem)
+
+    def _prune_days(self, day: int, budgets: dict[str, int], chunk: int = 5_000) -> int:
+        """Prune the account days out of their budget's window; how many day entries went.
+
+        A budget no current policy draws from keeps the longest retention of any. Each write
+        is a compare-and-set on the count read: a row charged meanwhile was pruned by that
+        charge, and is left as it is.
+        """
+        if not budgets:
+            return 0
+        longest = max(budgets.values())
+        ph = placeholder(self.engine)
+        sql = (
+            f"UPDATE accounts SET days = {ph}, oldest_day = {ph}"
+            f" WHERE device_key = {ph} AND budget = {ph} AND count = {ph}"
+        )
+        pending: list[tuple[tuple[str, int | None, str, str, int], int]] = []
+        pruned = 0
+
+        def flush() -> int:
+            done = 0
+            with writer(self.engine).begin() as conn:
+                cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+                for params, n in pending:
+                    cursor.execute(sql, params)
+                    done += n if cursor.rowcount == 1 else 0
+            pending.clear()
+            return done
+
+        for dk, b, state in self.accounts(expired_by=day - min(budgets.values())):
+            n = state.prune(day - budgets.get(b, longest))
+            if n:
+                pending.append(((state.encode_days(), state.oldest_day, dk, b, state.count), n))
+                if len(pending) >= chunk:
+                    pruned += flush()
+        if pending:
+            pruned += flush()
+        return pruned
 
     # -- accounting ------------------------------------------------------------------------------
 
@@ -371,12 +434,9 @@ class Ledger:
                 p = policies.get(r.use_case)
                 if p is not None and r.day > day - p.retention_days and r.day <= day:
                     window_rows[r.use_case].append((int(r.epsilon_micro), int(r[3])))
-            for r in conn.execute(
-                select(_LIFETIME.c.use_case, _LIFETIME.c.epsilon_micro, _LIFETIME.c.count).where(
-                    _LIFETIME.c.device_key == dk
-                )
-            ):
-                lifetime_rows[r.use_case].append((int(r.epsilon_micro), int(r[2])))
+            for state in self.states_of(conn, dk).values():
+                for uc, spends in state.lifetime.items():
+                    lifetime_rows[uc].extend((int(e), int(n)) for e, n in spends)
         used = [policies[u] for u in set(window_rows) | set(lifetime_rows) if u in policies]
         total_delta = delta if delta is not None else min((p.delta for p in used), default=1e-9)
         window, window_total = self._compose(window_rows, policies, delta, total_delta)
@@ -462,13 +522,7 @@ class Ledger:
         """Each device's lifetime multiset for one use case (from the purge-proof totals)."""
         if use_case not in self._all_policies():
             raise UnknownUseCase(use_case)
-        with self.engine.connect() as conn:
-            result = conn.execute(
-                select(_LIFETIME.c.device_key, _LIFETIME.c.epsilon_micro, _LIFETIME.c.count)
-                .where(_LIFETIME.c.use_case == use_case)
-                .order_by(_LIFETIME.c.device_key, _LIFETIME.c.epsilon_micro)
-            )
-            yield from _per_device(result)
+        yield from _per_device((dk, e, n) for dk, _, e, n in self.lifetime_rows(use_case))
 
     def population_lifetime_loss(self, *, use_case: str) -> dict[str, PrivacyLoss]:
         """Tight lifetime loss of every device of a use case (memoized by ledger multiset)."""

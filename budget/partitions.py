@@ -7,9 +7,9 @@ day's partition moves that day's rows out of the default first, so it always suc
 drops partitions whose whole day is past every use case's window (one catalog operation, instead
 of deleting millions of rows one by one) and deletes rows only where windows differ.
 
-The gate never reads ``charges``: its checks are single index lookups on ``daily_spend``
-(primary key ``device_key, budget, day``) and ``accounts``; an accepted charge is one insert,
-routed to its day's partition. SQLite and databases created before partitioning keep one table.
+The gate never reads ``charges``: its checks read one ``accounts`` row (primary key
+``device_key, budget``, :mod:`budget.state`); an accepted charge is one insert, routed to its
+day's partition. SQLite and databases created before partitioning keep one table.
 """
 
 from __future__ import annotations

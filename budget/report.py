@@ -249,7 +249,7 @@ def build_report(
         "max_exact_points": accountant.max_exact_points,
         "policy_versions": {p.name: p.version for p in active},
         "window": "each use case's charges on days as_of - retention_days + 1 .. as_of",
-        "lifetime": "lifetime_totals (kept through retention purges)",
+        "lifetime": "the accounts' lifetime multisets (kept through retention purges)",
         "quantiles": "over devices with at least one charge; inverted CDF (a device's value)",
         "per_year": f"{DAYS_PER_YEAR} days of the daily allowance, limited by the caps",
         "device_total_window": f"the longest retention window, {max_retention} days",

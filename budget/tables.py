@@ -3,12 +3,11 @@
 - ``charges``: one row per accepted report (device key, use case, budget, policy version,
   micro-epsilon, UTC day, idempotency key): the source of window accounting; purged after the
   retention window.
-- ``daily_spend``: per (device key, budget, day) the number of reports and micro-epsilon; its
-  conditional upsert is the daily cap's backstop, and its rows give window sums.
-- ``accounts``: per (device key, budget) the lifetime count and micro-epsilon; its upsert takes
-  the row lock that serializes every charge of one device against one budget.
-- ``lifetime_totals``: per (device key, use case, per-report micro-epsilon) a count: the
-  lifetime multiset the accountant composes. No timestamps; survives the purge.
+- ``accounts``: per (device key, budget) one row with everything the gate decides on: the
+  lifetime count and micro-epsilon, the spend of each day still in the window, and the
+  lifetime multiset per use case (packed, :mod:`budget.state`). Its row lock serializes every
+  charge of one device against one budget; the lifetime part has no timestamps and survives
+  the purge, which prunes only the days.
 - ``idempotency``: the first decision for each (device key, idempotency key).
 """
 
@@ -17,7 +16,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, Index, Integer, String, Text
 from sqlmodel import Field, SQLModel
 
-__all__ = ["Account", "Charge", "DailySpend", "IdempotencyRecord", "LifetimeTotal"]
+__all__ = ["Account", "Charge", "IdempotencyRecord"]
 
 
 class Charge(SQLModel, table=True):
@@ -48,21 +47,8 @@ class Charge(SQLModel, table=True):
     idempotency_key: str | None = Field(default=None, max_length=255)
 
 
-class DailySpend(SQLModel, table=True):
-    """Reports and micro-epsilon of one device against one budget on one UTC day."""
-
-    __tablename__ = "daily_spend"
-    __table_args__ = (Index("ix_daily_spend_day", "day"), {"sqlite_with_rowid": False})
-
-    device_key: str = Field(primary_key=True, max_length=64)
-    budget: str = Field(primary_key=True, max_length=63)
-    day: int = Field(primary_key=True)
-    count: int
-    epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
-
-
 class Account(SQLModel, table=True):
-    """Lifetime spend of one device against one budget (the serialization point)."""
+    """One device's state against one budget (:mod:`budget.state`), the serialization point."""
 
     __tablename__ = "accounts"
     __table_args__ = ({"sqlite_with_rowid": False},)
@@ -71,18 +57,9 @@ class Account(SQLModel, table=True):
     budget: str = Field(primary_key=True, max_length=63)
     count: int = Field(sa_column=Column(BigInteger, nullable=False))
     epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
-
-
-class LifetimeTotal(SQLModel, table=True):
-    """How many reports of one per-report epsilon a device ever sent for one use case."""
-
-    __tablename__ = "lifetime_totals"
-    __table_args__ = ({"sqlite_with_rowid": False},)
-
-    device_key: str = Field(primary_key=True, max_length=64)
-    use_case: str = Field(primary_key=True, max_length=63)
-    epsilon_micro: int = Field(sa_column=Column(BigInteger, primary_key=True))
-    count: int = Field(sa_column=Column(BigInteger, nullable=False))
+    days: str = Field(default="[]", sa_column=Column(Text, nullable=False))
+    lifetime: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    oldest_day: int | None = Field(default=None, nullable=True)
 
 
 class IdempotencyRecord(SQLModel, table=True):

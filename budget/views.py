@@ -20,7 +20,8 @@ from budget.clock import day_date, utc_day
 from budget.errors import InvalidRequest
 from budget.ledger import DeviceLoss, Ledger
 from budget.report import UseCaseLine, build_report
-from budget.tables import Account, Charge, DailySpend, LifetimeTotal
+from budget.state import decode
+from budget.tables import Account, Charge
 from policies.model import Policy, PolicyCreate, budget_key, from_micro, to_micro
 
 __all__ = [
@@ -35,8 +36,6 @@ __all__ = [
 ]
 
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
-_LIFETIME = LifetimeTotal.__table__  # type: ignore[attr-defined]
-_DAILY = DailySpend.__table__  # type: ignore[attr-defined]
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
 MAX_TIMELINE_DAYS = 400
 
@@ -88,12 +87,9 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
         for use_case, day, n, eps in rows:
             if int(day) <= today:
                 per_day[use_case][int(day)] = [int(n), int(eps)]
-        for use_case, eps, n in conn.execute(
-            select(_LIFETIME.c.use_case, _LIFETIME.c.epsilon_micro, _LIFETIME.c.count).where(
-                _LIFETIME.c.device_key == dk
-            )
-        ):
-            lifetime[use_case] += int(eps) * int(n)
+        for state in ledger.states_of(conn, dk).values():
+            for use_case, spends in state.lifetime.items():
+                lifetime[use_case] += sum(int(e) * int(n) for e, n in spends)
     first = min((d for days in per_day.values() for d in days), default=today)
     first = max(first, today - MAX_TIMELINE_DAYS + 1)
     days = list(range(first, today + 1))
@@ -238,25 +234,19 @@ def _budget_spends(
     """One budget's spends per device: reports today, the two windows' and the lifetime's."""
     today: dict[str, int] = {}
     windows: tuple[dict[str, int], dict[str, int]] = (defaultdict(int), defaultdict(int))
-    low = day - max(retentions)
-    for dk, d, count, eps in conn.execute(
-        select(_DAILY.c.device_key, _DAILY.c.day, _DAILY.c.count, _DAILY.c.epsilon_micro).where(
-            and_(_DAILY.c.budget == budget, _DAILY.c.day > low, _DAILY.c.day <= day)
-        )
-    ):
-        if int(d) == day:
-            today[dk] = int(count)
+    life: dict[str, int] = {}
+    c = _ACCOUNTS.c
+    query = select(c.device_key, c.count, c.epsilon_micro, c.days, c.lifetime)
+    for dk, n, e, days, lifetime in conn.execute(query.where(c.budget == budget)):
+        state = decode(n, e, days, lifetime)
+        reports, _ = state.today(day)
+        if reports:
+            today[dk] = reports
         for window, retention in zip(windows, retentions, strict=True):
-            if int(d) > day - retention:
-                window[dk] += int(eps)
-    life = {
-        dk: int(eps)
-        for dk, eps in conn.execute(
-            select(_ACCOUNTS.c.device_key, _ACCOUNTS.c.epsilon_micro).where(
-                _ACCOUNTS.c.budget == budget
-            )
-        )
-    }
+            spent = state.window_spend(day, retention)
+            if spent:
+                window[dk] += spent
+        life[dk] = state.epsilon_micro
     return today, windows, life
 
 

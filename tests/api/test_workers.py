@@ -100,7 +100,10 @@ def test_four_workers_hold_the_caps_and_run_each_job_once(tmp_path: Path) -> Non
             with engine.connect() as conn:
                 charges = conn.execute(text("SELECT COUNT(*) FROM charges")).scalar_one()
                 over = conn.execute(
-                    text("SELECT COUNT(*) FROM daily_spend WHERE count > 2")
+                    text(
+                        "SELECT COUNT(*) FROM (SELECT 1 FROM charges GROUP BY device_key, budget,"
+                        " day HAVING COUNT(*) > 2) AS over_cap"
+                    )
                 ).scalar_one()
                 checkpoints = conn.execute(
                     text("SELECT COUNT(*) FROM audit_checkpoints")

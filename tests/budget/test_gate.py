@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Connection, func, select, text
 
 from budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase, init_db
-from budget.tables import Charge, DailySpend, LifetimeTotal
+from budget.tables import Charge
 from policies import PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
@@ -125,7 +125,7 @@ def test_on_accept_runs_in_the_same_transaction(ledger: Ledger) -> None:
     with pytest.raises(RuntimeError):
         ledger.charge("dev", "emoji", now=NOW, on_accept=store)
     assert seen and count_rows(ledger, "charges") == 0
-    assert count_rows(ledger, "daily_spend") == 0 and count_rows(ledger, "accounts") == 0
+    assert count_rows(ledger, "accounts") == 0
     with pytest.raises(RuntimeError):
         ledger.charge("dev", "emoji", now=NOW, idempotency_key="x", on_accept=store)
     assert count_rows(ledger, "charges") == 0 and count_rows(ledger, "idempotency") == 0
@@ -178,7 +178,7 @@ def test_raw_device_ids_never_reach_the_database(ledger: Ledger) -> None:
     ledger.charge(device, "emoji", now=NOW, idempotency_key="key")
     ledger.charge(device, "quicktype", now=NOW)
     with ledger.engine.connect() as conn:
-        for table in ("charges", "daily_spend", "accounts", "lifetime_totals", "idempotency"):
+        for table in ("charges", "accounts", "idempotency"):
             for row in conn.execute(text(f"SELECT * FROM {table}")):
                 assert all(device not in str(v) for v in row), table
     assert len(ledger.device_key(device)) == 32
@@ -223,21 +223,37 @@ def test_quicktype_hundred_days(ledger: Ledger) -> None:
     assert loss.window["quicktype"].events == 180
 
 
+def account_days(ledger: Ledger) -> list[int]:
+    """Every day an account still holds."""
+    return sorted(d for _, _, state in ledger.accounts() for d, _, _ in state.days)
+
+
 def test_purge_deletes_exactly_what_left_the_window(ledger: Ledger) -> None:
-    for offset in (91, 90, 89, 0):
+    for offset in (91, 90, 89):
         ledger.charge(
             "dev", "emoji", now=NOW - timedelta(days=offset), idempotency_key=f"k{offset}"
         )
     ledger.charge("dev", "health-types", now=NOW - timedelta(days=95))
+    day = int(NOW.timestamp() // 86_400)
+    assert account_days(ledger) == [day - 95, day - 91, day - 90, day - 89]
     result = ledger.purge(now=NOW)
     assert (result.charges, result.daily_spend, result.idempotency) == (3, 3, 2)
-    assert count_rows(ledger, "charges") == 2
-    with ledger.engine.connect() as conn:
-        lifetime = conn.execute(select(func.sum(LifetimeTotal.count))).scalar_one()  # type: ignore[arg-type]
-        days = conn.execute(select(DailySpend.day).order_by(DailySpend.day)).scalars().all()  # type: ignore[arg-type]
-    assert lifetime == 5  # lifetime totals survive
-    assert len(days) == 2
+    assert count_rows(ledger, "charges") == 1
+    assert account_days(ledger) == [day - 89]
+    lifetime = sum(n for _, _, _, n in ledger.lifetime_rows())
+    assert lifetime == 4  # lifetime totals survive
     assert ledger.purge(now=NOW) == type(result)(0, 0, 0)
+
+
+def test_a_charge_prunes_its_account_days_out_of_the_window(ledger: Ledger) -> None:
+    for offset in (91, 90, 89, 0):
+        ledger.charge("dev", "emoji", now=NOW - timedelta(days=offset))
+    day = int(NOW.timestamp() // 86_400)
+    assert account_days(ledger) == [day - 89, day]  # 91 and 90 left the window with today's
+    assert ledger.purge(now=NOW).daily_spend == 0
+    assert ledger.purge(now=NOW).charges == 0
+    assert sorted(e for _, _, e, _ in ledger.lifetime_rows()) == [4_000_000]
+    assert sum(n for _, _, _, n in ledger.lifetime_rows()) == 4
 
 
 def test_one_device_thousand_concurrent_charges_admit_exactly_the_cap(ledger: Ledger) -> None:
@@ -295,8 +311,8 @@ def test_a_database_with_old_format_device_keys_is_refused(ledger: Ledger) -> No
     with ledger.engine.begin() as conn:
         conn.execute(
             text(
-                "INSERT INTO accounts (device_key, budget, count, epsilon_micro)"
-                " VALUES (:k, 'x', 1, 1)"
+                "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime)"
+                " VALUES (:k, 'x', 1, 1, '[]', '{}')"
             ),
             {"k": "a" * 64},
         )

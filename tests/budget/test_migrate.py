@@ -1,0 +1,73 @@
+"""A ledger made before the packed account state is upgraded in place, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import inspect, text
+
+from budget import Ledger, init_db
+from budget.gate import device_key
+from tests.conftest import SECRET
+
+NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
+DAY = int(NOW.timestamp() // 86_400)
+OLD_LAYOUT = [
+    "DROP TABLE accounts",
+    "CREATE TABLE accounts (device_key VARCHAR(64) NOT NULL, budget VARCHAR(63) NOT NULL,"
+    " count BIGINT NOT NULL, epsilon_micro BIGINT NOT NULL, PRIMARY KEY (device_key, budget))",
+    "CREATE TABLE daily_spend (device_key VARCHAR(64) NOT NULL, budget VARCHAR(63) NOT NULL,"
+    " day INTEGER NOT NULL, count INTEGER NOT NULL, epsilon_micro BIGINT NOT NULL,"
+    " PRIMARY KEY (device_key, budget, day))",
+    "CREATE TABLE lifetime_totals (device_key VARCHAR(64) NOT NULL,"
+    " use_case VARCHAR(63) NOT NULL, epsilon_micro BIGINT NOT NULL, count BIGINT NOT NULL,"
+    " PRIMARY KEY (device_key, use_case, epsilon_micro))",
+]
+
+
+def test_an_old_ledger_keeps_every_device_state(ledger: Ledger) -> None:
+    dk = device_key(SECRET, "old-device")
+    with ledger.engine.begin() as conn:
+        for statement in OLD_LAYOUT:
+            conn.execute(text(statement))
+        rows = {
+            "accounts": [(dk, "emoji", 3, 12_000_000), (dk, "safari-domains", 2, 8_000_000)],
+            "daily_spend": [
+                (dk, "emoji", DAY - 120, 1, 4_000_000),
+                (dk, "emoji", DAY - 1, 1, 4_000_000),
+                (dk, "emoji", DAY, 1, 4_000_000),
+                (dk, "safari-domains", DAY, 2, 8_000_000),
+            ],
+            "lifetime_totals": [
+                (dk, "emoji", 4_000_000, 3),
+                (dk, "safari-energy-domains", 4_000_000, 1),
+                (dk, "safari-crash-domains", 4_000_000, 1),
+            ],
+        }
+        for table, values in rows.items():
+            marks = ", ".join(f":v{i}" for i in range(len(values[0])))
+            for value in values:
+                conn.execute(
+                    text(f"INSERT INTO {table} VALUES ({marks})"),
+                    {f"v{i}": v for i, v in enumerate(value)},
+                )
+    init_db(ledger.engine)
+    init_db(ledger.engine)  # a second start finds nothing to migrate
+
+    tables = set(inspect(ledger.engine).get_table_names())
+    assert "daily_spend" not in tables and "lifetime_totals" not in tables
+    status = {s.use_case: s for s in ledger.status("old-device", now=NOW)}
+    assert status["emoji"].reports_today == 1 and status["emoji"].reports_left_today == 0
+    assert status["emoji"].epsilon_window == 8.0 and status["emoji"].epsilon_lifetime == 12.0
+    assert status["safari-energy-domains"].reports_left_today == 0
+    assert not ledger.charge("old-device", "emoji", now=NOW).accepted  # today's report counted
+    assert not ledger.charge("old-device", "safari-crash-domains", now=NOW).accepted
+    assert sorted(ledger.lifetime_rows()) == [
+        (dk, "emoji", 4_000_000, 3),
+        (dk, "safari-crash-domains", 4_000_000, 1),
+        (dk, "safari-energy-domains", 4_000_000, 1),
+    ]
+    assert ledger.purge(now=NOW).daily_spend == 1  # the day 120 days ago
+    tomorrow = datetime.fromtimestamp((DAY + 1) * 86_400 + 3600, UTC)
+    assert ledger.charge("old-device", "emoji", now=tomorrow).accepted
+    assert ledger.device_loss("old-device", now=tomorrow).lifetime["emoji"].events == 4
