@@ -155,7 +155,7 @@ def charge_batch(
         if postgres and pairs:
             cur.executemany(
                 "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime)"
-                " VALUES (%s, %s, 0, 0, '[]', '{}') ON CONFLICT (device_key, budget) DO NOTHING",
+                " VALUES (%s, %s, 0, 0, '[]', '[]') ON CONFLICT (device_key, budget) DO NOTHING",
                 pairs,
             )
         states: dict[tuple[str, str], AccountState] = {}

@@ -442,7 +442,7 @@ _HOT_PATH = {
     ),
     "insert_state": (
         "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime)"
-        " VALUES (?, ?, 0, 0, '[]', '{}') ON CONFLICT (device_key, budget) DO NOTHING"
+        " VALUES (?, ?, 0, 0, '[]', '[]') ON CONFLICT (device_key, budget) DO NOTHING"
     ),
     # compare-and-set on the count read under the lock (a new row on SQLite: 0, inserted)
     "write_state": (

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, func, select
+from sqlalchemy import Connection, Engine, and_, delete, select
 
 from budget.accountant import Accountant, PrivacyLoss
 from budget.audit import AuditLog, Entry, derive_audit_key
@@ -272,43 +272,59 @@ class Ledger:
                 for r in result:
                     yield str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5])
 
-    def lifetime_rows(self, use_case: str | None = None) -> Iterator[tuple[str, str, int, int]]:
-        """The lifetime multiset: ``(device key, use case, micro-epsilon, count)``, sorted."""
+    def by_device(self) -> Iterator[tuple[str, list[AccountState]]]:
+        """Every device's states (one per budget it spent), in device-key order."""
         current: str | None = None
-        counts: dict[tuple[str, int], int] = defaultdict(int)  # a use case can span budgets
+        states: list[AccountState] = []
         for dk, _, state in self.accounts():
             if dk != current:
-                yield from ((current, uc, e, n) for (uc, e), n in sorted(counts.items()))  # type: ignore[misc]
-                current, counts = dk, defaultdict(int)
-            for uc, spends in state.lifetime.items():
-                if use_case is None or uc == use_case:
-                    for e, n in spends:
-                        counts[(uc, int(e))] += int(n)
-        yield from ((current, uc, e, n) for (uc, e), n in sorted(counts.items()))  # type: ignore[misc]
+                if current is not None:
+                    yield current, states
+                current, states = dk, []
+            states.append(state)
+        if current is not None:
+            yield current, states
+
+    def lifetime_rows(self, use_case: str | None = None) -> Iterator[tuple[str, str, int, int]]:
+        """The lifetime multiset: ``(device key, use case, micro-epsilon, count)``, sorted."""
+        for dk, states in self.by_device():
+            counts: dict[tuple[str, int], int] = defaultdict(int)  # a use case can span budgets
+            for state in states:
+                for uc, spends in state.lifetime().items():
+                    if use_case is None or uc == use_case:
+                        for e, n in spends.items():
+                            counts[(uc, e)] += n
+            for (uc, e), n in sorted(counts.items()):
+                yield dk, uc, e, n
+
+    def _window_counts(
+        self, day: int, policies: dict[str, Policy]
+    ) -> Iterator[tuple[str, dict[tuple[str, int], int]]]:
+        """Per device, ``{(use case, micro-epsilon): reports}`` in each use case's own window."""
+        for dk, states in self.by_device():
+            counts: dict[tuple[str, int], int] = defaultdict(int)
+            for state in states:
+                for uc in {str(slot[0]) for slot in state.slots}:
+                    p = policies.get(uc)
+                    if p is not None:
+                        for e, n in state.use_case_window(uc, day, p.retention_days).items():
+                            counts[(uc, e)] += n
+            if counts:
+                yield dk, counts
 
     def window_spend_rows(
         self, *, now: datetime, use_case: str | None = None
     ) -> Iterator[tuple[str, str, int, int]]:
         """Each active use case's charges in its own window, grouped per device and epsilon."""
-        day = utc_day(now)
         with self.engine.connect() as conn:
-            for policy in self.policies.list_in(conn):
-                if use_case is not None and policy.name != use_case:
-                    continue
-                cutoff = day - policy.retention_days
-                query = (
-                    select(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro, func.count())
-                    .where(
-                        and_(
-                            _CHARGES.c.use_case == policy.name,
-                            _CHARGES.c.day > cutoff,
-                            _CHARGES.c.day <= day,
-                        )
-                    )
-                    .group_by(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro)
-                )
-                for dk, eps, n in conn.execute(query):
-                    yield str(dk), policy.name, int(eps), int(n)
+            active = {
+                p.name: p
+                for p in self.policies.list_in(conn)
+                if use_case is None or p.name == use_case
+            }
+        for dk, counts in self._window_counts(utc_day(now), active):
+            for (uc, e), n in sorted(counts.items()):
+                yield dk, uc, e, n
 
     def effective_epsilon(
         self, *, now: datetime, delta: float | None = None
@@ -426,17 +442,15 @@ class Ledger:
         window_rows: dict[str, list[tuple[int, int]]] = defaultdict(list)
         lifetime_rows: dict[str, list[tuple[int, int]]] = defaultdict(list)
         with self.engine.connect() as conn:
-            for r in conn.execute(
-                select(_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.epsilon_micro, func.count())
-                .where(and_(_CHARGES.c.use_case.in_(sorted(policies)), _CHARGES.c.device_key == dk))
-                .group_by(_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.epsilon_micro)
-            ):
-                p = policies.get(r.use_case)
-                if p is not None and r.day > day - p.retention_days and r.day <= day:
-                    window_rows[r.use_case].append((int(r.epsilon_micro), int(r[3])))
-            for state in self.states_of(conn, dk).values():
-                for uc, spends in state.lifetime.items():
-                    lifetime_rows[uc].extend((int(e), int(n)) for e, n in spends)
+            states = self.states_of(conn, dk).values()
+        for state in states:
+            for uc, spends in state.lifetime().items():
+                lifetime_rows[uc].extend(spends.items())
+            for uc in {str(slot[0]) for slot in state.slots}:
+                p = policies.get(uc)
+                if p is not None:
+                    spent = state.use_case_window(uc, day, p.retention_days)
+                    window_rows[uc].extend(spent.items())
         used = [policies[u] for u in set(window_rows) | set(lifetime_rows) if u in policies]
         total_delta = delta if delta is not None else min((p.delta for p in used), default=1e-9)
         window, window_total = self._compose(window_rows, policies, delta, total_delta)
@@ -465,7 +479,7 @@ class Ledger:
         return per_use_case, self.accountant.loss(merged, delta=total_delta)
 
     def window_totals(self, *, now: datetime, use_case: str | None = None) -> dict[str, float]:
-        """Basic window epsilon per device key (one SQL aggregation), for a use case or all.
+        """Basic window epsilon per device key (one scan of the accounts), for a use case or all.
 
         With ``use_case=None`` each use case's own retention window applies.
         """
@@ -473,23 +487,10 @@ class Ledger:
         policies = self._all_policies()
         if use_case is not None and use_case not in policies:
             raise UnknownUseCase(use_case)
-        names = [use_case] if use_case else list(policies)
-        totals: dict[str, int] = defaultdict(int)
-        with self.engine.connect() as conn:
-            for name in names:
-                cutoff = day - policies[name].retention_days
-                for dk, total in conn.execute(
-                    select(_CHARGES.c.device_key, func.sum(_CHARGES.c.epsilon_micro))
-                    .where(
-                        and_(
-                            _CHARGES.c.use_case == name,
-                            _CHARGES.c.day > cutoff,
-                            _CHARGES.c.day <= day,
-                        )
-                    )
-                    .group_by(_CHARGES.c.device_key)
-                ):
-                    totals[dk] += int(total)
+        chosen = {use_case: policies[use_case]} if use_case else policies
+        totals: dict[str, int] = {}
+        for dk, counts in self._window_counts(day, chosen):
+            totals[dk] = sum(e * n for (_, e), n in counts.items())
         return {dk: from_micro(v) for dk, v in totals.items()}
 
     def window_ledgers(
@@ -500,21 +501,8 @@ class Ledger:
         policy = self._all_policies().get(use_case)
         if policy is None:
             raise UnknownUseCase(use_case)
-        cutoff = day - policy.retention_days
-        with self.engine.connect() as conn:
-            result = conn.execute(
-                select(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro, func.count())
-                .where(
-                    and_(
-                        _CHARGES.c.use_case == use_case,
-                        _CHARGES.c.day > cutoff,
-                        _CHARGES.c.day <= day,
-                    )
-                )
-                .group_by(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro)
-                .order_by(_CHARGES.c.device_key, _CHARGES.c.epsilon_micro)
-            )
-            yield from _per_device(result)
+        for dk, counts in self._window_counts(day, {use_case: policy}):
+            yield dk, _events(sorted((e, n) for (_, e), n in counts.items()))
 
     def lifetime_ledgers(
         self, *, use_case: str

@@ -1,10 +1,13 @@
 """Upgrade a ledger made before the packed account state (:mod:`budget.state`).
 
-Earlier databases kept a device's days in ``daily_spend`` and its lifetime multiset in
-``lifetime_totals``, beside ``accounts``. :func:`migrate_account_state` folds both into the
-``accounts`` rows and drops the two tables, in one transaction: a database is either wholly
-migrated or untouched. A use case's lifetime counts go to the account of the budget its latest
-policy draws from (the old table did not record the budget).
+Earlier databases kept a device's days in ``daily_spend``, its lifetime multiset in
+``lifetime_totals``, and read its charges through a covering index by device.
+:func:`migrate_account_state` rebuilds every account's days per use case from the charges held
+(the retention purge kept those and ``daily_spend`` in step), puts the lifetime multiset in the
+accounts, drops the two tables and the covering index, and indexes ``charges`` by day, in one
+transaction: a database is either wholly migrated or untouched. A use case's lifetime counts go
+to the account of the budget its latest policy draws from (the old table did not record the
+budget).
 """
 
 from __future__ import annotations
@@ -39,13 +42,6 @@ def migrate_account_state(engine: Engine) -> bool:
             text("SELECT device_key, budget, count, epsilon_micro FROM accounts")
         ):
             states[(dk, b)] = AccountState(int(count), int(eps))
-        for dk, b, day, count, eps in conn.execute(
-            text(
-                "SELECT device_key, budget, day, count, epsilon_micro FROM daily_spend"
-                " ORDER BY device_key, budget, day"
-            )
-        ):
-            states[(dk, b)].days.append([int(day), int(count), int(eps)])
         for dk, use_case, eps, count in conn.execute(
             text(
                 "SELECT device_key, use_case, epsilon_micro, count FROM lifetime_totals"
@@ -53,8 +49,16 @@ def migrate_account_state(engine: Engine) -> bool:
             )
         ):
             state = states[(dk, budgets.get(use_case, use_case))]
-            state.lifetime.setdefault(use_case, []).append([int(eps), int(count)])
-        for column in ("days TEXT NOT NULL DEFAULT '[]'", "lifetime TEXT NOT NULL DEFAULT '{}'"):
+            slot = state.slots[state.slot(use_case, int(eps))]
+            slot[2] = int(slot[2]) + int(count)
+        for dk, b, use_case, eps, day, count in conn.execute(
+            text(
+                "SELECT device_key, budget, use_case, epsilon_micro, day, COUNT(*) FROM charges"
+                " GROUP BY device_key, budget, use_case, epsilon_micro, day"
+            )
+        ):
+            states[(dk, b)].add(use_case, int(day), int(eps), int(count))
+        for column in ("days TEXT NOT NULL DEFAULT '[]'", "lifetime TEXT NOT NULL DEFAULT '[]'"):
             conn.execute(text(f"ALTER TABLE accounts ADD COLUMN {column}"))
         conn.execute(text("ALTER TABLE accounts ADD COLUMN oldest_day INTEGER"))
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
@@ -67,5 +71,7 @@ def migrate_account_state(engine: Engine) -> bool:
         )
         conn.execute(text("DROP TABLE daily_spend"))
         conn.execute(text("DROP TABLE lifetime_totals"))
+        conn.execute(text("DROP INDEX IF EXISTS ix_charges_use_case_device"))
+        conn.execute(text("CREATE INDEX IF NOT EXISTS ix_charges_day ON charges (day)"))
     log.info("migrated %d accounts to the packed account state", len(states))
     return True

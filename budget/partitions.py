@@ -40,9 +40,7 @@ CREATE TABLE charges (
     PRIMARY KEY (id, day)
 ) PARTITION BY RANGE (day)
 """
-_INDEX = (
-    "CREATE INDEX ix_charges_use_case_device ON charges (use_case, device_key, day, epsilon_micro)"
-)
+_INDEX = "CREATE INDEX ix_charges_day ON charges (day)"
 DAYS_AHEAD = 14
 
 

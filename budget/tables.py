@@ -1,8 +1,9 @@
 """The ledger's tables. Devices appear only as ``device_key``, a keyed HMAC of the device id.
 
 - ``charges``: one row per accepted report (device key, use case, budget, policy version,
-  micro-epsilon, UTC day, idempotency key): the source of window accounting; purged after the
-  retention window.
+  micro-epsilon, UTC day, idempotency key), the record a receipt and an audit entry name and
+  the export carries; purged after the retention window. Appended only: nothing on the gate's
+  path reads it, and the window accounting reads the accounts.
 - ``accounts``: per (device key, budget) one row with everything the gate decides on: the
   lifetime count and micro-epsilon, the spend of each day still in the window, and the
   lifetime multiset per use case (packed, :mod:`budget.state`). Its row lock serializes every
@@ -24,9 +25,9 @@ class Charge(SQLModel, table=True):
 
     __tablename__ = "charges"
     __table_args__ = (
-        # covering, in device order: window totals and ledgers per use case read only the index,
-        # and one device's charges are a probe per use case (no second random index to write)
-        Index("ix_charges_use_case_device", "use_case", "device_key", "day", "epsilon_micro"),
+        # in insertion order (days only grow), so appending costs no random page: the purge's
+        # range. Nothing reads charges by device: the accounts hold each device's days.
+        Index("ix_charges_day", "day"),
         # SQLite: ids come from sqlite_sequence, never max(id) + 1, so that a purge that empties
         # the table cannot hand out an id that a receipt or an audit entry already names
         {"sqlite_autoincrement": True},
@@ -58,7 +59,7 @@ class Account(SQLModel, table=True):
     count: int = Field(sa_column=Column(BigInteger, nullable=False))
     epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
     days: str = Field(default="[]", sa_column=Column(Text, nullable=False))
-    lifetime: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    lifetime: str = Field(default="[]", sa_column=Column(Text, nullable=False))
     oldest_day: int | None = Field(default=None, nullable=True)
 
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, select
 
 from budget.accountant import PrivacyLoss
 from budget.clock import day_date, utc_day
@@ -21,7 +21,7 @@ from budget.errors import InvalidRequest
 from budget.ledger import DeviceLoss, Ledger
 from budget.report import UseCaseLine, build_report
 from budget.state import decode
-from budget.tables import Account, Charge
+from budget.tables import Account
 from policies.model import Policy, PolicyCreate, budget_key, from_micro, to_micro
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
     "what_if",
 ]
 
-_CHARGES = Charge.__table__  # type: ignore[attr-defined]
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
 MAX_TIMELINE_DAYS = 400
 
@@ -74,22 +73,16 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
     per_day: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     lifetime: dict[str, int] = defaultdict(int)
     with ledger.engine.connect() as conn:
-        rows = conn.execute(
-            select(
-                _CHARGES.c.use_case,
-                _CHARGES.c.day,
-                func.count(),
-                func.sum(_CHARGES.c.epsilon_micro),
-            )
-            .where(and_(_CHARGES.c.use_case.in_(sorted(policies)), _CHARGES.c.device_key == dk))
-            .group_by(_CHARGES.c.use_case, _CHARGES.c.day)
-        )
-        for use_case, day, n, eps in rows:
-            if int(day) <= today:
-                per_day[use_case][int(day)] = [int(n), int(eps)]
-        for state in ledger.states_of(conn, dk).values():
-            for use_case, spends in state.lifetime.items():
-                lifetime[use_case] += sum(int(e) * int(n) for e, n in spends)
+        states = ledger.states_of(conn, dk).values()
+    for state in states:  # a use case can span budgets (it joined or left a group)
+        for use_case, spends in state.daily().items():
+            if use_case in policies:
+                for day, (n, eps) in spends.items():
+                    if day <= today:
+                        per_day[use_case][day][0] += n
+                        per_day[use_case][day][1] += eps
+        for use_case, multiset in state.lifetime().items():
+            lifetime[use_case] += sum(e * n for e, n in multiset.items())
     first = min((d for days in per_day.values() for d in days), default=today)
     first = max(first, today - MAX_TIMELINE_DAYS + 1)
     days = list(range(first, today + 1))
@@ -338,14 +331,14 @@ def cumulative_series(
     today = utc_day(now)
     first = today - policy.retention_days + 1
     n_days = policy.retention_days
-    with ledger.engine.connect() as conn:
-        c = _CHARGES.c
-        rows = conn.execute(
-            select(c.device_key, c.day, func.sum(c.epsilon_micro))
-            .where(and_(c.use_case == use_case, c.day >= first, c.day <= today))
-            .group_by(c.device_key, c.day)
-            .order_by(c.device_key, c.day)
-        ).all()
+    rows: list[tuple[str, int, int]] = []  # (device key, day, micro-epsilon) in device order
+    for dk, states in ledger.by_device():
+        spent: dict[int, int] = defaultdict(int)
+        for state in states:
+            for d, (_, e) in state.daily().get(use_case, {}).items():
+                if first <= d <= today:
+                    spent[d] += e
+        rows.extend((dk, d, e) for d, e in sorted(spent.items()))
     days = [day_date(d).isoformat() for d in range(first, today + 1)]
     if not rows:
         zeros = [0.0] * n_days

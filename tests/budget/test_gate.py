@@ -225,7 +225,7 @@ def test_quicktype_hundred_days(ledger: Ledger) -> None:
 
 def account_days(ledger: Ledger) -> list[int]:
     """Every day an account still holds."""
-    return sorted(d for _, _, state in ledger.accounts() for d, _, _ in state.days)
+    return sorted(entry[0] for _, _, state in ledger.accounts() for entry in state.days)
 
 
 def test_purge_deletes_exactly_what_left_the_window(ledger: Ledger) -> None:
@@ -312,7 +312,7 @@ def test_a_database_with_old_format_device_keys_is_refused(ledger: Ledger) -> No
         conn.execute(
             text(
                 "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime)"
-                " VALUES (:k, 'x', 1, 1, '[]', '{}')"
+                " VALUES (:k, 'x', 1, 1, '[]', '[]')"
             ),
             {"k": "a" * 64},
         )

@@ -22,6 +22,8 @@ OLD_LAYOUT = [
     "CREATE TABLE lifetime_totals (device_key VARCHAR(64) NOT NULL,"
     " use_case VARCHAR(63) NOT NULL, epsilon_micro BIGINT NOT NULL, count BIGINT NOT NULL,"
     " PRIMARY KEY (device_key, use_case, epsilon_micro))",
+    "DROP INDEX ix_charges_day",
+    "CREATE INDEX ix_charges_use_case_device ON charges (use_case, device_key, day, epsilon_micro)",
 ]
 
 
@@ -37,6 +39,13 @@ def test_an_old_ledger_keeps_every_device_state(ledger: Ledger) -> None:
                 (dk, "emoji", DAY - 1, 1, 4_000_000),
                 (dk, "emoji", DAY, 1, 4_000_000),
                 (dk, "safari-domains", DAY, 2, 8_000_000),
+            ],
+            "charges (device_key, use_case, budget, policy_version, epsilon_micro, day)": [
+                (dk, "emoji", "emoji", 1, 4_000_000, DAY - 120),
+                (dk, "emoji", "emoji", 1, 4_000_000, DAY - 1),
+                (dk, "emoji", "emoji", 1, 4_000_000, DAY),
+                (dk, "safari-energy-domains", "safari-domains", 1, 4_000_000, DAY),
+                (dk, "safari-crash-domains", "safari-domains", 1, 4_000_000, DAY),
             ],
             "lifetime_totals": [
                 (dk, "emoji", 4_000_000, 3),
@@ -56,6 +65,8 @@ def test_an_old_ledger_keeps_every_device_state(ledger: Ledger) -> None:
 
     tables = set(inspect(ledger.engine).get_table_names())
     assert "daily_spend" not in tables and "lifetime_totals" not in tables
+    indexes = {i["name"] for i in inspect(ledger.engine).get_indexes("charges")}
+    assert "ix_charges_day" in indexes and "ix_charges_use_case_device" not in indexes
     status = {s.use_case: s for s in ledger.status("old-device", now=NOW)}
     assert status["emoji"].reports_today == 1 and status["emoji"].reports_left_today == 0
     assert status["emoji"].epsilon_window == 8.0 and status["emoji"].epsilon_lifetime == 12.0
@@ -70,4 +81,6 @@ def test_an_old_ledger_keeps_every_device_state(ledger: Ledger) -> None:
     assert ledger.purge(now=NOW).daily_spend == 1  # the day 120 days ago
     tomorrow = datetime.fromtimestamp((DAY + 1) * 86_400 + 3600, UTC)
     assert ledger.charge("old-device", "emoji", now=tomorrow).accepted
-    assert ledger.device_loss("old-device", now=tomorrow).lifetime["emoji"].events == 4
+    loss = ledger.device_loss("old-device", now=tomorrow)
+    assert loss.lifetime["emoji"].events == 4 and loss.window["emoji"].events == 3
+    assert loss.window["safari-crash-domains"].events == 1
