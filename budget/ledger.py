@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, select
+from sqlalchemy import Connection, Engine, and_, delete, select, tuple_
 
 from budget.accountant import Accountant, PrivacyLoss
 from budget.audit import AuditLog, Entry, derive_audit_key
@@ -223,9 +223,7 @@ class Ledger:
         while True:
             query = (
                 select(c.device_key, c.budget, c.count, c.epsilon_micro, c.days, c.lifetime)
-                .where(
-                    (c.device_key > after[0]) | and_(c.device_key == after[0], c.budget > after[1])
-                )
+                .where(tuple_(c.device_key, c.budget) > tuple_(*after))
                 .order_by(c.device_key, c.budget)
                 .limit(chunk)
             )
@@ -301,13 +299,13 @@ class Ledger:
         self, day: int, policies: dict[str, Policy]
     ) -> Iterator[tuple[str, dict[tuple[str, int], int]]]:
         """Per device, ``{(use case, micro-epsilon): reports}`` in each use case's own window."""
+        retention = {name: p.retention_days for name, p in policies.items()}
         for dk, states in self.by_device():
             counts: dict[tuple[str, int], int] = defaultdict(int)
             for state in states:
                 for uc in {str(slot[0]) for slot in state.slots}:
-                    p = policies.get(uc)
-                    if p is not None:
-                        for e, n in state.use_case_window(uc, day, p.retention_days).items():
+                    if uc in retention:
+                        for e, n in state.use_case_window(uc, day, retention[uc]).items():
                             counts[(uc, e)] += n
             if counts:
                 yield dk, counts

@@ -336,3 +336,16 @@ def test_charge_ids_are_never_reused_after_a_purge(ledger: Ledger) -> None:
     assert isinstance(again[0], Decision)
     assert single is not None and again[0].charge_id is not None
     assert min(single, again[0].charge_id) > max(i for i in issued if i is not None)
+
+
+def test_the_account_scan_pages_through_every_row_once(ledger: Ledger) -> None:
+    for i in range(5):
+        for use_case in ("emoji", "quicktype", "safari-energy-domains"):
+            ledger.charge(f"dev-{i}", use_case, now=NOW)
+    whole = [(dk, b) for dk, b, _ in ledger.accounts()]
+    assert len(whole) == 15 and whole == sorted(whole)
+    for chunk in (1, 2, 4, 15, 16):
+        assert [(dk, b) for dk, b, _ in ledger.accounts(chunk=chunk)] == whole
+    devices = list(ledger.by_device())
+    assert len(devices) == 5 and all(len(states) == 3 for _, states in devices)
+    assert sorted(ledger.window_totals(now=NOW).values()) == [16.0] * 5  # emoji, quicktype, safari
