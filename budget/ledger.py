@@ -406,9 +406,13 @@ class Ledger:
             done = 0
             with writer(self.engine).begin() as conn:
                 cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-                for params, n in pending:
-                    cursor.execute(sql, params)
-                    done += n if cursor.rowcount == 1 else 0
+                cursor.executemany(sql, [params for params, _ in pending])  # one round trip
+                if cursor.rowcount == len(pending):
+                    done = sum(n for _, n in pending)
+                else:  # some were charged meanwhile: again row by row (idempotent) to count
+                    for params, n in pending:
+                        cursor.execute(sql, params)
+                        done += n if cursor.rowcount == 1 else 0
             pending.clear()
             return done
 

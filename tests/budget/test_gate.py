@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
@@ -9,6 +10,7 @@ import pytest
 from sqlalchemy import Connection, func, select, text
 
 from budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase, init_db
+from budget.state import AccountState
 from budget.tables import Charge
 from policies import PolicyCreate, PolicyUpdate
 
@@ -349,3 +351,30 @@ def test_the_account_scan_pages_through_every_row_once(ledger: Ledger) -> None:
     devices = list(ledger.by_device())
     assert len(devices) == 5 and all(len(states) == 3 for _, states in devices)
     assert sorted(ledger.window_totals(now=NOW).values()) == [16.0] * 5  # emoji, quicktype, safari
+
+
+def test_a_purge_leaves_an_account_charged_while_it_ran(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = NOW - timedelta(days=95)
+    for i in range(3):
+        ledger.charge(f"dev-{i}", "emoji", now=old)
+    scan = ledger.accounts
+    charged: list[str] = []
+
+    def racing(**kwargs: object) -> Iterator[tuple[str, str, AccountState]]:
+        for row in scan(**kwargs):  # type: ignore[arg-type]
+            yield row
+            if not charged:  # a charge lands between the purge's read and its write
+                charged.append(row[0])
+                assert ledger.charge("dev-x", "emoji", now=NOW).accepted  # another device
+                devices = {ledger.device_key(f"dev-{i}"): f"dev-{i}" for i in range(3)}
+                assert ledger.charge(devices[row[0]], "emoji", now=NOW).accepted
+
+    monkeypatch.setattr(ledger, "accounts", racing)
+    result = ledger.purge(now=NOW)
+    assert result.daily_spend == 2  # the third was pruned by its own charge, not counted twice
+    monkeypatch.undo()
+    day = int(NOW.timestamp() // 86_400)
+    assert account_days(ledger) == [day, day]  # dev-x's and the raced device's today
+    assert sum(n for _, _, _, n in ledger.lifetime_rows()) == 5
