@@ -229,8 +229,8 @@ class Ledger:
             )
             if expired_by is not None:
                 query = query.where(c.oldest_day <= expired_by)
-            with self.engine.connect() as conn:
-                rows = conn.execute(query).all()
+            with self.engine.connect() as conn:  # the driver's tuples: no Row objects per row
+                rows = conn.execute(query).cursor.fetchall()
             for dk, b, count, eps, days, lifetime in rows:
                 yield str(dk), str(b), decode(count, eps, days, lifetime)
             if len(rows) < chunk:

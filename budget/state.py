@@ -64,14 +64,15 @@ class AccountState:
     def use_case_window(self, use_case: str, day: int, retention: int) -> dict[int, int]:
         """``{micro-epsilon per report: reports}`` of ``use_case`` in the window up to ``day``."""
         low = day - retention
-        mine = [i for i, slot in enumerate(self.slots) if slot[0] == use_case]
-        out: dict[int, int] = defaultdict(int)
+        mine = [(i + 1, int(slot[1])) for i, slot in enumerate(self.slots) if slot[0] == use_case]
+        out: dict[int, int] = {}
         for entry in self.days:
             if low < entry[0] <= day:
-                for i in mine:
-                    if i + 1 < len(entry) and entry[i + 1]:
-                        out[int(self.slots[i][1])] += entry[i + 1]
-        return dict(out)
+                width = len(entry)
+                for j, eps in mine:
+                    if j < width and entry[j]:
+                        out[eps] = out.get(eps, 0) + entry[j]
+        return out
 
     def daily(self) -> dict[str, dict[int, tuple[int, int]]]:
         """``{use_case: {day: (reports, micro-epsilon)}}`` of every day held."""
