@@ -186,7 +186,7 @@ class WhatIf:
 
     use_case: str
     current_version: int
-    devices_in_window: int
+    devices_in_window: dict[str, int]  # each side's devices, on the budget it draws from
     refused_next_report_today: dict[str, int]
     over_window_cap: dict[str, int]
     over_lifetime_cap: dict[str, int]
@@ -290,7 +290,7 @@ def what_if(ledger: Ledger, use_case: str, proposed: PolicyCreate, *, now: datet
     return WhatIf(
         use_case=use_case,
         current_version=current.version,
-        devices_in_window=len(set(window_cur) | set(window_new)),
+        devices_in_window={"current": len(window_cur), "proposed": len(window_new)},
         refused_next_report_today={"current": cur[0], "proposed": new[0]},
         over_window_cap={"current": cur[1], "proposed": new[1]},
         over_lifetime_cap={"current": cur[2], "proposed": new[2]},

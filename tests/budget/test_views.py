@@ -67,7 +67,7 @@ def test_what_if_counts_refusals_and_changes_nothing(ledger: Ledger) -> None:
     current = ledger.policies.get("lookup-hints")
     proposed = PolicyUpdate(max_reports_per_day=1, window_epsilon_cap=6.0).apply_to(current)
     result = what_if(ledger, "lookup-hints", proposed, now=NOW)
-    assert result.devices_in_window == 20
+    assert result.devices_in_window == {"current": 20, "proposed": 20}
     assert result.refused_next_report_today == {"current": 5, "proposed": 20}
     assert result.over_window_cap == {"current": 0, "proposed": 5}  # 8 > 6
     assert result.effective_epsilon["epsilon_per_day"] == {"current": 8.0, "proposed": 4.0}
@@ -88,7 +88,8 @@ def test_what_if_judges_a_proposal_on_the_budget_it_would_draw_from(ledger: Ledg
     result = what_if(ledger, "lookup-hints", joining, now=NOW)
     # the shared account is spent: each of the five would be refused under the proposal
     assert result.refused_next_report_today == {"current": 0, "proposed": 5}
-    assert result.devices_in_window == 5
+    # the proposal draws from the shared account: its devices, not lookup-hints' none
+    assert result.devices_in_window == {"current": 0, "proposed": 5}
     own = what_if(
         ledger, "lookup-hints", PolicyUpdate(max_reports_per_day=1).apply_to(current), now=NOW
     )
