@@ -60,7 +60,11 @@ class BudgetStatus:
 
 @dataclass(frozen=True, slots=True)
 class PurgeResult:
-    """Rows deleted by one retention purge."""
+    """What one retention purge deleted: charge rows, account day entries, idempotency rows.
+
+    ``daily_spend`` keeps the name it had when days were rows of their own table (the audit
+    entry and the job's JSON answer carry it): now the day entries pruned from accounts.
+    """
 
     charges: int
     daily_spend: int
