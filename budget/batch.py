@@ -37,9 +37,8 @@ from budget.gate import (
     InternalError,
     Terms,
     _validate_text,
-    _with_today,
     charge_entry,
-    decide,
+    decide_on,
     state_columns,
 )
 from budget.state import AccountState, decode
@@ -153,11 +152,7 @@ def charge_batch(
         # Lock and read the touched (device, budget) pairs.
         pairs = sorted({(keys[i], of[i].budget) for i in to_decide})
         if postgres and pairs:
-            cur.executemany(
-                "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime)"
-                " VALUES (%s, %s, 0, 0, '[]', '[]') ON CONFLICT (device_key, budget) DO NOTHING",
-                pairs,
-            )
+            cur.executemany(gate._sql("insert_state"), pairs)
         states: dict[tuple[str, str], AccountState] = {}
         for s in range(0, len(pairs), _CHUNK):
             part = pairs[s : s + _CHUNK]
@@ -182,7 +177,7 @@ def charge_batch(
             state = states.get(pair)
             if state is None:
                 state = states[pair] = AccountState()
-            decision = _decide(of[i], day, state, next_id)
+            decision = decide_on(of[i], day, state, next_id)
             results[i] = decision
             if decision.accepted:
                 accepted.append((i, decision))
@@ -192,6 +187,7 @@ def charge_batch(
         if accepted:
             touched = {(keys[i], of[i].budget) for i, _ in accepted}
             _write(
+                gate,
                 cur,
                 ph,
                 day,
@@ -268,6 +264,7 @@ def _allocate_ids(cur: Any, n: int, postgres: bool) -> list[int]:
 
 
 def _write(
+    gate: Gate,
     cur: Any,
     ph: str,
     day: int,
@@ -276,14 +273,7 @@ def _write(
 ) -> None:
     """The touched accounts (compare-and-set on their counts) and the charges' rows."""
     rows = [(dk, b, *state_columns(state), count) for (dk, b), state, count in states]
-    cur.executemany(
-        "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime,"
-        f" oldest_day) VALUES ({_placeholders(7, ph)}) ON CONFLICT (device_key, budget)"
-        " DO UPDATE SET count = excluded.count, epsilon_micro = excluded.epsilon_micro,"
-        " days = excluded.days, lifetime = excluded.lifetime, oldest_day = excluded.oldest_day"
-        f" WHERE accounts.count = {ph}",
-        rows,
-    )
+    cur.executemany(gate._sql("write_state"), rows)
     if cur.rowcount not in (-1, len(rows)):
         raise InternalError("an account changed under the batch's lock")
     cur.executemany(
@@ -294,20 +284,3 @@ def _write(
             for dk, t, item, d in accepted
         ],
     )
-
-
-def _decide(terms: Terms, day: int, state: AccountState, charge_id: int) -> Decision:
-    """:func:`budget.gate.decide` on in-memory state, which it updates on acceptance."""
-    eps = terms.eps_micro
-    reports, _ = state.today(day)
-    decision = decide(
-        terms,
-        day,
-        reports_today=reports + 1 if reports < terms.max_reports_per_day else None,
-        window_rows=lambda: _with_today(state.window(day, terms.retention_days), day, eps),
-        lifetime_after=state.epsilon_micro + eps,
-        charge_id=charge_id,
-    )
-    if decision.accepted:
-        state.charge(terms.name, day, eps, terms.retention_days)
-    return decision

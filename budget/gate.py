@@ -49,6 +49,7 @@ __all__ = [
     "Reason",
     "Terms",
     "decide",
+    "decide_on",
     "device_key",
     "state_columns",
 ]
@@ -304,17 +305,9 @@ class Gate:
         budget = terms.budget
         state = self.read_state(conn, dk, budget) or AccountState()
         before = state.count
-        reports, _ = state.today(day)
-        decision = decide(
-            terms,
-            day,
-            reports_today=reports + 1 if reports < terms.max_reports_per_day else None,
-            window_rows=lambda: _with_today(state.window(day, terms.retention_days), day, eps),
-            lifetime_after=state.epsilon_micro + eps,
-        )
+        decision = decide_on(terms, day, state)
         if not decision.accepted:
             return decision
-        state.charge(terms.name, day, eps, terms.retention_days)
         written = self._run(conn, "write_state", (dk, budget, *state_columns(state), before))
         if written.rowcount != 1:
             raise InternalError(f"the account of budget {budget!r} changed under its lock")
@@ -341,11 +334,33 @@ def state_columns(state: AccountState) -> tuple[int, int, str, str, int | None]:
     )
 
 
-def _with_today(rows: list[tuple[int, int]], day: int, eps: int) -> list[tuple[int, int]]:
-    """Window spends with one more report of ``eps`` counted on ``day``."""
-    out = [(d, e) for d, e in rows if d != day]
-    out.append((day, sum(e for d, e in rows if d == day) + eps))
-    return out
+def decide_on(
+    terms: Terms, day: int, state: AccountState, charge_id: int | None = None
+) -> Decision:
+    """:func:`decide` on an account's state, which an acceptance charges (in memory).
+
+    The single-report gate and the batch path both decide here; the caller writes the state.
+    """
+    eps = terms.eps_micro
+    reports, _ = state.today(day)
+
+    def window_rows() -> list[tuple[int, int]]:  # with this report counted today
+        rows = state.window(day, terms.retention_days)
+        out = [(d, e) for d, e in rows if d != day]
+        out.append((day, sum(e for d, e in rows if d == day) + eps))
+        return out
+
+    decision = decide(
+        terms,
+        day,
+        reports_today=reports + 1 if reports < terms.max_reports_per_day else None,
+        window_rows=window_rows,
+        lifetime_after=state.epsilon_micro + eps,
+        charge_id=charge_id,
+    )
+    if decision.accepted:
+        state.charge(terms.name, day, eps, terms.retention_days)
+    return decision
 
 
 def decide(

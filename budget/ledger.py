@@ -21,7 +21,7 @@ from budget.errors import InvalidRequest, UnknownUseCase
 from budget.gate import Decision, Gate, OnAccept
 from budget.partitions import DAYS_AHEAD, drop_days_through, ensure_partitions, is_partitioned
 from budget.report import EffectiveEpsilonReport, build_report
-from budget.state import AccountState, decode
+from budget.state import AccountState, decode, lifetime_counts, window_counts
 from budget.tables import Account, Charge, IdempotencyRecord
 from policies.model import Policy, budget_key, from_micro, to_micro
 from policies.repository import PolicyStore
@@ -215,12 +215,13 @@ class Ledger:
         }
 
     def accounts(
-        self, *, expired_by: int | None = None, chunk: int = 20_000
+        self, *, budget: str | None = None, expired_by: int | None = None, chunk: int = 20_000
     ) -> Iterator[tuple[str, str, AccountState]]:
-        """Every ``(device key, budget, state)`` in key order (``expired_by``: holding that day).
+        """Every ``(device key, budget, state)`` in key order; ``budget`` and ``expired_by`` filter.
 
-        Each chunk is its own short read (keyset pagination), so a scan of a large ledger never
-        holds a snapshot, or on SQLite a reader, for its whole length.
+        ``expired_by`` keeps the accounts that hold that day or an earlier one. Each chunk is
+        its own short read (keyset pagination), so a scan of a large ledger never holds a
+        snapshot, or on SQLite a reader, for its whole length.
         """
         after: tuple[str, str] = ("", "")
         c = _ACCOUNTS.c
@@ -231,6 +232,8 @@ class Ledger:
                 .order_by(c.device_key, c.budget)
                 .limit(chunk)
             )
+            if budget is not None:
+                query = query.where(c.budget == budget)
             if expired_by is not None:
                 query = query.where(c.oldest_day <= expired_by)
             with self.engine.connect() as conn:  # the driver's tuples: no Row objects per row
@@ -290,14 +293,9 @@ class Ledger:
     def lifetime_rows(self, use_case: str | None = None) -> Iterator[tuple[str, str, int, int]]:
         """The lifetime multiset: ``(device key, use case, micro-epsilon, count)``, sorted."""
         for dk, states in self.by_device():
-            counts: dict[tuple[str, int], int] = defaultdict(int)  # a use case can span budgets
-            for state in states:
-                for uc, spends in state.lifetime().items():
-                    if use_case is None or uc == use_case:
-                        for e, n in spends.items():
-                            counts[(uc, e)] += n
-            for (uc, e), n in sorted(counts.items()):
-                yield dk, uc, e, n
+            for (uc, e), n in sorted(lifetime_counts(states).items()):
+                if use_case is None or uc == use_case:
+                    yield dk, uc, e, n
 
     def _window_counts(
         self, day: int, policies: dict[str, Policy]
@@ -305,12 +303,7 @@ class Ledger:
         """Per device, ``{(use case, micro-epsilon): reports}`` in each use case's own window."""
         retention = {name: p.retention_days for name, p in policies.items()}
         for dk, states in self.by_device():
-            counts: dict[tuple[str, int], int] = defaultdict(int)
-            for state in states:
-                for uc in {str(slot[0]) for slot in state.slots}:
-                    if uc in retention:
-                        for e, n in state.use_case_window(uc, day, retention[uc]).items():
-                            counts[(uc, e)] += n
+            counts = window_counts(states, day, retention)
             if counts:
                 yield dk, counts
 
@@ -449,14 +442,11 @@ class Ledger:
         lifetime_rows: dict[str, list[tuple[int, int]]] = defaultdict(list)
         with self.engine.connect() as conn:
             states = self.states_of(conn, dk).values()
-        for state in states:
-            for uc, spends in state.lifetime().items():
-                lifetime_rows[uc].extend(spends.items())
-            for uc in {str(slot[0]) for slot in state.slots}:
-                p = policies.get(uc)
-                if p is not None:
-                    spent = state.use_case_window(uc, day, p.retention_days)
-                    window_rows[uc].extend(spent.items())
+        retention = {name: p.retention_days for name, p in policies.items()}
+        for (uc, e), n in window_counts(states, day, retention).items():
+            window_rows[uc].append((e, n))
+        for (uc, e), n in lifetime_counts(states).items():
+            lifetime_rows[uc].append((e, n))
         used = [policies[u] for u in set(window_rows) | set(lifetime_rows) if u in policies]
         total_delta = delta if delta is not None else min((p.delta for p in used), default=1e-9)
         window, window_total = self._compose(window_rows, policies, delta, total_delta)

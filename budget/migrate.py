@@ -58,9 +58,12 @@ def migrate_account_state(engine: Engine) -> bool:
             )
         ):
             states[(dk, b)].add(use_case, int(day), int(eps), int(count))
-        for column in ("days TEXT NOT NULL DEFAULT '[]'", "lifetime TEXT NOT NULL DEFAULT '[]'"):
+        for column in (
+            "days TEXT NOT NULL DEFAULT '[]'",
+            "lifetime TEXT NOT NULL DEFAULT '[]'",
+            "oldest_day INTEGER",
+        ):
             conn.execute(text(f"ALTER TABLE accounts ADD COLUMN {column}"))
-        conn.execute(text("ALTER TABLE accounts ADD COLUMN oldest_day INTEGER"))
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         cursor.executemany(
             "INSERT INTO accounts (device_key, budget, count, epsilon_micro, days, lifetime,"

@@ -23,11 +23,12 @@ reports every day of a 90-day window stays inside one SQLite page (no overflow p
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
 
-__all__ = ["AccountState", "decode"]
+__all__ = ["AccountState", "decode", "lifetime_counts", "window_counts"]
 
 
 @dataclass(slots=True)
@@ -83,15 +84,6 @@ class AccountState:
                     use_case, eps = str(self.slots[i][0]), int(self.slots[i][1])
                     count, total = out[use_case].get(entry[0], (0, 0))
                     out[use_case][entry[0]] = (count + n, total + n * eps)
-        return dict(out)
-
-    def lifetime(self) -> dict[str, dict[int, int]]:
-        """``{use_case: {micro-epsilon per report: reports}}`` over the device's lifetime."""
-        out: dict[str, dict[int, int]] = defaultdict(dict)
-        for use_case, eps, n in self.slots:
-            if n:
-                mine = out[str(use_case)]
-                mine[int(eps)] = mine.get(int(eps), 0) + int(n)
         return dict(out)
 
     def slot(self, use_case: str, eps: int) -> int:
@@ -170,3 +162,29 @@ def decode(count: int, epsilon_micro: int, days: str, lifetime: str) -> AccountS
         day += entry[0]
         absolute.append([day, *entry[1:]])
     return AccountState(int(count), int(epsilon_micro), absolute, orjson.loads(lifetime))
+
+
+def window_counts(
+    states: Iterable[AccountState], day: int, retention: Mapping[str, int]
+) -> dict[tuple[str, int], int]:
+    """``{(use case, micro-epsilon): reports}`` in each use case's window, over one device.
+
+    Only use cases in ``retention`` count; a use case can span accounts (it joined a group).
+    """
+    counts: dict[tuple[str, int], int] = defaultdict(int)
+    for state in states:
+        for use_case in {str(slot[0]) for slot in state.slots}:
+            if use_case in retention:
+                for eps, n in state.use_case_window(use_case, day, retention[use_case]).items():
+                    counts[(use_case, eps)] += n
+    return dict(counts)
+
+
+def lifetime_counts(states: Iterable[AccountState]) -> dict[tuple[str, int], int]:
+    """``{(use case, micro-epsilon): reports}`` over one device's lifetime, across its accounts."""
+    counts: dict[tuple[str, int], int] = defaultdict(int)
+    for state in states:
+        for use_case, eps, n in state.slots:
+            if n:
+                counts[(str(use_case), int(eps))] += int(n)
+    return dict(counts)

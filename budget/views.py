@@ -13,15 +13,13 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, select
 
 from budget.accountant import PrivacyLoss
 from budget.clock import day_date, utc_day
 from budget.errors import InvalidRequest
 from budget.ledger import DeviceLoss, Ledger
 from budget.report import UseCaseLine, build_report
-from budget.state import decode
-from budget.tables import Account
+from budget.state import lifetime_counts
 from policies.model import Policy, PolicyCreate, budget_key, from_micro, to_micro
 
 __all__ = [
@@ -35,7 +33,6 @@ __all__ = [
     "what_if",
 ]
 
-_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
 MAX_TIMELINE_DAYS = 400
 
 
@@ -81,8 +78,8 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
                     if day <= today:
                         per_day[use_case][day][0] += n
                         per_day[use_case][day][1] += eps
-        for use_case, multiset in state.lifetime().items():
-            lifetime[use_case] += sum(e * n for e, n in multiset.items())
+    for (use_case, eps), n in lifetime_counts(states).items():
+        lifetime[use_case] += eps * n
     first = min((d for days in per_day.values() for d in days), default=today)
     first = max(first, today - MAX_TIMELINE_DAYS + 1)
     days = list(range(first, today + 1))
@@ -222,23 +219,20 @@ def _refusals(
 
 
 def _budget_spends(
-    conn: Connection, budget: str, day: int, retentions: tuple[int, int]
+    ledger: Ledger, budget: str, day: int, retentions: tuple[int, int]
 ) -> tuple[dict[str, int], tuple[dict[str, int], dict[str, int]], dict[str, int]]:
     """One budget's spends per device: reports today, the two windows' and the lifetime's."""
     today: dict[str, int] = {}
-    windows: tuple[dict[str, int], dict[str, int]] = (defaultdict(int), defaultdict(int))
+    windows: tuple[dict[str, int], dict[str, int]] = ({}, {})
     life: dict[str, int] = {}
-    c = _ACCOUNTS.c
-    query = select(c.device_key, c.count, c.epsilon_micro, c.days, c.lifetime)
-    for dk, n, e, days, lifetime in conn.execute(query.where(c.budget == budget)):
-        state = decode(n, e, days, lifetime)
+    for dk, _, state in ledger.accounts(budget=budget):
         reports, _ = state.today(day)
         if reports:
             today[dk] = reports
         for window, retention in zip(windows, retentions, strict=True):
             spent = state.window_spend(day, retention)
             if spent:
-                window[dk] += spent
+                window[dk] = spent
         life[dk] = state.epsilon_micro
     return today, windows, life
 
@@ -257,14 +251,14 @@ def what_if(ledger: Ledger, use_case: str, proposed: PolicyCreate, *, now: datet
     retentions = (current.retention_days, proposed.retention_days)
     with ledger.engine.connect() as conn:
         ledger.policies.check_group(conn, proposed)
-        today, (window_cur, window_new), life = _budget_spends(
-            conn, budget_key(current), day, retentions
+    today, (window_cur, window_new), life = _budget_spends(
+        ledger, budget_key(current), day, retentions
+    )
+    today_new, life_new = today, life
+    if budget_key(proposed) != budget_key(current):
+        today_new, (_, window_new), life_new = _budget_spends(
+            ledger, budget_key(proposed), day, retentions
         )
-        today_new, life_new = today, life
-        if budget_key(proposed) != budget_key(current):
-            today_new, (_, window_new), life_new = _budget_spends(
-                conn, budget_key(proposed), day, retentions
-            )
     cur = _refusals(current, today, window_cur, life)
     new = _refusals(proposed, today_new, window_new, life_new)
 

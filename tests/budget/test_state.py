@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from budget.state import AccountState, decode
+from budget.state import AccountState, decode, lifetime_counts, window_counts
 
 USE_CASES = ["emoji", "safari-energy-domains", "safari-crash-domains"]
 charges = st.lists(
@@ -46,8 +46,10 @@ def test_every_question_matches_the_charges_it_holds(
     for use_case in USE_CASES:
         expected = Counter(e for u, _, e in in_window if u == use_case)
         assert state.use_case_window(use_case, day, retention) == dict(expected)
-        lifetime = Counter(e for u, _, e in made if u == use_case)
-        assert state.lifetime().get(use_case, {}) == dict(lifetime)
+    assert window_counts([state], day, dict.fromkeys(USE_CASES, retention)) == dict(
+        Counter((u, e) for u, _, e in in_window)
+    )
+    assert lifetime_counts([state]) == dict(Counter((u, e) for u, _, e in made))
     daily = state.daily()
     for use_case, d, _ in made:
         n = sum(1 for u, dd, _ in made if u == use_case and dd == d)
@@ -64,7 +66,7 @@ def test_a_charge_prunes_the_days_that_left_its_window() -> None:
         state.charge("emoji", d, 4_000_000, retention=90)
     assert [entry[0] for entry in state.days] == [101, 150, 190]  # 100 left with day 190's
     assert state.oldest_day == 101
-    assert state.lifetime() == {"emoji": {4_000_000: 4}}
+    assert lifetime_counts([state]) == {("emoji", 4_000_000): 4}
 
 
 def test_days_are_packed_as_differences_without_trailing_zeros() -> None:
@@ -89,3 +91,21 @@ def test_a_daily_reporter_fits_one_sqlite_page() -> None:
     assert len(state.days) == 90
     size = len(state.encode_days()) + len(state.encode_lifetime()) + 32 + 21 + 4 * 8
     assert size < 1_000, size
+
+
+def test_a_use_case_that_changed_budget_counts_from_both_accounts() -> None:
+    before, after = AccountState(), AccountState()  # its own budget, then a group's
+    before.charge("emoji", 20_000, 4_000_000, retention=90)
+    after.charge("emoji", 20_010, 2_000_000, retention=90)
+    after.charge("safari-crash-domains", 20_010, 4_000_000, retention=90)
+    both = [before, after]
+    assert window_counts(both, 20_010, {"emoji": 90}) == {
+        ("emoji", 4_000_000): 1,
+        ("emoji", 2_000_000): 1,
+    }
+    assert window_counts(both, 20_010, {"emoji": 5}) == {("emoji", 2_000_000): 1}
+    assert lifetime_counts(both) == {
+        ("emoji", 4_000_000): 1,
+        ("emoji", 2_000_000): 1,
+        ("safari-crash-domains", 4_000_000): 1,
+    }
