@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import hmac
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +20,7 @@ from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
 from budget.db import placeholder
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
+from budget.keyed import KeyedHash
 from mechanisms import CMS, HCMS, SFP, InvalidReport
 from policies import Policy, mechanism_for
 from policies.errors import PolicyError
@@ -72,7 +72,7 @@ class Ingestor:
 
     def __init__(self, ledger: Ledger, secret: bytes) -> None:
         self.ledger = ledger
-        self._mac = hmac.new(secret, digestmod="sha256")
+        self._keyed = KeyedHash(secret)
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         ph = placeholder(ledger.engine)
         self._version_sql = (
@@ -110,9 +110,8 @@ class Ingestor:
 
     def receipt(self, decision: Decision) -> str:
         """An opaque charge receipt (never the report's id, which does not exist yet)."""
-        mac = self._mac.copy()
-        mac.update(f"receipt:{decision.use_case}:{decision.charge_id}".encode())
-        return mac.digest()[:16].hex()
+        message = f"receipt:{decision.use_case}:{decision.charge_id}".encode()
+        return self._keyed.digest(message)[:16].hex()
 
     def store_reports(self, conn: Connection, rows: list[tuple[str, str, int, str]]) -> None:
         """Insert ``(use case, params, day, payload)`` inbox rows in the charges' transaction."""
@@ -184,7 +183,7 @@ class Ingestor:
         Each item is judged on its own (an invalid one gets an error naming
         ``items[i].field``, the others go on), in order, exactly as one-by-one submissions.
         """
-        self.ledger.policies.get(use_case)  # an unknown use case fails the whole batch
+        self.current(use_case)  # an unknown use case fails the whole batch (one indexed lookup)
         out: list[ItemResult | None] = [None] * len(items)
         requests: list[SubmitRequest] = []
         positions: list[int] = []

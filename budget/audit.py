@@ -22,13 +22,14 @@ import hmac
 from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy import DDL, BigInteger, Column, Connection, Engine, Text, event, select, text
 from sqlmodel import Field, SQLModel
 
 from budget.db import placeholder, writer
+from budget.keyed import KeyedHash
 
 __all__ = [
     "GENESIS",
@@ -118,13 +119,17 @@ for _dialect in ("sqlite", "postgresql"):
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """What to append: who did what, with the action's data (JSON-serialisable)."""
+class Entry(NamedTuple):
+    """What to append: who did what, with the action's data.
+
+    ``data`` is a JSON-serialisable dict, or a str holding that dict's canonical JSON already
+    (sorted keys, no spaces; :func:`budget.gate.charge_entry` formats a charge's from a
+    template, since a relay's batch appends one entry per report).
+    """
 
     actor: str
     action: str
-    data: dict[str, Any]
+    data: dict[str, Any] | str
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,15 +170,30 @@ def derive_audit_key(secret: bytes) -> bytes:
     return hmac.digest(secret, b"dp-governor/audit-key/v1", "sha256")
 
 
+_SORTED = orjson.OPT_SORT_KEYS
+
+
 def chain_hash(prev_hash: str, body: str) -> str:
     """``SHA-256(bytes of the previous hash || UTF-8 body)``, hex."""
     return hashlib.sha256(bytes.fromhex(prev_hash) + body.encode("utf-8")).hexdigest()
 
 
-def canonical_body(seq: int, at: str, actor: str, action: str, data: dict[str, Any]) -> str:
-    """The hashed text of an entry: canonical JSON of every field."""
-    content = {"seq": seq, "at": at, "actor": actor, "action": action, "data": data}
-    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+def canonical_body(seq: int, at: str, actor: str, action: str, data: dict[str, Any] | str) -> str:
+    """The hashed text of an entry: canonical JSON of every field (sorted keys, no spaces).
+
+    Formatted around the encoded parts rather than encoding a wrapper dict (the same text, as a
+    test checks against ``orjson``); ``data`` may be canonical JSON already (see :class:`Entry`).
+    """
+    encoded = data if isinstance(data, str) else orjson.dumps(data, option=_SORTED).decode()
+    return (
+        f'{{"action":{_text(action)},"actor":{_text(actor)},"at":{_text(at)},'
+        f'"data":{encoded},"seq":{int(seq)}}}'
+    )
+
+
+def _text(value: str) -> str:
+    """A JSON string literal, as ``orjson`` writes it."""
+    return orjson.dumps(value).decode()
 
 
 def timestamp(now: datetime) -> str:
@@ -209,11 +229,7 @@ class AuditLog:
             raise ValueError("the audit key must be at least 32 bytes")
         self.engine = engine
         self._mac = hmac.new(key, digestmod="sha256")
-        # HMAC-SHA256 (RFC 2104) from its two padded-key states: a tag is then two copies and
-        # three C calls, what lets verify check a million entries in seconds
-        block = (hashlib.sha256(key).digest() if len(key) > 64 else key).ljust(64, b"\0")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+        self._keyed = KeyedHash(key)  # a tag per entry: what lets verify check 1e6 in seconds
         self._postgres = engine.dialect.name == "postgresql"
         ph = placeholder(engine)
         self._insert = (
@@ -227,11 +243,7 @@ class AuditLog:
 
     def tag(self, entry_hash: str) -> str:
         """``HMAC-SHA256(audit key, hash)``, hex."""
-        inner = self._inner.copy()
-        inner.update(entry_hash.encode("ascii"))
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        return outer.hexdigest()
+        return self._keyed.digest(entry_hash.encode("ascii")).hex()
 
     def append(self, conn: Connection, entries: Sequence[Entry], *, now: datetime) -> int:
         """Append ``entries`` in the caller's transaction, in order; returns the last seq.
@@ -246,11 +258,14 @@ class AuditLog:
         seq, head = cur.fetchone()
         seq = int(seq)
         rows = []
-        for e in entries:
+        running = bytes.fromhex(head)
+        sha256, tag = hashlib.sha256, self.tag
+        for actor, action, data in entries:
             seq += 1
-            body = canonical_body(seq, at, e.actor, e.action, e.data)
-            new = chain_hash(head, body)
-            rows.append((seq, at, e.actor, e.action, body, head, new, self.tag(new)))
+            body = canonical_body(seq, at, actor, action, data)
+            running = sha256(running + body.encode("utf-8")).digest()  # chain_hash, bytes kept
+            new = running.hex()
+            rows.append((seq, at, actor, action, body, head, new, tag(new)))
             head = new
         cur.executemany(self._insert, rows)
         cur.execute(self._move, (seq, head))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -197,7 +197,7 @@ def charge_batch(
         for i, j in replay_of.items():
             first_result = results[j]
             results[i] = (
-                replace(first_result, replayed=True)
+                first_result._replace(replayed=True)
                 if isinstance(first_result, Decision)
                 else first_result
             )

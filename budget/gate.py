@@ -21,22 +21,24 @@ the row's lock (or SQLite's write lock) held.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
-import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, replace
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
+import orjson
 from sqlalchemy import Connection, Engine, and_
 
 from budget.audit import AuditLog, Entry
 from budget.clock import day_start, utc_day
-from budget.db import placeholder, writer
+from budget.db import placeholder, writer, writer_lock
 from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
+from budget.keyed import KeyedHash
 from budget.state import AccountState, decode
 from budget.tables import IdempotencyRecord
 from policies.model import Policy, budget_key, from_micro, to_micro
@@ -72,12 +74,13 @@ def device_key(secret: bytes, device_id: str) -> str:
     return hmac.digest(secret, device_id.encode("utf-8"), "sha256")[:16].hex()
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The gate's answer, with what was requested and what remains (``None``: no such cap).
 
     ``retry_at`` is when the next report for this budget becomes possible after a refusal
-    (``None`` after a lifetime refusal: never).
+    (``None`` after a lifetime refusal: never). An immutable named tuple rather than a frozen
+    dataclass: a relay's batch builds one per report, and a frozen dataclass costs five times
+    as much to build (1.4 against 0.3 us).
     """
 
     accepted: bool
@@ -96,7 +99,7 @@ class Decision:
 
     def to_json(self) -> str:
         """Serialise for the idempotency record."""
-        data = asdict(self)
+        data = self._asdict()
         data["retry_at"] = self.retry_at.isoformat() if self.retry_at else None
         data.pop("replayed")
         return json.dumps(data, sort_keys=True)
@@ -146,21 +149,26 @@ class Terms:
 
 
 def charge_entry(dk: str, decision: Decision, terms: Terms) -> Entry:
-    """The audit entry of one charge decision (accepted or refused; no report payload)."""
+    """The audit entry of one charge decision (accepted or refused; no report payload).
+
+    Its data is formatted as canonical JSON directly (keys in sorted order; the strings
+    encoded by ``orjson``): the same text as encoding the dict, a few times cheaper.
+    """
+    d = decision
     return Entry(
         f"device:{dk}",
         "charge",
-        {
-            "use_case": decision.use_case,
-            "budget": decision.budget,
-            "policy_version": decision.policy_version,
-            "epsilon_micro": terms.eps_micro,
-            "day": decision.day,
-            "accepted": decision.accepted,
-            "reason": decision.reason,
-            "charge_id": decision.charge_id,
-        },
+        f'{{"accepted":{"true" if d.accepted else "false"},"budget":{_json_text(d.budget)},'
+        f'"charge_id":{"null" if d.charge_id is None else int(d.charge_id)},"day":{int(d.day)},'
+        f'"epsilon_micro":{int(terms.eps_micro)},"policy_version":{int(d.policy_version)},'
+        f'"reason":{_json_text(d.reason)},"use_case":{_json_text(d.use_case)}}}',
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_text(value: str) -> str:
+    """A JSON string literal (use-case, budget and reason names: a few, over and over)."""
+    return orjson.dumps(value).decode()
 
 
 def _validate_text(field: str, value: object, limit: int) -> str:
@@ -181,24 +189,20 @@ class Gate:
             raise ValueError("the device-key secret must be at least 32 bytes")
         self.engine = writer(engine)
         self.audit = audit
-        self._mac = hmac.new(secret, digestmod="sha256")  # copied per device: skips the key setup
+        self._keyed = KeyedHash(secret)  # the key's setup done once, not per device
         ph = placeholder(engine)
         self.postgres = engine.dialect.name == "postgresql"
         self._statements = {k: v.replace("?", ph) for k, v in _HOT_PATH.items()}
         if self.postgres:  # the row lock that serializes one device's charges to one budget
             self._statements["read_state"] += " FOR UPDATE"
         self._policies: dict[tuple[str, int], Terms] = {}
-        # SQLite has one writer at a time: queue this process's writers on a lock instead of
-        # letting them spin in SQLite's busy handler, whose sleeps (up to 100 ms) are the tail.
-        self.write_lock: AbstractContextManager[object] = (
-            threading.Lock() if engine.dialect.name == "sqlite" else nullcontext()
-        )
+        # SQLite has one writer at a time: queue writers (this process's and the other
+        # workers') on a lock instead of letting them sleep in SQLite's busy handler.
+        self.write_lock: AbstractContextManager[object] = writer_lock(engine)
 
     def device_key(self, device_id: str) -> str:
         """The stored pseudonym of ``device_id`` (:func:`device_key`, from a keyed HMAC state)."""
-        mac = self._mac.copy()
-        mac.update(device_id.encode("utf-8"))
-        return mac.digest()[:16].hex()
+        return self._keyed.digest(device_id.encode("utf-8"))[:16].hex()
 
     def charge(
         self,
@@ -316,7 +320,7 @@ class Gate:
                 conn, "charge", (dk, terms.name, budget, terms.version, eps, day, key)
             ).fetchone()[0]
         )
-        return replace(decision, charge_id=charge_id)
+        return decision._replace(charge_id=charge_id)
 
 
 class InternalError(AssertionError):
@@ -341,26 +345,31 @@ def decide_on(
 
     The single-report gate and the batch path both decide here; the caller writes the state.
     """
-    eps = terms.eps_micro
-    reports, _ = state.today(day)
+    reports = state.reports_on(day)
+    window_rows = _no_window
+    if terms.window_cap_micro is not None:
 
-    def window_rows() -> list[tuple[int, int]]:  # with this report counted today
-        rows = state.window(day, terms.retention_days)
-        out = [(d, e) for d, e in rows if d != day]
-        out.append((day, sum(e for d, e in rows if d == day) + eps))
-        return out
+        def window_rows() -> list[tuple[int, int]]:  # with this report counted today
+            rows = state.window(day, terms.retention_days)
+            out = [(d, e) for d, e in rows if d != day]
+            out.append((day, sum(e for d, e in rows if d == day) + terms.eps_micro))
+            return out
 
     decision = decide(
         terms,
         day,
         reports_today=reports + 1 if reports < terms.max_reports_per_day else None,
         window_rows=window_rows,
-        lifetime_after=state.epsilon_micro + eps,
+        lifetime_after=state.epsilon_micro + terms.eps_micro,
         charge_id=charge_id,
     )
     if decision.accepted:
-        state.charge(terms.name, day, eps, terms.retention_days)
+        state.charge(terms.name, day, terms.eps_micro, terms.retention_days)
     return decision
+
+
+def _no_window() -> list[tuple[int, int]]:
+    raise AssertionError("asked for the window of a policy without a window cap")
 
 
 def decide(
@@ -381,21 +390,9 @@ def decide(
     Checks run daily, window, lifetime. Both the single-report gate and the batch path decide
     here.
     """
-    eps = terms.eps_micro
-
-    def refused(
-        reason: Reason,
-        retry_at: datetime | None,
-        window: float | None = None,
-        lifetime: float | None = None,
-    ) -> Decision:
-        return Decision(
-            False, reason, terms.name, terms.budget, terms.version, terms.epsilon, day,
-            retry_at=retry_at, window_remaining=window, lifetime_remaining=lifetime,
-        )  # fmt: skip
-
     if reports_today is None:
-        return refused("daily_cap", day_start(day + 1))
+        return _refused(terms, day, "daily_cap", day_start(day + 1))
+    eps = terms.eps_micro
     window_remaining: float | None = None
     window_cap = terms.window_cap_micro
     if window_cap is not None:
@@ -404,19 +401,33 @@ def decide(
         if spent > window_cap:
             retry = _window_retry_day(rows, day, terms.retention_days, eps, window_cap)
             left = from_micro(window_cap - (spent - eps))
-            return refused("window_cap", day_start(retry), window=left)
+            return _refused(terms, day, "window_cap", day_start(retry), window=left)
         window_remaining = from_micro(window_cap - spent)
     lifetime_remaining: float | None = None
     lifetime_cap = terms.lifetime_cap_micro
     if lifetime_cap is not None:
         if lifetime_after > lifetime_cap:
             left = from_micro(lifetime_cap - (lifetime_after - eps))
-            return refused("lifetime_cap", None, lifetime=left)
+            return _refused(terms, day, "lifetime_cap", None, lifetime=left)
         lifetime_remaining = from_micro(lifetime_cap - lifetime_after)
     return Decision(
         True, "accepted", terms.name, terms.budget, terms.version, terms.epsilon, day,
         charge_id, None, terms.max_reports_per_day - reports_today, window_remaining,
         lifetime_remaining,
+    )  # fmt: skip
+
+
+def _refused(
+    terms: Terms,
+    day: int,
+    reason: Reason,
+    retry_at: datetime | None,
+    window: float | None = None,
+    lifetime: float | None = None,
+) -> Decision:
+    return Decision(
+        False, reason, terms.name, terms.budget, terms.version, terms.epsilon, day,
+        None, retry_at, 0, window, lifetime,
     )  # fmt: skip
 
 

@@ -44,6 +44,15 @@ class AccountState:
         slots = self.slots
         return sum(n * int(slots[i][1]) for i, n in enumerate(entry[1:]) if n)
 
+    def reports_on(self, day: int) -> int:
+        """The reports counted on ``day`` (the gate's daily cap)."""
+        for entry in reversed(self.days):
+            if entry[0] == day:
+                return sum(entry) - day
+            if entry[0] < day:
+                break
+        return 0
+
     def today(self, day: int) -> tuple[int, int]:
         """``(reports, micro-epsilon)`` spent on ``day``."""
         for entry in reversed(self.days):
@@ -104,7 +113,8 @@ class AccountState:
                 return entry
         entry = [day]
         days.append(entry)
-        days.sort()  # a day before the latest only if the clock was set back
+        if len(days) > 1 and days[-2][0] > day:  # only if the clock was set back
+            days.sort()
         return entry
 
     def add(self, use_case: str, day: int, eps: int, reports: int = 1) -> int:
