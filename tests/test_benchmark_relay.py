@@ -13,4 +13,4 @@ def test_the_relay_benchmark_prints_its_table(capsys: pytest.CaptureFixture[str]
     assert lines[0].startswith("| backend | batch |") and len(lines) == 3
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells[:3] == ["sqlite", "40", "40"]
-    assert cells[3].endswith("/s") and cells[5].endswith("KiB")
+    assert cells[3].endswith("/s") and cells[4].endswith("/s") and cells[6].endswith("KiB")
