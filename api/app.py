@@ -60,7 +60,6 @@ from budget import (
 )
 from budget.audit import Verification
 from budget.clock import day_date
-from budget.db import start_checkpointer
 from budget.report import EffectiveEpsilonReport
 from budget.views import (
     Distribution,
@@ -513,7 +512,6 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         secret = load_or_create_secret(settings)
         engine = create_db_engine(settings.database_url)
         init_service_db(engine)
-        checkpointer = start_checkpointer(engine)  # SQLite: WAL copied beside the writers
         ledger = Ledger(engine, secret, audit_key=load_or_create_audit_key(settings))
         loaded = ledger.policies.ensure_defaults()
         if loaded:
@@ -548,8 +546,6 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
             if scheduler is not None:
                 scheduler.shutdown(wait=True)
             RUNTIMES.pop(key, None)
-            if checkpointer is not None:
-                checkpointer.stop()
             engine.dispose()
 
     app = FastAPI(

@@ -11,37 +11,16 @@ one device's charges.
 
 from __future__ import annotations
 
-import logging
-import os
-import sqlite3
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from types import TracebackType
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, event, make_url, text
 from sqlmodel import SQLModel, create_engine
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
-
-__all__ = [
-    "WRITE_OPTION",
-    "WalCheckpointer",
-    "WriterLock",
-    "create_db_engine",
-    "init_db",
-    "placeholder",
-    "scratch_schema",
-    "start_checkpointer",
-    "writer",
-    "writer_lock",
-]
+__all__ = ["WRITE_OPTION", "create_db_engine", "init_db", "placeholder", "scratch_schema", "writer"]
 
 WRITE_OPTION = "dpgov_write"
 
@@ -54,162 +33,6 @@ def writer(engine: Engine) -> Engine:
     never block the writer (WAL).
     """
     return engine.execution_options(**{WRITE_OPTION: True})
-
-
-class WriterLock:
-    """Queues a SQLite file's writers, threads and processes alike, ahead of ``BEGIN IMMEDIATE``.
-
-    SQLite itself serializes writers, but a writer that finds the lock taken sleeps in its busy
-    handler (1, 2, 5, 10 ... up to 100 ms between tries) rather than waking when the lock is
-    released, so under load the write lock sits idle between transactions and the sleeps are
-    the latency tail. Queued here instead, a writer starts the moment the previous one commits:
-    on a thread lock within the process, then on ``flock`` of a ``-writer`` file beside the
-    database between processes (``dpgov serve --workers N``). Where ``fcntl`` is missing
-    (Windows), only the thread lock.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.database = path
-        self.path = path + "-writer"
-        self._thread = threading.Lock()
-        self._fd: int | None = None
-
-    def __enter__(self) -> WriterLock:
-        self._thread.acquire()
-        try:
-            if fcntl is not None:
-                if self._fd is None:
-                    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except BaseException:
-            self._thread.release()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            if fcntl is not None and self._fd is not None:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-        finally:
-            self._thread.release()
-
-
-_LOCKS: dict[str, WriterLock] = {}
-_LOCKS_GUARD = threading.Lock()
-
-
-def writer_lock(engine: Engine) -> AbstractContextManager[object]:
-    """The lock a hot-path writer holds around its transaction (:class:`WriterLock`).
-
-    One per SQLite file and process, shared by every gate on it; an in-memory SQLite database
-    gets a thread lock, PostgreSQL none (its row locks serialize what must be).
-    """
-    if engine.dialect.name != "sqlite":
-        return nullcontext()
-    path = engine.url.database
-    if not path or path == ":memory:" or path.startswith("file:"):
-        return threading.Lock()
-    path = os.path.realpath(path)
-    with _LOCKS_GUARD:
-        found = _LOCKS.get(path)
-        if found is None:
-            found = _LOCKS[path] = WriterLock(path)
-        return found
-
-
-_NO_AUTOCHECKPOINT = "dpgov_no_autocheckpoint"
-log = logging.getLogger(__name__)
-
-
-class WalCheckpointer:
-    """Checkpoints a SQLite file's WAL from a thread of its own, so that writers never do.
-
-    By default the connection whose commit takes the WAL past 1,000 pages copies them into the
-    database inside that commit, under the write lock: about 3.6 us a report of a relay's batch,
-    and a latency spike for whichever request draws it. Here a daemon thread runs a PASSIVE
-    checkpoint every ``interval`` seconds beside the writers (it neither waits for nor blocks
-    them). A WAL that keeps growing anyway (writers never pause, so a passive checkpoint never
-    finds it fully copied and it never restarts) is truncated once it holds
-    ``truncate_bytes``: under the writers' lock, so only the last pages are copied while they
-    wait, and with a short busy timeout, so that a long reader delays it instead of the writers.
-    """
-
-    def __init__(
-        self,
-        path: str,
-        lock: AbstractContextManager[object],
-        *,
-        interval: float = 0.05,
-        truncate_bytes: int = 64 << 20,
-    ) -> None:
-        self.path = path
-        self.lock = lock
-        self.interval = interval
-        self.truncate_bytes = truncate_bytes
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._conn: sqlite3.Connection | None = None
-
-    def start(self) -> None:
-        """Start the thread (once)."""
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._loop, name="dpgov-wal-checkpoint", daemon=True
-            )
-            self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the thread; the last connection's close checkpoints what is left."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def run_once(self) -> tuple[int, int]:
-        """One passive checkpoint (and a truncation if due): ``(frames in the WAL, copied)``."""
-        if self._conn is None:
-            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._conn.execute("PRAGMA busy_timeout=200")
-        conn = self._conn
-        _, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        page = conn.execute("PRAGMA page_size").fetchone()[0]
-        if frames * page >= self.truncate_bytes:
-            with self.lock:
-                busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            if busy:
-                log.info("WAL truncation deferred: a reader holds an old snapshot")
-        return int(frames), int(copied)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.run_once()
-            except sqlite3.Error as exc:  # a busy or locked database: the next round retries
-                log.warning("WAL checkpoint failed: %s", exc)
-
-
-def start_checkpointer(engine: Engine) -> WalCheckpointer | None:
-    """Move a SQLite file engine's checkpoints to a :class:`WalCheckpointer`; ``None`` if n/a.
-
-    The engine's new connections stop checkpointing at commit (its pool is emptied, so all of
-    them are new); stop the checkpointer before disposing of the engine.
-    """
-    lock = writer_lock(engine)
-    if not isinstance(lock, WriterLock):
-        return None  # PostgreSQL, or a SQLite database in memory
-    engine.dispose()
-    engine.update_execution_options(**{_NO_AUTOCHECKPOINT: True})
-    checkpointer = WalCheckpointer(lock.database, lock)
-    checkpointer.start()
-    return checkpointer
 
 
 def placeholder(engine: Engine) -> str:
@@ -247,8 +70,6 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA cache_size=-32768")  # 32 MiB of pages per connection
         cursor.execute("PRAGMA mmap_size=268435456")  # read through a 256 MiB memory map
         cursor.execute("PRAGMA foreign_keys=ON")
-        if engine.get_execution_options().get(_NO_AUTOCHECKPOINT):
-            cursor.execute("PRAGMA wal_autocheckpoint=0")  # a WalCheckpointer's thread does it
         cursor.close()
 
     @event.listens_for(engine, "begin")
