@@ -9,9 +9,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy import Connection
@@ -47,9 +46,8 @@ def params_hash(mechanism: Mechanism) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class SubmitRequest:
-    """One device's submission, as the HTTP route received it."""
+class SubmitRequest(NamedTuple):
+    """One device's submission, as the HTTP route received it (a named tuple: one per report)."""
 
     use_case: str
     device_id: str
@@ -57,8 +55,7 @@ class SubmitRequest:
     idempotency_key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ItemResult:
+class ItemResult(NamedTuple):
     """The outcome of one item of a batch: a decision, or an error naming a field."""
 
     decision: Decision | None = None

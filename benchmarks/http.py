@@ -1,15 +1,15 @@
 """HTTP ingestion against a real ``dpgov serve`` process; prints a Markdown table.
 
 Usage: ``python -m benchmarks.http [--seconds 15] [--clients 16] [--postgres URL]
-[--loads singles relay] [--batch-items 5000] [--sqlite-workers 1]``.
+[--loads singles relay] [--batch-items 5000] [--relay-connections 2] [--sqlite-workers 1]``.
 
 The server runs in its own process (SQLite file in a temporary folder, or a fresh PostgreSQL
 schema with ``--workers``); the load comes from this process: ``--clients`` threads, each with
 its own keep-alive connection, submitting one HCMS report per request for a new device each
 time (so every report is accepted and written); then the same with ``wrk`` (a C load generator,
 Debian package ``wrk``) when installed, since a Python client saturates a core before the
-server does; then the relay endpoint: batches of ``--batch-items`` (5,000) over 2 connections
-for as long.
+server does; then the relay endpoint: batches of ``--batch-items`` (5,000) over
+``--relay-connections`` (2) for as long.
 Afterwards it checks that accepted = charged = stored (inbox + reports).
 """
 
@@ -236,6 +236,7 @@ def run(
     tmp: Path,
     size: int = 5000,
     loads: frozenset[str] = LOADS,
+    relay_connections: int = 2,
 ) -> list[str]:
     """Benchmark one configuration; returns table rows."""
     proc, base = _start(url, workers, tmp, size)
@@ -252,7 +253,9 @@ def run(
             _singles(base, bodies, seconds, clients) if "singles" in loads else (0, 0, [0.0])
         )
         batch_ok, batch_seconds = (
-            _batches(base, bodies, seconds, 2, size) if "relay" in loads else (0, 1.0)
+            _batches(base, bodies, seconds, relay_connections, size)
+            if "relay" in loads
+            else (0, 1.0)
         )
     finally:
         proc.terminate()
@@ -277,7 +280,8 @@ def run(
         )
     if "relay" in loads:
         rows.append(
-            f"| {label} | batches of {size:,}, 2 connections | {batch_ok / batch_seconds:,.0f} /s"
+            f"| {label} | batches of {size:,}, {relay_connections} connections"
+            f" | {batch_ok / batch_seconds:,.0f} /s"
             f" | | | 0 | {consistent} |"
         )
     return rows
@@ -292,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sqlite-workers", type=int, default=1, help="server workers on SQLite")
     parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
     parser.add_argument("--batch-items", type=int, default=5000, help="relay batch size")
+    parser.add_argument("--relay-connections", type=int, default=2, help="relay connections")
     parser.add_argument(
         "--loads", nargs="+", choices=sorted(LOADS), default=sorted(LOADS), help="what to run"
     )
@@ -315,7 +320,15 @@ def main(argv: list[str] | None = None) -> None:
                 else f"sqlite:///{tmp / 'bench.sqlite'}"
             )
             for row in run(
-                label, url, workers, args.seconds, args.clients, tmp, args.batch_items, loads
+                label,
+                url,
+                workers,
+                args.seconds,
+                args.clients,
+                tmp,
+                args.batch_items,
+                loads,
+                args.relay_connections,
             ):
                 print(row, flush=True)
 

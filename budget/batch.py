@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 
@@ -49,9 +48,8 @@ OnAcceptMany = Callable[[Connection, list[tuple[int, Decision]]], None]
 _CHUNK = 400
 
 
-@dataclass(frozen=True, slots=True)
-class BatchItem:
-    """One charge request of a batch."""
+class BatchItem(NamedTuple):
+    """One charge request of a batch (a named tuple: a relay's batch builds one per report)."""
 
     device_id: str
     use_case: str

@@ -51,6 +51,8 @@ class InvalidReport(ValueError):
 
 def _strict_int(data: Mapping[str, Any], name: str, prefix: str, low: int, high: int) -> int:
     value = data.get(name)
+    if type(value) is int and low <= value < high:  # the common case, without the ABC checks
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidReport(prefix + name, f"must be an integer, got {value!r}")
     if not low <= value < high:
@@ -59,6 +61,8 @@ def _strict_int(data: Mapping[str, Any], name: str, prefix: str, low: int, high:
 
 
 def _check_keys(data: object, expected: set[str], prefix: str) -> Mapping[str, Any]:
+    if type(data) is dict and data.keys() == expected:  # the common case, parsed JSON
+        return data
     if not isinstance(data, Mapping):
         raise InvalidReport(prefix.rstrip(".") or "report", "must be an object")
     extra = set(data) - expected
