@@ -100,10 +100,10 @@ def run_dask(files: list[Path], workers: int) -> dict[str, object]:
     from dask.distributed import Client, LocalCluster
 
     with (
-        LocalCluster(
+        LocalCluster(  # type: ignore[no-untyped-call]
             n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
-        Client(cluster) as client,
+        Client(cluster) as client,  # type: ignore[no-untyped-call]
     ):
         client.run(importlib.import_module, "api.distributed")  # a running cluster's state
         baseline = client.run(_peak_mib)
@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> None:
         on_dask = run_dask(files, args.workers)
         for engine, r in (("in-process", local), (f"dask, {args.workers} workers", on_dask)):
             assert r["n"] == n, (engine, r["n"])
-            peaks = ", ".join(f"{p:,.0f}" for p in r["peak"])  # type: ignore[attr-defined]
+            peaks = ", ".join(f"{p:,.0f}" for p in r["peak"])  # type: ignore[union-attr]
             if "baseline" in r:
-                peaks += " (idle " + ", ".join(f"{p:,.0f}" for p in r["baseline"]) + ")"  # type: ignore[attr-defined]
+                peaks += " (idle " + ", ".join(f"{p:,.0f}" for p in r["baseline"]) + ")"  # type: ignore[union-attr]
             same = "yes" if r["digest"] == local["digest"] else "NO"
             print(
                 f"| {n:,} | {len(files)} | {engine} | {r['seconds']:.2f} | "

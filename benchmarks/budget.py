@@ -103,7 +103,7 @@ def load_population(engine: Engine, ledger: Ledger, devices: int) -> int:
                 ("charges", columns, rows),
                 ("accounts", account_columns, accounts),
             ):
-                with cur.copy(f"COPY {table} ({names}) FROM STDIN") as copy:  # type: ignore[attr-defined]
+                with cur.copy(f"COPY {table} ({names}) FROM STDIN") as copy:
                     for row in values:
                         copy.write_row(row)
         raw.commit()

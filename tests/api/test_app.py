@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import text
 
 from api.app import create_app
@@ -30,7 +31,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         database_url=f"sqlite:///{tmp_path / 'service.sqlite'}",
         secret_file=tmp_path / "secret",
         audit_key_file=tmp_path / "audit.key",
-        admin_token="admin-secret-token",
+        admin_token=SecretStr("admin-secret-token"),
         scheduler=False,
         max_body_bytes=64 * 1024,
         max_batch_items=100,
@@ -356,7 +357,7 @@ def test_store_has_no_device_column_and_logs_carry_no_identifiers(
     for record in caplog.records:
         message = record.getMessage()
         assert "secret-device-42" not in message and "secret-key-7" not in message
-        assert body["bits"] not in message
+        assert str(body["bits"]) not in message
     ledger = client.app.state.ledger  # type: ignore[attr-defined]
     with ledger.engine.connect() as conn:
         columns = [r[1] for r in conn.execute(text("PRAGMA table_info(reports)"))]
@@ -368,7 +369,7 @@ def test_device_rate_limit_answers_429_without_charging(tmp_path: Path) -> None:
         database_url=f"sqlite:///{tmp_path / 'rl.sqlite'}",
         secret_file=tmp_path / "secret",
         audit_key_file=tmp_path / "audit.key",
-        admin_token="admin-secret-token",
+        admin_token=SecretStr("admin-secret-token"),
         scheduler=False,
         device_rate_per_minute=3,
         admin_failures_per_minute=2,

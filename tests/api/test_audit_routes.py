@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import text
 from typer.testing import CliRunner
 
@@ -28,7 +29,7 @@ def settings(tmp_path: Path) -> Settings:
         database_url=f"sqlite:///{tmp_path / 'service.sqlite'}",
         secret_file=tmp_path / "secret",
         audit_key_file=tmp_path / "audit.key",
-        admin_token="admin-secret-token",
+        admin_token=SecretStr("admin-secret-token"),
         scheduler=False,
     )
 
@@ -153,7 +154,7 @@ def test_device_timeline_distribution_and_what_if_routes(client: TestClient) -> 
     assert bad.status_code == 422 and "scope" in bad.text
 
     url = "/v1/use-cases/safari-energy-domains/what-if"
-    halve = {"max_reports_per_day": 1}
+    halve: dict[str, int | None] = {"max_reports_per_day": 1}
     # its budget group (with safari-crash-domains) would refuse that, so what-if does too
     refused = client.post(url, json=halve, headers=ADMIN)
     assert refused.status_code == 409, refused.text

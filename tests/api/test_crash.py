@@ -114,13 +114,13 @@ def _workload() -> list[tuple[str, str, dict[str, object], str]]:
     rng = np.random.default_rng(7)
     policies = {p.name: p for p in default_policies()}
     cases = ["safari-energy-domains", "safari-crash-domains", "lookup-hints"]
-    bodies = {
+    bodies: dict[str, list[Any]] = {
         name: mechanism_for(policies[name])
         .privatize([f"v{i}" for i in range(50)], rng=rng)
         .to_dicts()
         for name in cases
     }
-    out = []
+    out: list[tuple[str, str, dict[str, object], str]] = []
     for i in range(2000):
         name = cases[i % 3]
         out.append((f"device-{i % 100}", name, bodies[name][i % 50], f"key-{i}"))

@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
+from pydantic import SecretStr
 
 from api.app import create_app
 from api.settings import Settings
@@ -50,7 +51,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         database_url=f"sqlite:///{tmp / 'dash.sqlite'}",
         secret_file=tmp / "secret",
         audit_key_file=tmp / "audit.key",
-        admin_token=TOKEN,
+        admin_token=SecretStr(TOKEN),
         scheduler=False,
         max_body_bytes=16 << 20,
         max_batch_items=5000,

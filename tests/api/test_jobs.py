@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,7 +17,7 @@ SECRET = b"jobs-secret-jobs-secret-jobs-secret!"
 
 
 @pytest.fixture
-def two_processes(tmp_path: Path) -> list[str]:
+def two_processes(tmp_path: Path) -> Iterator[list[str]]:
     engine = create_db_engine(f"sqlite:///{tmp_path / 'jobs.sqlite'}")
     init_service_db(engine)
     keys = []

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 schemathesis = pytest.importorskip("schemathesis")
 
@@ -47,7 +48,7 @@ def _serve(tmp: Path) -> str:
         database_url=f"sqlite:///{tmp / 'st.sqlite'}",
         secret_file=tmp / "secret",
         audit_key_file=tmp / "audit.key",
-        admin_token=TOKEN,
+        admin_token=SecretStr(TOKEN),
         scheduler=False,
         device_rate_per_minute=1_000_000,
         admin_failures_per_minute=1_000_000,
@@ -85,12 +86,12 @@ admin_schema = _schema(200)
 device_schema = _schema(50)
 
 
-@admin_schema.parametrize()
+@admin_schema.parametrize()  # type: ignore[untyped-decorator]
 def test_every_operation_with_admin_and_device_credentials(case: Any) -> None:
     case.call_and_validate(headers=ADMIN)
 
 
-@device_schema.parametrize()
+@device_schema.parametrize()  # type: ignore[untyped-decorator]
 def test_every_operation_with_device_credentials_only(case: Any) -> None:
     case.call_and_validate(headers=DEVICE)
 

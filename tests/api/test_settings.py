@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
 from api.app import create_app
@@ -18,12 +18,16 @@ from api.settings import Settings, load_or_create_secret
 
 def test_production_refuses_generated_secrets() -> None:
     with pytest.raises(ValidationError, match="device_key_secret"):
-        Settings(environment="production", admin_token="x" * 40)
+        Settings(environment="production", admin_token=SecretStr("x" * 40))
     with pytest.raises(ValidationError, match="admin_token"):
-        Settings(environment="production", device_key_secret="s" * 40)
+        Settings(environment="production", device_key_secret=SecretStr("s" * 40))
     with pytest.raises(ValidationError, match="at least 32"):
-        Settings(device_key_secret="short")
-    ok = Settings(environment="production", admin_token="x" * 40, device_key_secret="s" * 40)
+        Settings(device_key_secret=SecretStr("short"))
+    ok = Settings(
+        environment="production",
+        admin_token=SecretStr("x" * 40),
+        device_key_secret=SecretStr("s" * 40),
+    )
     assert load_or_create_secret(ok) == b"s" * 40
 
 

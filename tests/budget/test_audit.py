@@ -210,12 +210,12 @@ def insert_forged(conn: Connection, ledger: Ledger) -> int:
     conn.execute(
         text("UPDATE audit_head SET seq = :s, hash = :h WHERE id = 1"), {"s": seq + 1, "h": new}
     )
-    return seq + 1
+    return int(seq) + 1
 
 
 def truncate_tail(conn: Connection, ledger: Ledger) -> int:
     """Delete the tail after the last checkpoint, and move the head back to match."""
-    last = conn.execute(text("SELECT max(seq) FROM audit_checkpoints")).scalar_one()
+    last = int(conn.execute(text("SELECT max(seq) FROM audit_checkpoints")).scalar_one())
     conn.execute(text("DELETE FROM audit_log WHERE seq > :s"), {"s": last - 5})
     h = conn.execute(text("SELECT hash FROM audit_log WHERE seq = :s"), {"s": last - 5}).scalar()
     conn.execute(

@@ -61,8 +61,15 @@ def test_charge_entry_data_is_the_dict_encoded(
 ) -> None:
     terms = Terms(use_case, version, budget, eps_micro / 1e6, eps_micro, 2, 90, None, None)
     decision = Decision(
-        accepted, reason, use_case, budget, version, eps_micro / 1e6, day, charge_id
-    )  # type: ignore[arg-type]
+        accepted,
+        reason,  # type: ignore[arg-type]  # a Reason, drawn by Hypothesis as str
+        use_case,
+        budget,
+        version,
+        eps_micro / 1e6,
+        day,
+        charge_id,
+    )
     entry = charge_entry("0f" * 16, decision, terms)
     expected = {
         "use_case": use_case,

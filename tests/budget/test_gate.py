@@ -198,7 +198,7 @@ def test_each_charge_records_its_policy_version_and_changes_keep_spent_budget(
     refused = ledger.charge("dev", "test-case", now=NOW)
     assert refused.reason == "daily_cap"  # two already spent today under the old cap
     with ledger.engine.connect() as conn:
-        versions = conn.execute(select(Charge.policy_version).order_by(Charge.id)).scalars().all()  # type: ignore[arg-type]
+        versions = conn.execute(select(Charge.policy_version).order_by(Charge.id)).scalars().all()  # type: ignore[call-overload]
     assert versions == [1, 2]
     status = {s.use_case: s for s in ledger.status("dev", now=NOW)}["test-case"]
     assert status.epsilon_window == 3.0 and status.reports_today == 2
@@ -272,7 +272,7 @@ def test_many_devices_and_use_cases_concurrently_exact_totals(ledger: Ledger) ->
         decisions = list(pool.map(lambda a: ledger.charge(a[0], a[1], now=NOW), attempts))
     assert sum(d.accepted for d in decisions) == 200 * sum(use_cases.values())
     with ledger.engine.connect() as conn:
-        total = conn.execute(select(func.sum(Charge.epsilon_micro))).scalar_one()  # type: ignore[arg-type]
+        total = conn.execute(select(func.sum(Charge.epsilon_micro))).scalar_one()
     assert total == 200 * (1 * 4_000_000 + 2 * 4_000_000 + 2 * 8_000_000)
 
 

@@ -32,7 +32,7 @@ def test_an_old_ledger_keeps_every_device_state(ledger: Ledger) -> None:
     with ledger.engine.begin() as conn:
         for statement in OLD_LAYOUT:
             conn.execute(text(statement))
-        rows = {
+        rows: dict[str, list[tuple[object, ...]]] = {
             "accounts": [(dk, "emoji", 3, 12_000_000), (dk, "safari-domains", 2, 8_000_000)],
             "daily_spend": [
                 (dk, "emoji", DAY - 120, 1, 4_000_000),

@@ -31,7 +31,9 @@ def test_fast_transform_equals_the_matrix_and_is_its_own_inverse_up_to_m(m: int)
     assert np.array_equal(y, x @ hadamard(m))
     assert np.array_equal(fwht(y), m * x)
     xf = rng.standard_normal((3, m))
-    np.testing.assert_allclose(fwht(xf), xf @ hadamard(m), rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(
+        np.asarray(fwht(xf), dtype=float), xf @ hadamard(m), rtol=1e-12, atol=1e-9
+    )
 
 
 def test_fwht_keeps_leading_axes_and_int32() -> None:

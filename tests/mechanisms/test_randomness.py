@@ -87,12 +87,13 @@ def test_the_randomness_drawn_does_not_depend_on_the_input(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Same byte requests and the same number of bounded draws for every input."""
-    import mechanisms.randomness as randomness
+    import secrets
+
     from policies import default_policies, mechanism_for
 
     mech = mechanism_for(next(p for p in default_policies() if p.name == name))
     calls: list[tuple[str, int]] = []
-    real_bytes, real_below = randomness.secrets.token_bytes, randomness.secrets.randbelow
+    real_bytes, real_below = secrets.token_bytes, secrets.randbelow  # what mechanisms use
 
     def token_bytes(n: int) -> bytes:
         calls.append(("bytes", n))
@@ -102,8 +103,8 @@ def test_the_randomness_drawn_does_not_depend_on_the_input(
         calls.append(("below", n))
         return real_below(n)
 
-    monkeypatch.setattr(randomness.secrets, "token_bytes", token_bytes)
-    monkeypatch.setattr(randomness.secrets, "randbelow", randbelow)
+    monkeypatch.setattr(secrets, "token_bytes", token_bytes)
+    monkeypatch.setattr(secrets, "randbelow", randbelow)
     seen = []
     for value in ("a", "a much longer value than the first", "ü😂", ""):
         calls.clear()

@@ -8,6 +8,8 @@ chi-square statistic with ``d`` degrees of freedom.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -30,7 +32,9 @@ TOY_N = int(TOY_F.sum())
 
 
 def _f2_others(f: np.ndarray) -> np.ndarray:
-    return (f.astype(float) ** 2).sum() - f.astype(float) ** 2
+    squares = f.astype(float) ** 2
+    others: np.ndarray = squares.sum() - squares
+    return others
 
 
 def test_toy_vector_exact_variances_match_the_published_values() -> None:
@@ -74,7 +78,8 @@ def test_unbiased_with_the_exact_variance_over_random_families(
     samples = np.empty((trials, len(watched)))
     for t in range(trials):
         mech = mechanism(epsilon=2.0, k=4, m=8, hash_family=HashFamily(t))
-        sketch = mech.sketch().add(mech.privatize_indices(TOY_ITEMS, TOY_INDEX, rng=rng))
+        sketch: Any = mech.sketch()  # CMS or HCMS: each sketch takes its own reports
+        sketch.add(mech.privatize_indices(TOY_ITEMS, TOY_INDEX, rng=rng))
         samples[t] = sketch.estimate([TOY_ITEMS[i] for i in watched]).counts
     f = TOY_F[watched]
     exact = variance(2.0, 4, 8, TOY_N, f, _f2_others(TOY_F)[watched])  # type: ignore[operator]
@@ -93,7 +98,8 @@ def test_fixed_family_mean_and_variance(mechanism: type[CMS] | type[HCMS]) -> No
     rng = np.random.default_rng(5)
     samples = np.empty((trials, TOY_F.size))
     for t in range(trials):
-        sketch = mech.sketch().add(mech.privatize_indices(TOY_ITEMS, TOY_INDEX, rng=rng))
+        sketch: Any = mech.sketch()  # CMS or HCMS: each sketch takes its own reports
+        sketch.add(mech.privatize_indices(TOY_ITEMS, TOY_INDEX, rng=rng))
         samples[t] = sketch.estimate(TOY_ITEMS).counts
     _check_mean_and_variance(samples, mean, var)
 

@@ -48,7 +48,7 @@ def test_hcms_needs_a_power_of_two_but_cms_does_not() -> None:
 
 
 def test_numpy_integers_are_accepted_and_coerced() -> None:
-    mech = CMS(epsilon=np.float64(2.0), k=np.int64(4), m=np.int32(8))
+    mech = CMS(epsilon=np.float64(2.0), k=np.int64(4), m=np.int32(8))  # type: ignore[arg-type]
     assert type(mech.k) is int and type(mech.m) is int and type(mech.epsilon) is float
 
 
