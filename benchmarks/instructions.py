@@ -1,0 +1,156 @@
+"""Instructions per report on the relay's batch path, counted by valgrind; prints a table.
+
+Usage: ``python -m benchmarks.instructions [--batch 2000] [--batches 2]``.
+
+Wall-clock figures on a shared virtual machine move by tens of percent from one minute to the
+next; an instruction count does not (repeatable to about 0.3% here), so this is the figure to
+compare two versions of the relay path by. The benchmark runs itself under valgrind's callgrind
+(Debian package ``valgrind``) with instrumentation off: the child process builds a fresh SQLite
+ledger with the default policies, charges two untimed batches and builds the timed ones, says
+``READY``, and this process switches instrumentation on with ``callgrind_control`` for exactly
+the timed :meth:`api.ingest.Ingestor.submit_many` calls, as :mod:`benchmarks.relay` times them
+(automatic checkpoints off, every item a new device). Everything the path does is counted:
+Python, SQLite, hashing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+GO, DONE = "go", "done"
+
+
+def child(size: int, batches: int, signals: Path) -> None:
+    """Inside valgrind: set up, say READY, wait for ``go``, run the batches, write ``done``."""
+    import numpy as np
+    from sqlalchemy import event
+
+    from api.app import init_service_db
+    from api.ingest import Ingestor
+    from benchmarks.budget import database
+    from benchmarks.relay import NOW, SECRET, USE_CASE, _items
+    from budget import Ledger
+    from policies import mechanism_for
+
+    with database("sqlite", None) as engine:
+        init_service_db(engine)
+        ledger = Ledger(engine, SECRET, audit_key=SECRET)
+        ledger.policies.ensure_defaults()
+        ingestor = Ingestor(ledger, SECRET)
+        mech = mechanism_for(ledger.policies.get(USE_CASE))
+        reports = mech.privatize(
+            [f"d{i}.example" for i in range(2_000)], rng=np.random.default_rng(1)
+        ).to_dicts()
+        for _ in range(2):
+            ingestor.submit_many(USE_CASE, _items(reports, size), now=NOW)
+        engine.dispose()  # new connections take the pragma below
+
+        @event.listens_for(engine, "connect")
+        def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
+
+        timed = [_items(reports, size) for _ in range(batches)]
+        gc.freeze()  # as the service does after start-up
+        print("READY", flush=True)
+        while not (signals / GO).exists():
+            time.sleep(0.02)
+        accepted = 0
+        for items in timed:
+            results = ingestor.submit_many(USE_CASE, items, now=NOW)
+            accepted += sum(1 for r in results if r.status == 202)
+        (signals / DONE).write_text(str(accepted))
+
+
+def measure(size: int, batches: int) -> tuple[int, int]:
+    """``(instructions, reports accepted)`` of the timed batches, counted in a child process."""
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed (Debian package valgrind)")
+    with tempfile.TemporaryDirectory() as tmp:
+        signals = Path(tmp)
+        out = signals / "callgrind.out"
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            "-m",
+            "benchmarks.instructions",
+            "--child",
+            str(signals),
+            "--batch",
+            str(size),
+            "--batches",
+            str(batches),
+        ]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        log = signals / "valgrind.log"
+        with (
+            log.open("w") as stderr,
+            subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
+            ) as proc,
+        ):
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.strip() == "READY":
+                    break
+            else:
+                raise SystemExit(f"the child exited before it was ready:\n{log.read_text()}")
+            control = ["callgrind_control", "--instr=on", str(proc.pid)]
+            subprocess.run(control, check=True, capture_output=True)
+            (signals / GO).touch()
+            while not (signals / DONE).exists():
+                if proc.poll() is not None:
+                    raise SystemExit("the child failed while it was measured")
+                time.sleep(0.05)
+            control[1] = "--instr=off"
+            subprocess.run(control, check=True, capture_output=True)
+            accepted = int((signals / DONE).read_text())
+            proc.stdout.read()
+        if proc.returncode != 0:
+            raise SystemExit(f"the child exited with {proc.returncode}:\n{log.read_text()}")
+        counts = [
+            int(line.split()[1])
+            for line in out.read_text().splitlines()
+            if line.startswith(("summary:", "totals:"))
+        ]
+    if not counts:
+        raise SystemExit("callgrind wrote no totals")
+    return max(counts), accepted
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments; as the parent, measure and print one table row."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=2_000)
+    parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        child(args.batch, args.batches, args.child)
+        return
+    instructions, accepted = measure(args.batch, args.batches)
+    n = args.batch * args.batches
+    if accepted != n:
+        raise SystemExit(f"{accepted} of {n} accepted: the benchmark's devices are new")
+    print("| path | batch | reports counted | instructions | per report |")
+    print("|---|---:|---:|---:|---:|")
+    print(
+        f"| relay, in-process, SQLite | {args.batch:,} | {n:,} | {instructions:,}"
+        f" | {instructions / n:,.0f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
