@@ -36,6 +36,7 @@ def test_every_question_matches_the_charges_it_holds(
     assert state.count == len(made) and state.epsilon_micro == sum(e for _, _, e in made)
     today = [e for _, d, e in made if d == day]
     assert state.today(day) == (len(today), sum(today))
+    assert state.reports_on(day) == len(today)
     low = day - retention
     in_window = [(u, d, e) for u, d, e in made if low < d <= day]
     per_day: Counter[int] = Counter()
