@@ -180,14 +180,25 @@ def window_counts(
     """``{(use case, micro-epsilon): reports}`` in each use case's window, over one device.
 
     Only use cases in ``retention`` count; a use case can span accounts (it joined a group).
+    One pass over each account's days (the population reports call this once per device).
     """
-    counts: dict[tuple[str, int], int] = defaultdict(int)
+    counts: dict[tuple[str, int], int] = {}
     for state in states:
-        for use_case in {str(slot[0]) for slot in state.slots}:
-            if use_case in retention:
-                for eps, n in state.use_case_window(use_case, day, retention[use_case]).items():
-                    counts[(use_case, eps)] += n
-    return dict(counts)
+        keys: list[tuple[str, int] | None] = []
+        lows: list[int] = []
+        for use_case, eps, _ in state.slots:
+            keep = retention.get(str(use_case))
+            keys.append(None if keep is None else (str(use_case), int(eps)))
+            lows.append(day - (keep or 0))
+        for entry in state.days:
+            d = entry[0]
+            if d > day:
+                continue
+            for i, n in enumerate(entry[1:]):
+                key = keys[i]
+                if n and key is not None and d > lows[i]:
+                    counts[key] = counts.get(key, 0) + n
+    return counts
 
 
 def lifetime_counts(states: Iterable[AccountState]) -> dict[tuple[str, int], int]:

@@ -110,3 +110,37 @@ def test_a_use_case_that_changed_budget_counts_from_both_accounts() -> None:
         ("emoji", 2_000_000): 1,
         ("safari-crash-domains", 4_000_000): 1,
     }
+
+
+@given(
+    charges,
+    charges,
+    st.integers(20_000, 20_250),
+    st.dictionaries(st.sampled_from(USE_CASES), st.integers(1, 250)),
+)
+def test_window_counts_per_use_case_retention_across_accounts(
+    made: list[tuple[str, int, int]],
+    elsewhere: list[tuple[str, int, int]],
+    day: int,
+    retention: dict[str, int],
+) -> None:
+    """Each use case in its own window, unlisted ones left out, summed over two accounts."""
+    states = []
+    for charged in (made, elsewhere):
+        state = AccountState()
+        for use_case, d, eps in charged:
+            state.charge(use_case, d, eps, retention=10_000)
+        states.append(_roundtrip(state))
+    expected = Counter(
+        (u, e) for u, d, e in made + elsewhere if u in retention and day - retention[u] < d <= day
+    )
+    assert window_counts(states, day, retention) == dict(expected)
+
+
+def test_the_window_boundary() -> None:
+    """A 90-day window ending on day D holds days D-89 .. D: D-90 is out, D+1 is not yet in."""
+    state = AccountState()
+    for d in (20_000 - 90, 20_000 - 89, 20_000, 20_001):
+        state.charge("emoji", d, 4_000_000, retention=10_000)
+    assert window_counts([state], 20_000, {"emoji": 90}) == {("emoji", 4_000_000): 2}
+    assert state.use_case_window("emoji", 20_000, 90) == {4_000_000: 2}
