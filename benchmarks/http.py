@@ -1,7 +1,7 @@
 """HTTP ingestion against a real ``dpgov serve`` process; prints a Markdown table.
 
 Usage: ``python -m benchmarks.http [--seconds 15] [--clients 16] [--postgres URL]
-[--loads singles relay] [--batch-items 5000] [--relay-connections 2] [--sqlite-workers 1]``.
+[--loads singles relay] [--batch-items 5000] [--relay-connections N] [--sqlite-workers 1]``.
 
 The server runs in its own process (SQLite file in a temporary folder, or a fresh PostgreSQL
 schema with ``--workers``); the load comes from this process: ``--clients`` threads, each with
@@ -9,8 +9,15 @@ its own keep-alive connection, submitting one HCMS report per request for a new 
 time (so every report is accepted and written); then the same with ``wrk`` (a C load generator,
 Debian package ``wrk``) when installed, since a Python client saturates a core before the
 server does; then the relay endpoint: batches of ``--batch-items`` (5,000) over
-``--relay-connections`` (2) for as long.
-Afterwards it checks that accepted = charged = stored (inbox + reports).
+``--relay-connections`` (two per server worker) for as long, each batch on a new connection.
+Keep-alive connections opened together all go to whichever worker accepts first and stay
+there, so that two workers served as one (seen here: 93% and 3% of a core); a connection per
+batch spreads batches over the workers as a load balancer would, at one handshake per 5,000
+reports. ``wrk``'s keep-alive connections for single reports are subject to the same.
+Afterwards it checks that accepted = charged = stored (inbox + reports). On Linux it also reads
+the server processes' CPU time from ``/proc`` over each load: the CPU a report costs the server,
+and how busy each worker was (a worker near 100% is CPU-bound; workers well below it that add
+no throughput wait on SQLite's single writer).
 """
 
 from __future__ import annotations
@@ -80,6 +87,56 @@ def _start(
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("the server did not start")
+
+
+def _process_tree(root: int) -> list[int]:
+    """``root`` and its descendants (Linux ``/proc``; empty elsewhere)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(parents.get(pid, []))
+    return tree if Path(f"/proc/{root}/stat").exists() else []
+
+
+def _cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds of each live process in ``pids``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
+
+
+class ServerCpu:
+    """The server's CPU time over one load: per report, and each process's share of a core."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.pids = _process_tree(proc.pid)
+        self.start = _cpu_seconds(self.pids)
+        self.t0 = time.perf_counter()
+
+    def summary(self, reports: int) -> str:
+        """``us/report (busy processes' % of a core)``, or ``n/a`` without ``/proc``."""
+        seconds = time.perf_counter() - self.t0
+        end = _cpu_seconds(self.pids)
+        used = {p: end[p] - self.start[p] for p in end if p in self.start}
+        if not used or not reports:
+            return "n/a"
+        busy = sorted((u for u in used.values() if u > 0.01 * seconds), reverse=True)
+        shares = ", ".join(f"{u / seconds:.0%}" for u in busy)
+        return f"{sum(used.values()) / reports * 1e6:.1f} us ({shares})"
 
 
 def _singles(
@@ -197,7 +254,11 @@ def _batches(
         with httpx.Client(
             base_url=base,
             timeout=300,
-            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+            headers={
+                "Authorization": f"Bearer {TOKEN}",
+                "Content-Type": "application/json",
+                "Connection": "close",
+            },
         ) as c:
             b = w
             while time.monotonic() < stop:
@@ -236,9 +297,10 @@ def run(
     tmp: Path,
     size: int = 5000,
     loads: frozenset[str] = LOADS,
-    relay_connections: int = 2,
+    relay_connections: int | None = None,
 ) -> list[str]:
-    """Benchmark one configuration; returns table rows."""
+    """Benchmark one configuration; returns table rows (two relay connections per worker)."""
+    relay_connections = relay_connections or 2 * workers
     proc, base = _start(url, workers, tmp, size)
     try:
         policy = httpx.get(base + "/v1/use-cases/safari-energy-domains").json()
@@ -248,15 +310,21 @@ def run(
         bodies = mech.privatize(
             [f"d{i}.example" for i in range(2000)], rng=np.random.default_rng(1)
         ).to_dicts()
+        cpu = ServerCpu(proc)
         wrk = _wrk(base, bodies[0], seconds, clients, tmp) if "singles" in loads else None
+        wrk_cpu = cpu.summary(wrk[0] if wrk else 0)
+        cpu = ServerCpu(proc)
         ok, err, lat = (
             _singles(base, bodies, seconds, clients) if "singles" in loads else (0, 0, [0.0])
         )
+        singles_cpu = cpu.summary(ok)
+        cpu = ServerCpu(proc)
         batch_ok, batch_seconds = (
             _batches(base, bodies, seconds, relay_connections, size)
             if "relay" in loads
             else (0, 1.0)
         )
+        relay_cpu = cpu.summary(batch_ok)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -271,18 +339,18 @@ def run(
     if "singles" in loads:
         rows.append(
             f"| {label} | single reports, {clients} Python clients | {ok / seconds:,.0f} /s"
-            f" | {p[0]:.1f} | {p[1]:.1f} | {err} | {consistent} |"
+            f" | {p[0]:.1f} | {p[1]:.1f} | {err} | {singles_cpu} | {consistent} |"
         )
     if wrk:
         rows.append(
             f"| {label} | single reports, wrk, {clients} connections | {wrk[0] / seconds:,.0f} /s"
-            f" | {wrk[2]:.1f} | {wrk[3]:.1f} | {wrk[1]} | {consistent} |"
+            f" | {wrk[2]:.1f} | {wrk[3]:.1f} | {wrk[1]} | {wrk_cpu} | {consistent} |"
         )
     if "relay" in loads:
         rows.append(
             f"| {label} | batches of {size:,}, {relay_connections} connections"
             f" | {batch_ok / batch_seconds:,.0f} /s"
-            f" | | | 0 | {consistent} |"
+            f" | | | 0 | {relay_cpu} | {consistent} |"
         )
     return rows
 
@@ -296,7 +364,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sqlite-workers", type=int, default=1, help="server workers on SQLite")
     parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
     parser.add_argument("--batch-items", type=int, default=5000, help="relay batch size")
-    parser.add_argument("--relay-connections", type=int, default=2, help="relay connections")
+    parser.add_argument(
+        "--relay-connections", type=int, default=None, help="relay connections (2 per worker)"
+    )
     parser.add_argument(
         "--loads", nargs="+", choices=sorted(LOADS), default=sorted(LOADS), help="what to run"
     )
@@ -304,9 +374,9 @@ def main(argv: list[str] | None = None) -> None:
     loads = frozenset(args.loads)
     print(
         "| backend | load | accepted throughput | p50 ms | p99 ms | errors"
-        " | accepted = charged = stored |"
+        " | server CPU per report (busy processes) | accepted = charged = stored |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     n = args.sqlite_workers
     configs = [(f"sqlite, {n} worker{'s' if n > 1 else ''}", None, n)]
     if args.postgres:
