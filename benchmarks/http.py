@@ -17,7 +17,7 @@ reports. ``wrk``'s keep-alive connections for single reports are subject to the 
 Afterwards it checks that accepted = charged = stored (inbox + reports). On Linux it also reads
 the server processes' CPU time from ``/proc`` over each load: the CPU a report costs the server,
 and how busy each worker was (a worker near 100% is CPU-bound; workers well below it that add
-no throughput wait on SQLite's single writer).
+no throughput wait on SQLite's single writer). PostgreSQL's own processes are not counted.
 """
 
 from __future__ import annotations
