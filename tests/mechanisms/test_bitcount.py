@@ -101,10 +101,28 @@ def test_input_is_taken_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_narrow_row_dtypes_are_widened_before_the_sort_keys_shift_them() -> None:
-    rows, bits = random_input(65536, 64, 70_000, seed=6)  # 17 index bits + 16 row bits
-    counts = np.zeros((65536, 64), dtype=np.int32)
+    rows, bits = random_input(1 << 17, 64, 70_000, seed=6)  # 17 index bits + 17 row bits
+    counts = np.zeros((1 << 17, 64), dtype=np.int32)
     add_bit_counts(counts, rows.astype(np.int32), bits)
-    np.testing.assert_array_equal(counts, reference(65536, 64, rows, bits))
+    np.testing.assert_array_equal(counts, reference(1 << 17, 64, rows, bits))
+
+
+@pytest.mark.parametrize("k", [1, 2, 2048, 65536, 65537, 1 << 20])
+def test_the_grouping_order_is_a_stable_sort_of_the_rows(k: int) -> None:
+    # up to 65,536 rows a radix sort of 16-bit row numbers, above a sort of (row, index) words
+    rng = np.random.default_rng(k)
+    rows = np.concatenate([rng.integers(0, k, 50_000), [k - 1, 0, k - 1]])
+    order = bitcount._group_order(rows, k)
+    np.testing.assert_array_equal(order, np.argsort(rows, kind="stable"))
+
+
+def test_rows_past_16_bits_are_not_truncated() -> None:
+    # k = 65,537: row 65,536 would wrap to row 0 in a 16-bit radix sort
+    rows = np.array([65536, 0, 65536, 1], dtype=np.int64)
+    bits = np.array([[0xFF], [0x01], [0x80], [0x00]], dtype=np.uint8)
+    counts = np.zeros((65537, 8), dtype=np.int32)
+    add_bit_counts(counts, rows, bits)
+    np.testing.assert_array_equal(counts, reference(65537, 8, rows, bits))
 
 
 def test_empty_input_changes_nothing() -> None:
