@@ -89,21 +89,31 @@ def _start(
     raise SystemExit("the server did not start")
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, ...), or ``None``.
+
+    ``None`` when the process has gone (or there is no ``/proc``); the name, in parentheses,
+    may hold spaces, so the fields start after its last ``)``.
+    """
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _process_tree(root: int) -> list[int]:
     """``root`` and its descendants (Linux ``/proc``; empty elsewhere)."""
     parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat(entry.name)
+        if fields is not None:
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
     tree, todo = [], [root]
     while todo:
         pid = todo.pop()
         tree.append(pid)
         todo.extend(parents.get(pid, []))
-    return tree if Path(f"/proc/{root}/stat").exists() else []
+    return tree if _stat(root) is not None else []
 
 
 def _cpu_seconds(pids: list[int]) -> dict[int, float]:
@@ -111,11 +121,9 @@ def _cpu_seconds(pids: list[int]) -> dict[int, float]:
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        fields = _stat(pid)
+        if fields is not None:
+            out[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return out
 
 

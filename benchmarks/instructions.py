@@ -24,40 +24,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 GO, DONE = "go", "done"
 
 
 def child(size: int, batches: int, signals: Path) -> None:
     """Inside valgrind: set up, say READY, wait for ``go``, run the batches, write ``done``."""
-    import numpy as np
-    from sqlalchemy import event
-
-    from api.app import init_service_db
-    from api.ingest import Ingestor
     from benchmarks.budget import database
-    from benchmarks.relay import NOW, SECRET, USE_CASE, _items
-    from budget import Ledger
-    from policies import mechanism_for
+    from benchmarks.relay import NOW, USE_CASE, _items, no_autocheckpoint, prepare
 
     with database("sqlite", None) as engine:
-        init_service_db(engine)
-        ledger = Ledger(engine, SECRET, audit_key=SECRET)
-        ledger.policies.ensure_defaults()
-        ingestor = Ingestor(ledger, SECRET)
-        mech = mechanism_for(ledger.policies.get(USE_CASE))
-        reports = mech.privatize(
-            [f"d{i}.example" for i in range(2_000)], rng=np.random.default_rng(1)
-        ).to_dicts()
+        ingestor, reports = prepare(engine)
         for _ in range(2):
             ingestor.submit_many(USE_CASE, _items(reports, size), now=NOW)
-        engine.dispose()  # new connections take the pragma below
-
-        @event.listens_for(engine, "connect")
-        def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
-            dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
-
+        no_autocheckpoint(engine)
         timed = [_items(reports, size) for _ in range(batches)]
         gc.freeze()  # as the service does after start-up
         print("READY", flush=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import event
+from sqlalchemy import Engine, event
 
 from api.app import init_service_db
 from api.ingest import Ingestor
@@ -46,30 +46,39 @@ def _items(reports: list[dict[str, Any]], size: int) -> list[Any]:
     return items
 
 
+def prepare(engine: Engine) -> tuple[Ingestor, list[dict[str, Any]]]:
+    """A fresh service database on ``engine``: its ingestor and 2,000 Safari HCMS report bodies."""
+    init_service_db(engine)  # the pipeline's tables beside the ledger's
+    ledger = Ledger(engine, SECRET, audit_key=SECRET)
+    ledger.policies.ensure_defaults()
+    mech = mechanism_for(ledger.policies.get(USE_CASE))
+    reports = mech.privatize(
+        [f"d{i}.example" for i in range(2_000)], rng=np.random.default_rng(1)
+    ).to_dicts()
+    return Ingestor(ledger, SECRET), reports
+
+
+def no_autocheckpoint(engine: Engine) -> None:
+    """Make the engine's connections (all new from here) never checkpoint the WAL on their own."""
+    engine.dispose()
+
+    @event.listens_for(engine, "connect")
+    def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
+
+
 def run(kind: str, size: int, warm: int, batches: int, pg_url: str | None) -> str:
     """Time ``batches`` batches of ``size`` after ``warm``; one table row."""
     with database(kind, pg_url) as engine:
-        init_service_db(engine)  # the pipeline's tables beside the ledger's
         path = engine.url.database if kind == "sqlite" else None
-        ledger = Ledger(engine, SECRET, audit_key=SECRET)
-        ledger.policies.ensure_defaults()
-        ingestor = Ingestor(ledger, SECRET)
-        mech = mechanism_for(ledger.policies.get(USE_CASE))
-        reports = mech.privatize(
-            [f"d{i}.example" for i in range(2_000)], rng=np.random.default_rng(1)
-        ).to_dicts()
+        ingestor, reports = prepare(engine)
         for _ in range(warm):
             ingestor.submit_many(USE_CASE, _items(reports, size), now=NOW)
         wal_before = 0
         if path is not None:
             with engine.connect() as conn:
                 conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-            engine.dispose()  # new connections take the pragma below
-
-            @event.listens_for(engine, "connect")
-            def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
-                dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
-
+            no_autocheckpoint(engine)
             wal_before = os.path.getsize(f"{path}-wal") if os.path.exists(f"{path}-wal") else 0
         gc.freeze()  # as the service does after start-up (api.app's lifespan)
         accepted = 0
