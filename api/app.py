@@ -62,10 +62,10 @@ from budget import (
     init_db,
     utc_day,
 )
-from budget.audit import Verification
+from budget.audit_log import Verification
 from budget.clock import day_date
-from budget.report import EffectiveEpsilonReport, ReportBasis, finish_report
-from budget.views import (
+from budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
+from budget.reporting.views import (
     Distribution,
     Timeline,
     WhatIf,

@@ -38,12 +38,12 @@ from budget import (
     create_db_engine,
     utc_day,
 )
-from budget.audit import write_checkpoints
-from budget.export import export_ledger, read_export, report_from_export
-from budget.report import EffectiveEpsilonReport, render_text
-from budget.views import what_if
+from budget.audit_log import write_checkpoints
+from budget.reporting.export import export_ledger, read_export, report_from_export
+from budget.reporting.report import EffectiveEpsilonReport, render_text
+from budget.reporting.views import what_if
 from mechanisms import CMS, HCMS, SFP
-from mechanisms.audit import audit, exact_max_log_ratio
+from mechanisms.empirical_audit import audit, exact_max_log_ratio
 from policies import (
     Policy,
     PolicyBase,

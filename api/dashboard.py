@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from budget.audit import Verification
-from budget.report import EffectiveEpsilonReport, LossSpread
-from budget.views import CumulativeSeries, Distribution
+from budget.audit_log import Verification
+from budget.reporting.report import EffectiveEpsilonReport, LossSpread
+from budget.reporting.views import CumulativeSeries, Distribution
 from policies import Policy, budget_key
 
 __all__ = ["EstimatePanel", "render_dashboard"]

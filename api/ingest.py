@@ -18,9 +18,9 @@ from sqlalchemy import Connection
 
 from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
-from budget.db import placeholder
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
 from budget.keyed import KeyedHash
+from budget.storage.db import placeholder
 from mechanisms import CMS, HCMS, SFP, InvalidReport
 from policies import Policy, mechanism_for
 from policies.errors import PolicyError

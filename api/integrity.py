@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 
 from api.tables import InboxRow, StoredReport
 from budget import Ledger, utc_day
-from budget.audit import Checkpoint, Verification, read_checkpoints
+from budget.audit_log import Checkpoint, Verification, read_checkpoints
 
 __all__ = ["kept_checkpoints", "verify_service"]
 

@@ -34,8 +34,8 @@ from api.ingest import Ingestor
 from api.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
 from api.tables import JobLease
 from budget import Clock, Ledger
-from budget.audit import write_checkpoints
-from budget.db import writer
+from budget.audit_log import write_checkpoints
+from budget.storage.db import writer
 
 __all__ = [
     "JOBS",

@@ -25,8 +25,8 @@ from sqlalchemy import Engine, and_, delete, func, select, update
 from api.ingest import Ingestor, Mechanism, params_hash
 from api.tables import InboxRow, SketchRow, StoredReport
 from budget import Ledger, utc_day
-from budget.audit import Entry
-from budget.db import writer
+from budget.audit_log import Entry
+from budget.storage.db import writer
 from mechanisms import (
     CMS,
     HCMS,

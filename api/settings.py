@@ -20,8 +20,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import Engine, inspect, text
 
-from budget.audit import AuditLog
-from budget.db import key_fingerprint, record_fingerprints, stored_fingerprints
+from budget.audit_log import AuditLog
+from budget.storage.db import key_fingerprint, record_fingerprints, stored_fingerprints
 
 __all__ = [
     "AUDIT_KEY_FILE",

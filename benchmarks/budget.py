@@ -27,9 +27,8 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from budget import Ledger, create_db_engine, init_db, utc_day
-from budget.db import scratch_schema
-from budget.gate import state_columns
-from budget.state import AccountState
+from budget.state import AccountState, state_columns
+from budget.storage.db import scratch_schema
 
 SECRET = b"benchmark-secret-benchmark-secret!!"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

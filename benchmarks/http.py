@@ -43,7 +43,7 @@ import orjson
 from sqlalchemy import text
 
 from budget import create_db_engine
-from budget.db import scratch_schema
+from budget.storage.db import scratch_schema
 from mechanisms import HCMS
 from policies import PolicyCreate, mechanism_for
 

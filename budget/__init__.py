@@ -2,11 +2,12 @@
 
 from budget.accountant import Accountant, PrivacyLoss
 from budget.clock import Clock, FixedClock, SystemClock, utc_day
-from budget.db import create_db_engine, init_db
 from budget.errors import IdempotencyConflict, InvalidRequest, PolicyConflict, UnknownUseCase
 from budget.gate import Gate
 from budget.ledger import BudgetStatus, DeviceLoss, Ledger, PurgeResult
 from budget.rule import Decision
+from budget.storage.db import create_db_engine
+from budget.storage.schema import init_db
 
 __all__ = [
     "Accountant",

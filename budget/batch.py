@@ -31,14 +31,14 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Connection
 
-from budget.audit import Entry
+from budget.audit_log import Entry
 from budget.book import Terms
 from budget.clock import utc_day
-from budget.db import placeholder
 from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
-from budget.gate import Gate, InternalError, state_columns
+from budget.gate import Gate, InternalError
 from budget.rule import Decision, decide_on
-from budget.state import AccountState, decode
+from budget.state import AccountState, decode, state_columns
+from budget.storage.db import placeholder
 
 __all__ = ["MAX_DEVICE_ID", "MAX_IDEMPOTENCY_KEY", "BatchItem", "charge_batch", "charge_entry"]
 

@@ -18,17 +18,16 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Engine
 
-from budget.audit import AuditLog
+from budget.audit_log import AuditLog
 from budget.book import PolicyBook, Terms
-from budget.db import placeholder, writer
 from budget.errors import UnknownUseCase
 from budget.keyed import KeyedHash
 from budget.rule import Decision
-from budget.state import AccountState
-from budget.tables import RetentionHorizon
+from budget.storage.db import placeholder, writer
+from budget.storage.tables import RetentionHorizon
 from policies.model import Policy
 
-__all__ = ["Gate", "InternalError", "OnAccept", "device_key", "load_book", "state_columns"]
+__all__ = ["Gate", "InternalError", "OnAccept", "device_key", "load_book"]
 
 OnAccept = Callable[[Connection, Decision], None]
 
@@ -147,17 +146,6 @@ def load_book(conn: Connection) -> PolicyBook:
     versions = [Policy.model_validate(r._asdict()) for r in conn.execute(table.select())]
     held = {str(r[0]): int(r[1]) for r in conn.execute(horizons.select())}
     return PolicyBook.build(versions, held)
-
-
-def state_columns(state: AccountState) -> tuple[int, int, str, str, int | None]:
-    """The written columns of a state: count, micro-epsilon, days, lifetime, oldest day."""
-    return (
-        state.count,
-        state.epsilon_micro,
-        state.encode_days(),
-        state.encode_lifetime(),
-        state.oldest_day,
-    )
 
 
 # The hot path as plain SQL that SQLite (>= 3.35) and PostgreSQL both accept; "?" is replaced by

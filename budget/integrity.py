@@ -32,7 +32,7 @@ from sqlalchemy import Engine, inspect, select
 from budget.book import NO_HORIZON
 from budget.keyed import KeyedHash
 from budget.state import decode
-from budget.tables import Account, Charge, RetentionHorizon
+from budget.storage.tables import Account, Charge, RetentionHorizon
 from policies.model import Policy
 
 __all__ = ["StateCheck", "StateReplay"]
@@ -70,7 +70,7 @@ class StateReplay:
         return int.from_bytes(self._keyed.digest(text), "big")
 
     def __call__(self, seq: int, actor: str, action: str, body: str) -> None:
-        """Take one verified entry (the :meth:`budget.audit.AuditLog.verify` observer)."""
+        """Take one verified entry (the :meth:`budget.audit_log.AuditLog.verify` observer)."""
         if action == "charge":
             data = orjson.loads(body)["data"]
             if data["accepted"]:

@@ -14,15 +14,13 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, select
 
 from budget.accountant import Accountant, PrivacyLoss
-from budget.audit import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
+from budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
 from budget.book import NO_HORIZON, PolicyBook
 from budget.clock import day_start, utc_day
-from budget.db import placeholder, writer
 from budget.errors import InvalidRequest, UnknownUseCase
 from budget.gate import Gate, OnAccept, load_book
 from budget.integrity import StateCheck, StateReplay
-from budget.partitions import DAYS_AHEAD, drop_days_through, ensure_partitions, is_partitioned
-from budget.report import (
+from budget.reporting.report import (
     EffectiveEpsilonReport,
     ReportBasis,
     Row,
@@ -31,7 +29,14 @@ from budget.report import (
 )
 from budget.rule import Decision
 from budget.state import AccountState, Slot, decode, lifetime_counts, window_counts
-from budget.tables import Account, Charge, IdempotencyRecord, RetentionHorizon
+from budget.storage.db import placeholder, writer
+from budget.storage.partitions import (
+    DAYS_AHEAD,
+    drop_days_through,
+    ensure_partitions,
+    is_partitioned,
+)
+from budget.storage.tables import Account, Charge, IdempotencyRecord, RetentionHorizon
 from policies.model import Policy, from_micro
 from policies.repository import PolicyStore
 
@@ -365,7 +370,7 @@ class Ledger:
     def effective_epsilon(
         self, *, now: datetime, delta: float | None = None
     ) -> EffectiveEpsilonReport:
-        """The effective-epsilon report (:mod:`budget.report`) on the live ledger."""
+        """The effective-epsilon report (:mod:`budget.reporting.report`) on the live ledger."""
         basis = self.effective_epsilon_basis(now=now)
         return finish_report(basis, accountant=self.accountant, delta=delta)
 

@@ -244,3 +244,14 @@ def lifetime_counts(state: AccountState) -> dict[Slot, int]:
         if n:
             counts[(str(use_case), int(eps), int(group))] += int(n)
     return dict(counts)
+
+
+def state_columns(state: AccountState) -> tuple[int, int, str, str, int | None]:
+    """The written columns of a state: count, micro-epsilon, days, lifetime, oldest day."""
+    return (
+        state.count,
+        state.epsilon_micro,
+        state.encode_days(),
+        state.encode_lifetime(),
+        state.oldest_day,
+    )

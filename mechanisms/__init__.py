@@ -5,11 +5,12 @@ report, OS randomness). Server side: ``sketch()`` with ``add``, ``merge`` and ``
 no logging, no global state.
 """
 
-from mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch, InvalidReport
+from mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
 from mechanisms.estimate import FrequencyEstimate
 from mechanisms.hashing import HashFamily
 from mechanisms.hcms import HCMS, HcmsReport, HcmsReports, HcmsSketch
 from mechanisms.sfp import SFP, DiscoveredWord, SfpReport, SfpReports, SfpSketch
+from mechanisms.validation import InvalidReport
 
 __all__ = [
     "CMS",

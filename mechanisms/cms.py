@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Self
 
 import numpy as np
 import numpy.typing as npt
 
-from mechanisms._validation import check_epsilon, check_int
 from mechanisms.bitcount import add_bit_counts
 from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
 from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
 from mechanisms.randomness import bernoulli, flip_probability, os_bernoulli, os_randbelow
+from mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields, report_int
 from mechanisms.variance import cms_c, cms_variance_exact
 
 __all__ = ["CMS", "CmsReport", "CmsReports", "CmsSketch"]
@@ -38,40 +38,6 @@ _INT32_MAX: Final = np.iinfo(np.int32).max
 
 IntArray = npt.NDArray[np.int64]
 ByteArray = npt.NDArray[np.uint8]
-
-
-class InvalidReport(ValueError):
-    """A report that does not fit its mechanism's parameters; ``field`` names the culprit."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"`{field}` {reason}")
-        self.field = field
-        self.reason = reason
-
-
-def _strict_int(data: Mapping[str, Any], name: str, prefix: str, low: int, high: int) -> int:
-    value = data.get(name)
-    if type(value) is int and low <= value < high:  # the common case, without the ABC checks
-        return value
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidReport(prefix + name, f"must be an integer, got {value!r}")
-    if not low <= value < high:
-        raise InvalidReport(prefix + name, f"must be in [{low}, {high}), got {value}")
-    return value
-
-
-def _check_keys(data: object, expected: set[str], prefix: str) -> Mapping[str, Any]:
-    if type(data) is dict and data.keys() == expected:  # the common case, parsed JSON
-        return data
-    if not isinstance(data, Mapping):
-        raise InvalidReport(prefix.rstrip(".") or "report", "must be an object")
-    extra = set(data) - expected
-    if extra:
-        raise InvalidReport(prefix + sorted(extra)[0], "is not a field of this report")
-    missing = expected - set(data)
-    if missing:
-        raise InvalidReport(prefix + sorted(missing)[0], "is required")
-    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +54,8 @@ class CmsReport:
     @classmethod
     def from_dict(cls, data: object, *, k: int, m: int, prefix: str = "") -> CmsReport:
         """Parse and validate a JSON body against ``(k, m)``; raises :class:`InvalidReport`."""
-        body = _check_keys(data, {"j", "bits"}, prefix)
-        j = _strict_int(body, "j", prefix, 0, k)
+        body = report_fields(data, {"j", "bits"}, prefix)
+        j = report_int(body, "j", prefix, 0, k)
         raw = body["bits"]
         if not isinstance(raw, str):
             raise InvalidReport(prefix + "bits", f"must be a base64 string, got {raw!r}")

@@ -19,12 +19,11 @@ from typing import Any, ClassVar, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from mechanisms._validation import check_epsilon, check_int
-from mechanisms.cms import InvalidReport, _check_keys, _strict_int
 from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
 from mechanisms.hadamard import fwht, hadamard_entry, is_power_of_two
 from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
 from mechanisms.randomness import bernoulli, flip_probability, os_bernoulli, os_randbelow
+from mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields, report_int
 from mechanisms.variance import hcms_c, hcms_variance_exact
 
 __all__ = ["HCMS", "HcmsReport", "HcmsReports", "HcmsSketch"]
@@ -51,9 +50,9 @@ class HcmsReport:
     @classmethod
     def from_dict(cls, data: object, *, k: int, m: int, prefix: str = "") -> HcmsReport:
         """Parse and validate a JSON body against ``(k, m)``; raises :class:`InvalidReport`."""
-        body: Mapping[str, Any] = _check_keys(data, {"j", "l", "bit"}, prefix)
-        j = _strict_int(body, "j", prefix, 0, k)
-        l = _strict_int(body, "l", prefix, 0, m)
+        body: Mapping[str, Any] = report_fields(data, {"j", "l", "bit"}, prefix)
+        j = report_int(body, "j", prefix, 0, k)
+        l = report_int(body, "l", prefix, 0, m)
         bit = body["bit"]
         if isinstance(bit, bool) or bit not in (-1, 1) or not isinstance(bit, int):
             raise InvalidReport(prefix + "bit", f"must be -1 or 1, got {bit!r}")

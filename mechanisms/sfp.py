@@ -29,11 +29,11 @@ from typing import Any, ClassVar, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from mechanisms._validation import check_epsilon, check_int
-from mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch, InvalidReport, _check_keys
+from mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
 from mechanisms.estimate import FrequencyEstimate, gather_row_sums
 from mechanisms.hashing import MAX_ROWS, HashFamily, factorize
 from mechanisms.randomness import os_randbelow
+from mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields
 
 __all__ = [
     "PAD",
@@ -245,7 +245,7 @@ class SFP:
 
     def parse_report(self, data: object, prefix: str = "") -> SfpReport:
         """Validate a JSON report body against these parameters."""
-        body = _check_keys(data, {"word", "fragment", "position"}, prefix)
+        body = report_fields(data, {"word", "fragment", "position"}, prefix)
         position = body["position"]
         strict_int = isinstance(position, int) and not isinstance(position, bool)
         if not strict_int or position not in POSITIONS:

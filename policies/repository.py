@@ -74,7 +74,7 @@ class PolicyStore:
     def __init__(self, engine: Engine, *, on_change: OnChange | None = None) -> None:
         self.engine = engine
         self._on_change = on_change
-        # the ledger's write option (budget.db.writer): BEGIN IMMEDIATE on SQLite
+        # the ledger's write option (budget.storage.db.writer): BEGIN IMMEDIATE on SQLite
         self._writer = engine.execution_options(dpgov_write=True)
 
     # -- reads ---------------------------------------------------------------------------------

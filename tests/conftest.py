@@ -14,7 +14,7 @@ from hypothesis import settings
 from sqlalchemy import Engine
 
 from budget import Ledger, create_db_engine, init_db
-from budget.db import scratch_schema
+from budget.storage.db import scratch_schema
 
 # No example may fail for being slow: a busy machine is slow, not wrong.
 settings.register_profile("dpgov", deadline=None)

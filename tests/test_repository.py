@@ -43,7 +43,7 @@ def test_every_package_imports_first_in_a_fresh_interpreter() -> None:
 
 
 def test_the_policy_store_uses_the_ledgers_write_option() -> None:
-    from budget.db import WRITE_OPTION
+    from budget.storage.db import WRITE_OPTION
 
     source = (ROOT / "policies" / "repository.py").read_text(encoding="utf-8")
     assert f"{WRITE_OPTION}=True" in source

@@ -32,7 +32,7 @@ import pytest
 from sqlalchemy import text
 
 from budget import create_db_engine
-from budget.db import scratch_schema
+from budget.storage.db import scratch_schema
 from policies import default_policies, mechanism_for
 
 TOKEN = "crash-admin-token-crash-admin-token"

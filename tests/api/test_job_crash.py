@@ -28,7 +28,7 @@ from api.ingest import Ingestor, SubmitRequest
 from api.jobs import lease_of
 from api.settings import Settings, service_keys
 from budget import Decision, Ledger, create_db_engine
-from budget.db import scratch_schema, writer
+from budget.storage.db import scratch_schema, writer
 from policies import PolicyCreate, mechanism_for
 
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")

@@ -22,7 +22,7 @@ from sqlalchemy import inspect, text
 from api.app import init_service_db
 from api.ingest import Ingestor, SubmitRequest
 from budget import Decision, Ledger, create_db_engine
-from budget.db import scratch_schema, stored_fingerprints
+from budget.storage.db import scratch_schema, stored_fingerprints
 from policies import mechanism_for
 from tests.conftest import BACKENDS, PG_URL
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner, Result
 
 from api.cli import app as cli
 from budget import Ledger, create_db_engine
-from budget.views import what_if
+from budget.reporting.views import what_if
 from policies import PolicyCreate
 
 runner = CliRunner()
@@ -124,7 +124,7 @@ def test_apply_prints_the_diff_and_the_what_if_and_dry_run_writes_nothing(db: Da
     assert "  window_epsilon_cap: 120 -> 4\n" in dry.stdout
     assert "  description: Emoji usage by keyboard locale (CMS). -> tighter\n" in dry.stdout
     assert "dry run: 1 change(s), nothing written" in dry.stdout
-    ledger = db.ledger()  # the figures are budget.views.what_if's, rendered
+    ledger = db.ledger()  # the figures are budget.reporting.views.what_if's, rendered
     expected = what_if(ledger, "emoji", PolicyCreate.model_validate(emoji), now=datetime.now(UTC))
     ledger.engine.dispose()
     assert expected.over_window_cap == {"current": 0, "proposed": 1}

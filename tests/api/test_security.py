@@ -25,7 +25,7 @@ from sqlalchemy import text
 from api.app import create_app
 from api.settings import Settings
 from budget import FixedClock
-from budget.db import scratch_schema
+from budget.storage.db import scratch_schema
 from mechanisms import HCMS
 from policies import PolicyCreate, mechanism_for
 from tests.conftest import BACKENDS

@@ -15,7 +15,7 @@ from api.app import create_app, init_service_db
 from api.cli import app as cli
 from api.settings import KeyRefused, Settings, default_secrets_dir, service_keys
 from budget import create_db_engine
-from budget.db import key_fingerprint, stored_fingerprints
+from budget.storage.db import key_fingerprint, stored_fingerprints
 
 
 def test_production_refuses_generated_secrets(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from budget import create_db_engine
-from budget.db import scratch_schema
+from budget.storage.db import scratch_schema
 from tests.api.test_crash import _free_port, _workload
 
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")

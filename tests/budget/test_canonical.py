@@ -8,7 +8,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from budget.audit import canonical_body, timestamp
+from budget.audit_log import canonical_body, timestamp
 from budget.batch import charge_entry
 from budget.book import Terms
 from budget.rule import Decision

@@ -11,7 +11,7 @@ from sqlalchemy import Connection, func, select, text
 
 from budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase, init_db
 from budget.state import AccountState
-from budget.tables import Charge
+from budget.storage.tables import Charge
 from policies import PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

@@ -27,8 +27,8 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 from sqlalchemy import Engine
 
 from budget import Ledger, PolicyConflict, UnknownUseCase, create_db_engine, init_db, utc_day
-from budget.db import scratch_schema
-from budget.export import export_ledger, read_export, report_from_export
+from budget.reporting.export import export_ledger, read_export, report_from_export
+from budget.storage.db import scratch_schema
 from policies import PolicyCreate, PolicyUpdate
 from policies.model import to_micro
 from policies.repository import GROUP_FIELDS

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from budget import Ledger, utc_day
-from budget.partitions import DAYS_AHEAD, ensure_partitions, is_partitioned, partition_days
+from budget.storage.partitions import DAYS_AHEAD, ensure_partitions, is_partitioned, partition_days
 from policies import PolicyBase, PolicyCreate
 from tests.conftest import PG_URL, SECRET, make_engine
 

@@ -11,8 +11,8 @@ import pytest
 from budget import Ledger
 from budget.accountant import Accountant
 from budget.batch import BatchItem, charge_batch
-from budget.export import export_ledger, read_export, report_from_export
-from budget.report import finish_report, render_text
+from budget.reporting.export import export_ledger, read_export, report_from_export
+from budget.reporting.report import finish_report, render_text
 from policies import PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from budget.accountant import Accountant
-from budget.report import Row, build_report, render_text
+from budget.reporting.report import Row, build_report, render_text
 from policies.model import MAX_EPSILON, MICRO, Policy, PolicyCreate, budget_key
 
 EPS_MICRO = st.integers(1, int(MAX_EPSILON * MICRO))

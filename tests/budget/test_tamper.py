@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from budget import Ledger
-from budget.audit import read_checkpoints, write_checkpoints
+from budget.audit_log import read_checkpoints, write_checkpoints
 from policies import PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from budget import Ledger
-from budget.export import export_ledger, read_export, report_from_export
+from budget.reporting.export import export_ledger, read_export, report_from_export
 from policies import PolicyBase, PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

@@ -8,7 +8,7 @@ import pytest
 
 from budget import InvalidRequest, Ledger, PolicyConflict, UnknownUseCase
 from budget.batch import BatchItem, charge_batch
-from budget.views import device_timeline, distribution, what_if
+from budget.reporting.views import device_timeline, distribution, what_if
 from policies import PolicyBase, PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

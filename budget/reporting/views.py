@@ -19,7 +19,7 @@ from budget.book import Terms
 from budget.clock import day_date, utc_day
 from budget.errors import InvalidRequest
 from budget.ledger import DeviceLoss, Ledger
-from budget.report import UseCaseLine, build_report
+from budget.reporting.report import UseCaseLine, build_report
 from budget.rule import check
 from budget.state import AccountState, lifetime_counts
 from policies.model import Policy, PolicyCreate, from_micro

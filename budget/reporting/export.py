@@ -8,11 +8,12 @@ retention purge removed: a charge on or before it no longer counts in any window
 Device keys are the ledger's pseudonyms; no device id or report is exported. CSV carries the
 same records with one column per field (``json`` holds meta and policy records).
 
-:func:`report_from_export` reads an export back and runs :func:`budget.report.build_report`
-on it, exactly as :meth:`budget.ledger.Ledger.effective_epsilon` does on the live tables: a
-charge counts in its use case's window when ``horizon < day`` and ``as_of - retention < day <=
-as_of`` (the retention of the use case's latest version), with the group size of the policy
-version it was charged under; retired use cases count in the device totals.
+:func:`report_from_export` reads an export back and runs
+:func:`budget.reporting.report.build_report` on it, exactly as
+:meth:`budget.ledger.Ledger.effective_epsilon` does on the live tables: a charge counts in its use
+case's window when ``horizon < day`` and ``as_of - retention < day <= as_of`` (the retention of the
+use case's latest version), with the group size of the policy version it was charged under; retired
+use cases count in the device totals.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import orjson
 
 from budget.accountant import Accountant
 from budget.clock import utc_day
-from budget.report import EffectiveEpsilonReport, Row, build_report
+from budget.reporting.report import EffectiveEpsilonReport, Row, build_report
 from policies.model import Policy
 
 __all__ = ["FORMAT", "LedgerExport", "export_ledger", "read_export", "report_from_export"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mechanisms import CMS, HCMS
-from mechanisms.audit import audit, clopper_pearson
+from mechanisms.empirical_audit import audit, clopper_pearson
 from mechanisms.hashing import factorize
 from mechanisms.hcms import HcmsReports
 from mechanisms.randomness import bernoulli

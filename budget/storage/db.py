@@ -12,7 +12,6 @@ one device's charges.
 from __future__ import annotations
 
 import hmac
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -27,7 +26,6 @@ __all__ = [
     "META_TABLE",
     "WRITE_OPTION",
     "create_db_engine",
-    "init_db",
     "key_fingerprint",
     "placeholder",
     "record_fingerprints",
@@ -100,34 +98,6 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_begin(connection: Any) -> None:
         immediate = connection.get_execution_options().get(WRITE_OPTION, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-
-def init_db(engine: Engine) -> None:
-    """Create the tables that do not exist yet (ledger, audit, policy and metadata tables).
-
-    On PostgreSQL a new ``charges`` is partitioned by day (:mod:`budget.partitions`); a ledger
-    made by an earlier release is upgraded (:mod:`budget.migrate`).
-    """
-    import budget.audit
-    import budget.tables  # noqa: F401 - registers the ledger tables
-    import policies.model  # noqa: F401 - registers the policy table
-    from budget.migrate import migrate_ledger
-    from budget.partitions import DAYS_AHEAD, create_partitioned_charges, ensure_partitions
-
-    if engine.dialect.name == "postgresql":
-        with engine.begin() as conn:
-            create_partitioned_charges(conn)  # before create_all, which then skips the table
-    SQLModel.metadata.create_all(engine)
-    migrate_ledger(engine)  # a ledger made by an earlier release
-    today = int(time.time() // 86_400)
-    ensure_partitions(engine, today - 1, today + DAYS_AHEAD)
-    with engine.connect() as conn:
-        key = conn.execute(text("SELECT device_key FROM accounts LIMIT 1")).scalar()
-    if key is not None and len(key) != 32:
-        raise RuntimeError(
-            "this database holds device keys in the pre-release 256-bit format; device keys"
-            " are now 128-bit, so its budgets would not carry over: start from a new database"
-        )
 
 
 def key_fingerprint(key: bytes) -> str:

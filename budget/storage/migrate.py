@@ -25,10 +25,9 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Engine, inspect, text
 
-from budget.db import placeholder, writer
-from budget.gate import state_columns
-from budget.state import AccountState
-from budget.tables import Account
+from budget.state import AccountState, state_columns
+from budget.storage.db import placeholder, writer
+from budget.storage.tables import Account
 
 __all__ = ["migrate_ledger"]
 

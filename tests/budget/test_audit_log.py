@@ -15,7 +15,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from budget import Ledger
-from budget.audit import GENESIS, AuditLog, Entry, canonical_body, chain_hash
+from budget.audit_log import GENESIS, AuditLog, Entry, canonical_body, chain_hash
 from budget.batch import BatchItem, charge_batch
 from policies import PolicyUpdate
 

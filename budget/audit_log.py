@@ -29,8 +29,8 @@ import orjson
 from sqlalchemy import DDL, BigInteger, Column, Connection, Engine, Text, event, select, text
 from sqlmodel import Field, SQLModel
 
-from budget.db import placeholder, writer
 from budget.keyed import KeyedHash
+from budget.storage.db import placeholder, writer
 
 __all__ = [
     "GENESIS",

@@ -5,8 +5,8 @@ effective epsilon per day, per retention window and per year, for individuals an
 the policy's size, and whether any cap bounds the lifetime loss), beside what devices actually
 spent (maximum, p99 and median over the devices that reported, in the window and over their
 lifetime). Across use cases: what the policies allow one device per day, window and year (the
-caps' worst case, :mod:`budget.allowance`, composed as a schedule fixed in advance), and what
-devices spent (basic sums, and each device's own (epsilon, delta) bound, memoized by its
+caps' worst case, :mod:`budget.reporting.allowance`, composed as a schedule fixed in advance), and
+what devices spent (basic sums, and each device's own (epsilon, delta) bound, memoized by its
 ledger's multiset, as max, p99 and median). Every (epsilon, delta) figure names what it is
 (``bound``: exact optimal, PLD upper bound or basic sum) and of what (``kind``: a fixed schedule
 or a device's running total); see docs/accounting.md.
@@ -14,7 +14,8 @@ or a device's running total); see docs/accounting.md.
 The report is a pure function of the policies (the latest version of every use case, retired
 ones included), the as-of day and two streams of ``(device key, use case, micro-epsilon, group
 size, count)`` rows (the window's charges and the lifetime totals), so the same function runs on
-the live ledger and on an exported one (:mod:`budget.export`) and must give the same numbers.
+the live ledger and on an exported one (:mod:`budget.reporting.export`) and must give the same
+numbers.
 Retired use cases have no line, but their spend counts in every device total, so a population
 figure never goes down when a use case is retired. It is built in two steps:
 :func:`prepare_report` reads the rows once into a delta-free :class:`ReportBasis` (spreads, and
@@ -31,8 +32,8 @@ from importlib.metadata import version
 from typing import Any, Final
 
 from budget.accountant import NOTES, Accountant, Bound, Kind, PrivacyLoss
-from budget.allowance import Caps, allowance, max_reports
 from budget.clock import day_date
+from budget.reporting.allowance import Caps, allowance, max_reports
 from policies.model import Policy, budget_key, from_micro, to_micro
 
 __all__ = [
