@@ -76,7 +76,14 @@ from budget.reporting.views import (
 )
 from mechanisms import InvalidReport, SfpSketch
 from mechanisms.sfp import DiscoveredWord
-from policies import DEFAULT_POLICIES, Policy, PolicyBase, PolicyCreate, PolicyPublic, budget_key
+from policies import (
+    DEFAULT_POLICIES,
+    Policy,
+    PolicyBase,
+    PolicyCreate,
+    PolicyPublic,
+    publish,
+)
 
 __all__ = ["create_app"]
 
@@ -513,10 +520,7 @@ class Discoveries(BaseModel):
 
 
 def _public(p: Policy) -> PolicyPublic:
-    data = p.model_dump()
-    data["budget"] = budget_key(p)
-    data["epsilon_per_day"] = p.epsilon_per_report * p.max_reports_per_day
-    return PolicyPublic.model_validate(data)
+    return publish(p)
 
 
 def _errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any]]:

@@ -21,7 +21,8 @@ from budget.batch import BatchItem, charge_batch
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
 from budget.keyed import KeyedHash
 from budget.storage.db import placeholder
-from mechanisms import CMS, HCMS, SFP, InvalidReport
+from mechanisms import CMS, HCMS, SFP, InvalidReport, family_id
+from mechanisms.published import FAMILY_FIELD
 from policies import Policy, mechanism_for
 from policies.errors import PolicyError
 
@@ -80,6 +81,7 @@ class Ingestor:
         self.ledger = ledger
         self._keyed = KeyedHash(secret)
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
+        self._families: dict[str, str] = {}  # parameter hash -> published family identifier
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
         self._version_sql = (
@@ -132,7 +134,17 @@ class Ingestor:
             mech = mechanism_for(policy)
             found = (mech, params_hash(mech))
             self._mechanisms[key] = found
+            self._families[found[1]] = family_id(mech)
         return found
+
+    def wrong_family(self, use_case: str, sent: object, params: str) -> InvalidReport:
+        """The error of a report whose ``family`` is not the current policy's randomizer."""
+        return InvalidReport(
+            FAMILY_FIELD,
+            f"is {sent!r}, but {use_case!r} decodes reports of family"
+            f" {self._families[params]!r}: the report was built under another hash family or"
+            f" parameters; build the randomizer from GET /v1/use-cases/{use_case}",
+        )
 
     def receipt(self, decision: Decision) -> str:
         """An opaque charge receipt (never the report's id, which does not exist yet)."""
@@ -177,8 +189,15 @@ class Ingestor:
             if isinstance(found, Exception):
                 out[i] = found
                 continue
+            body = req.body
+            if type(body) is dict and FAMILY_FIELD in body:
+                body = dict(body)
+                sent = body.pop(FAMILY_FIELD)
+                if sent != self._families[found[1]]:
+                    out[i] = self.wrong_family(req.use_case, sent, found[1])
+                    continue
             try:
-                report = found[0].parse_report(req.body)
+                report = found[0].parse_report(body)
             except InvalidReport as exc:
                 out[i] = exc
                 continue

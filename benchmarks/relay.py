@@ -3,12 +3,12 @@
 Usage: ``python -m benchmarks.relay [--batch 5000 20000] [--batches 10] [--postgres URL]``.
 
 The service's own :meth:`api.ingest.Ingestor.submit_many` on a fresh database with the default
-policies: Safari HCMS reports, every item a new device (so every report is accepted and every
-ledger row is new), ``--warm`` batches first, then ``--batches`` timed. On SQLite it also
-reports what the WAL grew by per report (automatic checkpoints off during the timed batches,
-so the figure is every page the commits wrote): the ledger layout's cost that no Python tuning
-removes. The loop to iterate on for the relay target, a few seconds a row instead of the HTTP
-benchmark's server process.
+policies: Safari HCMS reports that carry their family identifier, every item a new device (so
+every report is accepted and every ledger row is new), ``--warm`` batches first, then
+``--batches`` timed. On SQLite it also reports what the WAL grew by per report (automatic
+checkpoints off during the timed batches, so the figure is every page the commits wrote): the
+ledger layout's cost that no Python tuning removes. The loop to iterate on for the relay target,
+a few seconds a row instead of the HTTP benchmark's server process.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from api.app import init_service_db
 from api.ingest import Ingestor
 from benchmarks.budget import database
 from budget import Ledger
+from mechanisms import family_id
 from policies import mechanism_for
 
 USE_CASE = "safari-energy-domains"
@@ -55,6 +56,8 @@ def prepare(engine: Engine) -> tuple[Ingestor, list[dict[str, Any]]]:
     reports = mech.privatize(
         [f"d{i}.example" for i in range(2_000)], rng=np.random.default_rng(1)
     ).to_dicts()
+    family = family_id(mech)  # devices send the family they built under; the server checks it
+    reports = [r | {"family": family} for r in reports]
     return Ingestor(ledger, SECRET), reports
 
 

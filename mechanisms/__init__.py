@@ -9,6 +9,7 @@ from mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
 from mechanisms.estimate import FrequencyEstimate
 from mechanisms.hashing import HashFamily
 from mechanisms.hcms import HCMS, HcmsReport, HcmsReports, HcmsSketch
+from mechanisms.published import describe, family_id, from_published
 from mechanisms.sfp import SFP, DiscoveredWord, SfpReport, SfpReports, SfpSketch
 from mechanisms.validation import InvalidReport
 
@@ -29,4 +30,7 @@ __all__ = [
     "SfpReport",
     "SfpReports",
     "SfpSketch",
+    "describe",
+    "family_id",
+    "from_published",
 ]

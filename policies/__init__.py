@@ -10,6 +10,7 @@ from policies.model import (
     PolicyUpdate,
     budget_key,
     mechanism_for,
+    publish,
 )
 from policies.repository import PolicyStore
 
@@ -27,4 +28,5 @@ __all__ = [
     "dump_policies",
     "load_policies",
     "mechanism_for",
+    "publish",
 ]

@@ -21,6 +21,7 @@ from sqlmodel import Field, SQLModel
 from mechanisms import CMS, HCMS, SFP, HashFamily
 from mechanisms.hadamard import is_power_of_two
 from mechanisms.sfp import POSITIONS
+from policies.randomizer import Randomizer
 
 __all__ = [
     "MAX_EPSILON",
@@ -37,6 +38,7 @@ __all__ = [
     "default_hash_seed",
     "from_micro",
     "mechanism_for",
+    "publish",
     "sketch_bytes",
     "to_micro",
 ]
@@ -254,6 +256,19 @@ class PolicyPublic(PolicyBase):
     actor: str
     budget: str = Field(description="The budget this use case draws from (group or own name).")
     epsilon_per_day: float = Field(description="epsilon_per_report x max_reports_per_day.")
+    randomizer: Randomizer = Field(
+        description="What devices build their randomizer from (`hash_seed` null: the seed derived"
+        " from the name, published here)."
+    )
+
+
+def publish(policy: Policy) -> PolicyPublic:
+    """A policy version as the API returns it, with the randomizer devices must build."""
+    data = policy.model_dump()
+    data["budget"] = budget_key(policy)
+    data["epsilon_per_day"] = policy.epsilon_per_report * policy.max_reports_per_day
+    data["randomizer"] = Randomizer.of(mechanism_for(policy))
+    return PolicyPublic.model_validate(data)
 
 
 def budget_key(policy: PolicyBase) -> str:

@@ -1,0 +1,43 @@
+"""The randomizer a policy prescribes, as the API publishes it (see :mod:`mechanisms.published`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from mechanisms import CMS, HCMS, SFP, describe
+
+__all__ = ["PublishedHashFamily", "Randomizer"]
+
+
+class PublishedHashFamily(BaseModel):
+    """The hash family devices must hash with: algorithm and key."""
+
+    algorithm: str = Field(description="Always `blake2b-poly31-v1` (docs/mechanisms.md).")
+    seed: str = Field(description="The family's 256-bit key as hex (the effective seed).")
+
+
+class Randomizer(BaseModel):
+    """Everything a device needs to build the server's randomizer (`mechanisms.from_published`)."""
+
+    mechanism: Literal["cms", "hcms", "sfp"]
+    epsilon: float | None = Field(default=None, description="CMS and HCMS: epsilon per report.")
+    k: int
+    m: int
+    k_fragment: int | None = Field(default=None, description="SFP only.")
+    m_fragment: int | None = Field(default=None, description="SFP only.")
+    epsilon_word: float | None = Field(default=None, description="SFP only.")
+    epsilon_fragment: float | None = Field(default=None, description="SFP only.")
+    alphabet: str | None = Field(default=None, description="SFP only: the fragments' alphabet.")
+    hash_family: PublishedHashFamily
+    family_id: str = Field(
+        description="Identifies mechanism, parameters and hash family; send it as the report"
+        " body's `family` field."
+    )
+    report_schema: dict[str, Any] = Field(description="JSON schema of one report body.")
+
+    @classmethod
+    def of(cls, mech: CMS | HCMS | SFP) -> Randomizer:
+        """The published description of ``mech``."""
+        return cls.model_validate(describe(mech))
