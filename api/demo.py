@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,11 @@ import uvicorn
 from pydantic import SecretStr
 
 from api.app import create_app
-from api.client import Client
+from api.client import Client, RelayItem
 from api.settings import Settings
 from api.simulation import emoji_vocabulary, made_up_words, zipf_indices
 from budget import FixedClock
-from policies import PolicyCreate, mechanism_for
+from mechanisms import CMS, SFP
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -104,15 +104,6 @@ def run_demo(
             thread.join(timeout=30)
 
 
-def _mechanism(client: Client, name: str) -> Any:
-    body = client.use_case(name)
-    return mechanism_for(
-        PolicyCreate.model_validate(
-            {k: v for k, v in body.items() if k in PolicyCreate.model_fields}
-        )
-    )
-
-
 def _simulate(
     base: str,
     clock: FixedClock,
@@ -128,8 +119,9 @@ def _simulate(
     emoji_truth = np.zeros(len(emoji), dtype=np.int64)
     word_truth = np.zeros(len(words), dtype=np.int64)
     with Client(base, admin_token=ADMIN_TOKEN, timeout=600) as client:
-        cms = _mechanism(client, "emoji")
-        sfp = _mechanism(client, "quicktype")
+        cms = client.randomizer("emoji")
+        sfp = client.randomizer("quicktype")
+        assert isinstance(cms, CMS) and isinstance(sfp, SFP)
         ids = [f"device-{i:06d}" for i in range(devices)]
         for _ in range(days):
             e_index = zipf_indices(len(emoji), devices, 1.1, rng=rng)
@@ -146,32 +138,31 @@ def _simulate(
             for use_case, reports in batches:
                 for s in range(0, devices, BATCH):
                     items = [
-                        {"device_id": ids[i], "report": reports[i]}
-                        for i in range(s, min(devices, s + BATCH))
+                        RelayItem(ids[i], reports[i]) for i in range(s, min(devices, s + BATCH))
                     ]
-                    result = client.submit_batch(use_case, items)
+                    result = client.relay(use_case, items)
                     submitted += len(items)
-                    accepted += int(result["accepted"])
+                    accepted += result.accepted
                     if progress:
                         progress(len(items))
             client.run_job("aggregate")
             clock.advance(days=1)
         clock.advance(days=-1)
-        first = (clock.now() - timedelta(days=days - 1)).date().isoformat()
-        estimates = client.estimates("emoji", emoji, from_=first)["estimates"][:10]
+        first = (clock.now() - timedelta(days=days - 1)).date()
+        top = client.estimates("emoji", emoji, start=first).estimates[:10]
+        estimates = [asdict(e) for e in top]
         http = httpx.get(
             base + "/v1/use-cases/quicktype/discoveries",
-            params={"from": first},
+            params={"from": first.isoformat()},
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
             timeout=600,
         )
         http.raise_for_status()
         found = http.json()["words"][:10]
         spend = []
-        sample = client.budget(ids[0], as_device=True)["use_cases"]
-        for row in sample:
-            if row["epsilon_lifetime"] > 0:
-                spend.append(row)
+        for row in client.budget(ids[0], as_device=True).use_cases:
+            if row.epsilon_lifetime > 0:
+                spend.append(asdict(row))
         client.run_job("checkpoint")
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         report = httpx.get(base + "/v1/audit/effective-epsilon", timeout=600)
