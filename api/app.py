@@ -653,7 +653,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         loaded = ledger.policies.ensure_defaults()
         if loaded:
             log.info("loaded %d default policies into an empty database", len(loaded))
-        ingestor = Ingestor(ledger, secret)
+        ingestor = Ingestor(ledger, secret, require_family=settings.require_report_family)
         key = uuid.uuid4().hex
         RUNTIMES[key] = Runtime(
             ledger,

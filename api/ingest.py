@@ -77,8 +77,9 @@ class ItemResult(NamedTuple):
 class Ingestor:
     """Validates, charges and enqueues reports for a ledger."""
 
-    def __init__(self, ledger: Ledger, secret: bytes) -> None:
+    def __init__(self, ledger: Ledger, secret: bytes, *, require_family: bool = False) -> None:
         self.ledger = ledger
+        self.require_family = require_family
         self._keyed = KeyedHash(secret)
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         self._families: dict[str, str] = {}  # parameter hash -> published family identifier
@@ -196,6 +197,13 @@ class Ingestor:
                 if sent != self._families[found[1]]:
                     out[i] = self.wrong_family(req.use_case, sent, found[1])
                     continue
+            elif self.require_family and type(body) is dict:
+                out[i] = InvalidReport(
+                    FAMILY_FIELD,
+                    f"is required: {self._families[found[1]]!r}, the `randomizer.family_id`"
+                    f" of GET /v1/use-cases/{req.use_case}",
+                )
+                continue
             try:
                 report = found[0].parse_report(body)
             except InvalidReport as exc:

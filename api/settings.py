@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     device_rate_per_minute: int = Field(
         default=120, ge=1, description="Requests a device may make a minute before 429."
     )
+    require_report_family: bool = Field(
+        default=False,
+        description="Refuse (422) reports without the `family` field; a wrong one is always"
+        " refused (docs/api.md).",
+    )
     admin_failures_per_minute: int = Field(
         default=20,
         ge=1,

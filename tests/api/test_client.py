@@ -292,3 +292,21 @@ def test_the_readme_client_example_runs_as_written(
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("Receipt(") and printed[1] == "3"
     assert printed[2].startswith("BudgetStatus(")
+
+
+def test_a_server_that_requires_the_family_refuses_a_body_without_it(tmp_path: Path) -> None:
+    readme_of_old = HCMS(epsilon=4.0, k=1024, m=32768)  # no family: cannot be checked
+    body = readme_of_old.privatize_one("www.example.com").to_dict()
+    with (
+        serve(tmp_path, require_report_family="true") as served,
+        Client(served.base, admin_token=ADMIN_TOKEN) as client,
+    ):
+        with pytest.raises(BadRequest) as raised:
+            client.submit(SAFARI, "strict-1", body)
+        assert raised.value.field == "family" and "required" in raised.value.detail
+        batch = client.relay(SAFARI, [RelayItem("strict-2", body)])
+        assert batch.results[0].field == "items[0].report.family"
+        mech = client.randomizer(SAFARI)  # the client now sends the family it fetched
+        assert isinstance(
+            client.submit(SAFARI, "strict-1", mech.privatize_one("a.example")), Receipt
+        )
