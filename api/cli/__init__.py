@@ -17,7 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import inspect, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from api.app import init_service_db
+from api.database import init_service_db
 from api.demo.simulation import (
     default_mechanism,
     emoji_vocabulary,
