@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import secrets
 from datetime import datetime
@@ -28,6 +29,7 @@ from policies.errors import PolicyError
 __all__ = ["Ingestor", "ItemResult", "PolicyChanged", "SubmitRequest", "params_hash"]
 
 Mechanism = CMS | HCMS | SFP
+INBOX_PSEUDONYM_LABEL = b"\0dp-governor/inbox-pseudonym"
 
 
 class PolicyChanged(BudgetError):
@@ -79,6 +81,7 @@ class Ingestor:
     def __init__(self, ledger: Ledger, secret: bytes) -> None:
         self.ledger = ledger
         self._keyed = KeyedHash(secret)
+        self._pseudonym_key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
@@ -86,8 +89,8 @@ class Ingestor:
             f"SELECT version, active FROM policies WHERE name = {ph} ORDER BY version DESC LIMIT 1"
         )
         self._inbox_sql = (
-            "INSERT INTO inbox (id, use_case, params, day, payload)"
-            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph})"
+            "INSERT INTO inbox (id, use_case, params, day, payload, device_tag)"
+            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
         )
 
     def current(self, use_case: str) -> tuple[Mechanism, str, int]:
@@ -139,8 +142,20 @@ class Ingestor:
         message = f"receipt:{decision.use_case}:{decision.charge_id}".encode()
         return self._keyed.digest(message)[:16].hex()
 
-    def store_reports(self, conn: Connection, rows: list[tuple[str, str, int, str]]) -> None:
-        """Insert ``(use case, params, day, payload)`` inbox rows in the charges' transaction.
+    def inbox_pseudonym(self, use_case: str, device_id: str) -> int:
+        """The device's pseudonym in the inbox for one use case (the flush counts distinct ones).
+
+        Keyed BLAKE2b (a PRF) under a key derived from the secret for this purpose alone, so it
+        equals no device key, receipt or tag of the ledger; the flush drops it (the store has
+        none). 64 bits: two devices that collide are counted as one, which only understates
+        ``n`` (a weaker, still valid, central figure).
+        """
+        message = f"{use_case}\0{device_id}".encode()
+        tag = hashlib.blake2b(message, key=self._pseudonym_key, digest_size=8).digest()
+        return int.from_bytes(tag, "big", signed=True)
+
+    def store_reports(self, conn: Connection, rows: list[tuple[str, str, int, str, int]]) -> None:
+        """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
         Each row gets a random 63-bit id: sequential ids would pair one to one with the
         charges' ids, which the same transaction allocates in the same order.
@@ -164,7 +179,7 @@ class Ingestor:
         out: list[Decision | Exception | None] = [None] * len(requests)
         current: dict[str, tuple[Mechanism, str, int] | Exception] = {}
         batch: list[BatchItem] = []
-        payloads: list[tuple[str, str, str]] = []
+        payloads: list[tuple[str, str, str, int]] = []
         positions: list[int] = []
         for i, req in enumerate(requests):
             found = current.get(req.use_case)
@@ -188,7 +203,8 @@ class Ingestor:
                 text = f"{req.use_case}\n{payload}".encode()
                 request_hash = hashlib.sha256(text).hexdigest()
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
-            payloads.append((req.use_case, found[1], payload))
+            tag = self.inbox_pseudonym(req.use_case, req.device_id)
+            payloads.append((req.use_case, found[1], payload, tag))
             positions.append(i)
 
         def enqueue(conn: Connection, accepted: list[tuple[int, Decision]]) -> None:
@@ -199,7 +215,10 @@ class Ingestor:
                     stale.add(d.use_case)
             if stale:  # rolls the group back; it is charged again without these use cases
                 raise _StalePolicies(stale)
-            rows = [(payloads[n][0], payloads[n][1], d.day, payloads[n][2]) for n, d in accepted]
+            rows = [
+                (payloads[n][0], payloads[n][1], d.day, payloads[n][2], payloads[n][3])
+                for n, d in accepted
+            ]
             self.store_reports(conn, rows)
 
         # A policy that changed after its reports were validated fails those reports only: the

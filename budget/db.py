@@ -109,7 +109,8 @@ def init_db(engine: Engine) -> None:
     made by an earlier release is upgraded (:mod:`budget.migrate`).
     """
     import budget.audit
-    import budget.tables  # noqa: F401 - registers the ledger tables
+    import budget.central
+    import budget.tables
     import policies.model  # noqa: F401 - registers the policy table
     from budget.migrate import migrate_ledger
     from budget.partitions import DAYS_AHEAD, create_partitioned_charges, ensure_partitions
@@ -119,6 +120,7 @@ def init_db(engine: Engine) -> None:
             create_partitioned_charges(conn)  # before create_all, which then skips the table
     SQLModel.metadata.create_all(engine)
     migrate_ledger(engine)  # a ledger made by an earlier release
+    budget.central.add_missing_columns(engine)
     today = int(time.time() // 86_400)
     ensure_partitions(engine, today - 1, today + DAYS_AHEAD)
     with engine.connect() as conn:
