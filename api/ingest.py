@@ -81,7 +81,10 @@ class Ingestor:
     def __init__(self, ledger: Ledger, secret: bytes) -> None:
         self.ledger = ledger
         self._keyed = KeyedHash(secret)
-        self._pseudonym_key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
+        key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
+        self._pseudonym_base = hashlib.blake2b(key=key, digest_size=8)
+        self._pseudonym_states: dict[str, Any] = {}  # per use case, its name already hashed
+        self._counted: set[tuple[str, int]] = set()  # versions with min_batch_devices > 1
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
@@ -135,6 +138,8 @@ class Ingestor:
             mech = mechanism_for(policy)
             found = (mech, params_hash(mech))
             self._mechanisms[key] = found
+            if policy.min_batch_devices > 1:
+                self._counted.add(key)
         return found
 
     def receipt(self, decision: Decision) -> str:
@@ -148,13 +153,22 @@ class Ingestor:
         Keyed BLAKE2b (a PRF) under a key derived from the secret for this purpose alone, so it
         equals no device key, receipt or tag of the ledger; the flush drops it (the store has
         none). 64 bits: two devices that collide are counted as one, which only understates
-        ``n`` (a weaker, still valid, central figure).
+        ``n`` (a weaker, still valid, central figure). Computed only for policy versions with
+        ``min_batch_devices > 1`` (about 9,000 instructions a report): a use case that sets no
+        minimum gets no central figure, and the report path of the others is unchanged.
         """
-        message = f"{use_case}\0{device_id}".encode()
-        tag = hashlib.blake2b(message, key=self._pseudonym_key, digest_size=8).digest()
-        return int.from_bytes(tag, "big", signed=True)
+        state = self._pseudonym_states.get(use_case)
+        if state is None:
+            state = self._pseudonym_base.copy()
+            state.update(use_case.encode() + b"\0")
+            self._pseudonym_states[use_case] = state
+        tag = state.copy()
+        tag.update(device_id.encode())
+        return int.from_bytes(tag.digest(), "big", signed=True)
 
-    def store_reports(self, conn: Connection, rows: list[tuple[str, str, int, str, int]]) -> None:
+    def store_reports(
+        self, conn: Connection, rows: list[tuple[str, str, int, str, int | None]]
+    ) -> None:
         """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
         Each row gets a random 63-bit id: sequential ids would pair one to one with the
@@ -179,7 +193,7 @@ class Ingestor:
         out: list[Decision | Exception | None] = [None] * len(requests)
         current: dict[str, tuple[Mechanism, str, int] | Exception] = {}
         batch: list[BatchItem] = []
-        payloads: list[tuple[str, str, str, int]] = []
+        payloads: list[tuple[str, str, str, int | None]] = []
         positions: list[int] = []
         for i, req in enumerate(requests):
             found = current.get(req.use_case)
@@ -203,7 +217,11 @@ class Ingestor:
                 text = f"{req.use_case}\n{payload}".encode()
                 request_hash = hashlib.sha256(text).hexdigest()
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
-            tag = self.inbox_pseudonym(req.use_case, req.device_id)
+            tag = (
+                self.inbox_pseudonym(req.use_case, req.device_id)
+                if (req.use_case, found[2]) in self._counted
+                else None
+            )
             payloads.append((req.use_case, found[1], payload, tag))
             positions.append(i)
 

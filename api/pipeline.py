@@ -207,7 +207,7 @@ def _publish(
                 last_day=max(r.day for r in taken),
                 devices=len(per_device),
                 reports=len(taken),
-                max_per_device=max(per_device.values(), default=1 if untagged else 0),
+                max_per_device=max(per_device.values(), default=0),  # 0: not counted
                 layers=orjson.dumps(layers).decode(),
                 untagged=untagged,
                 epsilon_micro=eps,

@@ -1,11 +1,13 @@
 """The inbox flush (shuffle into the report store): reports moved a second; prints a Markdown table.
 
-Usage: ``python -m benchmarks.flush [--reports 20000 100000] [--rounds 3] [--postgres URL]``.
+Usage: ``python -m benchmarks.flush [--reports 20000 100000] [--rounds 3] [--min-devices 1]
+[--postgres URL]``.
 
 Each round fills the inbox through the real ingest path (one report from each of ``reports``
 devices, one small CMS use case, not timed) and times one ``flush_inbox`` that moves them all;
-the table gives the median round. SQLite on a temporary file; PostgreSQL in a scratch schema
-when ``--postgres`` names a server.
+the table gives the median round. ``--min-devices`` sets the policy's ``min_batch_devices``
+(2 or more: every report carries a device pseudonym, and the flush counts distinct devices).
+SQLite on a temporary file; PostgreSQL in a scratch schema when ``--postgres`` names a server.
 """
 
 from __future__ import annotations
@@ -54,11 +56,12 @@ def fill(ingestor: Ingestor, reports: int, round_no: int) -> None:
         ingestor.submit_group(requests, now=NOW)
 
 
-def run(engine: Engine, reports: int, rounds: int) -> float:
+def run(engine: Engine, reports: int, rounds: int, min_devices: int = 1) -> float:
     """Median reports moved per second over ``rounds`` fill-then-flush rounds."""
     init_service_db(engine)
     ledger = Ledger(engine, SECRET)
-    ledger.policies.create(PolicyCreate.model_validate(POLICY))
+    extra = {"min_batch_devices": min_devices} if min_devices > 1 else {}
+    ledger.policies.create(PolicyCreate.model_validate({**POLICY, **extra}))
     ingestor = Ingestor(ledger, SECRET)
     rates = []
     for r in range(rounds):
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reports", type=int, nargs="+", default=[20_000, 100_000])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--min-devices", type=int, default=1)
     parser.add_argument("--postgres", default=None)
     args = parser.parse_args(argv)
     print("| backend | reports a flush | reports moved/s |")
@@ -85,13 +89,13 @@ def main(argv: list[str] | None = None) -> None:
     for reports in args.reports:
         with tempfile.TemporaryDirectory() as tmp:
             engine = create_db_engine(f"sqlite:///{Path(tmp) / 'flush.sqlite'}")
-            rate = run(engine, reports, args.rounds)
+            rate = run(engine, reports, args.rounds, args.min_devices)
             engine.dispose()
         print(f"| sqlite | {reports:,} | {rate:,.0f} |", flush=True)
         if args.postgres:
             with scratch_schema(args.postgres, "bflush") as url:
                 engine = create_db_engine(url)
-                rate = run(engine, reports, args.rounds)
+                rate = run(engine, reports, args.rounds, args.min_devices)
                 engine.dispose()
             print(f"| postgresql | {reports:,} | {rate:,.0f} |", flush=True)
 

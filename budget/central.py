@@ -298,8 +298,9 @@ def central_line(
     notes = []
     if any(b.untagged for b in mine):
         notes.append(
-            "some batches hold reports queued without a device pseudonym (before this"
-            " release): no central figure covers them; the local epsilon holds"
+            "some batches hold reports queued without a device pseudonym (their policy"
+            " version set no min_batch_devices >= 2, or they were queued before this release):"
+            " no central figure covers those batches; the local epsilon holds"
         )
 
     def horizon(group: list[ShuffledBatch], what: str, own: int | None) -> CentralLoss | None:
