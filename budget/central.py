@@ -43,6 +43,7 @@ from policies.model import Policy, from_micro
 
 __all__ = [
     "DAYS_PER_YEAR",
+    "MAX_BATCHES_SHOWN",
     "PRECONDITIONS",
     "BatchFigure",
     "CentralLine",
@@ -70,6 +71,7 @@ PRECONDITIONS: Final = (
     " i holds every device's i-th report). The local epsilon per report holds whatever happens."
 )
 _GRID: Final = 8  # sizes rounded down to 2^(i / _GRID)
+MAX_BATCHES_SHOWN: Final = 24  # a day's batches listed one by one (frequent flushes make many)
 
 
 class ShuffledBatch(SQLModel, table=True):
@@ -144,9 +146,16 @@ class BatchFigure:
 
 @dataclass(frozen=True, slots=True)
 class DayFigure:
-    """The batches published on one UTC day and their composition for one device."""
+    """The batches published on one UTC day and their composition for one device.
+
+    ``batches`` lists at most :data:`MAX_BATCHES_SHOWN` of them, the smallest first (those
+    bound the figure); ``published`` counts them all, ``devices`` and ``reports`` sum them.
+    """
 
     day: str
+    published: int
+    devices: int
+    reports: int
     batches: list[BatchFigure]
     composed: CentralLoss | None
 
@@ -174,7 +183,7 @@ def read_batches(engine: Engine, first_day: int) -> list[ShuffledBatch]:
         rows = conn.execute(
             select(table).where(table.c.day >= first_day).order_by(table.c.day, table.c.id)
         ).all()
-    return [ShuffledBatch.model_validate(dict(r._mapping)) for r in rows]
+    return [ShuffledBatch.model_construct(**r._mapping) for r in rows]  # our own rows
 
 
 def _round_down(n: int) -> int:
@@ -288,10 +297,14 @@ def central_line(
     days = []
     for day, group in sorted(by_day.items()):
         bound = per_day * _covered_days(group)
+        shown = sorted(group, key=lambda b: (b.devices, b.reports))[:MAX_BATCHES_SHOWN]
         days.append(
             DayFigure(
                 day=day_date(day).isoformat(),
-                batches=[_figure(b, delta) for b in group],
+                published=len(group),
+                devices=sum(b.devices for b in group),
+                reports=sum(b.reports for b in group),
+                batches=[_figure(b, delta) for b in sorted(shown, key=lambda b: b.id or 0)],
                 composed=_worst(group, bound, delta, "batches published this day"),
             )
         )
@@ -396,7 +409,12 @@ def render_central(lines: Sequence[CentralLine]) -> list[str]:
                 f"{b.devices:,} devices/{b.reports:,} reports (k<={b.max_per_device})"
                 for b in day.batches
             )
-            out.append(f"    {day.day}: {sizes}; composed {_loss(day.composed)}")
+            more = (
+                f" (the {len(day.batches)} smallest of {day.published})"
+                if day.published > len(day.batches)
+                else ""
+            )
+            out.append(f"    {day.day}: {sizes}{more}; composed {_loss(day.composed)}")
         out += [f"    note: {n}" for n in line.notes]
     out.append("  " + PRECONDITIONS)
     return out

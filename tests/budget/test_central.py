@@ -23,6 +23,7 @@ from scipy import stats
 
 from budget.amplification import shuffle_epsilon
 from budget.central import (
+    MAX_BATCHES_SHOWN,
     PRECONDITIONS,
     ShuffledBatch,
     batch_layers,
@@ -32,6 +33,7 @@ from budget.central import (
 from budget.clock import utc_day
 from policies import PolicyCreate
 from policies.model import Policy
+from tests.budget.test_amplification import exact_rr_delta, others_grid
 
 FloatArray = npt.NDArray[np.float64]
 ROUNDING = 1e-14
@@ -97,6 +99,16 @@ def test_layered_bound_never_below_exact_random_batches(
     assert exact <= DELTA + ROUNDING * math.exp(epsilon)
 
 
+@pytest.mark.parametrize("delta", [1e-3, 1e-9])
+@pytest.mark.parametrize(("eps0", "n"), [(1.0, 300), (2.0, 1000), (4.0, 3000), (0.5, 50)])
+def test_certified_epsilon_holds_exactly_at_other_deltas(eps0: float, n: int, delta: float) -> None:
+    """At the service's delta (1e-9) and a loose one: the exact RR curve is within delta."""
+    bound = shuffle_epsilon(eps0, n, delta)
+    assert exact_rr_delta(eps0, n, bound.epsilon, others_grid(n)) <= delta + 1e-14 * math.exp(
+        bound.epsilon
+    )
+
+
 def test_one_layer_is_the_plain_bound_and_rounding_only_weakens() -> None:
     plain = shuffle_epsilon(4.0, 10**6, DELTA).epsilon
     rounded, method = compose_sizes(4.0, [10**6], DELTA)
@@ -151,7 +163,7 @@ def test_central_line_composes_the_smallest_sub_batches() -> None:
     line = central_line(policy, [policy], batches, today)
     assert [d.day for d in line.days][-1] == "2026-11-22" and len(line.days) == 30
     first = line.days[-1]
-    assert [b.devices for b in first.batches] == [10**6, 10**5]
+    assert sorted(b.devices for b in first.batches) == [10**5, 10**6]
     # a device sends at most 2 reports a day: the day's two smallest sub-batches
     assert first.composed is not None and first.composed.sub_batches == 2
     assert first.composed.epsilon == pytest.approx(compose_sizes(4.0, [10**4, 10**5], 1e-9)[0])
@@ -171,3 +183,16 @@ def test_untagged_batches_get_no_central_figure() -> None:
     assert line.window is None and line.days[0].batches[0].central is None
     assert line.notes and "pseudonym" in line.notes[0]
     assert "distinct devices the adversary does not control" in PRECONDITIONS
+
+
+def test_a_day_of_frequent_flushes_lists_its_smallest_batches() -> None:
+    today = 20_000
+    policy = _policy(max_reports_per_day=1)
+    batches = [_batch(today, [1000 + 10 * i]) for i in range(MAX_BATCHES_SHOWN + 6)]
+    (day,) = central_line(policy, [policy], batches, today).days
+    assert day.published == MAX_BATCHES_SHOWN + 6 and len(day.batches) == MAX_BATCHES_SHOWN
+    assert max(b.devices for b in day.batches) == 1000 + 10 * (MAX_BATCHES_SHOWN - 1)
+    assert day.devices == sum(b.devices for b in batches)
+    # one report a device a day: the day's single smallest batch bounds it
+    assert day.composed is not None and day.composed.sub_batches == 1
+    assert day.composed.epsilon == compose_sizes(4.0, [1000], 1e-9)[0]
