@@ -76,11 +76,17 @@ class Runtime:
 
 
 def _flush(rt: Runtime) -> dict[str, Any]:
-    return {"moved": flush_inbox(rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch)}
+    return {
+        "moved": flush_inbox(
+            rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch, now=rt.clock.now()
+        )
+    }
 
 
 def _aggregate(rt: Runtime) -> dict[str, Any]:
-    moved = flush_inbox(rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch)
+    moved = flush_inbox(
+        rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch, now=rt.clock.now()
+    )
     result = aggregate(rt.ledger)
     return {
         "moved": moved,
