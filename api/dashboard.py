@@ -253,6 +253,11 @@ def _central_loss(loss: CentralLoss | None) -> str:
 
 def central_section(lines: Sequence[CentralLine]) -> str:
     """Central (epsilon, delta) after shuffling per use case and day, and its preconditions."""
+    if not lines:
+        return (
+            '<h2>Central &#949; after shuffling</h2><p class="muted" id="central">No shuffled'
+            " batch published in the last year.</p>"
+        )
     rows = "".join(
         f"<tr><td>{escape(line.use_case)}</td><td>{escape(day.day)}</td>"
         f"<td>{_num(line.epsilon_per_report)}</td>"

@@ -82,11 +82,12 @@ class _Terms:
     max_epsilon_micro: int
 
 
-_VERSION_TERMS: dict[tuple[str, int], tuple[str, int]] = {}  # versions are immutable
-
-
 def _terms(engine: Engine, use_cases: set[str]) -> dict[str, _Terms]:
-    """Each use case's latest ``min_batch_devices`` and every version's epsilon per report."""
+    """Each use case's latest ``min_batch_devices`` and every version's epsilon per report.
+
+    Read afresh each flush (milliseconds for the default policies): a process may flush several
+    databases whose use cases share names and versions.
+    """
     table = Policy.__table__  # type: ignore[attr-defined]
     with engine.connect() as conn:
         rows = conn.execute(
@@ -94,12 +95,8 @@ def _terms(engine: Engine, use_cases: set[str]) -> dict[str, _Terms]:
         ).all()
     out: dict[str, _Terms] = {}
     for row in rows:
-        key = (row.name, row.version)
-        found = _VERSION_TERMS.get(key)
-        if found is None:
-            version = Policy.model_validate(dict(row._mapping))
-            found = (params_hash(mechanism_for(version)), to_micro(version.epsilon_per_report))
-            _VERSION_TERMS[key] = found
+        version = Policy.model_validate(dict(row._mapping))
+        found = (params_hash(mechanism_for(version)), to_micro(version.epsilon_per_report))
         known = out.get(row.name)
         eps = {**known.epsilon_micro, found[0]: found[1]} if known else {found[0]: found[1]}
         top = max(found[1], known.max_epsilon_micro if known else 0)
