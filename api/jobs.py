@@ -8,8 +8,12 @@ and a heartbeat thread renews the lease while its job runs, so a process that di
 blocks the job for at most that long. The same names are what ``dpgov jobs run NAME [--force]``,
 ``dpgov jobs release NAME`` and ``POST /v1/admin/jobs/{name}:run`` / ``:release`` take.
 
-The jobs are safe to run concurrently (see :mod:`api.pipeline`): the leases save work, they
-are not what keeps a report from being stored or folded twice.
+The jobs are safe to run concurrently (see :mod:`api.ingestion.pipeline`): the leases save work,
+they are not what keeps a report from being stored or folded twice.
+
+This module sits beside the app and the CLI rather than in :mod:`api.ingestion`: it runs the
+pipeline's jobs and the audit log's checkpoints alike, for the service's scheduler, its admin
+routes and ``dpgov jobs``.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
-from api.ingest import Ingestor
-from api.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
-from api.tables import JobLease
+from api.ingestion.ingest import Ingestor
+from api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
+from api.ingestion.tables import JobLease
 from budget import Clock, Ledger
 from budget.audit_log import write_checkpoints
 from budget.storage.db import writer
@@ -72,11 +76,17 @@ class Runtime:
 
 
 def _flush(rt: Runtime) -> dict[str, Any]:
-    return {"moved": flush_inbox(rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch)}
+    return {
+        "moved": flush_inbox(
+            rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch, now=rt.clock.now()
+        )
+    }
 
 
 def _aggregate(rt: Runtime) -> dict[str, Any]:
-    moved = flush_inbox(rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch)
+    moved = flush_inbox(
+        rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch, now=rt.clock.now()
+    )
     result = aggregate(rt.ledger)
     return {
         "moved": moved,

@@ -2,9 +2,9 @@
 
 Usage: ``python -m benchmarks.relay [--batch 5000 20000] [--batches 10] [--postgres URL]``.
 
-The service's own :meth:`api.ingest.Ingestor.submit_many` on a fresh database with the default
-policies: Safari HCMS reports that carry their family identifier, every item a new device (so
-every report is accepted and every ledger row is new), ``--warm`` batches first, then
+The service's own :meth:`api.ingestion.ingest.Ingestor.submit_many` on a fresh database with the
+default policies: Safari HCMS reports that carry their family identifier, every item a new device
+(so every report is accepted and every ledger row is new), ``--warm`` batches first, then
 ``--batches`` timed. On SQLite it also reports what the WAL grew by per report (automatic
 checkpoints off during the timed batches, so the figure is every page the commits wrote): the
 ledger layout's cost that no Python tuning removes. The loop to iterate on for the relay target,
@@ -25,8 +25,8 @@ import numpy as np
 import orjson
 from sqlalchemy import Engine, event
 
-from api.app import init_service_db
-from api.ingest import Ingestor
+from api.database import init_service_db
+from api.ingestion.ingest import Ingestor
 from benchmarks.budget import database
 from budget import Ledger
 from mechanisms import family_id

@@ -26,7 +26,7 @@ from api.client import (
     Retry,
     Unavailable,
 )
-from api.simulation import zipf_indices
+from api.demo.simulation import zipf_indices
 from mechanisms import HCMS, family_id
 from tests.api.live import ADMIN_TOKEN, serve
 

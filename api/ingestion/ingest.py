@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import secrets
 from datetime import datetime
@@ -16,6 +17,7 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Connection
 
+from api.errors import ACCEPTED, INVALID, REFUSED, PolicyChanged, status_of
 from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
@@ -26,17 +28,10 @@ from mechanisms.published import FAMILY_FIELD
 from policies import Policy, mechanism_for
 from policies.errors import PolicyError
 
-__all__ = ["Ingestor", "ItemResult", "PolicyChanged", "SubmitRequest", "params_hash"]
+__all__ = ["Ingestor", "ItemResult", "SubmitRequest", "params_hash"]
 
 Mechanism = CMS | HCMS | SFP
-
-
-class PolicyChanged(BudgetError):
-    """The policy changed between validation and charge; the client may retry at once."""
-
-    def __init__(self, use_case: str) -> None:
-        super().__init__(f"the policy of {use_case!r} changed during the request; retry")
-        self.use_case = use_case
+INBOX_PSEUDONYM_LABEL = b"\0dp-governor/inbox-pseudonym"
 
 
 class _StalePolicies(Exception):
@@ -81,6 +76,10 @@ class Ingestor:
         self.ledger = ledger
         self.require_family = require_family
         self._keyed = KeyedHash(secret)
+        key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
+        self._pseudonym_base = hashlib.blake2b(key=key, digest_size=8)
+        self._pseudonym_states: dict[str, Any] = {}  # per use case, its name already hashed
+        self._counted: set[tuple[str, int]] = set()  # versions with min_batch_devices > 1
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         self._families: dict[str, str] = {}  # parameter hash -> published family identifier
         self._known: set[str] = set()
@@ -89,8 +88,8 @@ class Ingestor:
             f"SELECT version, active FROM policies WHERE name = {ph} ORDER BY version DESC LIMIT 1"
         )
         self._inbox_sql = (
-            "INSERT INTO inbox (id, use_case, params, day, payload)"
-            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph})"
+            "INSERT INTO inbox (id, use_case, params, day, payload, device_tag)"
+            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
         )
 
     def current(self, use_case: str) -> tuple[Mechanism, str, int]:
@@ -136,6 +135,8 @@ class Ingestor:
             found = (mech, params_hash(mech))
             self._mechanisms[key] = found
             self._families[found[1]] = family_id(mech)
+            if policy.min_batch_devices > 1:
+                self._counted.add(key)
         return found
 
     def wrong_family(self, use_case: str, sent: object, params: str) -> InvalidReport:
@@ -152,8 +153,29 @@ class Ingestor:
         message = f"receipt:{decision.use_case}:{decision.charge_id}".encode()
         return self._keyed.digest(message)[:16].hex()
 
-    def store_reports(self, conn: Connection, rows: list[tuple[str, str, int, str]]) -> None:
-        """Insert ``(use case, params, day, payload)`` inbox rows in the charges' transaction.
+    def inbox_pseudonym(self, use_case: str, device_id: str) -> int:
+        """The device's pseudonym in the inbox for one use case (the flush counts distinct ones).
+
+        Keyed BLAKE2b (a PRF) under a key derived from the secret for this purpose alone, so it
+        equals no device key, receipt or tag of the ledger; the flush drops it (the store has
+        none). 64 bits: two devices that collide are counted as one, which only understates
+        ``n`` (a weaker, still valid, central figure). Computed only for policy versions with
+        ``min_batch_devices > 1`` (about 9,000 instructions a report): a use case that sets no
+        minimum gets no central figure, and the report path of the others is unchanged.
+        """
+        state = self._pseudonym_states.get(use_case)
+        if state is None:
+            state = self._pseudonym_base.copy()
+            state.update(use_case.encode() + b"\0")
+            self._pseudonym_states[use_case] = state
+        tag = state.copy()
+        tag.update(device_id.encode())
+        return int.from_bytes(tag.digest(), "big", signed=True)
+
+    def store_reports(
+        self, conn: Connection, rows: list[tuple[str, str, int, str, int | None]]
+    ) -> None:
+        """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
         Each row gets a random 63-bit id: sequential ids would pair one to one with the
         charges' ids, which the same transaction allocates in the same order.
@@ -177,7 +199,7 @@ class Ingestor:
         out: list[Decision | Exception | None] = [None] * len(requests)
         current: dict[str, tuple[Mechanism, str, int] | Exception] = {}
         batch: list[BatchItem] = []
-        payloads: list[tuple[str, str, str]] = []
+        payloads: list[tuple[str, str, str, int | None]] = []
         positions: list[int] = []
         for i, req in enumerate(requests):
             found = current.get(req.use_case)
@@ -215,7 +237,12 @@ class Ingestor:
                 text = f"{req.use_case}\n{payload}".encode()
                 request_hash = hashlib.sha256(text).hexdigest()
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
-            payloads.append((req.use_case, found[1], payload))
+            tag = (
+                self.inbox_pseudonym(req.use_case, req.device_id)
+                if (req.use_case, found[2]) in self._counted
+                else None
+            )
+            payloads.append((req.use_case, found[1], payload, tag))
             positions.append(i)
 
         def enqueue(conn: Connection, accepted: list[tuple[int, Decision]]) -> None:
@@ -226,7 +253,10 @@ class Ingestor:
                     stale.add(d.use_case)
             if stale:  # rolls the group back; it is charged again without these use cases
                 raise _StalePolicies(stale)
-            rows = [(payloads[n][0], payloads[n][1], d.day, payloads[n][2]) for n, d in accepted]
+            rows = [
+                (payloads[n][0], payloads[n][1], d.day, payloads[n][2], payloads[n][3])
+                for n, d in accepted
+            ]
             self.store_reports(conn, rows)
 
         # A policy that changed after its reports were validated fails those reports only: the
@@ -265,16 +295,16 @@ class Ingestor:
         allowed = {"device_id", "report", "idempotency_key"}
         for i, item in enumerate(items):
             if not isinstance(item, dict):
-                out[i] = ItemResult(None, 422, "must be an object", f"items[{i}]")
+                out[i] = ItemResult(None, INVALID, "must be an object", f"items[{i}]")
                 continue
             if "device_id" not in item or len(item) > 3 or not allowed.issuperset(item):
                 extra = sorted(set(item) - allowed)
                 if extra:
                     out[i] = ItemResult(
-                        None, 422, "is not a field of a batch item", f"items[{i}].{extra[0]}"
+                        None, INVALID, "is not a field of a batch item", f"items[{i}].{extra[0]}"
                     )
                 else:
-                    out[i] = ItemResult(None, 422, "is required", f"items[{i}].device_id")
+                    out[i] = ItemResult(None, INVALID, "is required", f"items[{i}].device_id")
                 continue
             requests.append(
                 SubmitRequest(
@@ -285,15 +315,21 @@ class Ingestor:
         results = self.submit_group(requests, now=now) if requests else []
         for i, result in zip(positions, results, strict=True):
             if isinstance(result, Decision):
-                out[i] = ItemResult(result, 202 if result.accepted else 429)
-            elif isinstance(result, InvalidReport):
-                out[i] = ItemResult(None, 422, result.reason, f"items[{i}].report.{result.field}")
+                out[i] = ItemResult(result, ACCEPTED if result.accepted else REFUSED)
+                continue
+            status = status_of(result)  # the HTTP mapping's status, item by item
+            if status is None:
+                raise result
+            if isinstance(result, InvalidReport):
+                out[i] = ItemResult(
+                    None, status, result.reason, f"items[{i}].report.{result.field}"
+                )
             elif isinstance(result, InvalidRequest):
-                out[i] = ItemResult(None, 422, result.reason, f"items[{i}].{result.field}")
+                out[i] = ItemResult(None, status, result.reason, f"items[{i}].{result.field}")
             elif isinstance(result, IdempotencyConflict):
-                out[i] = ItemResult(None, 409, str(result), f"items[{i}].idempotency_key")
+                out[i] = ItemResult(None, status, str(result), f"items[{i}].idempotency_key")
             else:
-                out[i] = ItemResult(None, 404, str(result), None)
+                out[i] = ItemResult(None, status, str(result), None)
         final: list[ItemResult] = []
         for r in out:
             assert r is not None

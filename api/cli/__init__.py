@@ -1,0 +1,38 @@
+"""The ``dpgov`` command line: one module per command group, put together here."""
+
+from __future__ import annotations
+
+import typer
+
+from api.cli import aggregate, audit, budget, db, demo, jobs, policies, selftest, serve, simulate
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="dpgov",
+    help="dp-governor: privacy accounting and budget governance for local-DP telemetry.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """dp-governor: privacy accounting and budget governance for local-DP telemetry."""
+
+
+app.command()(simulate.simulate)
+app.command()(demo.demo)
+app.command()(serve.serve)
+app.add_typer(db.app, name="db")
+app.add_typer(jobs.app, name="jobs")
+app.add_typer(audit.app, name="audit")
+app.command()(aggregate.aggregate)
+app.add_typer(policies.app, name="policies")
+app.command()(selftest.selftest)
+app.command()(budget.budget)
+
+
+def main() -> None:
+    """Entry point of the ``dpgov`` console script."""
+    app()
