@@ -40,15 +40,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.committer import GroupCommitter
 from api.dashboard import EstimatePanel, render_dashboard
-from api.ingest import Ingestor, PolicyChanged, SubmitRequest
+from api.ingestion.committer import GroupCommitter
+from api.ingestion.ingest import Ingestor, PolicyChanged, SubmitRequest
+from api.ingestion.pipeline import load_sketch
+from api.ingestion.tables import InboxRow
 from api.integrity import kept_checkpoints, verify_service
 from api.jobs import JOBS, RUNTIMES, Runtime, lease_of, release_job, run_job, start_scheduler
-from api.pipeline import load_sketch
 from api.ratelimit import RateLimiter
 from api.settings import Settings, service_keys
-from api.tables import InboxRow
 from budget import (
     BudgetStatus,
     Clock,
@@ -1365,7 +1365,7 @@ def _refusal(decision: Any, clock: Clock) -> JSONResponse:
 
 def init_service_db(engine: Any) -> None:
     """Create the ledger, policy and pipeline tables (a new SQLite file readable by us alone)."""
-    import api.tables  # noqa: F401 - registers the pipeline tables
+    import api.ingestion.tables  # noqa: F401 - registers the pipeline tables
 
     create_private_sqlite_file(engine)
     init_db(engine)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from api.tables import InboxRow, StoredReport
+from api.ingestion.tables import InboxRow, StoredReport
 from budget import Ledger, utc_day
 from budget.audit_log import Checkpoint, Verification, read_checkpoints
 

@@ -8,8 +8,8 @@ and a heartbeat thread renews the lease while its job runs, so a process that di
 blocks the job for at most that long. The same names are what ``dpgov jobs run NAME [--force]``,
 ``dpgov jobs release NAME`` and ``POST /v1/admin/jobs/{name}:run`` / ``:release`` take.
 
-The jobs are safe to run concurrently (see :mod:`api.pipeline`): the leases save work, they
-are not what keeps a report from being stored or folded twice.
+The jobs are safe to run concurrently (see :mod:`api.ingestion.pipeline`): the leases save work,
+they are not what keeps a report from being stored or folded twice.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
-from api.ingest import Ingestor
-from api.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
-from api.tables import JobLease
+from api.ingestion.ingest import Ingestor
+from api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
+from api.ingestion.tables import JobLease
 from budget import Clock, Ledger
 from budget.audit_log import write_checkpoints
 from budget.storage.db import writer

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from api.distributed import DaskOptions, aggregate_files
-from api.ingest import params_hash
-from api.parquet import dataset_files, partition_dir, write_reports
-from api.pipeline import sketch_digest
-from api.simulation import zipf_indices
+from api.demo.simulation import zipf_indices
+from api.ingestion.distributed import DaskOptions, aggregate_files
+from api.ingestion.ingest import params_hash
+from api.ingestion.parquet import dataset_files, partition_dir, write_reports
+from api.ingestion.pipeline import sketch_digest
 from mechanisms import HCMS
 from policies import default_policies, mechanism_for
 
@@ -105,7 +105,8 @@ def run_dask(files: list[Path], workers: int) -> dict[str, object]:
         ) as cluster,
         Client(cluster) as client,  # type: ignore[no-untyped-call]
     ):
-        client.run(importlib.import_module, "api.distributed")  # a running cluster's state
+        # a running cluster's state
+        client.run(importlib.import_module, "api.ingestion.distributed")
         baseline = client.run(_peak_mib)
         t0 = time.perf_counter()
         sketch = aggregate_files(

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from api.simulation import emoji_vocabulary, zipf_indices
+from api.demo.simulation import emoji_vocabulary, zipf_indices
 from mechanisms import CMS, HCMS, HashFamily, HcmsSketch
 
 

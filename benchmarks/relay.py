@@ -2,11 +2,11 @@
 
 Usage: ``python -m benchmarks.relay [--batch 5000 20000] [--batches 10] [--postgres URL]``.
 
-The service's own :meth:`api.ingest.Ingestor.submit_many` on a fresh database with the default
-policies: Safari HCMS reports, every item a new device (so every report is accepted and every
-ledger row is new), ``--warm`` batches first, then ``--batches`` timed. On SQLite it also
-reports what the WAL grew by per report (automatic checkpoints off during the timed batches,
-so the figure is every page the commits wrote): the ledger layout's cost that no Python tuning
+The service's own :meth:`api.ingestion.ingest.Ingestor.submit_many` on a fresh database with the
+default policies: Safari HCMS reports, every item a new device (so every report is accepted and
+every ledger row is new), ``--warm`` batches first, then ``--batches`` timed. On SQLite it also
+reports what the WAL grew by per report (automatic checkpoints off during the timed batches, so
+the figure is every page the commits wrote): the ledger layout's cost that no Python tuning
 removes. The loop to iterate on for the relay target, a few seconds a row instead of the HTTP
 benchmark's server process.
 """
@@ -26,7 +26,7 @@ import orjson
 from sqlalchemy import Engine, event
 
 from api.app import init_service_db
-from api.ingest import Ingestor
+from api.ingestion.ingest import Ingestor
 from benchmarks.budget import database
 from budget import Ledger
 from policies import mechanism_for

@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from api.cli import app
-from api.demo import run_demo
+from api.demo.demo import run_demo
 
 
 def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:

@@ -18,9 +18,10 @@ from typer.testing import CliRunner
 
 from api.app import init_service_db
 from api.cli import app
-from api.distributed import DaskOptions, aggregate_files, group_files
-from api.ingest import Ingestor, params_hash
-from api.parquet import (
+from api.demo.simulation import zipf_indices
+from api.ingestion.distributed import DaskOptions, aggregate_files, group_files
+from api.ingestion.ingest import Ingestor, params_hash
+from api.ingestion.parquet import (
     ExportResult,
     dataset_files,
     export_reports,
@@ -28,7 +29,7 @@ from api.parquet import (
     partition_dir,
     write_reports,
 )
-from api.pipeline import (
+from api.ingestion.pipeline import (
     aggregate,
     flush_inbox,
     load_sketch,
@@ -36,7 +37,6 @@ from api.pipeline import (
     sketch_arrays,
 )
 from api.settings import Settings, service_keys
-from api.simulation import zipf_indices
 from budget import Ledger, create_db_engine, utc_day
 from mechanisms import CMS, HCMS, SFP
 from policies import default_policies, mechanism_for

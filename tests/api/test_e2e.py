@@ -21,7 +21,7 @@ import pytest
 from scipy import stats
 
 from api.client import Client
-from api.simulation import zipf_indices
+from api.demo.simulation import zipf_indices
 from policies import PolicyCreate, mechanism_for
 
 TOKEN = "e2e-admin-token-e2e-admin-token-e2e"

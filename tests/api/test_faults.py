@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from sqlalchemy import Connection, text
 
 from api.app import create_app
-from api.ingest import Ingestor
+from api.ingestion.ingest import Ingestor
 from api.settings import Settings
 from budget import FixedClock
 

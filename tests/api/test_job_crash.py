@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 
 from api.app import init_service_db
-from api.ingest import Ingestor, SubmitRequest
+from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.jobs import lease_of
 from api.settings import Settings, service_keys
 from budget import Decision, Ledger, create_db_engine

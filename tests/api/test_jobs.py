@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from api.app import init_service_db
-from api.ingest import Ingestor
+from api.ingestion.ingest import Ingestor
 from api.jobs import (
     JOBS,
     RUNTIMES,

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import inspect, text
 
 from api.app import init_service_db
-from api.ingest import Ingestor, SubmitRequest
+from api.ingestion.ingest import Ingestor, SubmitRequest
 from budget import Decision, Ledger, create_db_engine
 from budget.storage.db import scratch_schema, stored_fingerprints
 from policies import mechanism_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from api.simulation import made_up_words, zipf_indices
+from api.demo.simulation import made_up_words, zipf_indices
 from mechanisms import SFP, HashFamily
 from mechanisms.sfp import POSITIONS, fragment_item, normalize_word
 

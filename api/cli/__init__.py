@@ -18,17 +18,17 @@ from sqlalchemy import inspect, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from api.app import init_service_db
-from api.ingest import Ingestor, params_hash
-from api.integrity import kept_checkpoints, verify_service
-from api.jobs import JOBS, RUNTIMES, Runtime, lease_holder, lease_of, release_job, run_job
-from api.settings import NOT_INITIALISED, KeyRefused, ServiceKeys, Settings, service_keys
-from api.simulation import (
+from api.demo.simulation import (
     default_mechanism,
     emoji_vocabulary,
     made_up_words,
     simulate_frequency,
     zipf_indices,
 )
+from api.ingestion.ingest import Ingestor, params_hash
+from api.integrity import kept_checkpoints, verify_service
+from api.jobs import JOBS, RUNTIMES, Runtime, lease_holder, lease_of, release_job, run_job
+from api.settings import NOT_INITIALISED, KeyRefused, ServiceKeys, Settings, service_keys
 from budget import (
     InvalidRequest,
     Ledger,
@@ -175,7 +175,7 @@ def demo(
     seed: Annotated[int, typer.Option(min=0, help="Seed of the simulation.")] = 7,
 ) -> None:
     """Start the service on a temporary database, run a fleet over real HTTP, show the results."""
-    from api.demo import run_demo
+    from api.demo.demo import run_demo
 
     total = devices * days * 2
     typer.echo(f"Simulating {devices:,d} devices over {days} days (emoji + new words), over HTTP.")
@@ -610,9 +610,9 @@ def aggregate(
     database_url: DatabaseOption = None,
 ) -> None:
     """Export stored reports to Parquet and aggregate them into one sketch (local or Dask)."""
-    from api.distributed import DaskOptions, aggregate_files
-    from api.parquet import dataset_files, export_reports
-    from api.pipeline import mechanisms_by_params, sketch_digest, sketch_to_bytes
+    from api.ingestion.distributed import DaskOptions, aggregate_files
+    from api.ingestion.parquet import dataset_files, export_reports
+    from api.ingestion.pipeline import mechanisms_by_params, sketch_digest, sketch_to_bytes
 
     if scheduler is not None and engine is not AggregateEngine.dask:
         typer.echo("Error: --scheduler needs --engine dask", err=True)

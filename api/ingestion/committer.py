@@ -1,12 +1,13 @@
 """Group commit: concurrent single-report submissions share one transaction.
 
 Each request waits on a future; one task drains everything queued so far and charges it with
-:meth:`api.ingest.Ingestor.submit_group` in a worker thread, then answers every request. While a
-group commits, the next one gathers, so groups grow with the load and a lone request waits for
-nobody. A request is answered 202 only after its group committed; a failing group fails all of
-its requests and writes nothing. A policy change during a commit is not such a failure: only the
-changed use case's requests answer 409 (:class:`api.ingest.PolicyChanged`), and the rest of the
-group is committed without them.
+:meth:`api.ingestion.ingest.Ingestor.submit_group` in a worker thread, then answers every
+request. While a group commits, the next one gathers, so groups grow with the load and a lone
+request waits for nobody. A request is answered 202 only after its group committed; a failing
+group fails all of its requests and writes nothing. A policy change during a commit is not such
+a failure: only the changed use case's requests answer 409
+(:class:`api.ingestion.ingest.PolicyChanged`), and the rest of the group is committed without
+them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 
 import anyio.to_thread
 
-from api.ingest import Ingestor, SubmitRequest
+from api.ingestion.ingest import Ingestor, SubmitRequest
 from budget import Clock, Decision
 
 __all__ = ["GroupCommitter"]

@@ -26,8 +26,8 @@ from pydantic import SecretStr
 
 from api.app import create_app
 from api.client import Client
+from api.demo.simulation import emoji_vocabulary, made_up_words, zipf_indices
 from api.settings import Settings
-from api.simulation import emoji_vocabulary, made_up_words, zipf_indices
 from budget import FixedClock
 from policies import PolicyCreate, mechanism_for
 

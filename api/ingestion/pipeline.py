@@ -22,8 +22,8 @@ import numpy as np
 import orjson
 from sqlalchemy import Engine, and_, delete, func, select, update
 
-from api.ingest import Ingestor, Mechanism, params_hash
-from api.tables import InboxRow, SketchRow, StoredReport
+from api.ingestion.ingest import Ingestor, Mechanism, params_hash
+from api.ingestion.tables import InboxRow, SketchRow, StoredReport
 from budget import Ledger, utc_day
 from budget.audit_log import Entry
 from budget.storage.db import writer

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import Engine, and_, select
 
-from api.ingest import Mechanism, params_hash
-from api.pipeline import decode_payloads
-from api.tables import StoredReport
+from api.ingestion.ingest import Mechanism, params_hash
+from api.ingestion.pipeline import decode_payloads
+from api.ingestion.tables import StoredReport
 from mechanisms import CMS, HCMS, CmsReports, HcmsReports, SfpReports
 
 __all__ = [

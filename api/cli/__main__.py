@@ -1,0 +1,5 @@
+"""``python -m api.cli``: the ``dpgov`` command."""
+
+from api.cli import main
+
+main()
