@@ -7,7 +7,6 @@ import hmac
 import json
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -41,6 +40,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.dashboard import EstimatePanel, render_dashboard
+from api.database import database_problem, init_service_db
 from api.ingestion.committer import GroupCommitter
 from api.ingestion.ingest import Ingestor, PolicyChanged, SubmitRequest
 from api.ingestion.pipeline import load_sketch
@@ -48,6 +48,7 @@ from api.ingestion.tables import InboxRow
 from api.integrity import kept_checkpoints, verify_service
 from api.jobs import JOBS, RUNTIMES, Runtime, lease_of, release_job, run_job, start_scheduler
 from api.ratelimit import RateLimiter
+from api.server import report_start_failure
 from api.settings import Settings, service_keys
 from budget import (
     BudgetStatus,
@@ -59,7 +60,6 @@ from budget import (
     SystemClock,
     UnknownUseCase,
     create_db_engine,
-    init_db,
     utc_day,
 )
 from budget.audit_log import Verification
@@ -615,7 +615,12 @@ UseCaseName = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-
 
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None) -> FastAPI:
     """Build the service. Nothing connects until the lifespan starts."""
-    settings = settings or Settings()
+    try:
+        settings = settings or Settings()
+    except ValidationError as exc:  # a worker of `dpgov serve`: its supervisor says why
+        err = exc.errors()[0]
+        report_start_failure(f"invalid setting `{'.'.join(map(str, err['loc']))}`: {err['msg']}")
+        raise
     clock = clock or SystemClock()
     registry = CollectorRegistry()
     reports_total = Counter(
@@ -641,8 +646,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         try:  # the keys must be the database's (KeyRefused names the setting to provide)
             init_service_db(engine)
             keys = service_keys(settings, engine, generate=True, record=True)
-        except Exception:
+        except Exception as exc:
             engine.dispose()
+            report_start_failure(database_problem(settings.database_url, exc) or str(exc))
             raise
         secret = keys.device_key_secret
         ledger = Ledger(engine, secret, audit_key=keys.audit_key)
@@ -1361,28 +1367,3 @@ def _refusal(decision: Any, clock: Clock) -> JSONResponse:
         status_code=429,
         headers=headers,
     )
-
-
-def init_service_db(engine: Any) -> None:
-    """Create the ledger, policy and pipeline tables (a new SQLite file readable by us alone)."""
-    import api.ingestion.tables  # noqa: F401 - registers the pipeline tables
-
-    create_private_sqlite_file(engine)
-    init_db(engine)
-
-
-def create_private_sqlite_file(engine: Any) -> None:
-    """Create a missing SQLite database file with mode 0600, like the secrets beside it.
-
-    SQLite gives its ``-wal`` and ``-shm`` files the database file's mode. An existing file,
-    an in-memory database and PostgreSQL are left alone.
-    """
-    if engine.dialect.name != "sqlite":
-        return
-    path = engine.url.database
-    if not path or path == ":memory:" or path.startswith("file:"):
-        return
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except FileExistsError:
-        pass

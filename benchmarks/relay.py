@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 from sqlalchemy import Engine, event
 
-from api.app import init_service_db
+from api.database import init_service_db
 from api.ingestion.ingest import Ingestor
 from benchmarks.budget import database
 from budget import Ledger

@@ -8,52 +8,20 @@ import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from urllib.parse import quote
 
-import numpy as np
 import typer
-from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import inspect, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from api.app import init_service_db
-from api.demo.simulation import (
-    default_mechanism,
-    emoji_vocabulary,
-    made_up_words,
-    simulate_frequency,
-    zipf_indices,
-)
-from api.ingestion.ingest import Ingestor, params_hash
-from api.integrity import kept_checkpoints, verify_service
-from api.jobs import JOBS, RUNTIMES, Runtime, lease_holder, lease_of, release_job, run_job
-from api.settings import NOT_INITIALISED, KeyRefused, ServiceKeys, Settings, service_keys
-from budget import (
-    InvalidRequest,
-    Ledger,
-    PolicyConflict,
-    SystemClock,
-    UnknownUseCase,
-    create_db_engine,
-    utc_day,
-)
-from budget.audit_log import write_checkpoints
-from budget.reporting.export import export_ledger, read_export, report_from_export
-from budget.reporting.report import EffectiveEpsilonReport, render_text
-from budget.reporting.views import what_if
-from mechanisms import CMS, HCMS, SFP
-from mechanisms.empirical_audit import audit, exact_max_log_ratio
-from policies import (
-    Policy,
-    PolicyBase,
-    PolicyCreate,
-    PolicyFileError,
-    default_policies,
-    dump_policies,
-    load_policies,
-    mechanism_for,
-)
+# Each command imports what it uses, so that `dpgov --help` and a read command start fast
+# (benchmarks/startup.py): no FastAPI, scipy, dp-accounting or pyarrow unless the command needs it.
+if TYPE_CHECKING:
+    import numpy as np
+
+    from api.settings import ServiceKeys, Settings
+    from budget import Ledger
+    from mechanisms import CMS, HCMS, SFP
+    from policies import PolicyBase, PolicyCreate
 
 app = typer.Typer(
     name="dpgov",
@@ -91,6 +59,11 @@ def simulate(
     top: Annotated[int, typer.Option(min=1, max=1000, help="How many items to print.")] = 10,
 ) -> None:
     """Simulate a fleet privatizing with the real mechanism; print the top estimates and truth."""
+    import numpy as np
+
+    from api.demo.simulation import default_mechanism, emoji_vocabulary, simulate_frequency
+    from mechanisms import SFP
+
     rng = np.random.default_rng(seed)
     mechanism = default_mechanism(use_case.value, hash_seed)
     if isinstance(mechanism, SFP):
@@ -116,6 +89,8 @@ def simulate(
 
 
 def _print_header(mechanism: CMS | HCMS | SFP, devices: int, d: int) -> None:
+    from mechanisms import SFP
+
     if isinstance(mechanism, SFP):
         params = (
             f"SFP eps={mechanism.epsilon_word:g}+{mechanism.epsilon_fragment:g},"
@@ -143,6 +118,10 @@ def _print_spend(epsilon: float) -> None:
 def _simulate_sfp(
     sfp: SFP, devices: int, exponent: float, top: int, rng: np.random.Generator
 ) -> None:
+    import numpy as np
+
+    from api.demo.simulation import made_up_words, zipf_indices
+
     words = made_up_words(5000, rng=rng)
     _print_header(sfp, devices, len(words))
     t0 = time.perf_counter()
@@ -175,7 +154,10 @@ def demo(
     seed: Annotated[int, typer.Option(min=0, help="Seed of the simulation.")] = 7,
 ) -> None:
     """Start the service on a temporary database, run a fleet over real HTTP, show the results."""
+    from pydantic import TypeAdapter
+
     from api.demo.demo import run_demo
+    from budget.reporting.report import EffectiveEpsilonReport, render_text
 
     total = devices * days * 2
     typer.echo(f"Simulating {devices:,d} devices over {days} days (emoji + new words), over HTTP.")
@@ -237,6 +219,10 @@ DatabaseOption = Annotated[
 
 def _settings(database_url: str | None, **overrides: object) -> Settings:
     """Settings from the environment with command-line overrides; exits 2 on invalid values."""
+    from pydantic import ValidationError
+
+    from api.settings import Settings
+
     try:
         values = {k: v for k, v in overrides.items() if v is not None}
         if database_url is not None:
@@ -269,6 +255,9 @@ def _existing_database(url: str) -> str:
     A relative SQLite path is relative to the current folder: the message names the absolute
     path, so that an operator in the wrong folder sees where the command looked.
     """
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -292,12 +281,22 @@ def _existing_database(url: str) -> str:
     )
 
 
-def _open(settings: Settings, access: Access = Access.READ) -> tuple[Ledger, ServiceKeys]:
+def _open(
+    settings: Settings, access: Access = Access.READ, *, upgrade: bool | None = True
+) -> tuple[Ledger, ServiceKeys]:
     """The ledger and its checked keys; refuses (exit 2) anything that is not the service's.
 
     Only :attr:`Access.CREATE` creates a database, tables or key files (key files only for a
     database with no history); every access checks the keys against the recorded fingerprints.
+    ``upgrade`` is passed to :func:`api.database.init_service_db` (``None``: the backend's rule,
+    what ``serve`` does). A database that cannot be used is one line naming the setting.
     """
+    from sqlalchemy import inspect
+
+    from api.database import database_problem, init_service_db
+    from api.settings import NOT_INITIALISED, KeyRefused, service_keys
+    from budget import Ledger, create_db_engine
+
     url = (
         settings.database_url
         if access is Access.CREATE
@@ -306,12 +305,12 @@ def _open(settings: Settings, access: Access = Access.READ) -> tuple[Ledger, Ser
     try:
         engine = create_db_engine(url)
     except ValueError as exc:
-        _refuse(str(exc))
+        _refuse(database_problem(settings.database_url, exc) or str(exc))
     try:
         if access is Access.WRITE and not inspect(engine).has_table("audit_log"):
             raise KeyRefused(NOT_INITIALISED)
         if access is not Access.READ:
-            init_service_db(engine)
+            init_service_db(engine, upgrade=upgrade)
         keys = service_keys(
             settings, engine, generate=access is Access.CREATE, record=access is not Access.READ
         )
@@ -321,11 +320,12 @@ def _open(settings: Settings, access: Access = Access.READ) -> tuple[Ledger, Ser
     except KeyRefused as exc:
         engine.dispose()
         _refuse(str(exc))
-    except DBAPIError as exc:
+    except Exception as exc:
         engine.dispose()
-        shown = make_url(settings.database_url).render_as_string(hide_password=True)
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
-        _refuse(f"cannot use the database {shown}: {reason}", 1)
+        problem = database_problem(settings.database_url, exc)
+        if problem is None:
+            raise
+        _refuse(problem, 1)
     return ledger, keys
 
 
@@ -341,32 +341,38 @@ def serve(
     workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 1,
     database_url: DatabaseOption = None,
 ) -> None:
-    """Run the HTTP service; creates the database and its keys if new (docs/operations.md)."""
-    import uvicorn
+    """Run the HTTP service; creates the database and its keys if new (docs/operations.md).
 
-    from api.server import serve_options
+    SQLite is upgraded at start; PostgreSQL with a schema behind this release is refused
+    (`dpgov db upgrade` first). A worker that cannot start stops the server: exit 1, its reason.
+    """
+    from api.server import run_server, serve_options
 
     settings = _settings(database_url, host=host, port=port)
-    ledger, keys = _open(settings, Access.CREATE)  # tables, defaults, keys: once, up front
+    # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
+    ledger, keys = _open(settings, Access.CREATE, upgrade=None)
     ledger.engine.dispose()
     os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())
     os.environ["DPGOV_AUDIT_KEY_FILE"] = str(settings.audit_key_path().resolve())
     typer.echo(f"device-key secret from {keys.sources[0]}, audit key from {keys.sources[1]}")
     typer.echo(f"dp-governor on http://{settings.host}:{settings.port} (docs at /docs)")
-    uvicorn.run(
+    failure = run_server(
         "api.app:create_app",
-        factory=True,
+        workers,
         host=settings.host,
         port=settings.port,
-        workers=workers,
         log_level="info",
         access_log=False,  # access lines carry client addresses: never on the report path
         **serve_options(settings),  # read deadlines, keep-alive, header cap, concurrency limit
     )
+    if failure is not None:
+        _refuse(f"the server stopped: a worker could not start: {failure}", 1)
 
 
-db_app = typer.Typer(help="Create the service's database and keys.", no_args_is_help=True)
+db_app = typer.Typer(
+    help="Create the service's database and keys; upgrade its schema.", no_args_is_help=True
+)
 app.add_typer(db_app, name="db")
 
 
@@ -377,6 +383,8 @@ def db_init(database_url: DatabaseOption = None) -> None:
     On an existing database: record the fingerprints of the keys in use if it has none yet,
     else check the keys against them. Idempotent.
     """
+    from sqlalchemy import make_url
+
     settings = _settings(database_url)
     ledger, keys = _open(settings, Access.CREATE)
     ledger.engine.dispose()
@@ -385,6 +393,46 @@ def db_init(database_url: DatabaseOption = None) -> None:
         f"{shown}: ready; device-key secret from {keys.sources[0]}, audit key from"
         f" {keys.sources[1]}; their fingerprints are recorded in the database"
     )
+
+
+@db_app.command("upgrade")
+def db_upgrade(database_url: DatabaseOption = None) -> None:
+    """Run the schema migrations this release needs (stop the service and back up first).
+
+    One transaction under a lock: the database is wholly upgraded or untouched, and a second
+    run finds nothing to do. Needs no key. docs/operations.md, "Upgrading".
+    """
+    from sqlalchemy import inspect
+
+    from api.database import database_problem, shown_url
+    from budget import create_db_engine
+    from budget.storage.schema import head_revision, upgrade_db
+
+    settings = _settings(database_url)
+    url = _existing_database(settings.database_url)
+    try:
+        engine = create_db_engine(url)
+    except ValueError as exc:
+        _refuse(database_problem(settings.database_url, exc) or str(exc))
+    try:
+        if not inspect(engine).has_table("audit_log"):
+            _refuse(f"{shown_url(settings.database_url)} holds no ledger: run `dpgov db init`")
+        found = upgrade_db(engine)
+    except typer.Exit:
+        raise
+    except Exception as exc:
+        problem = database_problem(settings.database_url, exc)
+        if problem is None:
+            raise
+        _refuse(problem, 1)
+    finally:
+        engine.dispose()
+    head = head_revision()
+    before = f"revision {found}" if found else "the layout of a release before migrations"
+    if found == head:
+        typer.echo(f"{shown_url(settings.database_url)}: at revision {head}, nothing to do")
+    else:
+        typer.echo(f"{shown_url(settings.database_url)}: upgraded from {before} to revision {head}")
 
 
 jobs_app = typer.Typer(help="Run scheduled jobs now.", no_args_is_help=True)
@@ -403,6 +451,10 @@ def jobs_run(
     ] = False,
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
+    from api.ingestion.ingest import Ingestor
+    from api.jobs import JOBS, RUNTIMES, Runtime, lease_holder, lease_of, run_job
+    from budget import SystemClock
+
     if name not in JOBS:
         typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
         raise typer.Exit(2)
@@ -441,6 +493,8 @@ def jobs_release(
     database_url: DatabaseOption = None,
 ) -> None:
     """Clear a job's lease whoever holds it, so the next run need not wait for it to expire."""
+    from api.jobs import JOBS, lease_of, release_job
+
     if name not in JOBS:
         typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
         raise typer.Exit(2)
@@ -468,6 +522,8 @@ def audit_verify(
     database_url: DatabaseOption = None,
 ) -> None:
     """Check the audit chain and the state the gate decides on; exit 1 naming what fails."""
+    from api.integrity import kept_checkpoints, verify_service
+
     settings = _settings(database_url)
     path = checkpoints or settings.checkpoint_file
     if checkpoints is not None and not checkpoints.exists():
@@ -495,6 +551,8 @@ def audit_checkpoints(
     database_url: DatabaseOption = None,
 ) -> None:
     """Copy the signed checkpoints out of the database (keep the file somewhere else)."""
+    from budget.audit_log import write_checkpoints
+
     ledger = _ledger(_settings(database_url))
     try:
         added = write_checkpoints(ledger.audit.checkpoints(), output)
@@ -512,6 +570,9 @@ def audit_report(
     database_url: DatabaseOption = None,
 ) -> None:
     """The effective-epsilon report: what each policy allows and what devices spent."""
+    from budget import SystemClock
+    from budget.reporting.report import render_text
+
     if delta is not None and not 0 < delta < 1:
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
         raise typer.Exit(2)
@@ -533,6 +594,9 @@ def audit_export(
     database_url: DatabaseOption = None,
 ) -> None:
     """Export the ledger (policies, charges, lifetime totals) to recompute the report offline."""
+    from budget import SystemClock
+    from budget.reporting.export import export_ledger
+
     if fmt not in ("jsonl", "csv"):
         typer.echo(f"Error: --format must be jsonl or csv, got {fmt!r}", err=True)
         raise typer.Exit(2)
@@ -554,6 +618,9 @@ def audit_recompute(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Recompute the effective-epsilon report from an export, offline (no database)."""
+    from budget.reporting.export import read_export, report_from_export
+    from budget.reporting.report import render_text
+
     try:
         report = report_from_export(read_export(file))
     except (OSError, ValueError) as exc:
@@ -573,6 +640,8 @@ class AggregateEngine(enum.StrEnum):
 
 
 def _day_number(value: datetime | None, default: int) -> int:
+    from budget import utc_day
+
     return utc_day(value.replace(tzinfo=UTC)) if value is not None else default
 
 
@@ -609,10 +678,25 @@ def aggregate(
     ] = None,
     database_url: DatabaseOption = None,
 ) -> None:
-    """Export stored reports to Parquet and aggregate them into one sketch (local or Dask)."""
-    from api.ingestion.distributed import DaskOptions, aggregate_files
-    from api.ingestion.parquet import dataset_files, export_reports
+    """Export stored reports to Parquet and aggregate them into one sketch (local or Dask).
+
+    Needs the ``scale`` extra (pyarrow, dask): ``pip install 'dp-governor[scale]'``.
+    """
+    try:
+        from api.ingestion.distributed import DaskOptions, aggregate_files
+        from api.ingestion.parquet import dataset_files, export_reports
+
+        if engine is AggregateEngine.dask:
+            import dask.distributed  # noqa: F401 - the engine's own package, checked up front
+    except ImportError as exc:
+        _refuse(
+            f"`dpgov aggregate` needs the `scale` extra ({exc.name} is not installed):"
+            " pip install 'dp-governor[scale]'"
+        )
+    from api.ingestion.ingest import params_hash
     from api.ingestion.pipeline import mechanisms_by_params, sketch_digest, sketch_to_bytes
+    from budget import SystemClock, UnknownUseCase, utc_day
+    from policies import mechanism_for
 
     if scheduler is not None and engine is not AggregateEngine.dask:
         typer.echo("Error: --scheduler needs --engine dask", err=True)
@@ -708,6 +792,9 @@ def policies_show(
     name: Annotated[str, typer.Argument(help="The use case.")], database_url: DatabaseOption = None
 ) -> None:
     """One policy as YAML, with its version."""
+    from budget import UnknownUseCase
+    from policies import dump_policies
+
     ledger = _ledger(_settings(database_url))
     try:
         policy = ledger.policies.get(name)
@@ -739,6 +826,9 @@ def policies_apply(
     shortened) needs --allow-loosen. Nothing is written unless every check passes; --dry-run
     runs them all and writes nothing.
     """
+    from budget import PolicyConflict, SystemClock
+    from policies import PolicyFileError, load_policies
+
     try:
         policies = load_policies(file)
     except PolicyFileError as exc:
@@ -769,6 +859,10 @@ def _review(
     ledger: Ledger, policies: list[PolicyCreate], *, now: datetime
 ) -> tuple[list[str], list[str], list[PolicyCreate]]:
     """Print each policy's diff and what-if; return the problems, the loosenings and the changes."""
+    from budget import InvalidRequest, PolicyConflict, UnknownUseCase
+    from budget.reporting.views import what_if
+    from policies import Policy, PolicyBase
+
     problems: list[str] = []
     loosening: list[str] = []
     changed: list[PolicyCreate] = []
@@ -873,6 +967,8 @@ def policies_export(
     database_url: DatabaseOption = None,
 ) -> None:
     """Print the current policies as a file that `apply` reads."""
+    from policies import dump_policies
+
     if fmt not in ("yaml", "toml"):
         typer.echo(f"Error: --format must be yaml or toml, got {fmt!r}", err=True)
         raise typer.Exit(2)
@@ -894,6 +990,11 @@ def selftest(
     ] = None,
 ) -> None:
     """Audit every policy's randomizer as installed: exact at a small size, then empirically."""
+    import numpy as np
+
+    from mechanisms.empirical_audit import audit, exact_max_log_ratio
+    from policies import default_policies, mechanism_for
+
     if database_url is None:
         policies: list[Any] = list(default_policies())
     else:
@@ -946,6 +1047,8 @@ def budget(
     database_url: DatabaseOption = None,
 ) -> None:
     """A device's remaining budget for every use case."""
+    from budget import SystemClock
+
     if not device_id or len(device_id) > 256:
         typer.echo("Error: DEVICE_ID must be 1 to 256 characters", err=True)
         raise typer.Exit(2)

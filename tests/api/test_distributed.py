@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from api.app import init_service_db
 from api.cli import app
+from api.database import init_service_db
 from api.demo.simulation import zipf_indices
 from api.ingestion.distributed import DaskOptions, aggregate_files, group_files
 from api.ingestion.ingest import Ingestor, params_hash

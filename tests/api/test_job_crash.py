@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from api.app import init_service_db
+from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.jobs import lease_of
 from api.settings import Settings, service_keys

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from api.app import init_service_db
+from api.database import init_service_db
 from api.ingestion.ingest import Ingestor
 from api.jobs import (
     JOBS,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect, text
 
-from api.app import init_service_db
+from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
 from budget import Decision, Ledger, create_db_engine
 from budget.storage.db import scratch_schema, stored_fingerprints

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from sqlalchemy import Engine, text
 
-from api.app import init_service_db
+from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, PolicyChanged, SubmitRequest
 from api.ingestion.pipeline import aggregate, flush_inbox, purge
 from budget import Decision, Ledger, create_db_engine, utc_day

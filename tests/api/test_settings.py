@@ -11,8 +11,9 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
-from api.app import create_app, init_service_db
+from api.app import create_app
 from api.cli import app as cli
+from api.database import init_service_db
 from api.settings import KeyRefused, Settings, default_secrets_dir, service_keys
 from budget import create_db_engine
 from budget.storage.db import key_fingerprint, stored_fingerprints

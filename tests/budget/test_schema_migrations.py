@@ -23,7 +23,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
 from sqlmodel import SQLModel
 
-import api.tables  # noqa: F401 - registers the pipeline tables the migrations create too
+import api.ingestion.tables  # noqa: F401 - registers the pipeline tables the migrations create too
 from budget import Ledger, create_db_engine, init_db
 from budget.storage.db import scratch_schema
 from budget.storage.schema import SchemaOutdated, head_revision, schema_revision, upgrade_db
