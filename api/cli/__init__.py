@@ -282,14 +282,15 @@ def _existing_database(url: str) -> str:
 
 
 def _open(
-    settings: Settings, access: Access = Access.READ, *, upgrade: bool | None = True
+    settings: Settings, access: Access = Access.READ, *, upgrade: bool | None = None
 ) -> tuple[Ledger, ServiceKeys]:
     """The ledger and its checked keys; refuses (exit 2) anything that is not the service's.
 
     Only :attr:`Access.CREATE` creates a database, tables or key files (key files only for a
     database with no history); every access checks the keys against the recorded fingerprints.
     ``upgrade`` is passed to :func:`api.database.init_service_db` (``None``: the backend's rule,
-    what ``serve`` does). A database that cannot be used is one line naming the setting.
+    SQLite upgrades and PostgreSQL refuses an old schema; ``db init`` upgrades). A database that
+    cannot be used is one line naming the setting.
     """
     from sqlalchemy import inspect
 
@@ -350,7 +351,7 @@ def serve(
 
     settings = _settings(database_url, host=host, port=port)
     # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
-    ledger, keys = _open(settings, Access.CREATE, upgrade=None)
+    ledger, keys = _open(settings, Access.CREATE)
     ledger.engine.dispose()
     os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())
@@ -380,13 +381,15 @@ app.add_typer(db_app, name="db")
 def db_init(database_url: DatabaseOption = None) -> None:
     """Create the database, its tables, Apple's default policies and its keys (if new).
 
+    An existing database is upgraded to this release's schema (as by ``dpgov db upgrade``).
+
     On an existing database: record the fingerprints of the keys in use if it has none yet,
     else check the keys against them. Idempotent.
     """
     from sqlalchemy import make_url
 
     settings = _settings(database_url)
-    ledger, keys = _open(settings, Access.CREATE)
+    ledger, keys = _open(settings, Access.CREATE, upgrade=True)
     ledger.engine.dispose()
     shown = make_url(settings.database_url).render_as_string(hide_password=True)
     typer.echo(
@@ -836,12 +839,12 @@ def policies_apply(
     ledger = _ledger(_settings(database_url), Access.READ if dry_run else Access.WRITE)
     try:
         problems, loosening, changed = _review(ledger, policies, now=SystemClock().now())
+        if loosening and not allow_loosen:  # reported with every other problem, at once
+            problems.append(
+                f"these changes loosen a policy and need --allow-loosen: {'; '.join(loosening)}"
+            )
         if problems:
             _refuse("; ".join(problems), 1)
-        if loosening and not allow_loosen:
-            _refuse(
-                f"these changes loosen a policy and need --allow-loosen: {'; '.join(loosening)}", 1
-            )
         if dry_run or not changed:
             print(f"{'dry run: ' if dry_run else ''}{len(changed)} change(s), nothing written")
             return

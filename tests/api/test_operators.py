@@ -112,3 +112,40 @@ def test_the_server_says_how_to_set_a_missing_admin_token(tmp_path: Path) -> Non
         log = served.log.read_text()
     assert "no admin token is set: every admin route refuses" in log
     assert "DPGOV_ADMIN_TOKEN to at least 32 characters" in log
+
+
+@pytest.mark.parametrize("args", [["--help"], ["policies", "list"], ["budget", "device-1"]])
+def test_help_and_read_commands_import_no_heavy_package(tmp_path: Path, args: list[str]) -> None:
+    """What a command imports is deterministic: the packages only other commands need stay out."""
+    assert dpgov(tmp_path, "db", "init").returncode == 0
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "api.cli", *args],
+        env=server_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in run.stderr.splitlines()}
+    heavy = {"fastapi", "uvicorn", "scipy", "dp_accounting", "pandas", "pyarrow", "dask"}
+    assert not imported & heavy, sorted(imported & heavy)
+    if args == ["--help"]:
+        assert not imported & {"sqlalchemy", "sqlmodel", "numpy", "budget"}
+
+
+@needs_pg
+def test_a_writing_command_on_postgresql_refuses_an_old_schema(tmp_path: Path) -> None:
+    assert PG_URL is not None
+    with scratch_schema(PG_URL, "oldwrite") as url:
+        assert dpgov(tmp_path, "db", "init", database_url=url).returncode == 0
+        engine = create_db_engine(url)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '0001'"))
+        engine.dispose()
+        run = dpgov(tmp_path, "jobs", "run", "purge", database_url=url)
+        assert run.returncode == 1 and "revision 0001" in run.stderr, run.stderr
+        assert "dpgov db upgrade" in run.stderr
+        upgraded = dpgov(tmp_path, "db", "upgrade", database_url=url)
+        assert "upgraded from revision 0001" in upgraded.stdout, upgraded.stderr
+        assert dpgov(tmp_path, "jobs", "run", "purge", database_url=url).returncode == 0
