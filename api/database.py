@@ -14,6 +14,7 @@ import os
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+import api.ingestion.tables  # noqa: F401 - registers the pipeline tables on the models' metadata
 from budget.storage.schema import SchemaOutdated, init_db
 
 __all__ = ["SETTING", "create_private_sqlite_file", "database_problem", "init_service_db"]

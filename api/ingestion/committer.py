@@ -6,7 +6,7 @@ request. While a group commits, the next one gathers, so groups grow with the lo
 request waits for nobody. A request is answered 202 only after its group committed; a failing
 group fails all of its requests and writes nothing. A policy change during a commit is not such
 a failure: only the changed use case's requests answer 409
-(:class:`api.ingestion.ingest.PolicyChanged`), and the rest of the group is committed without
+(:class:`api.errors.PolicyChanged`), and the rest of the group is committed without
 them.
 """
 

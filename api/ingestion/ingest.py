@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Connection
 
+from api.errors import ACCEPTED, INVALID, REFUSED, PolicyChanged, status_of
 from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
@@ -25,17 +26,9 @@ from mechanisms import CMS, HCMS, SFP, InvalidReport
 from policies import Policy, mechanism_for
 from policies.errors import PolicyError
 
-__all__ = ["Ingestor", "ItemResult", "PolicyChanged", "SubmitRequest", "params_hash"]
+__all__ = ["Ingestor", "ItemResult", "SubmitRequest", "params_hash"]
 
 Mechanism = CMS | HCMS | SFP
-
-
-class PolicyChanged(BudgetError):
-    """The policy changed between validation and charge; the client may retry at once."""
-
-    def __init__(self, use_case: str) -> None:
-        super().__init__(f"the policy of {use_case!r} changed during the request; retry")
-        self.use_case = use_case
 
 
 class _StalePolicies(Exception):
@@ -238,16 +231,16 @@ class Ingestor:
         allowed = {"device_id", "report", "idempotency_key"}
         for i, item in enumerate(items):
             if not isinstance(item, dict):
-                out[i] = ItemResult(None, 422, "must be an object", f"items[{i}]")
+                out[i] = ItemResult(None, INVALID, "must be an object", f"items[{i}]")
                 continue
             if "device_id" not in item or len(item) > 3 or not allowed.issuperset(item):
                 extra = sorted(set(item) - allowed)
                 if extra:
                     out[i] = ItemResult(
-                        None, 422, "is not a field of a batch item", f"items[{i}].{extra[0]}"
+                        None, INVALID, "is not a field of a batch item", f"items[{i}].{extra[0]}"
                     )
                 else:
-                    out[i] = ItemResult(None, 422, "is required", f"items[{i}].device_id")
+                    out[i] = ItemResult(None, INVALID, "is required", f"items[{i}].device_id")
                 continue
             requests.append(
                 SubmitRequest(
@@ -258,15 +251,21 @@ class Ingestor:
         results = self.submit_group(requests, now=now) if requests else []
         for i, result in zip(positions, results, strict=True):
             if isinstance(result, Decision):
-                out[i] = ItemResult(result, 202 if result.accepted else 429)
-            elif isinstance(result, InvalidReport):
-                out[i] = ItemResult(None, 422, result.reason, f"items[{i}].report.{result.field}")
+                out[i] = ItemResult(result, ACCEPTED if result.accepted else REFUSED)
+                continue
+            status = status_of(result)  # the HTTP mapping's status, item by item
+            if status is None:
+                raise result
+            if isinstance(result, InvalidReport):
+                out[i] = ItemResult(
+                    None, status, result.reason, f"items[{i}].report.{result.field}"
+                )
             elif isinstance(result, InvalidRequest):
-                out[i] = ItemResult(None, 422, result.reason, f"items[{i}].{result.field}")
+                out[i] = ItemResult(None, status, result.reason, f"items[{i}].{result.field}")
             elif isinstance(result, IdempotencyConflict):
-                out[i] = ItemResult(None, 409, str(result), f"items[{i}].idempotency_key")
+                out[i] = ItemResult(None, status, str(result), f"items[{i}].idempotency_key")
             else:
-                out[i] = ItemResult(None, 404, str(result), None)
+                out[i] = ItemResult(None, status, str(result), None)
         final: list[ItemResult] = []
         for r in out:
             assert r is not None

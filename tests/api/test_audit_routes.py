@@ -253,7 +253,7 @@ def test_any_delta_is_answered_from_one_reading_of_the_ledger(settings: Settings
             headers={"X-Device-Id": "a-new-device"},
         )
         assert r.status_code == 202, r.text  # counted at the next reading, not in this one
-        reports = client.app.state.effective_epsilon_reports  # type: ignore[attr-defined]
+        reports = client.app.state.caches.reports  # type: ignore[attr-defined]
         for i in range(34):
             r = client.get(f"/v1/audit/effective-epsilon?delta={(i + 1) / 1000}")
             assert r.status_code == 200, r.text

@@ -20,7 +20,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from api.database import init_service_db
-from api.ingestion.ingest import Ingestor, PolicyChanged, SubmitRequest
+from api.errors import PolicyChanged
+from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.ingestion.pipeline import aggregate, flush_inbox, purge
 from budget import Decision, Ledger, create_db_engine, utc_day
 from policies import PolicyCreate, PolicyUpdate, mechanism_for

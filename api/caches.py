@@ -1,0 +1,101 @@
+"""What the read routes keep between requests: reports, SFP discoveries, the chain, the page.
+
+One :class:`Caches` per app (``app.state.caches``, reached through :func:`api.deps.get_caches`).
+Each entry lives for its setting's seconds; sizes are bounded whatever clients ask.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from api.integrity import kept_checkpoints, verify_service
+from api.settings import Settings
+from budget import Clock, Ledger
+from budget.audit_log import Verification
+from budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
+from mechanisms import SfpSketch
+from mechanisms.sfp import DiscoveredWord
+from policies import Policy
+
+__all__ = ["REPORT_CACHE_ENTRIES", "Caches"]
+
+REPORT_CACHE_ENTRIES = 32  # effective-epsilon reports kept, one per distinct delta asked
+_DISCOVERIES = 16  # discoveries kept before the cache is emptied
+
+
+class Caches:
+    """The effective-epsilon report, SFP discoveries, the chain's verification, the public page.
+
+    The report's delta-free basis (one scan of the ledger) is kept for ``report_cache_seconds``;
+    each delta's report is derived from it (one composition per distinct device ledger) and
+    kept in an LRU of :data:`REPORT_CACHE_ENTRIES`, emptied when the basis is renewed. The locks
+    make one thread compute while the others wait for its answer.
+    """
+
+    def __init__(self, settings: Settings, clock: Clock) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._basis: list[tuple[float, ReportBasis]] = []  # at most one entry
+        self.reports: OrderedDict[float | None, EffectiveEpsilonReport] = OrderedDict()
+        self._report_lock = threading.Lock()
+        self._verification: dict[str, tuple[float, Verification]] = {}
+        self._discovered: dict[tuple[str, int, tuple[int, ...], int], list[DiscoveredWord]] = {}
+        self._page: list[tuple[float, str]] = []  # at most one entry: the page without estimates
+        self._page_lock = threading.Lock()
+
+    def discovery(
+        self, policy: Policy, days: Sequence[int], sketch: SfpSketch
+    ) -> list[DiscoveredWord]:
+        """SFP discovery (seconds on a full sketch) once per policy version, days and size."""
+        key = (policy.name, policy.version, tuple(days), sketch.n)
+        found = self._discovered.get(key)
+        if found is None:
+            found = sketch.discover_detailed(threshold=policy.publish_threshold or None)
+            if len(self._discovered) > _DISCOVERIES:
+                self._discovered.clear()
+            self._discovered[key] = found
+        return found
+
+    def report(self, ledger: Ledger, delta: float | None) -> EffectiveEpsilonReport:
+        """The report at ``delta`` (validated by the route): bounded memory, cheap per delta."""
+        with self._report_lock:
+            if not self._basis or time.monotonic() >= self._basis[0][0]:
+                basis = ledger.effective_epsilon_basis(now=self._clock.now())
+                expires = time.monotonic() + self._settings.report_cache_seconds
+                self._basis[:] = [(expires, basis)]
+                self.reports.clear()
+            found = self.reports.get(delta)
+            if found is not None:
+                self.reports.move_to_end(delta)
+                return found
+            report = finish_report(self._basis[0][1], accountant=ledger.accountant, delta=delta)
+            self.reports[delta] = report
+            while len(self.reports) > REPORT_CACHE_ENTRIES:
+                self.reports.popitem(last=False)
+            return report
+
+    def verification(self, ledger: Ledger) -> Verification:
+        """The chain's verification, renewed every ``verify_cache_seconds``."""
+        cached = self._verification.get("chain")
+        if cached is not None and time.monotonic() < cached[0]:
+            return cached[1]
+        kept = kept_checkpoints(self._settings.checkpoint_file)
+        result = verify_service(ledger, now=self._clock.now(), kept=kept)
+        expires = time.monotonic() + self._settings.verify_cache_seconds
+        self._verification["chain"] = (expires, result)
+        return result
+
+    def public_page(self, render: Callable[[], str]) -> str:
+        """The public dashboard page, rendered at most once per ``report_cache_seconds``.
+
+        One render at a time; the others wait for its page.
+        """
+        with self._page_lock:
+            if self._page and time.monotonic() < self._page[0][0]:
+                return self._page[0][1]
+            page = render()
+            self._page[:] = [(time.monotonic() + self._settings.report_cache_seconds, page)]
+            return page

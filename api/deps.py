@@ -1,0 +1,144 @@
+"""The routes' dependencies: what the lifespan built, the admin check, typed parameters.
+
+Everything a route needs from the app is reached through one of these (``app.state`` is read
+here only), so a route's signature says what it uses.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Header, Path, Request
+
+from api.caches import Caches
+from api.errors import HttpError
+from api.ingestion.ingest import Ingestor
+from api.metrics import Metrics
+from api.ratelimit import RateLimiter
+from api.settings import Settings
+from budget import Clock, Ledger
+
+__all__ = [
+    "AdminCredential",
+    "AdminDep",
+    "CachesDep",
+    "ClockDep",
+    "DeviceHeader",
+    "IngestorDep",
+    "LedgerDep",
+    "MetricsDep",
+    "SettingsDep",
+    "UseCaseName",
+    "admin_credential",
+    "get_caches",
+    "get_clock",
+    "get_ingestor",
+    "get_ledger",
+    "get_metrics",
+    "get_settings",
+    "require_admin",
+]
+
+
+def get_ledger(request: Request) -> Ledger:
+    """The app's ledger (built in the lifespan)."""
+    ledger: Ledger = request.app.state.ledger
+    return ledger
+
+
+def get_ingestor(request: Request) -> Ingestor:
+    """The app's ingestor (built in the lifespan)."""
+    ingestor: Ingestor = request.app.state.ingestor
+    return ingestor
+
+
+def get_settings(request: Request) -> Settings:
+    """The settings the app was created with."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_clock(request: Request) -> Clock:
+    """The app's clock (the system clock, or a test's)."""
+    clock: Clock = request.app.state.clock
+    return clock
+
+
+def get_caches(request: Request) -> Caches:
+    """The app's read caches (:class:`api.caches.Caches`)."""
+    caches: Caches = request.app.state.caches
+    return caches
+
+
+def get_metrics(request: Request) -> Metrics:
+    """The app's Prometheus metrics."""
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def admin_credential(
+    request: Request,
+    authorization: Annotated[str | None, Header(description="`Bearer <admin token>`")] = None,
+) -> bool:
+    """The one admin check: True for the admin token, False without ``Authorization``.
+
+    Any other credential is refused, never ignored: a wrong token is 403 and counts toward
+    the client's failures (``admin_failures_per_minute``), a client over that limit gets 429
+    even with the right token until its wait is over, ``Bearer`` with nothing after it is 401,
+    and a server without an admin token refuses every one with 403. The compare is
+    constant-time and never admits an empty token.
+    """
+    if not authorization:
+        return False
+    expected = request.app.state.settings.admin_token
+    if expected is None:
+        raise HttpError(
+            403,
+            "admin routes are disabled: this server has no admin token (set DPGOV_ADMIN_TOKEN"
+            " to at least 32 characters and restart)",
+        )
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() == "bearer" and not token:
+        raise HttpError(
+            401, "admin routes need `Authorization: Bearer <token>`; the token is empty"
+        )
+    failures: RateLimiter = request.app.state.admin_failures
+    client = request.client.host if request.client else "unknown"
+    wait = failures.blocked(client)
+    if wait:
+        raise HttpError(429, "too many bad admin tokens; retry later", {"Retry-After": str(wait)})
+    secret = expected.get_secret_value().encode()
+    if scheme.lower() == "bearer" and secret and hmac.compare_digest(token.encode(), secret):
+        return True
+    failures.hit(client)
+    raise HttpError(403, "the admin token is not valid")
+
+
+AdminCredential = Annotated[bool, Depends(admin_credential)]
+
+
+def require_admin(admin: AdminCredential) -> None:
+    """Admin-only routes: 401 without credentials (and :func:`admin_credential`'s refusals)."""
+    if not admin:
+        raise HttpError(401, "admin routes need `Authorization: Bearer <token>`")
+
+
+LedgerDep = Annotated[Ledger, Depends(get_ledger)]
+IngestorDep = Annotated[Ingestor, Depends(get_ingestor)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ClockDep = Annotated[Clock, Depends(get_clock)]
+CachesDep = Annotated[Caches, Depends(get_caches)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+AdminDep = Depends(require_admin)
+DeviceHeader = Annotated[
+    str,
+    Header(
+        alias="X-Device-Id",
+        min_length=1,
+        max_length=256,
+        description="The submitting device's id (pseudonymised with HMAC before storage).",
+    ),
+]
+UseCaseName = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")]

@@ -1,0 +1,163 @@
+"""The one error mapping: a domain exception to an HTTP status and body.
+
+The exception handlers (:func:`install`), the report fast lane (:mod:`api.lane`) and the
+relay's per-item results (:meth:`api.ingestion.ingest.Ingestor.submit_many`) all take their
+statuses from :func:`status_of`, so one error has one status wherever it is answered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
+from mechanisms import InvalidReport
+from policies.errors import PolicyConflict, UnknownUseCase
+
+__all__ = [
+    "ACCEPTED",
+    "DOMAIN_ERRORS",
+    "INVALID",
+    "MAX_JSON_DEPTH",
+    "REFUSED",
+    "HttpError",
+    "PolicyChanged",
+    "error_response",
+    "field_errors",
+    "install",
+    "status_of",
+]
+
+ACCEPTED = 202  # a report charged and enqueued
+INVALID = 422  # a request or report that names the field at fault
+REFUSED = 429  # a report refused at a cap (a decision, not an error)
+MAX_JSON_DEPTH = 16  # deeper JSON bodies are refused with 422 on `body`
+
+
+class PolicyChanged(BudgetError):
+    """The policy changed between validation and charge; the client may retry at once."""
+
+    def __init__(self, use_case: str) -> None:
+        super().__init__(f"the policy of {use_case!r} changed during the request; retry")
+        self.use_case = use_case
+
+
+class HttpError(Exception):
+    """An HTTP error with a plain message (mapped by :func:`error_response`)."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers = headers
+
+
+DOMAIN_ERRORS: tuple[type[Exception], ...] = (
+    InvalidReport,
+    InvalidRequest,
+    UnknownUseCase,
+    IdempotencyConflict,
+    PolicyConflict,
+    PolicyChanged,
+    HttpError,
+)
+
+
+def status_of(exc: Exception) -> int | None:
+    """The HTTP status of a domain error (``None``: not a domain error).
+
+    >>> status_of(UnknownUseCase("x")), status_of(KeyError("x"))
+    (404, None)
+    """
+    if isinstance(exc, InvalidReport | InvalidRequest):
+        return INVALID
+    if isinstance(exc, UnknownUseCase):
+        return 404
+    if isinstance(exc, IdempotencyConflict | PolicyConflict | PolicyChanged):
+        return 409
+    if isinstance(exc, HttpError):
+        return exc.status
+    return None
+
+
+def error_response(exc: Exception) -> JSONResponse | None:
+    """The HTTP answer to a domain error, with :func:`status_of`'s status (``None``: not one)."""
+    status = status_of(exc)
+    if status is None:
+        return None
+    if isinstance(exc, InvalidReport):
+        loc = ["body", *exc.field.split(".")]
+        item = {"loc": loc, "field": exc.field, "msg": str(exc), "type": "value_error"}
+        return JSONResponse({"detail": [item]}, status_code=status)
+    if isinstance(exc, InvalidRequest):
+        item = {"loc": [exc.field], "field": exc.field, "msg": str(exc), "type": "value_error"}
+        return JSONResponse({"detail": [item]}, status_code=status)
+    if isinstance(exc, IdempotencyConflict):
+        return JSONResponse({"detail": str(exc), "field": "Idempotency-Key"}, status_code=status)
+    if isinstance(exc, PolicyConflict):
+        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=status)
+    if isinstance(exc, HttpError):
+        return JSONResponse({"detail": exc.detail}, status_code=status, headers=exc.headers)
+    return JSONResponse({"detail": str(exc)}, status_code=status)
+
+
+def field_errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any]]:
+    """Pydantic's errors as the 422 body lists them: ``loc``, ``field`` (dotted), ``msg``."""
+    out = []
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ())]
+        out.append(
+            {
+                "loc": loc,
+                "field": ".".join(loc[1:] if loc and loc[0] == "body" else loc),
+                "msg": str(err.get("msg")),
+                "type": str(err.get("type", "value_error")),
+            }
+        )
+    return out
+
+
+async def _validation(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError | ValidationError)
+    return JSONResponse({"detail": field_errors(exc)}, status_code=INVALID)
+
+
+async def _domain(_: Request, exc: Exception) -> JSONResponse:
+    response = error_response(exc)
+    assert response is not None
+    return response
+
+
+async def _http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    if isinstance(exc.__cause__, RecursionError):  # FastAPI's JSON parse of a deep body
+        deep = InvalidRequest("body", f"nests deeper than {MAX_JSON_DEPTH} levels")
+        response = error_response(deep)
+        assert response is not None
+        return response
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # Allow: every method of every route on this path
+        methods = {
+            m
+            for route in request.app.router.routes
+            if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE
+            for m in route.methods or ()
+        }
+        headers["Allow"] = ", ".join(sorted(methods))
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers: validation errors 422, domain errors mapped, HTTP errors as JSON."""
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(ValidationError, _validation)
+    for error in DOMAIN_ERRORS:
+        app.add_exception_handler(error, _domain)
+    app.add_exception_handler(StarletteHTTPException, _http)

@@ -1,0 +1,106 @@
+"""ASGI middleware around every route: the request body limit and latency by route."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["BodyLimit", "Timing"]
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for bodies over the limit, by Content-Length or while streaming.
+
+    The body is never buffered beyond the limit: a chunked upload is cut off as soon as it
+    crosses it.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer 413 as soon as the body is known to be over the limit."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.limit
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await _too_large(send, self.limit)
+                    return
+        received = 0
+        limit = self.limit
+        state = {"started": False, "blocked": False}
+
+        async def guarded_send(message: Message) -> None:
+            if state["blocked"]:
+                return  # we already answered 413; drop the app's own reply
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            await send(message)
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    if not state["started"]:
+                        await _too_large(send, limit)
+                    state["blocked"] = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        await self.app(scope, limited, guarded_send)
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = f'{{"detail":"request body is larger than {limit} bytes"}}'.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
+
+
+class Timing:
+    """ASGI middleware: request latency by route template and method (no body buffering).
+
+    Labels come from a fixed set (route templates, known methods, else "unmatched"/"other"),
+    so clients cannot create metric series.
+    """
+
+    def __init__(self, app: ASGIApp, histogram: Histogram) -> None:
+        self.app = app
+        self.histogram = histogram
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the request and observe its latency under its route template."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            route = scope.get("route")
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            self.histogram.labels(getattr(route, "path", "unmatched"), method).observe(
+                time.perf_counter() - start
+            )

@@ -1,0 +1,1 @@
+"""The HTTP routes, one ``APIRouter`` per resource, included by :func:`api.app.create_app`."""

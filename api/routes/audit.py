@@ -1,0 +1,93 @@
+"""Audit: the chain's verification, a device's timeline, distributions, effective epsilon."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Path, Query
+
+from api.deps import (
+    AdminCredential,
+    AdminDep,
+    CachesDep,
+    ClockDep,
+    LedgerDep,
+    SettingsDep,
+    UseCaseName,
+)
+from api.errors import HttpError
+from api.integrity import kept_checkpoints, verify_service
+from api.schemas import AuditVerification
+from budget.reporting.report import EffectiveEpsilonReport
+from budget.reporting.views import Distribution, Timeline, device_timeline, distribution
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["audit"])
+
+
+@router.get("/v1/audit/verify", response_model=AuditVerification)
+def audit_verify(
+    ledger: LedgerDep, settings: SettingsDep, clock: ClockDep, _admin: None = AdminDep
+) -> AuditVerification:
+    """Check the whole audit chain, its tags and its signed checkpoints.
+
+    ``ok`` false names the first bad entry and what is wrong with it. Admins only: it
+    reads the whole log.
+    """
+    kept = kept_checkpoints(settings.checkpoint_file)
+    verdict = verify_service(ledger, now=clock.now(), kept=kept)
+    return AuditVerification(**verdict.to_dict())
+
+
+@router.get("/v1/audit/devices/{device_id}", response_model=Timeline)
+def audit_device(
+    device_id: Annotated[str, Path(min_length=1, max_length=256)],
+    ledger: LedgerDep,
+    admin: AdminCredential,
+    clock: ClockDep,
+    x_device_id: Annotated[str | None, Header(alias="X-Device-Id")] = None,
+) -> Timeline:
+    """A device's charge timeline and cumulative epsilon, per use case and in total.
+
+    Window and lifetime curves, with the tight bounds; a device reads its own, admins any.
+    """
+    if not admin:
+        if x_device_id is None:
+            raise HttpError(401, "send `X-Device-Id` (the device itself) or an admin token")
+        if x_device_id != device_id:
+            raise HttpError(403, "a device may read only its own timeline")
+    return device_timeline(ledger, device_id, now=clock.now())
+
+
+@router.get("/v1/audit/use-cases/{name}/distribution", response_model=Distribution)
+def audit_distribution(
+    name: UseCaseName,
+    ledger: LedgerDep,
+    clock: ClockDep,
+    scope: Annotated[Literal["window", "lifetime"], Query()] = "window",
+    bins: Annotated[int, Query(ge=1, le=200)] = 20,
+) -> Distribution:
+    """Histogram and quantiles of cumulative epsilon per device (public: names no device)."""
+    return distribution(ledger, name, now=clock.now(), scope=scope, bins=bins)
+
+
+@router.get("/v1/audit/effective-epsilon", response_model=EffectiveEpsilonReport)
+def effective_epsilon(
+    ledger: LedgerDep,
+    caches: CachesDep,
+    delta: Annotated[
+        float | None,
+        Query(gt=0, lt=1, description="Delta of the tight bounds; default the policies'."),
+    ] = None,
+) -> EffectiveEpsilonReport:
+    """The effective-epsilon report Tang et al. (2017) ask for.
+
+    What each use case's policy allows per report, day, window and year, beside what
+    devices actually spent, and the total across use cases. Public, as Tang et al. ask:
+    it names no device. The ledger is read at most every ``report_cache_seconds``; any
+    delta's figures are derived from that reading, one composition per distinct device
+    ledger (the last 32 deltas asked are kept). ``as_of`` and ``provenance`` say how it was
+    computed; each (epsilon, delta) figure says what it is (``bound``, ``kind``, ``note``).
+    """
+    return caches.report(ledger, delta)

@@ -1,0 +1,102 @@
+"""The dashboard at ``/``: the data it shows, gathered here, drawn by :mod:`api.dashboard`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import HTMLResponse
+
+from api.caches import Caches
+from api.dashboard import EstimatePanel, render_dashboard
+from api.deps import AdminCredential, CachesDep, ClockDep, IngestorDep, LedgerDep
+from api.errors import HttpError
+from api.ingestion.ingest import Ingestor
+from api.ingestion.pipeline import load_sketch
+from budget import Clock, Ledger, UnknownUseCase, utc_day
+from budget.reporting.views import cumulative_series, distribution
+from mechanisms import SfpSketch
+
+__all__ = ["render_page", "router"]
+
+router = APIRouter()
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+def dashboard(
+    ledger: LedgerDep,
+    ingestor: IngestorDep,
+    admin: AdminCredential,
+    caches: CachesDep,
+    clock: ClockDep,
+    estimate: Annotated[str | None, Query(max_length=63)] = None,
+    candidates: Annotated[list[str] | None, Query(max_length=1000)] = None,
+) -> HTMLResponse:
+    """The dashboard page (:mod:`api.dashboard`).
+
+    Public: policies, the effective-epsilon report, cumulative epsilon, histograms and the
+    chain's status, rendered at most once per ``report_cache_seconds`` into one cached page
+    whatever the query. Estimates are what ``GET .../estimates`` and ``.../discoveries``
+    protect, so with the admin token only: SFP's words, and with
+    ``?estimate=NAME&candidates=...`` a dictionary's estimates.
+    """
+    if not admin:
+        if estimate is not None or candidates:
+            raise HttpError(
+                401,
+                "estimates on the dashboard need `Authorization: Bearer <admin token>`,"
+                " as `GET /v1/use-cases/{name}/estimates` does",
+            )
+        page = caches.public_page(lambda: render_page(ledger, ingestor, caches, clock, None, None))
+        return HTMLResponse(page)
+    return HTMLResponse(render_page(ledger, ingestor, caches, clock, estimate, candidates or []))
+
+
+def render_page(
+    ledger: Ledger,
+    ingestor: Ingestor,
+    caches: Caches,
+    clock: Clock,
+    estimate: str | None,
+    candidates: list[str] | None,
+) -> str:
+    """The dashboard's HTML; ``candidates`` None: the public page, with no estimates."""
+    now = clock.now()
+    today = utc_day(now)
+    policies = ledger.policies.list()
+    if estimate is not None and estimate not in {p.name for p in policies}:
+        raise UnknownUseCase(estimate)
+    panels = []
+    for p in policies if candidates is not None else []:
+        if p.mechanism != "sfp" and p.name != estimate:
+            continue
+        sketch, days = load_sketch(ledger, ingestor, p, today - p.retention_days + 1, today)
+        if isinstance(sketch, SfpSketch):
+            found = caches.discovery(p, days, sketch)
+            rows = [(w.word, w.count, w.stderr) for w in found]
+            panels.append(EstimatePanel(p.name, f"{p.name}: discovered words", sketch.n, rows))
+        elif candidates:
+            est = sketch.estimate(candidates)
+            rows = sorted(
+                (
+                    (str(c), float(n), float(s))
+                    for c, n, s in zip(est.candidates, est.counts, est.stderr, strict=True)
+                    if n >= p.publish_threshold
+                ),
+                key=lambda r: -r[1],
+            )
+            panels.append(EstimatePanel(p.name, f"{p.name}: estimates", est.n, rows))
+    hint = (
+        "With the admin token, ?estimate=USE_CASE&candidates=a&candidates=b adds a"
+        " dictionary's estimates (and SFP's discovered words)."
+    )
+    return render_dashboard(
+        policies=policies,
+        report=caches.report(ledger, None),
+        series=[cumulative_series(ledger, p.name, now=now) for p in policies],
+        distributions=[distribution(ledger, p.name, now=now) for p in policies],
+        estimates=panels,
+        chain=caches.verification(ledger),
+        hint=hint + " JSON for all of this: /v1/audit/effective-epsilon, /v1/audit/use-cases/"
+        "NAME/distribution, /v1/audit/verify; API documentation at /docs.",
+    )

@@ -1,0 +1,111 @@
+"""Estimates: frequency estimates from the stored sketches, and SFP's discovered words."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from api.deps import AdminDep, CachesDep, ClockDep, IngestorDep, UseCaseName
+from api.ingestion.ingest import Ingestor
+from api.ingestion.pipeline import load_sketch
+from api.schemas import Discoveries, Discovery, EstimateItem, EstimateQuery, Estimates
+from budget import Clock, InvalidRequest, utc_day
+from budget.clock import day_date
+from mechanisms import SfpSketch
+
+__all__ = ["day_range", "router"]
+
+router = APIRouter(tags=["estimates"])
+
+
+def day_range(start: date | None, end: date | None, clock: Clock) -> tuple[int, int]:
+    """The day numbers of ``from`` and ``to`` (default: the last 90 days, today included)."""
+    today = utc_day(clock.now())
+    first = (
+        utc_day(datetime(start.year, start.month, start.day, tzinfo=UTC)) if start else today - 89
+    )
+    last = utc_day(datetime(end.year, end.month, end.day, tzinfo=UTC)) if end else today
+    if first > last:
+        raise InvalidRequest("from", "must not be after `to`")
+    return first, last
+
+
+@router.get("/v1/use-cases/{name}/estimates", response_model=Estimates)
+def estimates(
+    name: UseCaseName,
+    ingestor: IngestorDep,
+    clock: ClockDep,
+    candidates: Annotated[list[str], Query(min_length=1, max_length=300_000)],
+    start: Annotated[date | None, Query(alias="from")] = None,
+    end: Annotated[date | None, Query(alias="to")] = None,
+    _admin: None = AdminDep,
+) -> Estimates:
+    """Frequency estimates with standard errors from the chosen days' sketches (>= T)."""
+    return _estimate(ingestor, clock, name, candidates, start, end)
+
+
+@router.post("/v1/use-cases/{name}/estimates:query", response_model=Estimates)
+def estimates_query(
+    name: UseCaseName,
+    ingestor: IngestorDep,
+    query: EstimateQuery,
+    clock: ClockDep,
+    _admin: None = AdminDep,
+) -> Estimates:
+    """As ``GET .../estimates``, with the candidates in the body (for long lists)."""
+    return _estimate(ingestor, clock, name, query.candidates, query.start, query.end)
+
+
+def _estimate(
+    ingestor: Ingestor,
+    clock: Clock,
+    name: str,
+    candidates: list[str],
+    start: date | None,
+    end: date | None,
+) -> Estimates:
+    policy = ingestor.ledger.policies.get(name)
+    first, last = day_range(start, end, clock)
+    sketch, days = load_sketch(ingestor.ledger, ingestor, policy, first, last)
+    est = sketch.estimate(candidates)
+    items = [
+        EstimateItem(item=str(c), count=float(n), stderr=float(s))
+        for c, n, s in zip(est.candidates, est.counts, est.stderr, strict=True)
+        if n >= policy.publish_threshold
+    ]
+    items.sort(key=lambda e: -e.count)
+    return Estimates(
+        use_case=name,
+        days=[day_date(d) for d in days],
+        n=est.n,
+        publish_threshold=policy.publish_threshold,
+        estimates=items,
+    )
+
+
+@router.get("/v1/use-cases/{name}/discoveries", response_model=Discoveries)
+def discoveries(
+    name: UseCaseName,
+    ingestor: IngestorDep,
+    caches: CachesDep,
+    clock: ClockDep,
+    start: Annotated[date | None, Query(alias="from")] = None,
+    end: Annotated[date | None, Query(alias="to")] = None,
+    _admin: None = AdminDep,
+) -> Discoveries:
+    """Words discovered by SFP over the chosen days, above the publication threshold."""
+    policy = ingestor.ledger.policies.get(name)
+    if policy.mechanism != "sfp":
+        raise InvalidRequest("name", f"use case {name!r} is not an SFP use case")
+    first, last = day_range(start, end, clock)
+    sketch, days = load_sketch(ingestor.ledger, ingestor, policy, first, last)
+    assert isinstance(sketch, SfpSketch)
+    found = caches.discovery(policy, days, sketch)
+    return Discoveries(
+        use_case=name,
+        days=[day_date(d) for d in days],
+        n=sketch.n,
+        words=[Discovery(word=d.word, count=d.count, stderr=d.stderr) for d in found],
+    )

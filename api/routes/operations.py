@@ -1,0 +1,68 @@
+"""Operations: liveness, Prometheus metrics, and running or releasing a scheduled job."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import func, select
+
+from api.deps import AdminDep, LedgerDep, MetricsDep
+from api.errors import HttpError
+from api.ingestion.tables import InboxRow
+from api.jobs import JOBS, lease_of, release_job, run_job
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz")
+def healthz(ledger: LedgerDep) -> dict[str, str]:
+    """Liveness and database reachability."""
+    with ledger.engine.connect() as conn:
+        conn.execute(select(1))
+    return {"status": "ok"}
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def metrics(ledger: LedgerDep, service_metrics: MetricsDep) -> PlainTextResponse:
+    """Prometheus metrics."""
+    with ledger.engine.connect() as conn:
+        service_metrics.inbox_depth.set(
+            conn.execute(select(func.count()).select_from(InboxRow.__table__)).scalar_one()  # type: ignore[attr-defined]
+        )
+    return PlainTextResponse(
+        generate_latest(service_metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )
+
+
+@router.post("/v1/admin/jobs/{job}:run")
+def run_job_now(
+    job: str,
+    request: Request,
+    _admin: None = AdminDep,
+    force: Annotated[
+        bool, Query(description="Take the job's lease from whoever holds it (after a crash).")
+    ] = False,
+) -> dict[str, Any]:
+    """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``, ``checkpoint``)."""
+    if job not in JOBS:
+        raise HttpError(404, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
+    result = run_job(job, request.app.state.runtime_key, force=force)
+    if result is None:
+        raise HttpError(
+            409, f"job {job!r} is running in another process; force=true takes its lease"
+        )
+    return {"job": job, "result": result}
+
+
+@router.post("/v1/admin/jobs/{job}:release")
+def release_job_now(job: str, ledger: LedgerDep, _admin: None = AdminDep) -> dict[str, Any]:
+    """Clear a job's lease whoever holds it (a crashed process); ``released``: it was held."""
+    if job not in JOBS:
+        raise HttpError(404, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
+    released = release_job(ledger.engine, job)
+    return {"job": job, "lease": lease_of(job), "released": released}
