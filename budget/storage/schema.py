@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine, inspect, text
 
 import budget.audit_log
+import budget.central
 import budget.storage.tables  # noqa: F401 - registers the ledger tables
 import policies.model  # noqa: F401 - registers the policy table
 from budget.storage.db import writer
