@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from pydantic import ValidationError
 
 from api import errors
 from api.caches import Caches
-from api.database import init_service_db
+from api.database import database_problem, init_service_db
 from api.ingestion.committer import GroupCommitter
 from api.ingestion.ingest import Ingestor
 from api.jobs import RUNTIMES, Runtime, start_scheduler
@@ -22,6 +23,7 @@ from api.middleware import BodyLimit, Timing
 from api.ratelimit import RateLimiter
 from api.routes import audit, budgets, dashboard, estimates, operations, reports, use_cases
 from api.schemas import ERROR_RESPONSES
+from api.server import report_start_failure
 from api.settings import Settings, service_keys
 from budget import Clock, Ledger, SystemClock, create_db_engine
 
@@ -32,7 +34,12 @@ log = logging.getLogger("dpgov.api")
 
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None) -> FastAPI:
     """Build the service. Nothing connects until the lifespan starts."""
-    settings = settings or Settings()
+    try:
+        settings = settings or Settings()
+    except ValidationError as exc:  # a worker of `dpgov serve`: its supervisor says why
+        err = exc.errors()[0]
+        report_start_failure(f"invalid setting `{'.'.join(map(str, err['loc']))}`: {err['msg']}")
+        raise
     app = FastAPI(
         responses=ERROR_RESPONSES,
         title="dp-governor",
@@ -80,8 +87,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:  # the keys must be the database's (KeyRefused names the setting to provide)
         init_service_db(engine)
         keys = service_keys(settings, engine, generate=True, record=True)
-    except Exception:
+    except Exception as exc:
         engine.dispose()
+        report_start_failure(database_problem(settings.database_url, exc) or str(exc))
         raise
     secret = keys.device_key_secret
     ledger = Ledger(engine, secret, audit_key=keys.audit_key)

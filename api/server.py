@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
+import tempfile
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -25,7 +27,13 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.settings import Settings
 
-__all__ = ["DeadlineH11Protocol", "DeadlineHttpToolsProtocol", "serve_options"]
+__all__ = [
+    "DeadlineH11Protocol",
+    "DeadlineHttpToolsProtocol",
+    "report_start_failure",
+    "run_server",
+    "serve_options",
+]
 
 Phase = Literal["headers", "body"]
 WORKER_HEALTHCHECK_SECONDS = 120
@@ -209,3 +217,59 @@ def serve_options(settings: Settings) -> dict[str, Any]:
         # 5 s killed and restarted every worker, forever, on a busy two-core machine.
         options["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_SECONDS
     return options
+
+
+# The file a worker writes its one-line start-up failure to, for `dpgov serve` to print. Set by
+# `serve` for its workers only; not a setting (outside the DPGOV_ prefix).
+WORKER_REPORT_ENV = "DP_GOVERNOR_WORKER_REPORT"
+
+
+def report_start_failure(reason: str) -> None:
+    """Record why this worker cannot start, for the supervising ``dpgov serve`` (if any)."""
+    path = os.environ.get(WORKER_REPORT_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(" ".join(reason.split()) + "\n")
+
+
+def run_server(app: str, workers: int, **options: Any) -> str | None:
+    """Serve ``app`` (a factory's import path) until stopped; the reason a worker could not start.
+
+    uvicorn restarts a worker that dies while serving. A worker that fails while starting (its
+    settings, keys or database: it would fail the same way on every restart) reports why, and
+    the server stops instead of restarting it forever; that one-line reason is returned
+    (``None``: a normal stop).
+    """
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors.multiprocess import Multiprocess
+
+    config = uvicorn.Config(app, factory=True, workers=workers, **options)
+    if workers == 1:
+        server = uvicorn.Server(config)
+        server.run()
+        return None if server.started else "the server could not start (see the log above)"
+
+    class Supervisor(Multiprocess):
+        """uvicorn's supervisor that stops, rather than restarts, when a worker reported."""
+
+        failed = False
+
+        def keep_subprocess_alive(self) -> None:
+            if os.path.getsize(report.name) > 0:
+                self.failed = True
+                self.should_exit.set()
+                return
+            super().keep_subprocess_alive()
+
+    with tempfile.NamedTemporaryFile("r", prefix="dpgov-workers-", encoding="utf-8") as report:
+        os.environ[WORKER_REPORT_ENV] = report.name
+        try:
+            supervisor = Supervisor(config, sockets=[config.bind_socket()])
+            supervisor.run()
+        finally:
+            del os.environ[WORKER_REPORT_ENV]
+        reasons = report.read().splitlines()
+    started = not any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
+    if not supervisor.failed and started:
+        return None
+    return reasons[0] if reasons else "a worker could not start (see the log above)"

@@ -36,12 +36,13 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
-from dp_accounting.pld import common as pld_common
-from dp_accounting.pld import privacy_loss_distribution as pld
+
+if TYPE_CHECKING:  # dp-accounting (and scipy under it) load where a PLD is computed
+    from dp_accounting.pld import privacy_loss_distribution as pld
 
 __all__ = [
     "Accountant",
@@ -204,6 +205,9 @@ def composed_pld(
     events: Ledger | Iterable[tuple[float, int]], discretization: float = 1e-3
 ) -> pld.PrivacyLossDistribution | None:
     """dp-accounting's pessimistic PLD of a pure ledger (``None`` for an empty ledger)."""
+    from dp_accounting.pld import common as pld_common
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
     composed = None
     for eps, count in _normalise(events):
         one = pld.from_privacy_parameters(

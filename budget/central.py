@@ -33,12 +33,10 @@ from functools import lru_cache
 from typing import Final
 
 import orjson
-from sqlalchemy import BigInteger, Column, Engine, Index, Integer, Text, inspect, select, text
+from sqlalchemy import BigInteger, Column, Engine, Index, Integer, Text, select
 from sqlmodel import Field, SQLModel
 
-from budget.amplification import compose_shuffled, shuffle_epsilon
 from budget.clock import day_date
-from budget.storage.db import writer
 from policies.model import Policy, from_micro
 
 __all__ = [
@@ -50,7 +48,6 @@ __all__ = [
     "CentralLoss",
     "DayFigure",
     "ShuffledBatch",
-    "add_missing_columns",
     "batch_layers",
     "central_figures",
     "central_line",
@@ -202,6 +199,9 @@ def _round_down(n: int) -> int:
 @lru_cache(maxsize=1024)
 def _compose(slots: tuple[tuple[float, int], ...], delta: float) -> tuple[float, str]:
     """``compose_shuffled`` of sub-batches ``(eps0, n)`` (memoized by the sorted multiset)."""
+    # dp-accounting and scipy load where a central figure is computed, not with the ledger
+    from budget.amplification import compose_shuffled, shuffle_epsilon
+
     if len(slots) == 1:
         bound = shuffle_epsilon(slots[0][0], slots[0][1], delta)
         return bound.epsilon, bound.method
@@ -352,26 +352,6 @@ def central_lines(
         for name, p in sorted(latest.items())
         if p.active and name in published
     ]
-
-
-# Columns added to existing tables by this release: (table, column, DDL type and default).
-_ADDED: Final = (
-    ("policies", "min_batch_devices", "INTEGER NOT NULL DEFAULT 1"),
-    ("inbox", "device_tag", "BIGINT"),
-)
-
-
-def add_missing_columns(engine: Engine) -> list[str]:
-    """Add the columns above to tables made by an earlier release; which ones were added."""
-    inspector = inspect(engine)
-    tables = set(inspector.get_table_names())
-    added = []
-    for table, column, ddl in _ADDED:
-        if table in tables and column not in {c["name"] for c in inspector.get_columns(table)}:
-            with writer(engine).begin() as conn:
-                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
-            added.append(f"{table}.{column}")
-    return added
 
 
 def central_figures(engine: Engine, versions: Sequence[Policy], today: int) -> list[CentralLine]:

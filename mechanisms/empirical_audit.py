@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import beta
 
 from mechanisms.cms import CMS, CmsReports
 from mechanisms.hcms import HCMS, HcmsReports
@@ -43,6 +42,8 @@ def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, f
     """The exact two-sided ``1 - alpha`` interval of a binomial proportion."""
     if not 0 <= successes <= trials or trials <= 0:
         raise ValueError(f"need 0 <= successes <= trials and trials > 0, got {successes}/{trials}")
+    from scipy.stats import beta  # scipy loads where an interval is computed
+
     lo = 0.0 if successes == 0 else float(beta.ppf(alpha / 2, successes, trials - successes + 1))
     hi = (
         1.0

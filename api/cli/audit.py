@@ -10,11 +10,6 @@ from typing import Annotated
 import typer
 
 from api.cli.common import DatabaseOption, load_settings, open_ledger, refuse
-from api.integrity import kept_checkpoints, verify_service
-from budget import SystemClock
-from budget.audit_log import write_checkpoints
-from budget.reporting.export import export_ledger, read_export, report_from_export
-from budget.reporting.report import render_text
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
 
@@ -31,6 +26,8 @@ def audit_verify(
     database_url: DatabaseOption = None,
 ) -> None:
     """Check the audit chain and the state the gate decides on; exit 1 naming what fails."""
+    from api.integrity import kept_checkpoints, verify_service
+
     settings = load_settings(database_url)
     path = checkpoints or settings.checkpoint_file
     if checkpoints is not None and not checkpoints.exists():
@@ -58,6 +55,8 @@ def audit_checkpoints(
     database_url: DatabaseOption = None,
 ) -> None:
     """Copy the signed checkpoints out of the database (keep the file somewhere else)."""
+    from budget.audit_log import write_checkpoints
+
     ledger = open_ledger(load_settings(database_url))
     try:
         added = write_checkpoints(ledger.audit.checkpoints(), output)
@@ -75,6 +74,9 @@ def audit_report(
     database_url: DatabaseOption = None,
 ) -> None:
     """The effective-epsilon report: what each policy allows and what devices spent."""
+    from budget import SystemClock
+    from budget.reporting.report import render_text
+
     if delta is not None and not 0 < delta < 1:
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
         raise typer.Exit(2)
@@ -96,6 +98,9 @@ def audit_export(
     database_url: DatabaseOption = None,
 ) -> None:
     """Export the ledger (policies, charges, lifetime totals) to recompute the report offline."""
+    from budget import SystemClock
+    from budget.reporting.export import export_ledger
+
     if fmt not in ("jsonl", "csv"):
         typer.echo(f"Error: --format must be jsonl or csv, got {fmt!r}", err=True)
         raise typer.Exit(2)
@@ -117,6 +122,9 @@ def audit_recompute(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Recompute the effective-epsilon report from an export, offline (no database)."""
+    from budget.reporting.export import read_export, report_from_export
+    from budget.reporting.report import render_text
+
     try:
         report = report_from_export(read_export(file))
     except (OSError, ValueError) as exc:

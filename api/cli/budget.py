@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from api.cli.common import DatabaseOption, load_settings, open_ledger
-from budget import SystemClock
 
 
 def budget(
@@ -15,6 +14,8 @@ def budget(
     database_url: DatabaseOption = None,
 ) -> None:
     """A device's remaining budget for every use case."""
+    from budget import SystemClock
+
     if not device_id or len(device_id) > 256:
         typer.echo("Error: DEVICE_ID must be 1 to 256 characters", err=True)
         raise typer.Exit(2)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 from urllib.parse import quote
 
 import typer
-from pydantic import ValidationError
-from sqlalchemy import inspect, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from api.database import init_service_db
-from api.settings import NOT_INITIALISED, KeyRefused, ServiceKeys, Settings, service_keys
-from budget import Ledger, create_db_engine
+# Each command imports what it uses, so that `dpgov --help` and a read command start fast
+# (benchmarks/startup.py): no FastAPI, scipy, dp-accounting or pyarrow unless the command needs it.
+if TYPE_CHECKING:
+    from api.settings import ServiceKeys, Settings
+    from budget import Ledger
+
 
 DatabaseOption = Annotated[
     str | None,
@@ -27,6 +27,10 @@ DatabaseOption = Annotated[
 
 def load_settings(database_url: str | None, **overrides: object) -> Settings:
     """Settings from the environment with command-line overrides; exits 2 on invalid values."""
+    from pydantic import ValidationError
+
+    from api.settings import Settings
+
     try:
         values = {k: v for k, v in overrides.items() if v is not None}
         if database_url is not None:
@@ -59,6 +63,9 @@ def existing_database(url: str) -> str:
     A relative SQLite path is relative to the current folder: the message names the absolute
     path, so that an operator in the wrong folder sees where the command looked.
     """
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -82,12 +89,23 @@ def existing_database(url: str) -> str:
     )
 
 
-def open_service(settings: Settings, access: Access = Access.READ) -> tuple[Ledger, ServiceKeys]:
+def open_service(
+    settings: Settings, access: Access = Access.READ, *, upgrade: bool | None = None
+) -> tuple[Ledger, ServiceKeys]:
     """The ledger and its checked keys; refuses (exit 2) anything that is not the service's.
 
     Only :attr:`Access.CREATE` creates a database, tables or key files (key files only for a
     database with no history); every access checks the keys against the recorded fingerprints.
+    ``upgrade`` is passed to :func:`api.database.init_service_db` (``None``: the backend's rule,
+    SQLite upgrades and PostgreSQL refuses an old schema; ``db init`` upgrades). A database that
+    cannot be used is one line naming the setting (exit 1).
     """
+    from sqlalchemy import inspect
+
+    from api.database import database_problem, init_service_db
+    from api.settings import NOT_INITIALISED, KeyRefused, service_keys
+    from budget import Ledger, create_db_engine
+
     url = (
         settings.database_url
         if access is Access.CREATE
@@ -96,12 +114,12 @@ def open_service(settings: Settings, access: Access = Access.READ) -> tuple[Ledg
     try:
         engine = create_db_engine(url)
     except ValueError as exc:
-        refuse(str(exc))
+        refuse(database_problem(settings.database_url, exc) or str(exc))
     try:
         if access is Access.WRITE and not inspect(engine).has_table("audit_log"):
             raise KeyRefused(NOT_INITIALISED)
         if access is not Access.READ:
-            init_service_db(engine)
+            init_service_db(engine, upgrade=upgrade)
         keys = service_keys(
             settings, engine, generate=access is Access.CREATE, record=access is not Access.READ
         )
@@ -111,11 +129,12 @@ def open_service(settings: Settings, access: Access = Access.READ) -> tuple[Ledg
     except KeyRefused as exc:
         engine.dispose()
         refuse(str(exc))
-    except DBAPIError as exc:
+    except Exception as exc:
         engine.dispose()
-        shown = make_url(settings.database_url).render_as_string(hide_password=True)
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
-        refuse(f"cannot use the database {shown}: {reason}", 1)
+        problem = database_problem(settings.database_url, exc)
+        if problem is None:
+            raise
+        refuse(problem, 1)
     return ledger, keys
 
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from pydantic import TypeAdapter
-
-from budget.reporting.report import EffectiveEpsilonReport, render_text
 
 
 def demo(
@@ -18,7 +15,10 @@ def demo(
     seed: Annotated[int, typer.Option(min=0, help="Seed of the simulation.")] = 7,
 ) -> None:
     """Start the service on a temporary database, run a fleet over real HTTP, show the results."""
+    from pydantic import TypeAdapter
+
     from api.demo.demo import run_demo
+    from budget.reporting.report import EffectiveEpsilonReport, render_text
 
     total = devices * days * 2
     typer.echo(f"Simulating {devices:,d} devices over {days} days (emoji + new words), over HTTP.")

@@ -8,9 +8,6 @@ from typing import Annotated
 import typer
 
 from api.cli.common import Access, DatabaseOption, load_settings, open_ledger, open_service
-from api.ingestion.ingest import Ingestor
-from api.jobs import JOBS, RUNTIMES, Runtime, lease_holder, lease_of, release_job, run_job
-from budget import SystemClock
 
 app = typer.Typer(help="Run scheduled jobs now.", no_args_is_help=True)
 
@@ -27,6 +24,10 @@ def jobs_run(
     ] = False,
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
+    from api.ingestion.ingest import Ingestor
+    from api.jobs import JOBS, RUNTIMES, Runtime, lease_holder, lease_of, run_job
+    from budget import SystemClock
+
     if name not in JOBS:
         typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
         raise typer.Exit(2)
@@ -65,6 +66,8 @@ def jobs_release(
     database_url: DatabaseOption = None,
 ) -> None:
     """Clear a job's lease whoever holds it, so the next run need not wait for it to expire."""
+    from api.jobs import JOBS, lease_of, release_job
+
     if name not in JOBS:
         typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
         raise typer.Exit(2)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+if TYPE_CHECKING:
+    from budget import Ledger
+    from policies import Policy, PolicyBase, PolicyCreate
+
 from api.cli.common import Access, DatabaseOption, load_settings, open_ledger, refuse
-from budget import InvalidRequest, Ledger, PolicyConflict, SystemClock, UnknownUseCase
-from budget.reporting.views import what_if
-from policies import Policy, PolicyBase, PolicyCreate, PolicyFileError, dump_policies, load_policies
 
 app = typer.Typer(help="List, show, apply and export use-case policies.", no_args_is_help=True)
 
@@ -36,6 +37,9 @@ def policies_show(
     name: Annotated[str, typer.Argument(help="The use case.")], database_url: DatabaseOption = None
 ) -> None:
     """One policy as YAML, with its version."""
+    from budget import UnknownUseCase
+    from policies import dump_policies
+
     ledger = open_ledger(load_settings(database_url))
     try:
         policy = ledger.policies.get(name)
@@ -67,6 +71,9 @@ def policies_apply(
     shortened) needs --allow-loosen. Nothing is written unless every check passes; --dry-run
     runs them all and writes nothing.
     """
+    from budget import PolicyConflict, SystemClock
+    from policies import PolicyFileError, load_policies
+
     try:
         policies = load_policies(file)
     except PolicyFileError as exc:
@@ -74,12 +81,12 @@ def policies_apply(
     ledger = open_ledger(load_settings(database_url), Access.READ if dry_run else Access.WRITE)
     try:
         problems, loosening, changed = _review(ledger, policies, now=SystemClock().now())
+        if loosening and not allow_loosen:  # reported with every other problem, at once
+            problems.append(
+                f"these changes loosen a policy and need --allow-loosen: {'; '.join(loosening)}"
+            )
         if problems:
             refuse("; ".join(problems), 1)
-        if loosening and not allow_loosen:
-            refuse(
-                f"these changes loosen a policy and need --allow-loosen: {'; '.join(loosening)}", 1
-            )
         if dry_run or not changed:
             print(f"{'dry run: ' if dry_run else ''}{len(changed)} change(s), nothing written")
             return
@@ -97,6 +104,10 @@ def _review(
     ledger: Ledger, policies: list[PolicyCreate], *, now: datetime
 ) -> tuple[list[str], list[str], list[PolicyCreate]]:
     """Print each policy's diff and what-if; return the problems, the loosenings and the changes."""
+    from budget import InvalidRequest, PolicyConflict, UnknownUseCase
+    from budget.reporting.views import what_if
+    from policies import PolicyBase
+
     problems: list[str] = []
     loosening: list[str] = []
     changed: list[PolicyCreate] = []
@@ -201,6 +212,8 @@ def policies_export(
     database_url: DatabaseOption = None,
 ) -> None:
     """Print the current policies as a file that `apply` reads."""
+    from policies import dump_policies
+
     if fmt not in ("yaml", "toml"):
         typer.echo(f"Error: --format must be yaml or toml, got {fmt!r}", err=True)
         raise typer.Exit(2)

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 
 from api.cli.common import load_settings, open_ledger
-from mechanisms.empirical_audit import audit, exact_max_log_ratio
-from policies import default_policies, mechanism_for
 
 
 def selftest(
@@ -25,6 +22,11 @@ def selftest(
     ] = None,
 ) -> None:
     """Audit every policy's randomizer as installed: exact at a small size, then empirically."""
+    import numpy as np
+
+    from mechanisms.empirical_audit import audit, exact_max_log_ratio
+    from policies import default_policies, mechanism_for
+
     if database_url is None:
         policies: list[Any] = list(default_policies())
     else:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import Access, DatabaseOption, load_settings, open_service
+from api.cli.common import Access, DatabaseOption, load_settings, open_service, refuse
 
 
 def serve(
@@ -16,26 +16,30 @@ def serve(
     workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 1,
     database_url: DatabaseOption = None,
 ) -> None:
-    """Run the HTTP service; creates the database and its keys if new (docs/operations.md)."""
-    import uvicorn
+    """Run the HTTP service; creates the database and its keys if new (docs/operations.md).
 
-    from api.server import serve_options
+    SQLite is upgraded at start; PostgreSQL with a schema behind this release is refused
+    (`dpgov db upgrade` first). A worker that cannot start stops the server: exit 1, its reason.
+    """
+    from api.server import run_server, serve_options
 
     settings = load_settings(database_url, host=host, port=port)
-    ledger, keys = open_service(settings, Access.CREATE)  # tables, defaults, keys: once, up front
+    # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
+    ledger, keys = open_service(settings, Access.CREATE)
     ledger.engine.dispose()
     os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())
     os.environ["DPGOV_AUDIT_KEY_FILE"] = str(settings.audit_key_path().resolve())
     typer.echo(f"device-key secret from {keys.sources[0]}, audit key from {keys.sources[1]}")
     typer.echo(f"dp-governor on http://{settings.host}:{settings.port} (docs at /docs)")
-    uvicorn.run(
+    failure = run_server(
         "api.app:create_app",
-        factory=True,
+        workers,
         host=settings.host,
         port=settings.port,
-        workers=workers,
         log_level="info",
         access_log=False,  # access lines carry client addresses: never on the report path
         **serve_options(settings),  # read deadlines, keep-alive, header cap, concurrency limit
     )
+    if failure is not None:
+        refuse(f"the server stopped: a worker could not start: {failure}", 1)

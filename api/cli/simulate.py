@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
 
-from api.demo.simulation import (
-    default_mechanism,
-    emoji_vocabulary,
-    made_up_words,
-    simulate_frequency,
-    zipf_indices,
-)
-from mechanisms import CMS, HCMS, SFP
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mechanisms import CMS, HCMS, SFP
 
 
 class UseCase(enum.StrEnum):
@@ -41,6 +36,11 @@ def simulate(
     top: Annotated[int, typer.Option(min=1, max=1000, help="How many items to print.")] = 10,
 ) -> None:
     """Simulate a fleet privatizing with the real mechanism; print the top estimates and truth."""
+    import numpy as np
+
+    from api.demo.simulation import default_mechanism, emoji_vocabulary, simulate_frequency
+    from mechanisms import SFP
+
     rng = np.random.default_rng(seed)
     mechanism = default_mechanism(use_case.value, hash_seed)
     if isinstance(mechanism, SFP):
@@ -66,6 +66,8 @@ def simulate(
 
 
 def _print_header(mechanism: CMS | HCMS | SFP, devices: int, d: int) -> None:
+    from mechanisms import SFP
+
     if isinstance(mechanism, SFP):
         params = (
             f"SFP eps={mechanism.epsilon_word:g}+{mechanism.epsilon_fragment:g},"
@@ -93,6 +95,10 @@ def _print_spend(epsilon: float) -> None:
 def _simulate_sfp(
     sfp: SFP, devices: int, exponent: float, top: int, rng: np.random.Generator
 ) -> None:
+    import numpy as np
+
+    from api.demo.simulation import made_up_words, zipf_indices
+
     words = made_up_words(5000, rng=rng)
     _print_header(sfp, devices, len(words))
     t0 = time.perf_counter()

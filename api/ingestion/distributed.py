@@ -101,7 +101,13 @@ def _on_dask(
     options: DaskOptions,
     batch_rows: int,
 ) -> Sketch:
-    from dask.distributed import Client, LocalCluster, as_completed
+    try:
+        from dask.distributed import Client, LocalCluster, as_completed
+    except ImportError as exc:
+        raise ImportError(
+            "the Dask engine needs the `scale` extra: pip install 'dp-governor[scale]'",
+            name=exc.name,
+        ) from None
 
     cluster = None
     if options.scheduler is None:

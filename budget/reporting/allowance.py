@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from functools import lru_cache, reduce
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 __all__ = ["Allowance", "Caps", "allowance", "max_reports"]
 
@@ -171,6 +170,8 @@ def _knapsack(weights: list[int], rows: list[tuple[list[int], int]]) -> tuple[in
     scale = reduce(math.gcd, weights) or 1
     matrix = np.asarray([row for row, _ in rows], dtype=np.float64)
     upper = np.asarray([b for _, b in rows], dtype=np.float64)
+    from scipy.optimize import Bounds, LinearConstraint, milp  # scipy loads where it solves
+
     result = milp(
         -np.asarray([x // scale for x in weights], dtype=np.float64),
         constraints=LinearConstraint(matrix, -np.inf, upper),

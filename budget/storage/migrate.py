@@ -1,7 +1,7 @@
-"""Upgrade ledgers made by earlier releases to one account row per device.
+"""Fold ledgers of the per-budget layouts into one account row per device (migration 0002).
 
-Two earlier layouts are recognised, and each is upgraded in one transaction (a database is
-either wholly migrated or untouched):
+Two layouts that came before release 0.1 are recognised; migration 0002 upgrades either in the
+migration's transaction (a database is either wholly migrated or untouched):
 
 - **per budget, packed** (``accounts`` keyed by device and budget, slots without a group size):
   each device's rows are folded into one state; a day's counts are kept per slot.
@@ -17,62 +17,53 @@ group size any version of its use case had at that epsilon (never understating a
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy import Connection, inspect, text
 
 from budget.state import AccountState, state_columns
-from budget.storage.db import placeholder, writer
-from budget.storage.tables import Account
 
-__all__ = ["migrate_ledger"]
-
-log = logging.getLogger(__name__)
+__all__ = ["is_per_budget", "per_device_states", "write_accounts"]
 
 
-def migrate_ledger(engine: Engine) -> bool:
-    """Upgrade an earlier layout to per-device accounts; whether there was anything to do."""
-    inspector = inspect(engine)
+def is_per_budget(conn: Connection) -> bool:
+    """Whether ``accounts`` is one of the per-budget layouts (it has a ``budget`` column)."""
+    inspector = inspect(conn)
     if not inspector.has_table("accounts"):
         return False
-    columns = {c["name"] for c in inspector.get_columns("accounts")}
-    if "budget" not in columns:
-        return False
-    tables = inspector.get_table_names()
-    with writer(engine).begin() as conn:
-        sizes = _group_sizes(conn)
-        if "daily_spend" in tables:
-            states = _from_tables(conn, sizes)
-        else:
-            states = _from_packed(conn, sizes)
-        conn.execute(text("DROP TABLE accounts"))
-        Account.__table__.create(conn)  # type: ignore[attr-defined]
-        if states:
-            ph = ", ".join([placeholder(engine)] * 6)
-            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            cursor.executemany(
-                "INSERT INTO accounts (device_key, count, epsilon_micro, days, lifetime,"
-                f" oldest_day) VALUES ({ph})",
-                [(dk, *state_columns(s)) for dk, s in sorted(states.items())],
-            )
-        # the audit chain of an earlier release does not describe these rows: say so, so that
-        # `verify` does not compare them with it (budget.integrity)
-        conn.execute(text("CREATE TABLE IF NOT EXISTS ledger_upgrades (at TEXT, layout TEXT)"))
-        conn.execute(
-            text("INSERT INTO ledger_upgrades VALUES (:at, :layout)"),
-            {"at": datetime.now(UTC).isoformat(), "layout": "per-budget accounts"},
+    return "budget" in {c["name"] for c in inspector.get_columns("accounts")}
+
+
+def per_device_states(conn: Connection) -> dict[str, AccountState]:
+    """Each device's state, folded from either per-budget layout (read only)."""
+    sizes = _group_sizes(conn)
+    if inspect(conn).has_table("daily_spend"):
+        return _from_tables(conn, sizes)
+    return _from_packed(conn, sizes)
+
+
+def write_accounts(conn: Connection, states: dict[str, AccountState]) -> None:
+    """Insert the per-device rows into a new, empty ``accounts``; mark the upgrade.
+
+    The audit chain of an earlier release does not describe these rows: ``ledger_upgrades``
+    says so, so that ``verify`` does not compare them with it (:mod:`budget.integrity`).
+    """
+    if states:
+        ph = ", ".join(["?" if conn.dialect.paramstyle == "qmark" else "%s"] * 6)
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor.executemany(
+            "INSERT INTO accounts (device_key, count, epsilon_micro, days, lifetime,"
+            f" oldest_day) VALUES ({ph})",
+            [(dk, *state_columns(s)) for dk, s in sorted(states.items())],
         )
-        if "daily_spend" in tables:
-            conn.execute(text("DROP TABLE daily_spend"))
-            conn.execute(text("DROP TABLE lifetime_totals"))
-            conn.execute(text("DROP INDEX IF EXISTS ix_charges_use_case_device"))
-            conn.execute(text("CREATE INDEX IF NOT EXISTS ix_charges_day ON charges (day)"))
-    log.info("migrated %d devices to one account row each", len(states))
-    return True
+    conn.execute(text("CREATE TABLE IF NOT EXISTS ledger_upgrades (at TEXT, layout TEXT)"))
+    conn.execute(
+        text("INSERT INTO ledger_upgrades VALUES (:at, :layout)"),
+        {"at": datetime.now(UTC).isoformat(), "layout": "per-budget accounts"},
+    )
 
 
 class _Sizes:

@@ -1,37 +1,126 @@
-"""The schema in one place: every table the service keeps, created and upgraded by :func:`init_db`.
+"""The schema in one place: every table the service keeps, brought to this release by migrations.
 
-Importing this module registers every table on SQLModel's metadata (ledger, audit log, policies,
-key fingerprints), so it sits above the rest of :mod:`budget.storage` and nothing below imports it.
+The tables are created and changed only by the Alembic revisions in
+:mod:`budget.storage.migrations` (configured here, no ``alembic.ini``). :func:`upgrade_db` runs
+the missing ones in one transaction under a lock (PostgreSQL: an advisory lock; SQLite: the
+write lock), so concurrent starts run them once. :func:`init_db` upgrades (or, with
+``upgrade=False``, only creates a new database and refuses an out-of-date one), then creates the
+days' partitions ahead. Importing this module registers every ledger table on SQLModel's
+metadata (ledger, audit log, policies, key fingerprints).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, text
-from sqlmodel import SQLModel
+from sqlalchemy import Connection, Engine, inspect, text
 
 import budget.audit_log
-import budget.storage.tables
+import budget.central
+import budget.storage.tables  # noqa: F401 - registers the ledger tables
 import policies.model  # noqa: F401 - registers the policy table
-from budget.storage.migrate import migrate_ledger
-from budget.storage.partitions import DAYS_AHEAD, create_partitioned_charges, ensure_partitions
+from budget.storage.db import writer
+from budget.storage.partitions import DAYS_AHEAD, ensure_partitions
 
-__all__ = ["init_db"]
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+__all__ = ["SchemaOutdated", "head_revision", "init_db", "schema_revision", "upgrade_db"]
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+_LOCK = "SELECT pg_advisory_xact_lock(hashtext('dpgov:schema-migrations'))"
 
 
-def init_db(engine: Engine) -> None:
-    """Create the tables that do not exist yet (ledger, audit, policy and metadata tables).
+class SchemaOutdated(RuntimeError):
+    """The database's schema is behind this release's: ``dpgov db upgrade`` brings it up."""
 
-    On PostgreSQL a new ``charges`` is partitioned by day (:mod:`budget.storage.partitions`); a
-    ledger made by an earlier release is upgraded (:mod:`budget.storage.migrate`).
+    def __init__(self, current: str | None, head: str) -> None:
+        self.current = current
+        self.head = head
+        at = f"revision {current}" if current else "the layout of a release before migrations"
+        super().__init__(
+            f"the database schema is at {at}, this release needs revision {head}: stop the"
+            " service, back the database up and run `dpgov db upgrade` (docs/operations.md)"
+        )
+
+
+def alembic_config(connection: Connection | None = None, **attributes: Any) -> Config:
+    """Alembic's configuration for the packaged migrations, on ``connection`` if given."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("path_separator", "os")
+    config.attributes["connection"] = connection
+    config.attributes.update(attributes)
+    return config
+
+
+def head_revision() -> str:
+    """The revision this release's schema is at (the newest migration)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def schema_revision(conn: Connection) -> str | None:
+    """The database's revision; ``None`` for a new database or one made before migrations."""
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def _is_empty(conn: Connection) -> bool:
+    """Whether the database holds none of the service's tables (nothing to lose)."""
+    return not inspect(conn).has_table("audit_log") and not inspect(conn).has_table("accounts")
+
+
+def upgrade_db(engine: Engine, *, existing: bool = True) -> str | None:
+    """Run the missing migrations in one transaction; returns the revision found before.
+
+    ``existing=False`` upgrades only a new (empty) database and raises :class:`SchemaOutdated`
+    for one that holds a ledger behind this release. The lock makes a concurrent start wait and
+    then find the schema current.
     """
-    if engine.dialect.name == "postgresql":
-        with engine.begin() as conn:
-            create_partitioned_charges(conn)  # before create_all, which then skips the table
-    SQLModel.metadata.create_all(engine)
-    migrate_ledger(engine)  # a ledger made by an earlier release
-    budget.central.add_missing_columns(engine)
+    from alembic import command
+
+    head = head_revision()
+    with engine.connect() as conn:
+        if schema_revision(conn) == head:
+            return head
+    with writer(engine).begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text(_LOCK))
+        found = schema_revision(conn)
+        if found == head:
+            return found
+        if not existing and not _is_empty(conn):
+            raise SchemaOutdated(found, head)
+        command.upgrade(alembic_config(conn), "head")
+    return found
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise :class:`SchemaOutdated` unless the database is at this release's revision."""
+    head = head_revision()
+    with engine.connect() as conn:
+        found = schema_revision(conn)
+    if found != head:
+        raise SchemaOutdated(found, head)
+
+
+def init_db(engine: Engine, *, upgrade: bool = True) -> None:
+    """Bring the schema to this release's revision, then create the days' partitions ahead.
+
+    ``upgrade=False`` (``dpgov serve`` on PostgreSQL) creates a new database but refuses one
+    that holds a ledger behind this release (:class:`SchemaOutdated`): upgrading is the
+    operator's step, ``dpgov db upgrade``.
+    """
+    upgrade_db(engine, existing=upgrade)
     today = int(time.time() // 86_400)
     ensure_partitions(engine, today - 1, today + DAYS_AHEAD)
     with engine.connect() as conn:

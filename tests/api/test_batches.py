@@ -19,7 +19,7 @@ from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.ingestion.pipeline import flush_inbox
 from budget import Decision, Ledger, create_db_engine, init_db, utc_day
-from budget.central import add_missing_columns, central_figures
+from budget.central import central_figures
 from policies import PolicyCreate, mechanism_for
 
 SECRET = b"batch-secret-batch-secret-batch-secret"
@@ -136,14 +136,17 @@ def test_columns_added_to_an_earlier_database(tmp_path: Path) -> None:
     init_service_db(engine)
     Ledger(engine, SECRET).policies.create(_policy("held", 5))
     engine.dispose()
-    with sqlite3.connect(path) as db:  # the layout of the release before
+    with sqlite3.connect(path) as db:  # the layout of the release before: revision 0002
         db.execute("ALTER TABLE inbox DROP COLUMN device_tag")
         db.execute("ALTER TABLE policies DROP COLUMN min_batch_devices")
+        db.execute("DROP TABLE shuffled_batches")
+        db.execute("UPDATE alembic_version SET version_num = '0002'")
         db.execute("INSERT INTO inbox VALUES (7, 'held', 'p', 20000, '{}')")
     engine = create_db_engine(f"sqlite:///{path}")
-    assert add_missing_columns(engine) == ["policies.min_batch_devices", "inbox.device_tag"]
-    assert add_missing_columns(engine) == []
+    init_db(engine)  # migration 0003
     init_db(engine)
+    columns = {c["name"] for c in inspect(engine).get_columns("inbox")}
+    assert "device_tag" in columns and inspect(engine).has_table("shuffled_batches")
     ledger = Ledger(engine, SECRET)
     assert ledger.policies.get("held").min_batch_devices == 1  # the default: as before
     assert _count(engine, "SELECT COUNT(*) FROM inbox WHERE device_tag IS NULL") == 1

@@ -257,7 +257,8 @@ def _legacy_database(tmp_path: Path) -> tuple[str, Path]:
     engine = create_db_engine(url)
     init_service_db(engine)
     with engine.begin() as conn:
-        conn.execute(text("DROP TABLE dpgov_meta"))  # as the release before it
+        conn.execute(text("DROP TABLE dpgov_meta"))  # as the release before it,
+        conn.execute(text("DROP TABLE alembic_version"))  # which had no migrations either
     secret = (keys / "dpgov.secret").read_text().strip().encode()
     audit_key = (keys / "dpgov-audit.key").read_text().strip().encode()
     Ledger(engine, secret, audit_key=audit_key).policies.ensure_defaults()

@@ -114,3 +114,109 @@ def test_four_workers_hold_the_caps_and_run_each_job_once(tmp_path: Path) -> Non
         assert over == 0
         # one checkpoint per 2 s interval at most (four workers would make four times as many)
         assert 1 <= checkpoints <= elapsed / 2 + 2, (checkpoints, elapsed)
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid and stat[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def test_two_workers_start_and_serve_under_load(tmp_path: Path) -> None:
+    assert PG_URL is not None
+    with scratch_schema(PG_URL, "workers2") as url:
+        port = _free_port()
+        base = f"http://127.0.0.1:{port}"
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("DPGOV_")},
+            "DPGOV_DATABASE_URL": url,
+            "DPGOV_SECRET_FILE": str(tmp_path / "secret"),
+            "DPGOV_AUDIT_KEY_FILE": str(tmp_path / "audit.key"),
+            "DPGOV_ADMIN_TOKEN": "workers-admin-token-workers-admin",
+            "DPGOV_DEVICE_RATE_PER_MINUTE": "100000",
+        }
+        log = tmp_path / "serve.log"
+        with log.open("wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--workers", "2"],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if httpx.get(base + "/healthz", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            else:
+                raise AssertionError(log.read_text(errors="replace"))
+            answers: Counter[int] = Counter()
+            lock = threading.Lock()
+            work = iter(_workload()[:200])
+
+            def client() -> None:
+                with httpx.Client(timeout=60) as c:
+                    while (item := next(work, None)) is not None:
+                        device, name, body, key = item
+                        r = c.post(
+                            f"{base}/v1/use-cases/{name}/reports",
+                            json=body,
+                            headers={"X-Device-Id": device, "Idempotency-Key": key},
+                        )
+                        with lock:
+                            answers[r.status_code] += 1
+
+            threads = [threading.Thread(target=client) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=300)
+            workers = _children(proc.pid)
+            assert proc.poll() is None
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        text_log = log.read_text(errors="replace")
+        assert sum(answers.values()) == 200 and set(answers) <= {202, 429}, answers
+        assert "died" not in text_log, text_log  # no worker was restarted
+        assert text_log.count("Application startup complete") == 2, text_log
+        # uvicorn's supervisor spawns the two workers (and a resource tracker may run beside)
+        assert len(workers) >= 2, workers
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path: Path) -> None:
+    assert PG_URL is not None
+    with scratch_schema(PG_URL, "workersbad") as url:
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("DPGOV_")},
+            "DPGOV_DATABASE_URL": url,
+            "DPGOV_SECRET_FILE": str(tmp_path / "secret"),
+            "DPGOV_AUDIT_KEY_FILE": str(tmp_path / "audit.key"),
+            # --port overrides it for the server's socket; each worker reads it and refuses it
+            "DPGOV_PORT": "99999",
+        }
+        command = ["serve", "--port", str(_free_port()), "--workers", "2"]
+        run = subprocess.run(
+            [sys.executable, "-m", "api.cli", *command],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert run.returncode == 1, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: the server stopped: a worker could not start: invalid setting")
+    assert "`port`" in last and "died" not in run.stderr

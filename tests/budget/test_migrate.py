@@ -1,4 +1,8 @@
-"""Ledgers made by earlier releases are upgraded in place, on SQLite and PostgreSQL."""
+"""Ledgers of the per-budget layouts are upgraded in place (migration 0002), SQLite and PostgreSQL.
+
+Those layouts came before migrations: each test turns a new ledger into one, without the
+``alembic_version`` table such a database never had.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from tests.conftest import SECRET
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
 DAY = int(NOW.timestamp() // 86_400)
 OLD_LAYOUT = [
+    "DROP TABLE alembic_version",
     "DROP TABLE accounts",
     "CREATE TABLE accounts (device_key VARCHAR(64) NOT NULL, budget VARCHAR(63) NOT NULL,"
     " count BIGINT NOT NULL, epsilon_micro BIGINT NOT NULL, PRIMARY KEY (device_key, budget))",
@@ -88,6 +93,7 @@ def test_an_old_ledger_keeps_every_device_state(ledger: Ledger) -> None:
 
 
 PER_BUDGET = [
+    "DROP TABLE alembic_version",
     "DROP TABLE accounts",
     "CREATE TABLE accounts (device_key VARCHAR(64) NOT NULL, budget VARCHAR(63) NOT NULL,"
     " count BIGINT NOT NULL, epsilon_micro BIGINT NOT NULL, days TEXT NOT NULL DEFAULT '[]',"

@@ -1,0 +1,1 @@
+"""The schema's Alembic migrations (``env.py``, ``versions/``), run by budget.storage.schema."""
