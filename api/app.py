@@ -64,6 +64,7 @@ from budget import (
 )
 from budget.audit_log import Verification
 from budget.clock import day_date
+from budget.reporting.device import DeviceWide
 from budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
 from budget.reporting.views import (
     Distribution,
@@ -77,6 +78,7 @@ from budget.reporting.views import (
 from mechanisms import InvalidReport, SfpSketch
 from mechanisms.sfp import DiscoveredWord
 from policies import DEFAULT_POLICIES, Policy, PolicyBase, PolicyCreate, PolicyPublic, budget_key
+from policies.device import device_budget_versions
 
 __all__ = ["create_app"]
 
@@ -459,9 +461,10 @@ class AuditVerification(BaseModel):
 
 
 class DeviceBudget(BaseModel):
-    """Every use case's budget for one device."""
+    """One device's budget: the device-wide budget first (``null``: none set), then per use case."""
 
     device_id: str
+    device: DeviceWide | None = None
     use_cases: list[BudgetStatus]
 
 
@@ -908,8 +911,15 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         status = ledger.status(device_id, now=clock.now())
         return DeviceBudget(
             device_id=device_id,
+            device=ledger.device_wide(device_id, now=clock.now()),
             use_cases=status,
         )
+
+    @app.get("/v1/device-budget", tags=["budgets"])
+    def device_budget_versions_route(ledger: LedgerDep) -> list[dict[str, Any]]:
+        """Every version of the device-wide budget, oldest first (the last is in force)."""
+        with ledger.engine.connect() as conn:
+            return [v.model_dump(mode="json") for v in device_budget_versions(conn)]
 
     # -- use cases -----------------------------------------------------------------------------
 
@@ -1345,15 +1355,22 @@ def _refusal(decision: Any, clock: Clock) -> JSONResponse:
     if decision.retry_at is not None:
         seconds = max(1, math.ceil((decision.retry_at - clock.now()).total_seconds()))
         headers["Retry-After"] = str(seconds)
+    by = decision.refused_by
+    headers["X-Refused-By"] = str(by)
     caps = {
-        "daily_cap": "daily report cap",
+        "daily_cap": "daily epsilon limit" if by in ("device", "quota") else "daily report cap",
         "window_cap": "window epsilon cap",
         "lifetime_cap": "lifetime epsilon cap",
     }
+    whose = {
+        "device": "the device-wide budget",
+        "quota": f"use case {decision.use_case!r}'s quota of the device-wide budget",
+    }.get(by, f"budget {decision.budget!r}")
     return JSONResponse(
         {
-            "detail": f"the {caps[decision.reason]} of budget {decision.budget!r} is reached",
+            "detail": f"the {caps[decision.reason]} of {whose} is reached",
             "reason": decision.reason,
+            "refused_by": by,
             "use_case": decision.use_case,
             "budget": decision.budget,
             "retry_at": decision.retry_at.isoformat() if decision.retry_at else None,

@@ -20,6 +20,7 @@ from budget.clock import day_start, utc_day
 from budget.errors import InvalidRequest, UnknownUseCase
 from budget.gate import Gate, OnAccept, load_book
 from budget.integrity import StateCheck, StateReplay
+from budget.reporting.device import DeviceWide, device_wide
 from budget.reporting.report import (
     EffectiveEpsilonReport,
     ReportBasis,
@@ -211,6 +212,13 @@ class Ledger:
         """The policy book now: every version's terms, budget members, retention, horizons."""
         with self.engine.connect() as conn:
             return load_book(conn)
+
+    def device_wide(self, device_id: str, *, now: datetime) -> DeviceWide | None:
+        """The device's standing against the device-wide budget (``None``: none in force)."""
+        with self.engine.connect() as conn:
+            book = load_book(conn)
+            state = self.state_of(conn, self.device_key(device_id)) or AccountState()
+        return device_wide(book, state, utc_day(now))
 
     def status(self, device_id: str, *, now: datetime) -> list[BudgetStatus]:
         """The device's standing against every active use case, at ``now``.

@@ -51,9 +51,12 @@ from policies import (
     PolicyFileError,
     default_policies,
     dump_policies,
+    load_device_budget,
     load_policies,
     mechanism_for,
 )
+from policies.device import device_budget_versions, write_device_budget
+from policies.device import loosening as device_loosening
 
 app = typer.Typer(
     name="dpgov",
@@ -741,20 +744,34 @@ def policies_apply(
     """
     try:
         policies = load_policies(file)
+        device = load_device_budget(file)
     except PolicyFileError as exc:
         _refuse(f"{file}: {exc}", 1)
     ledger = _ledger(_settings(database_url), Access.READ if dry_run else Access.WRITE)
     try:
         problems, loosening, changed = _review(ledger, policies, now=SystemClock().now())
+        device_changed = False
+        if device is not None:
+            with ledger.engine.connect() as conn:
+                held = device_budget_versions(conn)
+            old = held[-1].body() if held else None
+            device_changed = old != device
+            print(f"device_budget: {'changed' if device_changed else 'unchanged'}")
+            if device_changed:
+                loosening = loosening + device_loosening(old, device)
         if problems:
             _refuse("; ".join(problems), 1)
         if loosening and not allow_loosen:
             _refuse(
                 f"these changes loosen a policy and need --allow-loosen: {'; '.join(loosening)}", 1
             )
-        if dry_run or not changed:
-            print(f"{'dry run: ' if dry_run else ''}{len(changed)} change(s), nothing written")
+        if dry_run or not (changed or device_changed):
+            count = len(changed) + int(device_changed)
+            print(f"{'dry run: ' if dry_run else ''}{count} change(s), nothing written")
             return
+        if device is not None and device_changed:
+            version = write_device_budget(ledger.engine, device, actor="cli")
+            print(f"device_budget: version {version.version} written")
         for policy in changed:
             try:
                 stored = ledger.policies.apply(policy, actor="cli")

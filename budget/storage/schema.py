@@ -1,7 +1,8 @@
 """The schema in one place: every table the service keeps, created and upgraded by :func:`init_db`.
 
 Importing this module registers every table on SQLModel's metadata (ledger, audit log, policies,
-key fingerprints), so it sits above the rest of :mod:`budget.storage` and nothing below imports it.
+device-wide budgets, key fingerprints), so it sits above the rest of :mod:`budget.storage` and
+nothing below imports it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from sqlmodel import SQLModel
 
 import budget.audit_log
 import budget.storage.tables  # noqa: F401 - registers the ledger tables
+import policies.device
 import policies.model  # noqa: F401 - registers the policy table
 from budget.storage.migrate import migrate_ledger
 from budget.storage.partitions import DAYS_AHEAD, create_partitioned_charges, ensure_partitions
