@@ -38,6 +38,7 @@ from budget.storage.partitions import (
     is_partitioned,
 )
 from budget.storage.tables import Account, Charge, IdempotencyRecord, RetentionHorizon
+from policies.device import DeviceBudgetCreate, DeviceBudgetVersion, write_device_budget
 from policies.model import Policy, from_micro
 from policies.repository import PolicyStore
 
@@ -156,6 +157,25 @@ class Ledger:
             "new": _policy_json(new),
         }
         self.audit.append(conn, [Entry(new.actor, action, data)], now=new.created_at)
+
+    def set_device_budget(
+        self, body: DeviceBudgetCreate, *, actor: str = "admin"
+    ) -> DeviceBudgetVersion:
+        """Store the device-wide budget as its next version, audited in the same transaction."""
+
+        def audited(
+            conn: Connection, old: DeviceBudgetVersion | None, new: DeviceBudgetVersion
+        ) -> None:
+            data = {
+                "old": None if old is None else old.body().model_dump(),
+                "new": new.body().model_dump(),
+                "version": new.version,
+            }
+            self.audit.append(
+                conn, [Entry(actor, "device_budget.update", data)], now=new.created_at
+            )
+
+        return write_device_budget(self.engine, body, actor=actor, on_change=audited)
 
     # -- tamper evidence ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ a version with every limit empty switches the device-wide budget off.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -171,9 +172,17 @@ def device_budget_versions(conn: Connection) -> list[DeviceBudgetVersion]:
 
 
 def write_device_budget(
-    engine: Engine, body: DeviceBudgetCreate, *, actor: str = "admin"
+    engine: Engine,
+    body: DeviceBudgetCreate,
+    *,
+    actor: str = "admin",
+    on_change: Callable[[Connection, DeviceBudgetVersion | None, DeviceBudgetVersion], None]
+    | None = None,
 ) -> DeviceBudgetVersion:
-    """Store ``body`` as the next version (nothing written if it equals the version in force)."""
+    """Store ``body`` as the next version (nothing written if it equals the version in force).
+
+    ``on_change(conn, old, new)`` runs in the write's transaction (the ledger's audit entry).
+    """
     with engine.execution_options(dpgov_write=True).begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("LOCK TABLE device_budgets IN EXCLUSIVE MODE"))
@@ -190,6 +199,8 @@ def write_device_budget(
             actor=actor,
         )
         conn.execute(_TABLE.insert().values(**row.model_dump()))
+        if on_change is not None:
+            on_change(conn, versions[-1] if versions else None, row)
         return row
 
 

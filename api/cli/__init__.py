@@ -55,7 +55,7 @@ from policies import (
     load_policies,
     mechanism_for,
 )
-from policies.device import device_budget_versions, write_device_budget
+from policies.device import device_budget_versions
 from policies.device import loosening as device_loosening
 
 app = typer.Typer(
@@ -770,7 +770,7 @@ def policies_apply(
             print(f"{'dry run: ' if dry_run else ''}{count} change(s), nothing written")
             return
         if device is not None and device_changed:
-            version = write_device_budget(ledger.engine, device, actor="cli")
+            version = ledger.set_device_budget(device, actor="cli")
             print(f"device_budget: version {version.version} written")
         for policy in changed:
             try:
