@@ -41,7 +41,7 @@ from budget import (
 from budget.audit_log import write_checkpoints
 from budget.reporting.export import export_ledger, read_export, report_from_export
 from budget.reporting.report import EffectiveEpsilonReport, render_text
-from budget.reporting.views import what_if
+from budget.reporting.views import what_if, what_if_device_budget
 from mechanisms import CMS, HCMS, SFP
 from mechanisms.empirical_audit import audit, exact_max_log_ratio
 from policies import (
@@ -757,6 +757,14 @@ def policies_apply(
             old = held[-1].body() if held else None
             device_changed = old != device
             print(f"device_budget: {'changed' if device_changed else 'unchanged'}")
+            if device_changed:
+                refused = what_if_device_budget(ledger, device, now=SystemClock().now())
+                for name, sides in refused.items():
+                    if sides["current"] != sides["proposed"]:
+                        print(
+                            f"  {name}: devices refused next report {sides['current']}"
+                            f" -> {sides['proposed']}"
+                        )
             if device_changed:
                 loosening = loosening + device_loosening(old, device)
         if problems:

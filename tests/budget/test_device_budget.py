@@ -329,3 +329,32 @@ def test_the_policy_file_holds_the_device_budget(tmp_path: Path) -> None:
     path.write_text("policies: []\ndevice_budget:\n  epsilon_per_day: 1.0\n  quotas: {a: 2}\n")
     with pytest.raises(PolicyFileError, match="quotas"):
         load_device_budget(path)
+
+
+def test_what_if_decides_a_proposed_device_budget_through_the_rule(ledger: Ledger) -> None:
+    from budget.reporting.views import what_if_device_budget
+
+    for device in ("p", "q"):
+        assert ledger.charge(device, "a", now=NOW).accepted
+    assert ledger.charge("q", "b", now=NOW).accepted
+    found = what_if_device_budget(
+        ledger, DeviceBudgetCreate(epsilon_per_day=1.5, quotas={"b": 0.25}), now=NOW
+    )
+    assert found["a"] == {"current": {}, "proposed": {"device": 2}}  # 1.0 (+0.5) + 1.0 > 1.5
+    # p: 1.0 + 0.5 fits the day, but not b's quota of 0.375; q: 1.5 + 0.5 > 1.5
+    assert found["b"] == {"current": {}, "proposed": {"device": 1, "quota": 1}}
+    assert found["c"] == {"current": {}, "proposed": {"device": 1}}  # 0.25 x 2 fits p only
+
+
+def test_a_window_quota_frees_when_its_days_leave_the_window(ledger: Ledger) -> None:
+    write_device_budget(
+        ledger.engine,
+        DeviceBudgetCreate(window_days=3, window_epsilon=4.0, quotas={"a": 0.5}),
+    )
+    assert ledger.charge("dev", "a", now=NOW).accepted
+    assert ledger.charge("dev", "a", now=NOW + timedelta(days=1)).accepted
+    refused = ledger.charge("dev", "a", now=NOW + timedelta(days=2))
+    assert (refused.refused_by, refused.reason) == ("quota", "window_cap")
+    assert refused.retry_at == day_start(utc_day(NOW) + 3) and refused.window_remaining == 0.0
+    assert ledger.charge("dev", "b", now=NOW + timedelta(days=2)).accepted  # others still fit
+    assert ledger.charge("dev", "a", now=NOW + timedelta(days=3)).accepted
