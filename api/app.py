@@ -64,7 +64,7 @@ from budget import (
 )
 from budget.audit_log import Verification
 from budget.clock import day_date
-from budget.reporting.device import DeviceWide
+from budget.reporting.device import DeviceOdometer, DeviceWide
 from budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
 from budget.reporting.views import (
     Distribution,
@@ -465,6 +465,7 @@ class DeviceBudget(BaseModel):
 
     device_id: str
     device: DeviceWide | None = None
+    odometer: DeviceOdometer | None = None
     use_cases: list[BudgetStatus]
 
 
@@ -912,6 +913,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         return DeviceBudget(
             device_id=device_id,
             device=ledger.device_wide(device_id, now=clock.now()),
+            odometer=ledger.device_odometer(device_id),
             use_cases=status,
         )
 

@@ -20,7 +20,7 @@ from budget.clock import day_start, utc_day
 from budget.errors import InvalidRequest, UnknownUseCase
 from budget.gate import Gate, OnAccept, load_book
 from budget.integrity import StateCheck, StateReplay
-from budget.reporting.device import DeviceWide, device_wide
+from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
 from budget.reporting.report import (
     EffectiveEpsilonReport,
     ReportBasis,
@@ -239,6 +239,12 @@ class Ledger:
             book = load_book(conn)
             state = self.state_of(conn, self.device_key(device_id)) or AccountState()
         return device_wide(book, state, utc_day(now))
+
+    def device_odometer(self, device_id: str) -> DeviceOdometer:
+        """The device's lifetime basic sum and odometer reading (valid under adaptivity)."""
+        with self.engine.connect() as conn:
+            state = self.state_of(conn, self.device_key(device_id)) or AccountState()
+        return device_odometer(state)
 
     def status(self, device_id: str, *, now: datetime) -> list[BudgetStatus]:
         """The device's standing against every active use case, at ``now``.

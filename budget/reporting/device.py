@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from budget.book import PolicyBook
+from budget.odometer import OdometerState, running_epsilon
 from budget.rule import device_spend
 from budget.state import AccountState
 from policies.model import from_micro
 
-__all__ = ["DeviceWide", "QuotaStatus", "device_wide"]
+__all__ = ["DeviceOdometer", "DeviceWide", "QuotaStatus", "device_odometer", "device_wide"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,4 +108,47 @@ def device_wide(book: PolicyBook, state: AccountState, day: int) -> DeviceWide |
         window_remaining=_left(device.window_micro, in_window),
         lifetime_remaining=_left(device.lifetime_micro, overall.lifetime_all),
         use_cases=lines,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceOdometer:
+    """A device's lifetime running totals and the figures valid under full adaptivity.
+
+    ``basic_epsilon`` is the sum of each report's ``g x eps`` (pure, delta 0);
+    ``odometer_epsilon`` the mixture odometer's reading at ``delta``
+    (:func:`budget.odometer.running_epsilon`, never above the basic sum), valid at every time
+    at once however the reports were chosen. Both are read from the row's lifetime slots
+    (each slot's epsilon, group size and count), which every charge updates in O(1).
+    """
+
+    reports: int
+    basic_epsilon: float
+    odometer_epsilon: float
+    delta: float
+    figure: str
+
+
+ODOMETER_DELTA = 1e-9
+
+
+def device_odometer(state: AccountState, delta: float = ODOMETER_DELTA) -> DeviceOdometer:
+    """The running totals ``n``, ``S1``, ``S2`` of the device's group-scaled epsilons."""
+    n = s1 = s2 = 0
+    for _, eps, group, count in state.slots:
+        e = int(eps) * int(group)
+        n += int(count)
+        s1 += e * int(count)
+        s2 += e * e * int(count)
+    totals = OdometerState(n, s1, s2)
+    return DeviceOdometer(
+        reports=n,
+        basic_epsilon=totals.epsilon_sum,
+        odometer_epsilon=running_epsilon(totals, delta),
+        delta=delta,
+        figure=(
+            "lifetime, every use case, epsilon x group_size: basic sum (delta 0) and the"
+            " mixture odometer at delta (Whitehouse, Ramdas, Rogers, Wu 2023), both valid"
+            " under full adaptivity"
+        ),
     )

@@ -48,7 +48,7 @@ def test_a_device_wide_refusal_names_its_budget(tmp_path: Path) -> None:
         assert "device-wide budget" in body["detail"]
         assert int(response.headers["Retry-After"]) >= 1
         view = httpx.get(f"{base}/v1/devices/phone/budget", headers=ADMIN, timeout=T).json()
-        assert list(view)[:2] == ["device_id", "device"]
+        assert list(view)[:2] == ["device_id", "device"] and view["odometer"]["reports"] == 1
         device = view["device"]
         assert device["epsilon_today"] == eps and device["today_remaining"] == 0.0
         assert device["lifetime_remaining"] == 99 * eps

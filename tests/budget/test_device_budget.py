@@ -358,3 +358,19 @@ def test_a_window_quota_frees_when_its_days_leave_the_window(ledger: Ledger) -> 
     assert refused.retry_at == day_start(utc_day(NOW) + 3) and refused.window_remaining == 0.0
     assert ledger.charge("dev", "b", now=NOW + timedelta(days=2)).accepted  # others still fit
     assert ledger.charge("dev", "a", now=NOW + timedelta(days=3)).accepted
+
+
+def test_the_device_odometer_reads_the_rows_totals(ledger: Ledger) -> None:
+    from budget.odometer import OdometerState, charge, running_epsilon
+
+    ledger.policies.create(_policy("small", epsilon_per_report=0.05, max_reports_per_day=1000))
+    expected = OdometerState()
+    for _ in range(141):
+        assert ledger.charge("dev", "small", now=NOW).accepted
+        expected = charge(expected, 0.05)
+    assert ledger.charge("dev", "c", now=NOW).accepted  # 0.25 at group size 2 counts 0.5
+    expected = charge(expected, 0.5)
+    shown = ledger.device_odometer("dev")
+    assert shown.reports == 142 and shown.basic_epsilon == pytest.approx(7.55, abs=1e-12)
+    assert shown.odometer_epsilon == running_epsilon(expected, 1e-9)
+    assert shown.odometer_epsilon < shown.basic_epsilon  # many small reports: below the sum
