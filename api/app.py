@@ -1363,6 +1363,7 @@ def _refusal(decision: Any, clock: Clock) -> JSONResponse:
         "daily_cap": "daily epsilon limit" if by in ("device", "quota") else "daily report cap",
         "window_cap": "window epsilon cap",
         "lifetime_cap": "lifetime epsilon cap",
+        "lifetime_filter": "lifetime (epsilon, delta) filter",
     }
     whose = {
         "device": "the device-wide budget",

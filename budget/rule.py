@@ -5,7 +5,10 @@ state: the daily cap (the budget's members' reports today), the window cap (thei
 the days of the window, none on or before a use case's retention horizon) and the lifetime cap
 (their epsilon ever), in that order; then, when a device-wide budget is in force
 (``terms.device``), the device's group-scaled epsilon today, in its window and ever, each
-against the device-wide limit and then against the use case's quota of it. A refusal names the
+against the device-wide limit and then against the use case's quota of it, and last its
+lifetime ``(epsilon, delta)`` filter: a report is admitted if the basic sum stays within
+``epsilon`` or the advanced-composition filter's ``S2`` within its cap
+(:func:`budget.odometer.admit_either`, the same condition in exact integers). A refusal names the
 budget that refused (``refused_by``: ``use_case``, ``group``, ``device`` or ``quota``) and when
 it frees (``retry_at``; ``None``: never). :func:`decide_on` also charges the state in memory.
 The gate's transaction (:mod:`budget.batch`), what-if and the tests all decide here.
@@ -13,6 +16,7 @@ The gate's transaction (:mod:`budget.batch`), what-if and the tests all decide h
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -20,13 +24,14 @@ from typing import Any, Literal, NamedTuple
 
 from budget.book import Terms
 from budget.clock import day_start
+from budget.odometer import Target, filter_cap_sq
 from budget.state import AccountState
 from policies.device import DeviceLimits
 from policies.model import from_micro
 
 __all__ = ["Decision", "Reason", "RefusedBy", "check", "decide", "decide_on", "device_spend"]
 
-Reason = Literal["accepted", "daily_cap", "window_cap", "lifetime_cap"]
+Reason = Literal["accepted", "daily_cap", "window_cap", "lifetime_cap", "lifetime_filter"]
 RefusedBy = Literal["use_case", "group", "device", "quota"]
 
 
@@ -195,7 +200,18 @@ def _device_check(
         if cap is not None and life + eps > cap:
             left = from_micro(max(0, cap - life))
             return _refused(terms, day, "lifetime_cap", None, lifetime=left, refused_by=who)
+    if device.filter_micro is not None and device.filter_delta is not None:
+        s2 = sum(int(s[3]) * (int(s[1]) * int(s[2])) ** 2 for s in state.slots)
+        target = (device.filter_micro, device.filter_delta)
+        if spend.lifetime_all + eps > device.filter_micro and s2 + eps * eps > _v_star(target):
+            return _refused(terms, day, "lifetime_filter", None, refused_by="device")
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _v_star(target: tuple[int, float]) -> int:
+    """The advanced-composition filter's cap on ``S2`` (micro-epsilon squared, rounded down)."""
+    return filter_cap_sq(Target(from_micro(target[0]), target[1]))
 
 
 def decide_on(

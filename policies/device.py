@@ -5,7 +5,9 @@ them. A deployment may set a device-wide budget, epsilon per UTC day, per window
 ``window_days`` days and per lifetime (each optional), and a quota per use case inside it: the
 share of each device-wide limit that one use case may take, so that no use case starves the
 others. Figures are basic (pure) composition of group-scaled epsilons: a report of ``eps`` at
-``group_size`` ``g`` counts ``g x eps`` (:mod:`budget.rule`).
+``group_size`` ``g`` counts ``g x eps`` (:mod:`budget.rule`). Optionally, a lifetime
+``(filter_epsilon, filter_delta)`` target enforced by a privacy filter
+(:func:`budget.odometer.admit_either`) over the same group-scaled reports.
 
 Stored like policies: every version is kept (``device_budgets``), the highest is in force, and
 a version with every limit empty switches the device-wide budget off.
@@ -46,12 +48,18 @@ class DeviceBudgetCreate(SQLModel):
     window_days: int | None = Field(default=None, ge=1, le=3650)
     window_epsilon: float | None = Field(default=None, gt=0, le=1e9)
     lifetime_epsilon: float | None = Field(default=None, gt=0, le=1e9)
+    filter_epsilon: float | None = Field(
+        default=None, gt=0, le=1e9, description="Lifetime (epsilon, delta) filter: epsilon."
+    )
+    filter_delta: float | None = Field(
+        default=None, gt=0, lt=1, description="Lifetime (epsilon, delta) filter: delta."
+    )
     quotas: dict[str, float] = Field(
         default_factory=dict,
         description="Per use case, the share (0 < q <= 1) of each device-wide limit it may use.",
     )
 
-    @field_validator("epsilon_per_day", "window_epsilon", "lifetime_epsilon")
+    @field_validator("epsilon_per_day", "window_epsilon", "lifetime_epsilon", "filter_epsilon")
     @classmethod
     def _micro_exact(cls, value: float | None, info: Any) -> float | None:
         if value is not None:
@@ -73,6 +81,8 @@ class DeviceBudgetCreate(SQLModel):
     def _cross_field(self) -> Self:
         if (self.window_days is None) != (self.window_epsilon is None):
             raise ValueError("`window_days` and `window_epsilon` are given together or not at all")
+        if (self.filter_epsilon is None) != (self.filter_delta is None):
+            raise ValueError("`filter_epsilon` and `filter_delta` are given together or not at all")
         if self.quotas and not self.enabled:
             raise ValueError("`quotas` need at least one device-wide limit")
         return self
@@ -80,7 +90,12 @@ class DeviceBudgetCreate(SQLModel):
     @property
     def enabled(self) -> bool:
         """Whether any device-wide limit is set."""
-        limits = (self.epsilon_per_day, self.window_epsilon, self.lifetime_epsilon)
+        limits = (
+            self.epsilon_per_day,
+            self.window_epsilon,
+            self.lifetime_epsilon,
+            self.filter_epsilon,
+        )
         return any(v is not None for v in limits)
 
 
@@ -98,6 +113,8 @@ class DeviceBudgetVersion(SQLModel, table=True):
     window_days: int | None = None
     window_epsilon: float | None = None
     lifetime_epsilon: float | None = None
+    filter_epsilon: float | None = None
+    filter_delta: float | None = None
     quotas: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(default_factory=_now)
     actor: str = Field(default="system", max_length=100)
@@ -109,6 +126,8 @@ class DeviceBudgetVersion(SQLModel, table=True):
             window_days=self.window_days,
             window_epsilon=self.window_epsilon,
             lifetime_epsilon=self.lifetime_epsilon,
+            filter_epsilon=self.filter_epsilon,
+            filter_delta=self.filter_delta,
             quotas=orjson.loads(self.quotas),
         )
 
@@ -127,6 +146,8 @@ class DeviceLimits:
     window_micro: int | None
     lifetime_micro: int | None
     quotas: dict[str, int]
+    filter_micro: int | None = None
+    filter_delta: float | None = None
 
     @property
     def longest_window(self) -> int:
@@ -159,6 +180,8 @@ def limits_of(version: DeviceBudgetVersion | None) -> DeviceLimits | None:
         window_micro=micro(body.window_epsilon),
         lifetime_micro=micro(body.lifetime_epsilon),
         quotas={k: to_micro(v, f"quotas.{k}") for k, v in body.quotas.items()},
+        filter_micro=micro(body.filter_epsilon),
+        filter_delta=body.filter_delta,
     )
 
 
@@ -195,6 +218,8 @@ def write_device_budget(
             window_days=body.window_days,
             window_epsilon=body.window_epsilon,
             lifetime_epsilon=body.lifetime_epsilon,
+            filter_epsilon=body.filter_epsilon,
+            filter_delta=body.filter_delta,
             quotas=orjson.dumps(dict(sorted(body.quotas.items()))).decode(),
             actor=actor,
         )
@@ -209,10 +234,12 @@ def loosening(old: DeviceBudgetCreate | None, new: DeviceBudgetCreate) -> list[s
     if old is None or not old.enabled:
         return []
     out = []
-    for name in ("epsilon_per_day", "window_epsilon", "lifetime_epsilon"):
+    for name in ("epsilon_per_day", "window_epsilon", "lifetime_epsilon", "filter_epsilon"):
         before, after = getattr(old, name), getattr(new, name)
         if before is not None and (after is None or after > before):
             out.append(f"device_budget.{name} {before} -> {after}")
+    if old.filter_delta is not None and (new.filter_delta or 1.0) > old.filter_delta:
+        out.append(f"device_budget.filter_delta {old.filter_delta} -> {new.filter_delta}")
     if old.window_days is not None and (new.window_days or 0) < old.window_days:
         out.append(f"device_budget.window_days {old.window_days} -> {new.window_days}")
     for name, share in old.quotas.items():

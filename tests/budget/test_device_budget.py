@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 from sqlalchemy import Engine
@@ -374,3 +374,61 @@ def test_the_device_odometer_reads_the_rows_totals(ledger: Ledger) -> None:
     assert shown.reports == 142 and shown.basic_epsilon == pytest.approx(7.55, abs=1e-12)
     assert shown.odometer_epsilon == running_epsilon(expected, 1e-9)
     assert shown.odometer_epsilon < shown.basic_epsilon  # many small reports: below the sum
+
+
+def _filter_ledger(tmp: Path) -> Ledger:
+    engine = create_db_engine(f"sqlite:///{tmp / 'f.sqlite'}")
+    init_db(engine)
+    led = Ledger(engine, SECRET)
+    for name, eps, group in (("tiny", 0.01, 1), ("small", 0.05, 1), ("mid", 0.1, 2)):
+        led.policies.create(
+            _policy(name, epsilon_per_report=eps, max_reports_per_day=1000, group_size=group)
+        )
+    return led
+
+
+WEIGHT = {"tiny": 0.01, "small": 0.05, "mid": 0.2}  # epsilon x group size
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), target=st.sampled_from([(1.0, 1e-6), (2.0, 1e-9), (0.5, 1e-3)]))
+def test_the_filter_admits_exactly_what_the_theorem_allows(data: Any, target: Any) -> None:
+    from budget.odometer import OdometerState, Target, admit_either, charge
+
+    tmp = Path(tempfile.mkdtemp())
+    led = _filter_ledger(tmp)
+    try:
+        write_device_budget(
+            led.engine, DeviceBudgetCreate(filter_epsilon=target[0], filter_delta=target[1])
+        )
+        goal = Target(*target)
+        admitted = OdometerState()
+        refused_last = False
+        for _ in range(data.draw(st.integers(5, 80))):
+            # adaptive: after a refusal the analyst tends to ask for less
+            names = ["tiny", "small"] if refused_last else ["tiny", "small", "mid"]
+            name = data.draw(st.sampled_from(names))
+            want = admit_either(admitted, WEIGHT[name], goal)
+            got = led.charge("dev", name, now=NOW)
+            assert got.accepted == want
+            if got.accepted:
+                admitted = charge(admitted, WEIGHT[name])
+            else:
+                assert (got.refused_by, got.reason, got.retry_at) == (
+                    "device",
+                    "lifetime_filter",
+                    None,
+                )
+            refused_last = not got.accepted
+    finally:
+        led.engine.dispose()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_filter_admits_more_small_reports_than_a_basic_cap(tmp_path: Path) -> None:
+    led = _filter_ledger(tmp_path)
+    write_device_budget(led.engine, DeviceBudgetCreate(filter_epsilon=4.0, filter_delta=1e-9))
+    filtered = sum(led.charge("a", "small", now=NOW).accepted for _ in range(200))
+    write_device_budget(led.engine, DeviceBudgetCreate(lifetime_epsilon=4.0))
+    basic = sum(led.charge("b", "small", now=NOW).accepted for _ in range(200))
+    assert (filtered, basic) == (141, 80)  # docs/odometer.md: the same (4, 1e-9) target
