@@ -53,6 +53,8 @@ class DeviceWide:
     window_remaining: float | None
     lifetime_remaining: float | None
     use_cases: list[QuotaStatus]
+    filter_epsilon: float | None = None
+    filter_delta: float | None = None
 
 
 FIGURE = "basic composition of epsilon x group_size (pure DP, delta 0; valid under adaptivity)"
@@ -108,6 +110,8 @@ def device_wide(book: PolicyBook, state: AccountState, day: int) -> DeviceWide |
         window_remaining=_left(device.window_micro, in_window),
         lifetime_remaining=_left(device.lifetime_micro, overall.lifetime_all),
         use_cases=lines,
+        filter_epsilon=None if device.filter_micro is None else from_micro(device.filter_micro),
+        filter_delta=device.filter_delta,
     )
 
 

@@ -432,3 +432,11 @@ def test_the_filter_admits_more_small_reports_than_a_basic_cap(tmp_path: Path) -
     write_device_budget(led.engine, DeviceBudgetCreate(lifetime_epsilon=4.0))
     basic = sum(led.charge("b", "small", now=NOW).accepted for _ in range(200))
     assert (filtered, basic) == (141, 80)  # docs/odometer.md: the same (4, 1e-9) target
+
+
+def test_the_device_view_names_the_filter_target(ledger: Ledger) -> None:
+    write_device_budget(ledger.engine, DeviceBudgetCreate(filter_epsilon=4.0, filter_delta=1e-9))
+    shown = ledger.device_wide("dev", now=NOW)
+    assert shown is not None and (shown.filter_epsilon, shown.filter_delta) == (4.0, 1e-9)
+    with pytest.raises(ValueError, match="filter_delta"):
+        DeviceBudgetCreate(filter_epsilon=4.0)
