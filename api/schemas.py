@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 from pydantic import Field as PydField
 
 from budget import BudgetStatus
+from budget.reporting.device import DeviceOdometer, DeviceWide
 from policies import DEFAULT_POLICIES, Policy, PolicyPublic, publish
 
 __all__ = [
@@ -101,9 +102,11 @@ class AuditVerification(BaseModel):
 
 
 class DeviceBudget(BaseModel):
-    """Every use case's budget for one device."""
+    """One device's budget: the device-wide budget first (``null``: none set), then per use case."""
 
     device_id: str
+    device: DeviceWide | None = None
+    odometer: DeviceOdometer | None = None
     use_cases: list[BudgetStatus]
 
 

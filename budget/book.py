@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from policies.device import DeviceLimits
 from policies.model import Policy, budget_key, to_micro
 
 __all__ = ["NO_HORIZON", "PolicyBook", "Terms"]
@@ -37,7 +38,8 @@ class Terms:
     """The figures of one policy version the gate decides on, as plain integers.
 
     ``members`` are the use cases whose history the budget's caps count (this one included);
-    ``horizons`` every use case's last deleted day (absent: none), shared by all terms. A
+    ``horizons`` every use case's last deleted day (absent: none), shared by all terms;
+    ``device`` the device-wide budget in force (``None``: none), shared by all terms. A
     policy is a database model whose every attribute read goes through SQLAlchemy's
     instrumentation; the hot paths read these.
     """
@@ -54,6 +56,7 @@ class Terms:
     group_size: int = 1
     members: frozenset[str] = frozenset()
     horizons: Mapping[str, int] = field(default_factory=dict)
+    device: DeviceLimits | None = None
 
     @classmethod
     def of(
@@ -61,6 +64,7 @@ class Terms:
         policy: Policy,
         members: Iterable[str] = (),
         horizons: Mapping[str, int] | None = None,
+        device: DeviceLimits | None = None,
     ) -> Terms:
         """The snapshot of ``policy``; ``members`` default to the use case alone."""
         window, lifetime = policy.window_epsilon_cap, policy.lifetime_epsilon_cap
@@ -78,12 +82,18 @@ class Terms:
             group_size=policy.group_size,
             members=names,
             horizons={} if horizons is None else horizons,
+            device=device,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyBook:
-    """Every use case's latest version, budget members, longest retention and horizon."""
+    """Every use case's latest version, budget members, longest retention and horizon.
+
+    ``device`` is the device-wide budget in force (``None``: none); ``device_window`` the
+    longest device-wide window any of its versions ever had, which the purge keeps (days the
+    device window counts must still be held).
+    """
 
     latest: dict[str, Policy]
     members: dict[str, frozenset[str]]
@@ -91,10 +101,22 @@ class PolicyBook:
     horizons: dict[str, int]
     terms: dict[str, Terms]
     group_sizes: dict[tuple[str, int], int]
+    device: DeviceLimits | None = None
+    device_window: int = 0
 
     @classmethod
-    def build(cls, versions: Iterable[Policy], horizons: Mapping[str, int]) -> PolicyBook:
-        """The book of all policy ``versions`` (any order) and the purge's ``horizons``."""
+    def build(
+        cls,
+        versions: Iterable[Policy],
+        horizons: Mapping[str, int],
+        device: DeviceLimits | None = None,
+        device_window: int = 0,
+    ) -> PolicyBook:
+        """The book of all policy ``versions`` (any order) and the purge's ``horizons``.
+
+        ``device`` is the device-wide budget in force, ``device_window`` the longest window
+        any of its versions ever had.
+        """
         latest: dict[str, Policy] = {}
         longest: dict[str, int] = {}
         group_sizes: dict[tuple[str, int], int] = {}
@@ -109,23 +131,33 @@ class PolicyBook:
         members = {b: frozenset(names) for b, names in grouped.items()}
         held = {n: int(d) for n, d in horizons.items()}
         terms = {
-            name: Terms.of(p, members[budget_key(p)], held)
+            name: Terms.of(p, members[budget_key(p)], held, device)
             for name, p in latest.items()
             if p.active
         }
-        return cls(latest, members, longest, held, terms, group_sizes)
+        window = max(device_window, device.longest_window if device else 0)
+        return cls(latest, members, longest, held, terms, group_sizes, device, window)
 
     def with_policy(self, proposed: Policy) -> PolicyBook:
         """The book as it would be with ``proposed`` as its use case's latest version."""
         versions = [*self.latest.values()]
         versions = [p for p in versions if p.name != proposed.name] + [proposed]
-        book = PolicyBook.build(versions, self.horizons)
+        book = PolicyBook.build(versions, self.horizons, self.device, self.device_window)
         longest = dict(self.longest_retention)
         longest[proposed.name] = max(
             self.longest_retention.get(proposed.name, 0), proposed.retention_days
         )
         sizes = {**self.group_sizes, **book.group_sizes}
-        return PolicyBook(book.latest, book.members, longest, book.horizons, book.terms, sizes)
+        return PolicyBook(
+            book.latest,
+            book.members,
+            longest,
+            book.horizons,
+            book.terms,
+            sizes,
+            self.device,
+            self.device_window,
+        )
 
     @property
     def active(self) -> list[Policy]:
@@ -141,5 +173,10 @@ class PolicyBook:
         return self.horizons.get(use_case, NO_HORIZON)
 
     def deletable_through(self, use_case: str, day: int) -> int:
-        """The last day the purge on ``day`` deletes for ``use_case`` (never below its horizon)."""
-        return max(day - self.longest_retention.get(use_case, 0), self.horizon(use_case))
+        """The last day the purge on ``day`` deletes for ``use_case`` (never below its horizon).
+
+        Days are held for the longest retention the use case ever had, and at least as long
+        as the longest device-wide window ever set, which counts every use case's days.
+        """
+        keep = max(self.longest_retention.get(use_case, 0), self.device_window)
+        return max(day - keep, self.horizon(use_case))

@@ -25,6 +25,7 @@ from budget.keyed import KeyedHash
 from budget.rule import Decision
 from budget.storage.db import placeholder, writer
 from budget.storage.tables import RetentionHorizon
+from policies.device import device_budget_versions, limits_of
 from policies.model import Policy
 
 __all__ = ["Gate", "InternalError", "OnAccept", "device_key", "load_book"]
@@ -118,8 +119,8 @@ class Gate:
     def book(self, conn: Connection) -> PolicyBook:
         """The policy book as of this transaction, rebuilt only when policies or horizons change.
 
-        Policy versions are only ever added and horizons only ever rise, so the pair (number
-        of versions, sum of horizons) changes with every change that matters.
+        Policy and device-budget versions are only ever added and horizons only ever rise, so
+        the pair (number of versions, sum of horizons) changes with every change that matters.
         """
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         cursor.execute(self.sql("revision"))
@@ -145,7 +146,9 @@ def load_book(conn: Connection) -> PolicyBook:
     horizons = RetentionHorizon.__table__  # type: ignore[attr-defined]
     versions = [Policy.model_validate(r._asdict()) for r in conn.execute(table.select())]
     held = {str(r[0]): int(r[1]) for r in conn.execute(horizons.select())}
-    return PolicyBook.build(versions, held)
+    device = device_budget_versions(conn)
+    window = max((v.window_days or 0 for v in device), default=0)
+    return PolicyBook.build(versions, held, limits_of(device[-1] if device else None), window)
 
 
 # The hot path as plain SQL that SQLite (>= 3.35) and PostgreSQL both accept; "?" is replaced by
@@ -153,7 +156,7 @@ def load_book(conn: Connection) -> PolicyBook:
 # than the database work here.
 _HOT_PATH = {
     "revision": (
-        "SELECT (SELECT count(*) FROM policies),"
+        "SELECT (SELECT count(*) FROM policies) + (SELECT count(*) FROM device_budgets),"
         " (SELECT coalesce(sum(through_day), 0) FROM retention_horizons)"
     ),
     "insert_state": (

@@ -21,6 +21,7 @@ from budget.clock import day_start, utc_day
 from budget.errors import InvalidRequest, UnknownUseCase
 from budget.gate import Gate, OnAccept, load_book
 from budget.integrity import StateCheck, StateReplay
+from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
 from budget.reporting.report import (
     EffectiveEpsilonReport,
     ReportBasis,
@@ -38,6 +39,7 @@ from budget.storage.partitions import (
     is_partitioned,
 )
 from budget.storage.tables import Account, Charge, IdempotencyRecord, RetentionHorizon
+from policies.device import DeviceBudgetCreate, DeviceBudgetVersion, write_device_budget
 from policies.model import Policy, from_micro
 from policies.repository import PolicyStore
 
@@ -157,6 +159,25 @@ class Ledger:
         }
         self.audit.append(conn, [Entry(new.actor, action, data)], now=new.created_at)
 
+    def set_device_budget(
+        self, body: DeviceBudgetCreate, *, actor: str = "admin"
+    ) -> DeviceBudgetVersion:
+        """Store the device-wide budget as its next version, audited in the same transaction."""
+
+        def audited(
+            conn: Connection, old: DeviceBudgetVersion | None, new: DeviceBudgetVersion
+        ) -> None:
+            data = {
+                "old": None if old is None else old.body().model_dump(),
+                "new": new.body().model_dump(),
+                "version": new.version,
+            }
+            self.audit.append(
+                conn, [Entry(actor, "device_budget.update", data)], now=new.created_at
+            )
+
+        return write_device_budget(self.engine, body, actor=actor, on_change=audited)
+
     # -- tamper evidence ---------------------------------------------------------------------------
 
     def verify(self, *, kept: Sequence[Checkpoint] = ()) -> tuple[Verification, StateCheck]:
@@ -212,6 +233,19 @@ class Ledger:
         """The policy book now: every version's terms, budget members, retention, horizons."""
         with self.engine.connect() as conn:
             return load_book(conn)
+
+    def device_wide(self, device_id: str, *, now: datetime) -> DeviceWide | None:
+        """The device's standing against the device-wide budget (``None``: none in force)."""
+        with self.engine.connect() as conn:
+            book = load_book(conn)
+            state = self.state_of(conn, self.device_key(device_id)) or AccountState()
+        return device_wide(book, state, utc_day(now))
+
+    def device_odometer(self, device_id: str) -> DeviceOdometer:
+        """The device's lifetime basic sum and odometer reading (valid under adaptivity)."""
+        with self.engine.connect() as conn:
+            state = self.state_of(conn, self.device_key(device_id)) or AccountState()
+        return device_odometer(state)
 
     def status(self, device_id: str, *, now: datetime) -> list[BudgetStatus]:
         """The device's standing against every active use case, at ``now``.

@@ -1,7 +1,7 @@
 """Use-case policies: mechanism and parameters, epsilon per report, caps, retention, thresholds."""
 
 from policies.defaults import DEFAULT_POLICIES, default_policies
-from policies.files import PolicyFileError, dump_policies, load_policies
+from policies.files import PolicyFileError, dump_policies, load_device_budget, load_policies
 from policies.model import (
     Policy,
     PolicyBase,
@@ -26,6 +26,7 @@ __all__ = [
     "budget_key",
     "default_policies",
     "dump_policies",
+    "load_device_budget",
     "load_policies",
     "mechanism_for",
     "publish",

@@ -1,4 +1,8 @@
-"""Policies as YAML or TOML files (``policies: [...]``), complete and validated by the model."""
+"""Policies as YAML or TOML files (``policies: [...]``), complete and validated by the model.
+
+A file may also hold a ``device_budget`` table (:class:`policies.device.DeviceBudgetCreate`):
+the device-wide budget every use case draws from, with per-use-case ``quotas``.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ import tomli_w
 import yaml
 from pydantic import ValidationError
 
+from policies.device import DeviceBudgetCreate
 from policies.model import PolicyBase, PolicyCreate
 
-__all__ = ["PolicyFileError", "dump_policies", "load_policies"]
+__all__ = ["PolicyFileError", "dump_policies", "load_device_budget", "load_policies"]
 
 
 class PolicyFileError(ValueError):
@@ -49,6 +54,37 @@ NULLABLE = tuple(
 SFP_ONLY = ("k_fragment", "m_fragment", "epsilon_word", "epsilon_fragment")
 
 
+def _read(path: str | Path) -> Any:
+    p = Path(path)
+    fmt = _format_of(p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyFileError(f"cannot read {p}: {exc.strerror}") from None
+    return _parse(text, fmt)
+
+
+def load_device_budget(path: str | Path) -> DeviceBudgetCreate | None:
+    """The file's ``device_budget`` table, validated (``None``: the file has none).
+
+    Every limit left out is empty: a file states the whole device-wide budget.
+    """
+    data = _read(path)
+    if not isinstance(data, dict) or "device_budget" not in data:
+        return None
+    found = data["device_budget"]
+    if not isinstance(found, dict):
+        raise PolicyFileError("`device_budget` must be a table of fields")
+    try:
+        return DeviceBudgetCreate.model_validate(found)
+    except ValidationError as exc:
+        problems = [
+            f"device_budget `{'.'.join(str(x) for x in e['loc']) or 'device_budget'}`: {e['msg']}"
+            for e in exc.errors()
+        ]
+        raise PolicyFileError("; ".join(problems)) from None
+
+
 def load_policies(path: str | Path) -> list[PolicyCreate]:
     """Read and validate every policy of a file, each complete; list every problem at once.
 
@@ -56,19 +92,16 @@ def load_policies(path: str | Path) -> list[PolicyCreate]:
     otherwise take its default and silently undo what the stored policy says (a cap dropped,
     retention cut to 90 days). Empty fields are ``null`` in YAML and listed in ``unset`` in TOML.
     """
-    p = Path(path)
-    fmt = _format_of(p)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyFileError(f"cannot read {p}: {exc.strerror}") from None
-    data = _parse(text, fmt)
+    data = _read(path)
     if (
         not isinstance(data, dict)
-        or set(data) != {"policies"}
+        or set(data) - {"device_budget"} != {"policies"}
         or not isinstance(data["policies"], list)
     ):
-        raise PolicyFileError("the file must hold exactly one key, `policies`, with a list")
+        raise PolicyFileError(
+            "the file must hold exactly one key, `policies`, with a list (and may hold"
+            " `device_budget`)"
+        )
     out: list[PolicyCreate] = []
     problems: list[str] = []
     names: set[str] = set()

@@ -11,6 +11,7 @@ import typer
 if TYPE_CHECKING:
     from budget import Ledger
     from policies import Policy, PolicyBase, PolicyCreate
+    from policies.device import DeviceBudgetCreate
 
 from api.cli.common import Access, DatabaseOption, load_settings, open_ledger, refuse
 
@@ -72,24 +73,33 @@ def policies_apply(
     runs them all and writes nothing.
     """
     from budget import PolicyConflict, SystemClock
-    from policies import PolicyFileError, load_policies
+    from policies import PolicyFileError, load_device_budget, load_policies
 
     try:
         policies = load_policies(file)
+        device = load_device_budget(file)
     except PolicyFileError as exc:
         refuse(f"{file}: {exc}", 1)
     ledger = open_ledger(load_settings(database_url), Access.READ if dry_run else Access.WRITE)
     try:
-        problems, loosening, changed = _review(ledger, policies, now=SystemClock().now())
+        now = SystemClock().now()
+        problems, loosening, changed = _review(ledger, policies, now=now)
+        device_changed = device is not None and _review_device_budget(
+            ledger, device, loosening, now=now
+        )
         if loosening and not allow_loosen:  # reported with every other problem, at once
             problems.append(
                 f"these changes loosen a policy and need --allow-loosen: {'; '.join(loosening)}"
             )
         if problems:
             refuse("; ".join(problems), 1)
-        if dry_run or not changed:
-            print(f"{'dry run: ' if dry_run else ''}{len(changed)} change(s), nothing written")
+        if dry_run or not (changed or device_changed):
+            count = len(changed) + int(device_changed)
+            print(f"{'dry run: ' if dry_run else ''}{count} change(s), nothing written")
             return
+        if device is not None and device_changed:
+            version = ledger.set_device_budget(device, actor="cli")
+            print(f"device_budget: version {version.version} written")
         for policy in changed:
             try:
                 stored = ledger.policies.apply(policy, actor="cli")
@@ -98,6 +108,29 @@ def policies_apply(
             print(f"{stored.name}: version {stored.version} written")
     finally:
         ledger.engine.dispose()
+
+
+def _review_device_budget(
+    ledger: Ledger, device: DeviceBudgetCreate, loosening: list[str], *, now: datetime
+) -> bool:
+    """Print whether the file's device-wide budget changes and its what-if; add its loosenings."""
+    from budget.reporting.views import what_if_device_budget
+    from policies.device import device_budget_versions
+    from policies.device import loosening as device_loosening
+
+    with ledger.engine.connect() as conn:
+        held = device_budget_versions(conn)
+    old = held[-1].body() if held else None
+    changed = old != device
+    print(f"device_budget: {'changed' if changed else 'unchanged'}")
+    if changed:
+        refused = what_if_device_budget(ledger, device, now=now)
+        for name, sides in refused.items():
+            if sides["current"] != sides["proposed"]:
+                before, after = sides["current"], sides["proposed"]
+                print(f"  {name}: devices refused next report {before} -> {after}")
+        loosening.extend(device_loosening(old, device))
+    return changed
 
 
 def _review(

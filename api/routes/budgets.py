@@ -1,14 +1,15 @@
-"""Budgets: what a device has left, read by the device itself or an admin."""
+"""Budgets: what a device has left (the device itself or an admin reads it); the device-wide one."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path
 
 from api.deps import AdminCredential, ClockDep, LedgerDep
 from api.errors import HttpError
 from api.schemas import DeviceBudget
+from policies.device import device_budget_versions
 
 __all__ = ["router"]
 
@@ -32,5 +33,14 @@ def device_budget(
     status = ledger.status(device_id, now=clock.now())
     return DeviceBudget(
         device_id=device_id,
+        device=ledger.device_wide(device_id, now=clock.now()),
+        odometer=ledger.device_odometer(device_id),
         use_cases=status,
     )
+
+
+@router.get("/v1/device-budget")
+def device_budget_versions_route(ledger: LedgerDep) -> list[dict[str, Any]]:
+    """Every version of the device-wide budget, oldest first (the last is in force)."""
+    with ledger.engine.connect() as conn:
+        return [v.model_dump(mode="json") for v in device_budget_versions(conn)]

@@ -129,15 +129,23 @@ def refusal(decision: Decision, clock: Clock) -> JSONResponse:
     if decision.retry_at is not None:
         seconds = max(1, math.ceil((decision.retry_at - clock.now()).total_seconds()))
         headers["Retry-After"] = str(seconds)
+    by = decision.refused_by
+    headers["X-Refused-By"] = str(by)
     caps = {
-        "daily_cap": "daily report cap",
+        "daily_cap": "daily epsilon limit" if by in ("device", "quota") else "daily report cap",
         "window_cap": "window epsilon cap",
         "lifetime_cap": "lifetime epsilon cap",
+        "lifetime_filter": "lifetime (epsilon, delta) filter",
     }
+    whose = {
+        "device": "the device-wide budget",
+        "quota": f"use case {decision.use_case!r}'s quota of the device-wide budget",
+    }.get(by or "", f"budget {decision.budget!r}")
     return JSONResponse(
         {
-            "detail": f"the {caps[decision.reason]} of budget {decision.budget!r} is reached",
+            "detail": f"the {caps[decision.reason]} of {whose} is reached",
             "reason": decision.reason,
+            "refused_by": by,
             "use_case": decision.use_case,
             "budget": decision.budget,
             "retry_at": decision.retry_at.isoformat() if decision.retry_at else None,

@@ -8,11 +8,12 @@ lifetime line as a starting value, so the cumulative curve ends at the true life
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+import orjson
 
 from budget.accountant import PrivacyLoss
 from budget.book import Terms
@@ -23,6 +24,7 @@ from budget.ledger import DeviceLoss, Ledger
 from budget.reporting.report import UseCaseLine, build_report
 from budget.rule import check
 from budget.state import AccountState, lifetime_counts
+from policies.device import DeviceBudgetCreate, DeviceBudgetVersion, limits_of
 from policies.model import Policy, PolicyCreate, from_micro
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "device_timeline",
     "distribution",
     "what_if",
+    "what_if_device_budget",
 ]
 
 MAX_TIMELINE_DAYS = 400
@@ -378,3 +381,37 @@ def cumulative_series(
         n_devices,
         sampled,
     )
+
+
+def what_if_device_budget(
+    ledger: Ledger, proposed: DeviceBudgetCreate, *, now: datetime
+) -> dict[str, dict[str, dict[str, int]]]:
+    """Per active use case, the devices whose next report would be refused now, by which budget.
+
+    ``{use_case: {"current": {refused_by: devices}, "proposed": {...}}}``, each device decided
+    through the gate's own rule (:func:`budget.rule.check`) with the device-wide budget in force
+    and with ``proposed``; a device with no history is never refused and is left out. Nothing
+    is written.
+    """
+    day = utc_day(now)
+    book = ledger.book()
+    version = (book.device.version + 1) if book.device else 1
+    stored = DeviceBudgetVersion(
+        version=version,
+        epsilon_per_day=proposed.epsilon_per_day,
+        window_days=proposed.window_days,
+        window_epsilon=proposed.window_epsilon,
+        lifetime_epsilon=proposed.lifetime_epsilon,
+        quotas=orjson.dumps(proposed.quotas).decode(),
+    )
+    after = limits_of(stored)
+    out: dict[str, dict[str, dict[str, int]]] = {
+        name: {"current": defaultdict(int), "proposed": defaultdict(int)} for name in book.terms
+    }
+    for _, state in ledger.accounts():
+        for name, terms in book.terms.items():
+            for side, t in (("current", terms), ("proposed", replace(terms, device=after))):
+                decision = check(t, day, state)
+                if not decision.accepted:
+                    out[name][side][str(decision.refused_by)] += 1
+    return {n: {s: dict(v) for s, v in sides.items()} for n, sides in sorted(out.items())}

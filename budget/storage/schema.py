@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Engine, inspect, text
 import budget.audit_log
 import budget.central
 import budget.storage.tables  # noqa: F401 - registers the ledger tables
+import policies.device
 import policies.model  # noqa: F401 - registers the policy table
 from budget.storage.db import writer
 from budget.storage.partitions import DAYS_AHEAD, ensure_partitions

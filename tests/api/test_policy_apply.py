@@ -201,3 +201,30 @@ def test_the_console_script_refuses_a_loosening_in_a_real_process(db: Database) 
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "retention_days: 90 -> 30   (loosens)" in proc.stdout
     assert proc.stderr.strip().endswith("emoji: retention shortened from 90 to 30 days")
+
+
+def test_the_device_budget_section_is_applied_and_audited(db: Database) -> None:
+    path = db.tmp / "device.yaml"
+    body = {"policies": [db.emoji()], "device_budget": {"lifetime_epsilon": 10.0}}
+    path.write_text(yaml.safe_dump(body), encoding="utf-8")
+    first = db.cli(["policies", "apply", str(path)])
+    assert first.exit_code == 0, first.output
+    assert "device_budget: version 1 written" in first.stdout
+    ledger = db.ledger()
+    assert ledger.device_wide("device-1", now=datetime.now(UTC)) is not None
+    ledger.engine.dispose()
+    body["device_budget"] = {"lifetime_epsilon": 20.0}
+    path.write_text(yaml.safe_dump(body), encoding="utf-8")
+    looser = db.cli(["policies", "apply", str(path)])
+    assert looser.exit_code == 1
+    assert "device_budget.lifetime_epsilon 10.0 -> 20.0" in looser.output
+    allowed = db.cli(["policies", "apply", "--allow-loosen", str(path)])
+    assert allowed.exit_code == 0 and "version 2 written" in allowed.stdout
+    engine = create_db_engine(db.env["DPGOV_DATABASE_URL"])
+    with engine.connect() as conn:
+        audited = conn.execute(
+            text("SELECT body FROM audit_log WHERE action = 'device_budget.update' ORDER BY seq")
+        ).scalars()
+        bodies = list(audited)
+    engine.dispose()
+    assert len(bodies) == 2 and '"lifetime_epsilon":20.0' in bodies[1]
