@@ -19,6 +19,7 @@ from html import escape
 from typing import Any
 
 from budget.audit_log import Verification
+from budget.central import PRECONDITIONS, CentralLine, CentralLoss
 from budget.reporting.activity import Activity
 from budget.reporting.report import EffectiveEpsilonReport, LossSpread
 from budget.reporting.views import CumulativeSeries, Distribution
@@ -351,6 +352,7 @@ share its caps; a use case in no group has a budget of its own.</p>
 <th>lifetime max / p99 / median</th><th>devices</th></tr>{report_rows}</table>
 {totals}
 <p class="muted">Computed by {escape(str(report.provenance["accountant"]))}.</p>
+{central_section(report.central)}
 <h2>Cumulative epsilon over the window (solid: most-spent device, dashed: p99 device)</h2>
 <div class="grid" id="cumulative">{charts}</div>
 <h2>Devices by epsilon spent in the window</h2>
@@ -360,3 +362,36 @@ share its caps; a use case in no group has a budget of its own.</p>
 <p class="muted">{escape(hint)}</p>
 </body></html>
 """
+
+
+def _central_loss(loss: CentralLoss | None) -> str:
+    return "&#8212;" if loss is None else f"{_num(loss.epsilon)} at &#948;={loss.delta:g}"
+
+
+def central_section(lines: Sequence[CentralLine]) -> str:
+    """Central (epsilon, delta) after shuffling per use case and day, and its preconditions."""
+    if not lines:
+        return (
+            '<h2>Central &#949; after shuffling</h2><p class="muted" id="central">No shuffled'
+            " batch published in the last year.</p>"
+        )
+    rows = "".join(
+        f"<tr><td>{escape(line.use_case)}</td><td>{escape(day.day)}</td>"
+        f"<td>{_num(line.epsilon_per_report)}</td>"
+        f"<td>{'; '.join(f'{b.devices} / {b.reports} / {b.max_per_device}' for b in day.batches)}"
+        f"</td><td>{'; '.join(_central_loss(b.central) for b in day.batches)}</td>"
+        f"<td>{_central_loss(day.composed)}</td><td>{_central_loss(line.window)}</td>"
+        f"<td>{_central_loss(line.year)}</td></tr>"
+        for line in lines
+        for day in line.days
+    )
+    methods = sorted({x.method for line in lines for x in (line.window, line.year) if x})
+    return (
+        "<h2>Central &#949; after shuffling</h2>"
+        '<table id="central"><tr><th>use case</th><th>published</th><th>&#949;/report</th>'
+        "<th>batches: devices / reports / most per device</th><th>central per batch</th>"
+        "<th>day, composed</th><th>window, composed</th><th>year, composed</th></tr>"
+        f'{rows}</table><p class="muted">Per batch: FMT21 Theorem 3.2 (numerical) per'
+        f" sub-batch; composed with {escape('; '.join(methods) or 'dp-accounting PLD')}."
+        f" {escape(PRECONDITIONS)}</p>"
+    )

@@ -73,8 +73,8 @@ DOMAIN_ERRORS: tuple[type[Exception], ...] = (
 def status_of(exc: Exception) -> int | None:
     """The HTTP status of a domain error (``None``: not a domain error).
 
-    >>> status_of(UnknownUseCase("x")), status_of(KeyError("x"))
-    (404, None)
+    >>> status_of(UnknownUseCase("x")), status_of(PolicyChanged("x")), status_of(KeyError("x"))
+    (404, 409, None)
     """
     if isinstance(exc, InvalidReport | InvalidRequest):
         return INVALID

@@ -10,6 +10,10 @@ blocks the job for at most that long. The same names are what ``dpgov jobs run N
 
 The jobs are safe to run concurrently (see :mod:`api.ingestion.pipeline`): the leases save work,
 they are not what keeps a report from being stored or folded twice.
+
+This module sits beside the app and the CLI rather than in :mod:`api.ingestion`: it runs the
+pipeline's jobs and the audit log's checkpoints alike, for the service's scheduler, its admin
+routes and ``dpgov jobs``.
 """
 
 from __future__ import annotations
@@ -72,11 +76,17 @@ class Runtime:
 
 
 def _flush(rt: Runtime) -> dict[str, Any]:
-    return {"moved": flush_inbox(rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch)}
+    return {
+        "moved": flush_inbox(
+            rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch, now=rt.clock.now()
+        )
+    }
 
 
 def _aggregate(rt: Runtime) -> dict[str, Any]:
-    moved = flush_inbox(rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch)
+    moved = flush_inbox(
+        rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch, now=rt.clock.now()
+    )
     result = aggregate(rt.ledger)
     return {
         "moved": moved,

@@ -124,7 +124,10 @@ class Settings(BaseSettings):
         default=300, ge=1, description="Interval of the `aggregate` job (reports into sketches)."
     )
     shuffle_batch: int = Field(
-        default=10_000, ge=1, description="Most reports `flush-inbox` moves in one transaction."
+        default=10_000,
+        ge=1,
+        description="Most reports one statement of `flush-inbox` deletes or stores (a use"
+        " case's batch moves in one transaction).",
     )
     flush_min_batch: int = Field(
         default=100,

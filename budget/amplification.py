@@ -56,7 +56,8 @@ of the pair ``(P, Q)`` itself (the whole curve, tight over long windows) or of e
 Assumptions (the caller's to enforce): the shuffler is honest (it hides which device sent
 which report and is not observed by the adversary); ``n`` counts distinct devices whose reports
 are in the batch and that the adversary does not control; each device contributes exactly one
-``eps0``-LDP report to the batch.
+``eps0``-LDP report to the batch (several reports of one device: :mod:`budget.central` composes
+the batch's sub-batches).
 """
 
 from __future__ import annotations

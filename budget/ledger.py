@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Engine, and_, delete, select
 from budget.accountant import Accountant, PrivacyLoss
 from budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
 from budget.book import NO_HORIZON, PolicyBook
+from budget.central import central_figures
 from budget.clock import day_start, utc_day
 from budget.errors import InvalidRequest, UnknownUseCase
 from budget.gate import Gate, OnAccept, load_book
@@ -359,13 +360,19 @@ class Ledger:
                 yield dk, uc, e, g, n
 
     def effective_epsilon_basis(self, *, now: datetime) -> ReportBasis:
-        """The delta-free part of the effective-epsilon report: one scan of the ledger."""
-        return prepare_report(
+        """The delta-free part of the effective-epsilon report: one scan of the ledger.
+
+        With the central figures of the shuffled batches published (:mod:`budget.central`,
+        each at its policy's delta).
+        """
+        basis = prepare_report(
             list(self.book().latest.values()),
             utc_day(now),
             self.window_spend_rows(now=now),
             self.lifetime_rows(),
         )
+        central = central_figures(self.engine, self.all_policy_versions(), utc_day(now))
+        return replace(basis, central=central)
 
     def effective_epsilon(
         self, *, now: datetime, delta: float | None = None

@@ -105,6 +105,9 @@ class PolicyBase(SQLModel):
     retention_days: int = Field(default=90, ge=1, le=3650)
     group_size: int = Field(default=1, ge=1, le=1000)
     publish_threshold: float = Field(default=0.0, ge=0, le=1e12, description="Publish counts >= T.")
+    min_batch_devices: int = Field(
+        default=1, ge=1, le=10**9, description="Distinct devices a shuffled batch needs to publish."
+    )
     window_epsilon_cap: float | None = Field(
         default=None, gt=0, le=1e9, description="Per device and window."
     )
@@ -215,6 +218,7 @@ class PolicyUpdate(SQLModel):
     retention_days: int | None = None
     group_size: int | None = None
     publish_threshold: float | None = None
+    min_batch_devices: int | None = None
     window_epsilon_cap: float | None = None
     lifetime_epsilon_cap: float | None = None
     delta: float | None = None

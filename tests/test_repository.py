@@ -31,7 +31,8 @@ def test_every_package_imports_first_in_a_fresh_interpreter() -> None:
     import subprocess
     import sys
 
-    for package in ("policies", "budget", "mechanisms", "api", "api.app", "api.cli"):
+    packages = ("policies", "budget", "mechanisms", "api", "api.app", "api.cli", "api.lane")
+    for package in (*packages, "api.errors", "api.ingestion.ingest", "api.routes.reports"):
         proc = subprocess.run(
             [sys.executable, "-c", f"import {package}"],
             capture_output=True,
@@ -40,6 +41,20 @@ def test_every_package_imports_first_in_a_fresh_interpreter() -> None:
             check=False,
         )
         assert proc.returncode == 0, (package, proc.stderr)
+
+
+def test_the_service_imports_neither_the_cli_nor_the_demo() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, api.app; "
+        "print(sorted(m for m in sys.modules if m.startswith(('api.cli', 'api.demo'))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert proc.stdout.strip() == "[]", proc.stdout
 
 
 def test_the_policy_store_uses_the_ledgers_write_option() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import secrets
 from datetime import datetime
@@ -29,6 +30,7 @@ from policies.errors import PolicyError
 __all__ = ["Ingestor", "ItemResult", "SubmitRequest", "params_hash"]
 
 Mechanism = CMS | HCMS | SFP
+INBOX_PSEUDONYM_LABEL = b"\0dp-governor/inbox-pseudonym"
 
 
 class _StalePolicies(Exception):
@@ -72,6 +74,10 @@ class Ingestor:
     def __init__(self, ledger: Ledger, secret: bytes) -> None:
         self.ledger = ledger
         self._keyed = KeyedHash(secret)
+        key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
+        self._pseudonym_base = hashlib.blake2b(key=key, digest_size=8)
+        self._pseudonym_states: dict[str, Any] = {}  # per use case, its name already hashed
+        self._counted: set[tuple[str, int]] = set()  # versions with min_batch_devices > 1
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
@@ -79,8 +85,8 @@ class Ingestor:
             f"SELECT version, active FROM policies WHERE name = {ph} ORDER BY version DESC LIMIT 1"
         )
         self._inbox_sql = (
-            "INSERT INTO inbox (id, use_case, params, day, payload)"
-            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph})"
+            "INSERT INTO inbox (id, use_case, params, day, payload, device_tag)"
+            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
         )
 
     def current(self, use_case: str) -> tuple[Mechanism, str, int]:
@@ -125,6 +131,8 @@ class Ingestor:
             mech = mechanism_for(policy)
             found = (mech, params_hash(mech))
             self._mechanisms[key] = found
+            if policy.min_batch_devices > 1:
+                self._counted.add(key)
         return found
 
     def receipt(self, decision: Decision) -> str:
@@ -132,8 +140,29 @@ class Ingestor:
         message = f"receipt:{decision.use_case}:{decision.charge_id}".encode()
         return self._keyed.digest(message)[:16].hex()
 
-    def store_reports(self, conn: Connection, rows: list[tuple[str, str, int, str]]) -> None:
-        """Insert ``(use case, params, day, payload)`` inbox rows in the charges' transaction.
+    def inbox_pseudonym(self, use_case: str, device_id: str) -> int:
+        """The device's pseudonym in the inbox for one use case (the flush counts distinct ones).
+
+        Keyed BLAKE2b (a PRF) under a key derived from the secret for this purpose alone, so it
+        equals no device key, receipt or tag of the ledger; the flush drops it (the store has
+        none). 64 bits: two devices that collide are counted as one, which only understates
+        ``n`` (a weaker, still valid, central figure). Computed only for policy versions with
+        ``min_batch_devices > 1`` (about 9,000 instructions a report): a use case that sets no
+        minimum gets no central figure, and the report path of the others is unchanged.
+        """
+        state = self._pseudonym_states.get(use_case)
+        if state is None:
+            state = self._pseudonym_base.copy()
+            state.update(use_case.encode() + b"\0")
+            self._pseudonym_states[use_case] = state
+        tag = state.copy()
+        tag.update(device_id.encode())
+        return int.from_bytes(tag.digest(), "big", signed=True)
+
+    def store_reports(
+        self, conn: Connection, rows: list[tuple[str, str, int, str, int | None]]
+    ) -> None:
+        """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
         Each row gets a random 63-bit id: sequential ids would pair one to one with the
         charges' ids, which the same transaction allocates in the same order.
@@ -157,7 +186,7 @@ class Ingestor:
         out: list[Decision | Exception | None] = [None] * len(requests)
         current: dict[str, tuple[Mechanism, str, int] | Exception] = {}
         batch: list[BatchItem] = []
-        payloads: list[tuple[str, str, str]] = []
+        payloads: list[tuple[str, str, str, int | None]] = []
         positions: list[int] = []
         for i, req in enumerate(requests):
             found = current.get(req.use_case)
@@ -181,7 +210,12 @@ class Ingestor:
                 text = f"{req.use_case}\n{payload}".encode()
                 request_hash = hashlib.sha256(text).hexdigest()
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
-            payloads.append((req.use_case, found[1], payload))
+            tag = (
+                self.inbox_pseudonym(req.use_case, req.device_id)
+                if (req.use_case, found[2]) in self._counted
+                else None
+            )
+            payloads.append((req.use_case, found[1], payload, tag))
             positions.append(i)
 
         def enqueue(conn: Connection, accepted: list[tuple[int, Decision]]) -> None:
@@ -192,7 +226,10 @@ class Ingestor:
                     stale.add(d.use_case)
             if stale:  # rolls the group back; it is charged again without these use cases
                 raise _StalePolicies(stale)
-            rows = [(payloads[n][0], payloads[n][1], d.day, payloads[n][2]) for n, d in accepted]
+            rows = [
+                (payloads[n][0], payloads[n][1], d.day, payloads[n][2], payloads[n][3])
+                for n, d in accepted
+            ]
             self.store_reports(conn, rows)
 
         # A policy that changed after its reports were validated fails those reports only: the

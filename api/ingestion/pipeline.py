@@ -13,9 +13,10 @@ import hashlib
 import io
 import logging
 import secrets
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from api.ingestion.ingest import Ingestor, Mechanism, params_hash
 from api.ingestion.tables import InboxRow, SketchRow, StoredReport
 from budget import Ledger, utc_day
 from budget.audit_log import Entry
+from budget.central import ShuffledBatch, batch_layers
 from budget.storage.db import writer
 from mechanisms import (
     CMS,
@@ -38,6 +40,7 @@ from mechanisms import (
     SfpSketch,
 )
 from policies import Policy, mechanism_for
+from policies.model import to_micro
 from policies.repository import lock_names
 
 __all__ = [
@@ -59,21 +62,66 @@ __all__ = [
 _INBOX = InboxRow.__table__  # type: ignore[attr-defined]
 _REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
 _SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
+_BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
 Sketch = CmsSketch | HcmsSketch | SfpSketch
 _FOLD_CHUNK = 50_000
 DEFAULT_MIN_BATCH = 100
 log = logging.getLogger("dpgov.pipeline")
 
 
-def flush_inbox(engine: Engine, *, batch: int = 10_000, min_batch: int = DEFAULT_MIN_BATCH) -> int:
-    """Move each use case's pending reports to the store once ``min_batch`` of them are pending.
+class _ShortBatch(Exception):
+    """Rolls a flush's transaction back: what it took is below the batch's minimum."""
 
-    A use case's pending ids are shuffled together (CSPRNG), then moved ``batch`` at a time
-    under new random ids, so neither the store's order nor its ids follow arrival. A use case
-    with fewer than ``min_batch`` pending waits for the next flush (a day's tail included):
-    moving fewer would store them in arrival order, one flush at a time. Each chunk is taken
-    with ``DELETE ... RETURNING`` and stored in the same transaction, so concurrent flushes
-    never move a row twice (the second one's delete returns nothing). Returns how many moved.
+
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    """What the flush needs of a use case's policies: its minimum and each version's epsilon."""
+
+    min_devices: int
+    epsilon_micro: dict[str, int]  # by parameter hash
+    max_epsilon_micro: int
+
+
+def _terms(engine: Engine, use_cases: set[str]) -> dict[str, _Terms]:
+    """Each use case's latest ``min_batch_devices`` and every version's epsilon per report.
+
+    Read afresh each flush (milliseconds for the default policies): a process may flush several
+    databases whose use cases share names and versions.
+    """
+    table = Policy.__table__  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(table).where(table.c.name.in_(sorted(use_cases))).order_by(table.c.version)
+        ).all()
+    out: dict[str, _Terms] = {}
+    for row in rows:
+        version = Policy.model_validate(dict(row._mapping))
+        found = (params_hash(mechanism_for(version)), to_micro(version.epsilon_per_report))
+        known = out.get(row.name)
+        eps = {**known.epsilon_micro, found[0]: found[1]} if known else {found[0]: found[1]}
+        top = max(found[1], known.max_epsilon_micro if known else 0)
+        out[row.name] = _Terms(int(row.min_batch_devices), eps, top)  # the latest version last
+    return out
+
+
+def flush_inbox(
+    engine: Engine,
+    *,
+    batch: int = 10_000,
+    min_batch: int = DEFAULT_MIN_BATCH,
+    now: datetime | None = None,
+) -> int:
+    """Publish each use case's pending reports as one shuffled batch, once it is large enough.
+
+    A use case's batch is every report pending in its inbox; it is published once it holds at
+    least ``min_batch`` reports from at least the policy's ``min_batch_devices`` distinct
+    devices (counted by the inbox's per-use-case pseudonyms), and otherwise waits, a day's tail
+    included, for the next flush. Publishing is one transaction per batch, under a lock on the
+    use case: the rows are taken with ``DELETE ... RETURNING`` (``batch`` ids a statement),
+    counted again (a concurrent flush or purge may have taken some; then nothing is
+    published), CSPRNG-shuffled, stored under new random ids without their pseudonyms, and
+    the batch's sizes recorded in ``shuffled_batches`` (:mod:`budget.central`). Returns how
+    many reports moved.
     """
     if batch < 1 or min_batch < 1:
         raise ValueError(f"`batch` and `min_batch` must be at least 1, got {batch}, {min_batch}")
@@ -82,43 +130,88 @@ def flush_inbox(engine: Engine, *, batch: int = 10_000, min_batch: int = DEFAULT
         pending = conn.execute(
             select(_INBOX.c.use_case, func.count()).group_by(_INBOX.c.use_case)
         ).all()
+    ready = {str(use_case) for use_case, count in pending if count >= min_batch}
+    if not ready:
+        return 0
+    terms = _terms(engine, ready)
+    today = utc_day(now if now is not None else datetime.now(UTC))
     moved = 0
-    for use_case, count in pending:
-        if count < min_batch:
+    for use_case in sorted(ready):
+        found = terms.get(use_case)
+        if found is None:
+            continue  # no policy of that name: leave the reports for inspection
+        try:
+            moved += _publish(engine, use_case, found, batch, min_batch, today, rng)
+        except _ShortBatch:
             continue
-        with engine.connect() as conn:
-            query = select(_INBOX.c.id).where(_INBOX.c.use_case == use_case)
-            ids = [row[0] for row in conn.execute(query)]
-        rng.shuffle(ids)
-        for start in range(0, len(ids), batch):
-            with writer(engine).begin() as conn:
-                taken = delete(_INBOX).where(_INBOX.c.id.in_(ids[start : start + batch]))
-                rows = list(
-                    conn.execute(
-                        taken.returning(
-                            _INBOX.c.use_case, _INBOX.c.params, _INBOX.c.day, _INBOX.c.payload
-                        )
-                    )
-                )
-                if not rows:
-                    continue
-                rng.shuffle(rows)  # RETURNING follows the table's order, not the shuffled ids
-                conn.execute(
-                    _REPORTS.insert(),
-                    [
-                        {
-                            "id": secrets.token_hex(16),
-                            "use_case": r.use_case,
-                            "params": r.params,
-                            "day": r.day,
-                            "payload": r.payload,
-                            "folded": False,
-                        }
-                        for r in rows
-                    ],
-                )
-            moved += len(rows)
     return moved
+
+
+def _publish(
+    engine: Engine,
+    use_case: str,
+    terms: _Terms,
+    batch: int,
+    min_batch: int,
+    today: int,
+    rng: secrets.SystemRandom,
+) -> int:
+    """Publish one use case's pending reports as one batch (see :func:`flush_inbox`)."""
+    need_devices = terms.min_devices if terms.min_devices > 1 else 0
+    with writer(engine).begin() as conn:
+        lock_names(conn, [f"flush:{use_case}"])
+        rows = conn.execute(
+            select(_INBOX.c.id, _INBOX.c.device_tag).where(_INBOX.c.use_case == use_case)
+        ).all()
+        if len(rows) < min_batch or len({r.device_tag for r in rows} - {None}) < need_devices:
+            return 0
+        ids = [r.id for r in rows]
+        taken: list[Any] = []
+        for start in range(0, len(ids), batch):
+            query = delete(_INBOX).where(_INBOX.c.id.in_(ids[start : start + batch]))
+            taken += conn.execute(
+                query.returning(
+                    _INBOX.c.params, _INBOX.c.day, _INBOX.c.payload, _INBOX.c.device_tag
+                )
+            )
+        per_device = Counter(r.device_tag for r in taken if r.device_tag is not None)
+        if len(taken) < max(min_batch, 1) or len(per_device) < need_devices:
+            raise _ShortBatch(use_case)  # rolls back: the rows stay in the inbox
+        rng.shuffle(taken)  # RETURNING follows the table's order, not the shuffled ids
+        for start in range(0, len(taken), batch):
+            conn.execute(
+                _REPORTS.insert(),
+                [
+                    {
+                        "id": secrets.token_hex(16),
+                        "use_case": use_case,
+                        "params": r.params,
+                        "day": r.day,
+                        "payload": r.payload,
+                        "folded": False,
+                    }
+                    for r in taken[start : start + batch]
+                ],
+            )
+        layers = batch_layers(per_device.values())
+        untagged = len(taken) - sum(per_device.values())
+        eps = max(terms.epsilon_micro.get(r.params, terms.max_epsilon_micro) for r in taken)
+        conn.execute(
+            _BATCHES.insert().values(
+                use_case=use_case,
+                day=today,
+                first_day=min(r.day for r in taken),
+                last_day=max(r.day for r in taken),
+                devices=len(per_device),
+                reports=len(taken),
+                max_per_device=max(per_device.values(), default=0),  # 0: not counted
+                layers=orjson.dumps(layers).decode(),
+                untagged=untagged,
+                epsilon_micro=eps,
+                min_batch_devices=terms.min_devices,
+            )
+        )
+    return len(taken)
 
 
 def sketch_arrays(sketch: Sketch) -> dict[str, np.ndarray]:

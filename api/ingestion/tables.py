@@ -1,11 +1,12 @@
 """The private ingestion pipeline's tables: inbox, report store, sketches, job leases.
 
 Trust boundary: none of these has a device column, a timestamp finer than the UTC day, or a
-key shared with the ledger. The inbox row is written in the charge's transaction (so there is
-never a charge without its report) under a random id (a sequential one would pair with the
-charge's id); the ``flush-inbox`` job moves a use case's inbox rows to ``reports`` once enough are
-pending, in CSPRNG-shuffled batches with random ids, so storage order and ids are unlinked from
-submission.
+key shared with the ledger; the inbox alone holds a per-use-case device pseudonym under a key of
+its own (so the flush can count distinct devices), which the flush drops. The inbox row is
+written in the charge's transaction (so there is never a charge without its report) under a
+random id (a sequential one would pair with the charge's id); the ``flush-inbox`` job moves a
+use case's inbox rows to ``reports`` as one CSPRNG-shuffled batch with random ids once enough
+are pending, so storage order and ids are unlinked from submission.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class InboxRow(SQLModel, table=True):
     params: str = Field(max_length=64, description="Hash of the mechanism's parameters.")
     day: int
     payload: str = Field(sa_column=Column(Text, nullable=False))
+    device_tag: int | None = Field(
+        default=None,
+        sa_column=Column(BigInteger, nullable=True),
+        description="Keyed 64-bit device pseudonym for this use case.",
+    )
 
 
 class StoredReport(SQLModel, table=True):

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import version
 from typing import Any, Final
 
 from budget.accountant import NOTES, Accountant, Bound, Kind, PrivacyLoss
+from budget.central import CentralLine, render_central
 from budget.clock import day_date
 from budget.reporting.allowance import Caps, allowance, max_reports
 from policies.model import Policy, budget_key, from_micro, to_micro
@@ -140,6 +141,7 @@ class EffectiveEpsilonReport:
     use_cases: list[UseCaseLine]
     totals: DeviceTotals
     provenance: dict[str, Any]
+    central: list[CentralLine] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
@@ -180,6 +182,7 @@ class ReportBasis:
     window_ledgers: tuple[tuple[Ledger, int], ...]
     lifetime_ledgers: tuple[tuple[Ledger, int], ...]
     provenance: dict[str, Any]
+    central: list[CentralLine] = field(default_factory=list)
 
 
 def _quantiles(pairs: Iterable[tuple[float, int]]) -> tuple[int, float, float, float]:
@@ -435,7 +438,7 @@ def finish_report(
         "max_exact_points": accountant.max_exact_points,
         **basis.provenance,
     }
-    return EffectiveEpsilonReport(basis.as_of, basis.lines, totals, provenance)
+    return EffectiveEpsilonReport(basis.as_of, basis.lines, totals, provenance, basis.central)
 
 
 def build_report(
@@ -523,6 +526,7 @@ def render_text(report: EffectiveEpsilonReport) -> str:
         "  (a running total's (epsilon, delta) is not a guarantee against an adaptively chosen"
         " sequence; see docs/accounting.md)",
     ]
+    out += render_central(report.central)
     out += [
         "",
         f"Computed by {report.provenance['accountant']}; policy versions"

@@ -8,7 +8,7 @@ lifetime line as a starting value, so the cumulative curve ends at the true life
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from budget.accountant import PrivacyLoss
 from budget.book import Terms
+from budget.central import DAYS_PER_YEAR, CentralLine, central_line, read_batches
 from budget.clock import day_date, utc_day
 from budget.errors import InvalidRequest
 from budget.ledger import DeviceLoss, Ledger
@@ -56,6 +57,7 @@ class Timeline:
     use_cases: dict[str, Series]
     total: Series
     loss: DeviceLoss
+    central: list[CentralLine] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
@@ -72,6 +74,7 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
     policies = book.latest
     per_day: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     lifetime: dict[str, int] = defaultdict(int)
+    sent: dict[str, int] = defaultdict(int)  # reports ever, per use case (bounds the year's)
     with ledger.engine.connect() as conn:
         state = ledger.state_of(conn, dk) or AccountState()
     for use_case, spends in state.daily().items():
@@ -82,6 +85,7 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
                     per_day[use_case][day][1] += eps
     for (use_case, eps, _), n in lifetime_counts(state).items():
         lifetime[use_case] += eps * n
+        sent[use_case] += n
     first = min((d for days in per_day.values() for d in days), default=today)
     first = max(first, today - MAX_TIMELINE_DAYS + 1)
     days = list(range(first, today + 1))
@@ -123,7 +127,32 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
         series,
         total,
         ledger.device_loss(device_id, now=now),
+        _device_central(ledger, per_day, sent, today),
     )
+
+
+def _device_central(
+    ledger: Ledger, per_day: dict[str, dict[int, list[int]]], sent: dict[str, int], today: int
+) -> list[CentralLine]:
+    """The central figures of each use case the device reported to, for its own report counts.
+
+    Composed over as many of the use case's smallest sub-batches as the device sent reports in
+    the window (its charges held) and over a year (at most its lifetime count).
+    """
+    versions: dict[str, list[Policy]] = defaultdict(list)
+    for p in ledger.all_policy_versions():
+        versions[p.name].append(p)
+    batches = read_batches(ledger.engine, today - DAYS_PER_YEAR + 1)
+    out = []
+    for use_case in sorted(set(per_day) | set(sent)):
+        if use_case not in versions:
+            continue
+        policy = max(versions[use_case], key=lambda p: p.version)
+        start = today - policy.retention_days
+        window = sum(n for d, (n, _) in per_day.get(use_case, {}).items() if d > start)
+        own = (window, max(sent.get(use_case, 0), window))
+        out.append(central_line(policy, versions[use_case], batches, today, reports=own))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

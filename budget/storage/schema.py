@@ -12,7 +12,7 @@ from sqlalchemy import Engine, text
 from sqlmodel import SQLModel
 
 import budget.audit_log
-import budget.storage.tables  # noqa: F401 - registers the ledger tables
+import budget.storage.tables
 import policies.model  # noqa: F401 - registers the policy table
 from budget.storage.migrate import migrate_ledger
 from budget.storage.partitions import DAYS_AHEAD, create_partitioned_charges, ensure_partitions
@@ -31,6 +31,7 @@ def init_db(engine: Engine) -> None:
             create_partitioned_charges(conn)  # before create_all, which then skips the table
     SQLModel.metadata.create_all(engine)
     migrate_ledger(engine)  # a ledger made by an earlier release
+    budget.central.add_missing_columns(engine)
     today = int(time.time() // 86_400)
     ensure_partitions(engine, today - 1, today + DAYS_AHEAD)
     with engine.connect() as conn:

@@ -1,0 +1,133 @@
+"""``dpgov aggregate``: stored reports to Parquet, folded locally or on Dask."""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from api.cli.common import DatabaseOption, load_settings, open_ledger
+from api.ingestion.ingest import params_hash
+from budget import SystemClock, UnknownUseCase, utc_day
+from policies import mechanism_for
+
+
+class AggregateEngine(enum.StrEnum):
+    """Where ``dpgov aggregate`` folds the partitions."""
+
+    local = "local"
+    dask = "dask"
+
+
+def _day_number(value: datetime | None, default: int) -> int:
+    return utc_day(value.replace(tzinfo=UTC)) if value is not None else default
+
+
+def aggregate(
+    use_case: Annotated[str, typer.Argument(help="The use case whose reports to aggregate.")],
+    start: Annotated[
+        datetime | None,
+        typer.Option("--from", formats=["%Y-%m-%d"], help="First UTC day (default: window start)."),
+    ] = None,
+    end: Annotated[
+        datetime | None,
+        typer.Option("--to", formats=["%Y-%m-%d"], help="Last UTC day (default: today)."),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Parquet dataset directory.")] = Path(
+        "dpgov-parquet"
+    ),
+    engine: Annotated[
+        AggregateEngine, typer.Option(help="local: this process; dask: a Dask cluster.")
+    ] = AggregateEngine.local,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(help="Dask scheduler address (default: start a LocalCluster)."),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, max=256, help="LocalCluster workers.")] = 2,
+    rows_per_file: Annotated[
+        int, typer.Option(min=1, help="Reports per Parquet file (bounds a task's memory).")
+    ] = 1_000_000,
+    export: Annotated[
+        bool, typer.Option(help="Export the report store first (--no-export: reuse --out).")
+    ] = True,
+    sketch_file: Annotated[
+        Path | None, typer.Option("--sketch", help="Write the merged sketch here (.npz).")
+    ] = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Export stored reports to Parquet and aggregate them into one sketch (local or Dask)."""
+    from api.ingestion.distributed import DaskOptions, aggregate_files
+    from api.ingestion.parquet import dataset_files, export_reports
+    from api.ingestion.pipeline import mechanisms_by_params, sketch_digest, sketch_to_bytes
+
+    if scheduler is not None and engine is not AggregateEngine.dask:
+        typer.echo("Error: --scheduler needs --engine dask", err=True)
+        raise typer.Exit(2)
+    ledger = open_ledger(load_settings(database_url))
+    try:
+        try:
+            policy = ledger.policies.get(use_case)
+        except UnknownUseCase:
+            typer.echo(f"Error: unknown use case {use_case!r}", err=True)
+            raise typer.Exit(1) from None
+        today = utc_day(SystemClock().now())
+        first = _day_number(start, today - policy.retention_days + 1)
+        last = _day_number(end, today)
+        if first > last:
+            typer.echo("Error: --from must not be after --to", err=True)
+            raise typer.Exit(2)
+        mechanism = mechanism_for(policy)
+        params = params_hash(mechanism)
+        t0 = time.perf_counter()
+        exported = None
+        if export:
+            try:
+                exported = export_reports(
+                    ledger.engine,
+                    out,
+                    use_case,
+                    first,
+                    last,
+                    mechanisms_by_params(ledger, use_case),
+                    rows_per_file=rows_per_file,
+                )
+            except OSError as exc:
+                typer.echo(f"Error: cannot write {out}: {exc.strerror}", err=True)
+                raise typer.Exit(1) from None
+    finally:
+        ledger.engine.dispose()
+    t1 = time.perf_counter()
+    files = dataset_files(out, use_case, range(first, last + 1), params)
+    try:
+        sketch = aggregate_files(
+            mechanism,
+            files,
+            engine=engine.value,
+            dask=DaskOptions(scheduler=scheduler, workers=workers),
+        )
+    except (OSError, ValueError) as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    t2 = time.perf_counter()
+    if sketch_file is not None:
+        sketch_file.write_bytes(sketch_to_bytes(sketch))
+    other = sorted({p for (_, p) in exported.partitions if p != params} if exported else set())
+    summary = {
+        "use_case": use_case,
+        "days": [first, last],
+        "params": params,
+        "engine": engine.value,
+        "exported": exported.rows if exported else None,
+        "files": len(files),
+        "reports": sketch.n,
+        "sketch_sha256": sketch_digest(sketch),
+        "sketch_file": str(sketch_file) if sketch_file else None,
+        "other_params_skipped": other,
+        "seconds": {"export": round(t1 - t0, 3), "aggregate": round(t2 - t1, 3)},
+    }
+    typer.echo(json.dumps(summary, indent=2))

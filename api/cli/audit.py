@@ -1,0 +1,128 @@
+"""``dpgov audit``: verify the chain, copy checkpoints, report, export, recompute."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from api.cli.common import DatabaseOption, load_settings, open_ledger, refuse
+from api.integrity import kept_checkpoints, verify_service
+from budget import SystemClock
+from budget.audit_log import write_checkpoints
+from budget.reporting.export import export_ledger, read_export, report_from_export
+from budget.reporting.report import render_text
+
+app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
+
+
+@app.command("verify")
+def audit_verify(
+    checkpoints: Annotated[
+        Path | None,
+        typer.Option(
+            help="Checkpoints kept outside the database (default: the `checkpoint_file`"
+            " setting); a log truncated back to an earlier one fails."
+        ),
+    ] = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Check the audit chain and the state the gate decides on; exit 1 naming what fails."""
+    settings = load_settings(database_url)
+    path = checkpoints or settings.checkpoint_file
+    if checkpoints is not None and not checkpoints.exists():
+        refuse(f"no checkpoint file at {checkpoints}")
+    try:
+        kept = kept_checkpoints(path)
+    except ValueError as exc:
+        refuse(str(exc))
+    ledger = open_ledger(settings)
+    try:
+        result = verify_service(ledger, now=datetime.now(UTC), kept=kept)
+    finally:
+        ledger.engine.dispose()
+    typer.echo(json.dumps(result.to_dict(), indent=2))
+    if not result.ok:
+        where = "" if result.first_bad is None else f" at entry {result.first_bad}"
+        refuse(f"the audit log fails{where}: {result.problem}", 1)
+
+
+@app.command("checkpoints")
+def audit_checkpoints(
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="File to append the signed checkpoints to.")
+    ],
+    database_url: DatabaseOption = None,
+) -> None:
+    """Copy the signed checkpoints out of the database (keep the file somewhere else)."""
+    ledger = open_ledger(load_settings(database_url))
+    try:
+        added = write_checkpoints(ledger.audit.checkpoints(), output)
+    finally:
+        ledger.engine.dispose()
+    typer.echo(f"{added} new checkpoint(s) appended to {output}")
+
+
+@app.command("report")
+def audit_report(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    delta: Annotated[
+        float | None, typer.Option(help="Delta of the tight bounds (default: the policies').")
+    ] = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """The effective-epsilon report: what each policy allows and what devices spent."""
+    if delta is not None and not 0 < delta < 1:
+        typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
+        raise typer.Exit(2)
+    ledger = open_ledger(load_settings(database_url))
+    try:
+        report = ledger.effective_epsilon(now=SystemClock().now(), delta=delta)
+    finally:
+        ledger.engine.dispose()
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        typer.echo(render_text(report), nl=False)
+
+
+@app.command("export")
+def audit_export(
+    out: Annotated[Path, typer.Option("--out", "-o", help="File to write.")],
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
+    database_url: DatabaseOption = None,
+) -> None:
+    """Export the ledger (policies, charges, lifetime totals) to recompute the report offline."""
+    if fmt not in ("jsonl", "csv"):
+        typer.echo(f"Error: --format must be jsonl or csv, got {fmt!r}", err=True)
+        raise typer.Exit(2)
+    ledger = open_ledger(load_settings(database_url))
+    try:
+        with out.open("w", encoding="utf-8", newline="") as handle:
+            n = export_ledger(ledger, handle, fmt=fmt, now=SystemClock().now())  # type: ignore[arg-type]
+    except OSError as exc:
+        typer.echo(f"Error: cannot write {out}: {exc.strerror}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        ledger.engine.dispose()
+    typer.echo(f"{n} records written to {out}")
+
+
+@app.command("recompute")
+def audit_recompute(
+    file: Annotated[Path, typer.Argument(help="An export written by `dpgov audit export`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Recompute the effective-epsilon report from an export, offline (no database)."""
+    try:
+        report = report_from_export(read_export(file))
+    except (OSError, ValueError) as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        typer.echo(render_text(report), nl=False)

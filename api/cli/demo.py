@@ -1,0 +1,84 @@
+"""``dpgov demo``: the service on a temporary database (or the served one), a fleet over HTTP."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from pydantic import TypeAdapter
+
+from api.cli.common import load_settings, refuse
+from budget.reporting.report import EffectiveEpsilonReport, render_text
+
+
+def demo(
+    devices: Annotated[
+        int, typer.Option(min=100, max=1_000_000, help="Simulated devices.")
+    ] = 20_000,
+    days: Annotated[int, typer.Option(min=1, max=30, help="Days of collection.")] = 3,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the simulation.")] = 7,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="Write into this database (the one `dpgov serve` uses, with the same keys)"
+            " so that its dashboard shows the demo; default: a temporary database.",
+        ),
+    ] = None,
+) -> None:
+    """Start the service on a database, run a fleet over real HTTP, show the results."""
+    from api.demo.demo import demo_reports, run_demo
+
+    settings = None if database_url is None else load_settings(database_url)
+    where = "a temporary database" if settings is None else "the database given"
+    typer.echo(
+        f"Simulating {devices:,d} devices over {days} days (emoji + new words), over HTTP,"
+        f" into {where}."
+    )
+    with typer.progressbar(length=demo_reports(devices, days), label="submitting") as bar:
+        try:
+            result = run_demo(devices, days, seed=seed, progress=bar.update, settings=settings)
+        except RuntimeError as exc:
+            refuse(f"{exc} (check --database-url and the keys beside it)")
+    true_top = sorted(result.emoji_truth, key=lambda k: -result.emoji_truth[k])[:10]
+    print(
+        f"\n{result.accepted:,d} of {result.submitted:,d} reports accepted, {result.refused:,d}"
+        f" refused by a cap ({result.seconds:.0f} s)."
+    )
+    print("\nEmoji (CMS, eps 4): estimated top 10 beside the truth")
+    print(f"{'rank':>4}  {'emoji':<6} {'estimate':>10} {'95% +-':>8} {'true':>8}  true rank")
+    for rank, e in enumerate(result.emoji_top, start=1):
+        true_rank = true_top.index(e["item"]) + 1 if e["item"] in true_top else "-"
+        print(
+            f"{rank:>4}  {e['item']:<6} {e['count']:>10,.0f} {1.96 * e['stderr']:>8,.0f}"
+            f" {result.emoji_truth[e['item']]:>8,d}  {true_rank}"
+        )
+    print("\nQuickType new words (SFP, eps 2 + 6): discovered without a dictionary")
+    for d in result.words:
+        print(
+            f"  {d['word']:<12} {d['count']:>9,.0f} +- {1.96 * d['stderr']:,.0f}"
+            f"   true {result.word_truth.get(d['word'], 0):,d}"
+        )
+    alike = "the same for every demo device: a refused report spends nothing"
+    print(f"\nPrivacy spent by {result.spend_device}, from its ledger ({alike}):")
+    for row in result.spend:
+        print(
+            f"  {row['use_case']:<12} {row['epsilon_lifetime']:>5g} in {result.days} days"
+            f" (window {row['epsilon_window']:g}); "
+            + (
+                "no window or lifetime cap: unbounded over time"
+                if row["window_cap"] is None and row["lifetime_cap"] is None
+                else f"caps: window {row['window_cap']}, lifetime {row['lifetime_cap']}"
+            )
+        )
+    report = TypeAdapter(EffectiveEpsilonReport).validate_python(result.effective_epsilon)
+    print()
+    print(render_text(report), end="")
+    chain = result.audit
+    print(
+        f"\nAudit log: {'verified' if chain['ok'] else 'FAILED: ' + str(chain['problem'])},"
+        f" {chain['entries']:,d} entries, signed checkpoint at entry"
+        f" {chain['latest_checkpoint_seq']}."
+    )
+    if settings is not None:
+        print("\n`dpgov serve` on this database shows all of it on its dashboard, at `/`.")

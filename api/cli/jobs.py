@@ -1,0 +1,76 @@
+"""``dpgov jobs``: run a scheduled job now, or clear its lease."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from api.cli.common import Access, DatabaseOption, load_settings, open_ledger, open_service
+from api.ingestion.ingest import Ingestor
+from api.jobs import JOBS, RUNTIMES, Runtime, lease_holder, lease_of, release_job, run_job
+from budget import SystemClock
+
+app = typer.Typer(help="Run scheduled jobs now.", no_args_is_help=True)
+
+
+@app.command("run")
+def jobs_run(
+    name: Annotated[str, typer.Argument(help="flush-inbox, aggregate, purge or checkpoint.")],
+    database_url: DatabaseOption = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Take the job's lease from whoever holds it (a crashed process)."
+        ),
+    ] = False,
+) -> None:
+    """Run one scheduled job against the configured database and print its result."""
+    if name not in JOBS:
+        typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
+        raise typer.Exit(2)
+    settings = load_settings(database_url)
+    ledger, keys = open_service(settings, Access.WRITE)
+    key = f"cli-{name}"
+    RUNTIMES[key] = Runtime(
+        ledger,
+        Ingestor(ledger, keys.device_key_secret),
+        SystemClock(),
+        settings.shuffle_batch,
+        min_batch=settings.flush_min_batch,
+        lease_seconds=settings.job_lease_seconds,
+        checkpoint_file=settings.checkpoint_file,
+    )
+    try:
+        result = run_job(name, key, force=force)
+        held = None if result is not None else lease_holder(ledger.engine, lease_of(name))
+    finally:
+        RUNTIMES.pop(key, None)
+        ledger.engine.dispose()
+    if result is None:
+        by = "" if held is None else f" ({held[0]} holds its lease for {held[1]:.0f} s more)"
+        typer.echo(
+            f"Error: job {name!r} is running in another process{by}; if that process is gone,"
+            f" `dpgov jobs run {name} --force` runs it now",
+            err=True,
+        )
+        raise typer.Exit(1)
+    typer.echo(json.dumps({"job": name, "result": result}))
+
+
+@app.command("release")
+def jobs_release(
+    name: Annotated[str, typer.Argument(help="flush-inbox, aggregate, purge or checkpoint.")],
+    database_url: DatabaseOption = None,
+) -> None:
+    """Clear a job's lease whoever holds it, so the next run need not wait for it to expire."""
+    if name not in JOBS:
+        typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
+        raise typer.Exit(2)
+    ledger = open_ledger(load_settings(database_url))
+    try:
+        released = release_job(ledger.engine, name)
+    finally:
+        ledger.engine.dispose()
+    typer.echo(json.dumps({"job": name, "lease": lease_of(name), "released": released}))

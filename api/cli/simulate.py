@@ -1,0 +1,116 @@
+"""``dpgov simulate``: a fleet privatizing with the real mechanism, no service."""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from api.demo.simulation import (
+    default_mechanism,
+    emoji_vocabulary,
+    made_up_words,
+    simulate_frequency,
+    zipf_indices,
+)
+from mechanisms import CMS, HCMS, SFP
+
+
+class UseCase(enum.StrEnum):
+    """The collections ``dpgov simulate`` can run, with Apple's published parameters."""
+
+    emoji = "emoji"
+    safari = "safari"
+    quicktype = "quicktype"
+
+
+def simulate(
+    use_case: Annotated[
+        UseCase, typer.Option("--use-case", "-u", help="Which collection to simulate.")
+    ] = UseCase.emoji,
+    devices: Annotated[
+        int,
+        typer.Option("--devices", "-n", min=1, max=100_000_000, help="Devices, one report each."),
+    ] = 1_000_000,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the simulation's generator.")] = 7,
+    hash_seed: Annotated[int, typer.Option(min=0, help="Seed of the shared hash family.")] = 0,
+    exponent: Annotated[float, typer.Option(min=0.0, max=10.0, help="Zipf exponent.")] = 1.1,
+    top: Annotated[int, typer.Option(min=1, max=1000, help="How many items to print.")] = 10,
+) -> None:
+    """Simulate a fleet privatizing with the real mechanism; print the top estimates and truth."""
+    rng = np.random.default_rng(seed)
+    mechanism = default_mechanism(use_case.value, hash_seed)
+    if isinstance(mechanism, SFP):
+        _simulate_sfp(mechanism, devices, exponent, top, rng)
+        return
+    if use_case is UseCase.emoji:
+        vocabulary = emoji_vocabulary()
+    else:
+        vocabulary = [f"www.domain{i}.example" for i in range(250_000)]
+    _print_header(mechanism, devices, len(vocabulary))
+    result = simulate_frequency(mechanism, vocabulary, devices, exponent=exponent, rng=rng, top=top)
+    print(f"{'rank':>4}  {'item':<24} {'true count':>11} {'estimate':>11} {'95% +-':>9}  true rank")
+    for row in result.top:
+        true_rank = result.true_top.index(row.item) + 1 if row.item in result.true_top else "-"
+        print(
+            f"{row.rank:>4}  {row.item:<24} {row.true_count:>11,d} {row.estimate:>11,.0f}"
+            f" {1.96 * row.stderr:>9,.0f}  {true_rank}"
+        )
+    hits = len(set(result.true_top) & {r.item for r in result.top})
+    print(f"\n{hits}/{top} of the true top {top} recovered.")
+    _print_timing(result.seconds, devices)
+    _print_spend(mechanism.epsilon)
+
+
+def _print_header(mechanism: CMS | HCMS | SFP, devices: int, d: int) -> None:
+    if isinstance(mechanism, SFP):
+        params = (
+            f"SFP eps={mechanism.epsilon_word:g}+{mechanism.epsilon_fragment:g},"
+            f" k={mechanism.k}, m={mechanism.m},"
+            f" k'={mechanism.k_fragment}, m'={mechanism.m_fragment}"
+        )
+    else:
+        name = mechanism.name.upper()
+        params = f"{name} eps={mechanism.epsilon:g}, k={mechanism.k}, m={mechanism.m}"
+    print(f"Simulating {devices:,d} devices, {d:,d} possible values, {params}.\n")
+
+
+def _print_timing(seconds: dict[str, float], devices: int) -> None:
+    parts = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
+    print(f"Timing ({devices:,d} reports): {parts}.")
+
+
+def _print_spend(epsilon: float) -> None:
+    print(
+        f"Each report is {epsilon:g}-LDP (the mechanism's parameter). This simulation keeps no"
+        " ledger; `dpgov demo` charges every report to a real one and prints the spend."
+    )
+
+
+def _simulate_sfp(
+    sfp: SFP, devices: int, exponent: float, top: int, rng: np.random.Generator
+) -> None:
+    words = made_up_words(5000, rng=rng)
+    _print_header(sfp, devices, len(words))
+    t0 = time.perf_counter()
+    index = zipf_indices(len(words), devices, exponent, rng=rng)
+    truth = np.bincount(index, minlength=len(words))
+    reports = sfp.privatize(np.asarray(words, dtype=object)[index], rng=rng)
+    t1 = time.perf_counter()
+    sketch = sfp.sketch().add(reports)
+    t2 = time.perf_counter()
+    found = sketch.discover_detailed()
+    t3 = time.perf_counter()
+    position = {w: i for i, w in enumerate(words)}
+    true_top = [words[i] for i in np.argsort(-truth, kind="stable")[:top].tolist()]
+    print(f"{'rank':>4}  {'discovered word':<12} {'true count':>11} {'estimate':>11} {'95% +-':>9}")
+    for r, d in enumerate(found[:top], start=1):
+        true_count = int(truth[position[d.word]]) if d.word in position else 0
+        print(f"{r:>4}  {d.word:<12} {true_count:>11,d} {d.count:>11,.0f} {1.96 * d.stderr:>9,.0f}")
+    hits = len(set(true_top) & {d.word for d in found})
+    print(f"\n{len(found)} words discovered; {hits}/{top} of the true top {top} among them.")
+    _print_timing({"privatize": t1 - t0, "aggregate": t2 - t1, "discover": t3 - t2}, devices)
+    _print_spend(sfp.epsilon)

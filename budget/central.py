@@ -1,0 +1,420 @@
+"""Shuffled batches as published, and the central ``(epsilon, delta)`` they give, per use case.
+
+The inbox flush records each batch it publishes in ``shuffled_batches``: its use case, the UTC
+day it was published, the days its reports were charged on, the number of distinct devices
+``n``, the reports, the most reports one device has in it, the per-layer device counts and the
+largest local epsilon of its reports. No device identifier, pseudonym or report id.
+
+A device with ``j`` reports in one batch: the published multiset is a post-processing (the
+union) of ``k`` sub-batches, sub-batch ``i`` holding the ``i``-th report of every device with
+at least ``i`` reports (``layers[i - 1]`` devices, one report each). Each sub-batch is an
+FMT21-amplified shuffle of one report per device, and the device's reports are randomized with
+independent coins, so its loss in the batch is the composition of its sub-batches' losses
+(sequential composition; dp-accounting PLD, :func:`budget.amplification.compose_shuffled`).
+
+Across batches: a batch that holds none of a device's reports does not depend on its data
+(which batch a report lands in depends on when it arrived, not on what it says), so a device
+that sent ``R`` reports is in at most ``R`` sub-batches. Every sub-batch with fewer devices is
+a dominating pair of one with more (the missing clones are independent fair coins added
+afterwards), so composing the ``R`` smallest sub-batches of a horizon, each at the horizon's
+largest local epsilon, bounds every device of the use case that sent at most ``R`` reports
+(``R`` = the policy's reports per day times the days the batches' reports were charged on).
+Sizes are rounded down to a grid of ``2^(1/8)`` steps (never up: smaller ``n`` is weaker) so
+a year of batches composes a few distinct pairs, memoized.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Final
+
+import orjson
+from sqlalchemy import BigInteger, Column, Engine, Index, Integer, Text, inspect, select, text
+from sqlmodel import Field, SQLModel
+
+from budget.amplification import compose_shuffled, shuffle_epsilon
+from budget.clock import day_date
+from budget.storage.db import writer
+from policies.model import Policy, from_micro
+
+__all__ = [
+    "DAYS_PER_YEAR",
+    "MAX_BATCHES_SHOWN",
+    "PRECONDITIONS",
+    "BatchFigure",
+    "CentralLine",
+    "CentralLoss",
+    "DayFigure",
+    "ShuffledBatch",
+    "add_missing_columns",
+    "batch_layers",
+    "central_figures",
+    "central_line",
+    "central_lines",
+    "compose_sizes",
+    "read_batches",
+    "render_central",
+]
+
+DAYS_PER_YEAR: Final = 365
+PRECONDITIONS: Final = (
+    "Central figures hold only if: the shuffler is honest (it strips identities and order, and"
+    " the adversary sees neither its input nor any link from a stored report to a device); n"
+    " counts distinct devices the adversary does not control (devices it controls or whose"
+    " inputs it knows hide no one, so subtract them); each report is randomized with fresh"
+    " coins and is epsilon-per-report-LDP; which batch a report lands in does not depend on its"
+    " content. A device with several reports in a batch is accounted layer by layer (sub-batch"
+    " i holds every device's i-th report). The local epsilon per report holds whatever happens."
+)
+_GRID: Final = 8  # sizes rounded down to 2^(i / _GRID)
+MAX_BATCHES_SHOWN: Final = 24  # a day's batches listed one by one (frequent flushes make many)
+
+
+class ShuffledBatch(SQLModel, table=True):
+    """One published shuffled batch: sizes and local epsilon only, nothing about any device."""
+
+    __tablename__ = "shuffled_batches"
+    __table_args__ = (Index("ix_shuffled_batches_use_case_day", "use_case", "day"),)
+
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(
+            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+        ),
+    )
+    use_case: str = Field(max_length=63)
+    day: int = Field(description="UTC day the batch was published.")
+    first_day: int = Field(description="Earliest charge day of its reports.")
+    last_day: int = Field(description="Latest charge day of its reports.")
+    devices: int = Field(sa_column=Column(BigInteger, nullable=False))
+    reports: int = Field(sa_column=Column(BigInteger, nullable=False))
+    max_per_device: int
+    layers: str = Field(sa_column=Column(Text, nullable=False))  # JSON: devices with >= i reports
+    untagged: int = Field(default=0, description="Reports queued with no device pseudonym.")
+    epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
+    min_batch_devices: int
+
+
+def batch_layers(per_device: Iterable[int]) -> list[int]:
+    """``layers[i]``: how many devices have more than ``i`` reports in the batch.
+
+    >>> batch_layers([1, 2, 1, 3])
+    [4, 2, 1]
+    """
+    histogram = Counter(per_device)
+    top = max(histogram, default=0)
+    out = []
+    remaining = sum(histogram.values())
+    for i in range(1, top + 1):
+        out.append(remaining)
+        remaining -= histogram.get(i, 0)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class CentralLoss:
+    """A central ``(epsilon, delta)`` and how it was composed (``method``), with what it covers."""
+
+    epsilon: float
+    delta: float
+    sub_batches: int
+    reports_per_device: int
+    method: str
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFigure:
+    """One batch as published and its own central bound (a device with ``max_per_device``)."""
+
+    published: str
+    first_day: str
+    last_day: str
+    devices: int
+    reports: int
+    max_per_device: int
+    layers: list[int]
+    untagged: int
+    epsilon_per_report: float
+    min_batch_devices: int
+    central: CentralLoss | None
+
+
+@dataclass(frozen=True, slots=True)
+class DayFigure:
+    """The batches published on one UTC day and their composition for one device.
+
+    ``batches`` lists at most :data:`MAX_BATCHES_SHOWN` of them, the smallest first (those
+    bound the figure); ``published`` counts them all, ``devices`` and ``reports`` sum them.
+    """
+
+    day: str
+    published: int
+    devices: int
+    reports: int
+    batches: list[BatchFigure]
+    composed: CentralLoss | None
+
+
+@dataclass(frozen=True, slots=True)
+class CentralLine:
+    """One use case's central figures: per day, over the retention window and over a year."""
+
+    use_case: str
+    epsilon_per_report: float
+    reports_per_day: int
+    min_batch_devices: int
+    delta: float
+    days: list[DayFigure]
+    window: CentralLoss | None
+    year: CentralLoss | None
+    preconditions: str = PRECONDITIONS
+    notes: list[str] = field(default_factory=list)
+
+
+def read_batches(engine: Engine, first_day: int) -> list[ShuffledBatch]:
+    """Every batch published on or after ``first_day``, oldest first."""
+    table = ShuffledBatch.__table__  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(table).where(table.c.day >= first_day).order_by(table.c.day, table.c.id)
+        ).all()
+    return [ShuffledBatch.model_construct(**r._mapping) for r in rows]  # our own rows
+
+
+def _round_down(n: int) -> int:
+    """The largest grid size ``<= n`` (``floor(2^(i/8))``, exact below 16)."""
+    if n < 16:
+        return n
+    i = math.floor(math.log2(n) * _GRID)
+    while math.floor(2.0 ** ((i + 1) / _GRID)) <= n:
+        i += 1
+    while math.floor(2.0 ** (i / _GRID)) > n:
+        i -= 1
+    size: int = math.floor(2.0 ** (i / _GRID))
+    return size
+
+
+@lru_cache(maxsize=1024)
+def _compose(slots: tuple[tuple[float, int], ...], delta: float) -> tuple[float, str]:
+    """``compose_shuffled`` of sub-batches ``(eps0, n)`` (memoized by the sorted multiset)."""
+    if len(slots) == 1:
+        bound = shuffle_epsilon(slots[0][0], slots[0][1], delta)
+        return bound.epsilon, bound.method
+    result = compose_shuffled(list(slots), delta)
+    return result.epsilon, result.method
+
+
+def compose_sizes(eps0: float, sizes: Sequence[int], delta: float) -> tuple[float, str]:
+    """Central ``epsilon`` at ``delta`` of sub-batches of ``sizes`` devices, composed.
+
+    One device in each sub-batch (a batch's layers: a device with ``len(sizes)`` reports),
+    each sub-batch FMT21-amplified at local ``eps0``; sizes are rounded down to the grid.
+    Returns the epsilon and the method that gave it.
+
+    >>> round(compose_sizes(4.0, [10**6], 1e-6)[0], 3)
+    0.049
+    """
+    if not sizes or any(n < 1 for n in sizes):
+        raise ValueError(f"`sizes` must be a non-empty list of integers >= 1, got {sizes!r}")
+    return _compose(tuple(sorted((float(eps0), _round_down(int(n))) for n in sizes)), delta)
+
+
+def _worst(
+    batches: Sequence[ShuffledBatch], reports_per_device: int, delta: float, what: str
+) -> CentralLoss | None:
+    """The ``reports_per_device`` smallest sub-batches of ``batches``, composed (module doc)."""
+    if not batches:
+        return None
+    if any(b.untagged for b in batches):
+        return None
+    eps0 = max(from_micro(b.epsilon_micro) for b in batches)
+    sizes = sorted(n for b in batches for n in orjson.loads(b.layers))
+    taken = sizes[: max(1, reports_per_device)]
+    epsilon, method = compose_sizes(eps0, taken, delta)
+    return CentralLoss(
+        epsilon=epsilon,
+        delta=delta,
+        sub_batches=len(taken),
+        reports_per_device=reports_per_device,
+        method=method,
+        note=(
+            f"{what}: a device with at most {reports_per_device} report(s) in these batches,"
+            f" composed over the {len(taken)} smallest of {len(sizes)} sub-batches (sizes"
+            f" {taken[0]:,}..{taken[-1]:,} devices, rounded down), local epsilon {eps0:g} each"
+        ),
+    )
+
+
+def _covered_days(batches: Sequence[ShuffledBatch]) -> int:
+    return max(b.last_day for b in batches) - min(b.first_day for b in batches) + 1
+
+
+def _figure(batch: ShuffledBatch, delta: float) -> BatchFigure:
+    layers = [int(n) for n in orjson.loads(batch.layers)]
+    return BatchFigure(
+        published=day_date(batch.day).isoformat(),
+        first_day=day_date(batch.first_day).isoformat(),
+        last_day=day_date(batch.last_day).isoformat(),
+        devices=batch.devices,
+        reports=batch.reports,
+        max_per_device=batch.max_per_device,
+        layers=layers,
+        untagged=batch.untagged,
+        epsilon_per_report=from_micro(batch.epsilon_micro),
+        min_batch_devices=batch.min_batch_devices,
+        central=_worst([batch], batch.max_per_device, delta, "this batch"),
+    )
+
+
+def central_line(
+    policy: Policy,
+    versions: Sequence[Policy],
+    batches: Sequence[ShuffledBatch],
+    today: int,
+    *,
+    reports: tuple[int, int] | None = None,
+    delta: float | None = None,
+) -> CentralLine:
+    """A use case's central figures as of ``today`` from its published ``batches``.
+
+    ``versions`` are every version of the use case (the largest reports per day bounds a
+    device's reports); ``reports`` gives one device's own report counts instead, in the window
+    and over a year (the device audit); ``delta`` defaults to the policy's.
+    """
+    delta = policy.delta if delta is None else delta
+    per_day = max(v.max_reports_per_day for v in [policy, *versions])
+    mine = [b for b in batches if b.use_case == policy.name and b.day <= today]
+    window = [b for b in mine if b.day > today - policy.retention_days]
+    year = [b for b in mine if b.day > today - DAYS_PER_YEAR]
+    by_day: dict[int, list[ShuffledBatch]] = {}
+    for b in window:
+        by_day.setdefault(b.day, []).append(b)
+    days = []
+    for day, group in sorted(by_day.items()):
+        bound = per_day * _covered_days(group)
+        shown = sorted(group, key=lambda b: (b.devices, b.reports))[:MAX_BATCHES_SHOWN]
+        days.append(
+            DayFigure(
+                day=day_date(day).isoformat(),
+                published=len(group),
+                devices=sum(b.devices for b in group),
+                reports=sum(b.reports for b in group),
+                batches=[_figure(b, delta) for b in sorted(shown, key=lambda b: b.id or 0)],
+                composed=_worst(group, bound, delta, "batches published this day"),
+            )
+        )
+    notes = []
+    if any(b.untagged for b in mine):
+        notes.append(
+            "some batches hold reports queued without a device pseudonym (their policy"
+            " version set no min_batch_devices >= 2, or they were queued before this release):"
+            " no central figure covers those batches; the local epsilon holds"
+        )
+
+    def horizon(group: list[ShuffledBatch], what: str, own: int | None) -> CentralLoss | None:
+        if not group or own == 0:
+            return None
+        bound = per_day * _covered_days(group) if own is None else own
+        return _worst(group, bound, delta, what)
+
+    return CentralLine(
+        use_case=policy.name,
+        epsilon_per_report=policy.epsilon_per_report,
+        reports_per_day=per_day,
+        min_batch_devices=policy.min_batch_devices,
+        delta=delta,
+        days=days,
+        window=horizon(
+            window,
+            f"retention window ({policy.retention_days} days)",
+            None if reports is None else reports[0],
+        ),
+        year=horizon(year, f"year ({DAYS_PER_YEAR} days)", None if reports is None else reports[1]),
+        notes=notes,
+    )
+
+
+def central_lines(
+    latest: Mapping[str, Policy],
+    versions: Mapping[str, Sequence[Policy]],
+    batches: Sequence[ShuffledBatch],
+    today: int,
+) -> list[CentralLine]:
+    """:func:`central_line` of every active use case with a batch published in the last year."""
+    published = {b.use_case for b in batches if today - DAYS_PER_YEAR < b.day <= today}
+    return [
+        central_line(p, versions.get(name, []), batches, today)
+        for name, p in sorted(latest.items())
+        if p.active and name in published
+    ]
+
+
+# Columns added to existing tables by this release: (table, column, DDL type and default).
+_ADDED: Final = (
+    ("policies", "min_batch_devices", "INTEGER NOT NULL DEFAULT 1"),
+    ("inbox", "device_tag", "BIGINT"),
+)
+
+
+def add_missing_columns(engine: Engine) -> list[str]:
+    """Add the columns above to tables made by an earlier release; which ones were added."""
+    inspector = inspect(engine)
+    tables = set(inspector.get_table_names())
+    added = []
+    for table, column, ddl in _ADDED:
+        if table in tables and column not in {c["name"] for c in inspector.get_columns(table)}:
+            with writer(engine).begin() as conn:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
+            added.append(f"{table}.{column}")
+    return added
+
+
+def central_figures(engine: Engine, versions: Sequence[Policy], today: int) -> list[CentralLine]:
+    """Every active use case's central figures from the batches of the last year."""
+    by_name: dict[str, list[Policy]] = {}
+    for p in versions:
+        by_name.setdefault(p.name, []).append(p)
+    latest = {name: max(ps, key=lambda p: p.version) for name, ps in by_name.items()}
+    batches = read_batches(engine, today - DAYS_PER_YEAR + 1)
+    return central_lines(latest, by_name, batches, today)
+
+
+def _loss(loss: CentralLoss | None) -> str:
+    return "n/a" if loss is None else f"({loss.epsilon:.4g}, {loss.delta:g})"
+
+
+def render_central(lines: Sequence[CentralLine]) -> list[str]:
+    """The central figures as plain-text lines (the report's text form)."""
+    if not lines:
+        return []
+    out = [
+        "",
+        "Central (epsilon, delta) after shuffling (FMT21 Theorem 3.2 per sub-batch, composed"
+        " with dp-accounting PLD), per use case:",
+    ]
+    for line in lines:
+        method = line.window.method if line.window else "no batch published"
+        out.append(
+            f"  {line.use_case}: local {line.epsilon_per_report:g} per report, at most"
+            f" {line.reports_per_day}/day, batches of >= {line.min_batch_devices} devices;"
+            f" window {_loss(line.window)}, year {_loss(line.year)} [{method}]"
+        )
+        for day in line.days:
+            sizes = ", ".join(
+                f"{b.devices:,} devices/{b.reports:,} reports (k<={b.max_per_device})"
+                for b in day.batches
+            )
+            more = (
+                f" (the {len(day.batches)} smallest of {day.published})"
+                if day.published > len(day.batches)
+                else ""
+            )
+            out.append(f"    {day.day}: {sizes}{more}; composed {_loss(day.composed)}")
+        out += [f"    note: {n}" for n in line.notes]
+    out.append("  " + PRECONDITIONS)
+    return out

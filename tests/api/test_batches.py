@@ -1,0 +1,156 @@
+"""The flush publishes a use case's batch only with ``min_batch_devices`` distinct devices.
+
+On SQLite and, when configured, PostgreSQL. The inbox's pseudonyms count devices; the store
+and the batch records hold none.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from sqlalchemy import Engine, inspect, text
+
+from api.database import init_service_db
+from api.ingestion.ingest import Ingestor, SubmitRequest
+from api.ingestion.pipeline import flush_inbox
+from budget import Decision, Ledger, create_db_engine, init_db, utc_day
+from budget.central import add_missing_columns, central_figures
+from policies import PolicyCreate, mechanism_for
+
+SECRET = b"batch-secret-batch-secret-batch-secret"
+NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
+
+
+def _policy(name: str, min_devices: int) -> PolicyCreate:
+    return PolicyCreate.model_validate(
+        {
+            "name": name,
+            "mechanism": "cms",
+            "k": 16,
+            "m": 64,
+            "epsilon_per_report": 2.0,
+            "max_reports_per_day": 5,
+            "retention_days": 30,
+            "min_batch_devices": min_devices,
+        }
+    )
+
+
+def _submit(ingestor: Ingestor, name: str, devices: list[str], now: datetime) -> None:
+    mech = mechanism_for(_policy(name, 1))
+    bodies = mech.privatize(["a"] * len(devices), rng=np.random.default_rng(len(devices)))
+    requests = [SubmitRequest(name, d, b) for d, b in zip(devices, bodies.to_dicts(), strict=True)]
+    results = ingestor.submit_group(requests, now=now)
+    assert all(isinstance(r, Decision) and r.accepted for r in results), results[:3]
+
+
+def _count(engine: Engine, sql: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(sql)).scalar_one())
+
+
+def test_batch_waits_for_distinct_devices_and_records_its_sizes(engine: Engine) -> None:
+    init_service_db(engine)
+    ledger = Ledger(engine, SECRET)
+    ledger.policies.create(_policy("held", 5))
+    ledger.policies.create(_policy("open", 1))
+    ingestor = Ingestor(ledger, SECRET)
+    three = ["d1", "d2", "d3"]
+    _submit(ingestor, "held", three, NOW)
+    _submit(ingestor, "open", three, NOW)
+    assert flush_inbox(engine, min_batch=1, now=NOW) == 3  # "open" as before; "held" waits
+    # the same three devices again, next day: six reports, still three devices
+    tomorrow = NOW + timedelta(days=1)
+    _submit(ingestor, "held", three, tomorrow)
+    assert flush_inbox(engine, min_batch=1, now=tomorrow) == 0
+    assert _count(engine, "SELECT COUNT(*) FROM inbox WHERE use_case = 'held'") == 6
+    assert _count(engine, "SELECT COUNT(*) FROM reports WHERE use_case = 'held'") == 0
+    _submit(ingestor, "held", ["d4", "d1"], tomorrow)
+    assert flush_inbox(engine, min_batch=1, now=tomorrow) == 0  # d1 again: four devices
+    _submit(ingestor, "held", ["d5"], tomorrow)
+    assert flush_inbox(engine, min_batch=1, now=tomorrow) == 9
+    assert _count(engine, "SELECT COUNT(*) FROM inbox") == 0
+    assert _count(engine, "SELECT COUNT(*) FROM reports WHERE use_case = 'held'") == 9
+    with engine.connect() as conn:
+        rows = (
+            conn.execute(text("SELECT * FROM shuffled_batches ORDER BY use_case, id"))
+            .mappings()
+            .all()
+        )
+    held = [r for r in rows if r["use_case"] == "held"]
+    assert len(held) == 1
+    batch = held[0]
+    assert (batch["devices"], batch["reports"], batch["max_per_device"]) == (5, 9, 3)
+    assert orjson.loads(batch["layers"]) == [5, 3, 1]  # d1 sent 3, d2 and d3 sent 2
+    assert (batch["first_day"], batch["last_day"], batch["day"]) == (
+        utc_day(NOW),
+        utc_day(tomorrow),
+        utc_day(tomorrow),
+    )
+    assert batch["epsilon_micro"] == 2_000_000 and batch["min_batch_devices"] == 5
+    assert batch["untagged"] == 0
+    opened = [r for r in rows if r["use_case"] == "open"]
+    # no minimum set: devices are not counted (no pseudonym computed), no central figure
+    assert [(r["devices"], r["reports"], r["untagged"]) for r in opened] == [(0, 3, 3)]
+    # nothing that names a device reached the store or the records
+    columns = {c["name"] for c in inspect(engine).get_columns("reports")}
+    columns |= {c["name"] for c in inspect(engine).get_columns("shuffled_batches")}
+    assert not {"device_tag", "device_key", "device_id"} & columns
+    lines = {
+        line.use_case: line
+        for line in central_figures(engine, ledger.all_policy_versions(), utc_day(tomorrow))
+    }
+    assert set(lines) == {"held", "open"}
+    figure = lines["held"].days[0].batches[0]
+    assert figure.layers == [5, 3, 1] and figure.central is not None
+    assert figure.central.sub_batches == 3  # a device with three reports in it
+    assert lines["open"].window is None and lines["open"].days[0].batches[0].central is None
+    assert "min_batch_devices" in lines["open"].notes[0]
+
+
+def test_inbox_pseudonyms_are_per_use_case_and_not_device_keys(engine: Engine) -> None:
+    init_service_db(engine)
+    ledger = Ledger(engine, SECRET)
+    ledger.policies.create(_policy("held", 5))
+    ledger.policies.create(_policy("open", 5))
+    ingestor = Ingestor(ledger, SECRET)
+    _submit(ingestor, "held", ["d1"], NOW)
+    _submit(ingestor, "open", ["d1"], NOW)
+    with engine.connect() as conn:
+        tags = [int(t) for (t,) in conn.execute(text("SELECT device_tag FROM inbox"))]
+        keys = {str(k) for (k,) in conn.execute(text("SELECT device_key FROM charges"))}
+    assert len(set(tags)) == 2
+    for tag in tags:  # no 64-bit piece of a device key
+        raw = tag.to_bytes(8, "big", signed=True).hex()
+        assert not any(raw in key for key in keys)
+
+
+def test_columns_added_to_an_earlier_database(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    engine = create_db_engine(f"sqlite:///{path}")
+    init_service_db(engine)
+    Ledger(engine, SECRET).policies.create(_policy("held", 5))
+    engine.dispose()
+    with sqlite3.connect(path) as db:  # the layout of the release before
+        db.execute("ALTER TABLE inbox DROP COLUMN device_tag")
+        db.execute("ALTER TABLE policies DROP COLUMN min_batch_devices")
+        db.execute("INSERT INTO inbox VALUES (7, 'held', 'p', 20000, '{}')")
+    engine = create_db_engine(f"sqlite:///{path}")
+    assert add_missing_columns(engine) == ["policies.min_batch_devices", "inbox.device_tag"]
+    assert add_missing_columns(engine) == []
+    init_db(engine)
+    ledger = Ledger(engine, SECRET)
+    assert ledger.policies.get("held").min_batch_devices == 1  # the default: as before
+    assert _count(engine, "SELECT COUNT(*) FROM inbox WHERE device_tag IS NULL") == 1
+    engine.dispose()
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "5"])
+def test_min_batch_devices_is_validated(value: object) -> None:
+    with pytest.raises(ValueError, match="min_batch_devices"):
+        PolicyCreate.model_validate({**_policy("x", 1).model_dump(), "min_batch_devices": value})
