@@ -106,7 +106,7 @@ def _axes(top: float, labels: Sequence[str], aria: str) -> tuple[str, Any, Any]:
         f' stroke="#8a94a0"/>'
     )
     step = max(1, math.ceil(n / 7))  # at most about eight labels, the last day always
-    shown = [i for i in range(0, n, step) if n - 1 - i >= step / 2] + ([n - 1] if n else [])
+    shown = [i for i in range(0, n, step) if n - 1 - i >= step] + ([n - 1] if n else [])
     for i in shown:
         anchor = "start" if i == 0 and n > 1 else "end" if i == n - 1 and n > 1 else "middle"
         parts.append(

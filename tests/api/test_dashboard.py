@@ -123,7 +123,7 @@ def test_the_dashboard_renders_the_seeded_data_without_console_errors(
     options.binary_location = str(CHROMIUM)
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         options.add_argument(flag)
-    options.add_argument("--window-size=1400,3800")
+    options.add_argument("--window-size=1400,4400")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = webdriver.ChromeService(executable_path=str(DRIVER))
     driver = webdriver.Chrome(options=options, service=service)
