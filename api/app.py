@@ -20,6 +20,7 @@ from api.jobs import RUNTIMES, Runtime, start_scheduler
 from api.lane import ReportLane
 from api.metrics import Metrics
 from api.middleware import BodyLimit, Timing
+from api.openapi import install_docs, install_openapi
 from api.ratelimit import RateLimiter
 from api.routes import audit, budgets, dashboard, estimates, operations, reports, use_cases
 from api.schemas import ERROR_RESPONSES
@@ -46,6 +47,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         version="0.1.0",
         description="Privacy accounting and budget governance for local-DP telemetry.",
         lifespan=lifespan,
+        docs_url=None,  # served by api.openapi from packaged files, not a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.clock = clock or SystemClock()
@@ -69,6 +72,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.include_router(operations.router)
     app.include_router(audit.router)
     app.include_router(dashboard.router)
+    install_openapi(app)
+    install_docs(app)
     return app
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from api.integrity import kept_checkpoints, verify_service
 from api.settings import Settings
@@ -42,6 +43,7 @@ class Caches:
         self.reports: OrderedDict[float | None, EffectiveEpsilonReport] = OrderedDict()
         self._report_lock = threading.Lock()
         self._verification: dict[str, tuple[float, Verification]] = {}
+        self.verified_at: datetime | None = None  # when the cached verification was computed
         self._discovered: dict[tuple[str, int, tuple[int, ...], int], list[DiscoveredWord]] = {}
         self._page: list[tuple[float, str]] = []  # at most one entry: the page without estimates
         self._page_lock = threading.Lock()
@@ -83,7 +85,9 @@ class Caches:
         if cached is not None and time.monotonic() < cached[0]:
             return cached[1]
         kept = kept_checkpoints(self._settings.checkpoint_file)
-        result = verify_service(ledger, now=self._clock.now(), kept=kept)
+        now = self._clock.now()
+        result = verify_service(ledger, now=now, kept=kept)
+        self.verified_at = now
         expires = time.monotonic() + self._settings.verify_cache_seconds
         self._verification["chain"] = (expires, result)
         return result

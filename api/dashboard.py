@@ -1,39 +1,49 @@
 """The dashboard at ``/``: one server-rendered HTML page with inline SVG charts, no build step.
 
-It shows the policies, the effective-epsilon report, cumulative epsilon over the window per use
-case (the most-spent and the p99 device), the population histogram per use case, the audit
-chain's status and, for admins only (the estimate routes' protection), the latest estimates with
-95% error bars (SFP discoveries, and any dictionary passed in the URL). Every dynamic string is
+It shows the audit chain's status and age, the policies with their caps, reports accepted per
+day and refusals per day by reason (a trend over the last days), the effective-epsilon report,
+cumulative epsilon over the window per use case (the most-spent and the p99 device), the
+population histogram per use case and, for admins only (the estimate routes' protection), the
+latest estimates with 95% error bars (SFP discoveries, and any dictionary passed in the URL).
+Everything else is public: counts and spreads, never a device. Every dynamic string is
 HTML-escaped; the page runs no script.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from html import escape
 from typing import Any
 
 from budget.audit_log import Verification
 from budget.central import PRECONDITIONS, CentralLine, CentralLoss
+from budget.reporting.activity import Activity
 from budget.reporting.report import EffectiveEpsilonReport, LossSpread
 from budget.reporting.views import CumulativeSeries, Distribution
-from policies import Policy, budget_key
+from policies import Policy
 
 __all__ = ["EstimatePanel", "render_dashboard"]
 
 _CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d2430;background:#fafbfc}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
+body{font:15px/1.45 system-ui,sans-serif;margin:24px;color:#1d2430;background:#fafbfc}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:30px 0 8px}
 table{border-collapse:collapse;background:#fff;font-variant-numeric:tabular-nums}
-th,td{border:1px solid #d8dde3;padding:4px 8px;text-align:right}
+th,td{border:1px solid #d8dde3;padding:5px 9px;text-align:right}
 th:first-child,td:first-child{text-align:left}th{background:#eef1f5}
-.grid{display:flex;flex-wrap:wrap;gap:12px}.card{background:#fff;border:1px solid #d8dde3;
-padding:8px}.ok{color:#0a7d32}.bad{color:#b3261e}.muted{color:#65707d}
-svg text{font:11px system-ui,sans-serif;fill:#444}
+.grid{display:flex;flex-wrap:wrap;gap:14px}.card{background:#fff;border:1px solid #d8dde3;
+padding:10px 12px}.ok{color:#0a7d32;font-weight:600}.bad{color:#b3261e;font-weight:600}
+.muted{color:#65707d}.key{display:inline-block;margin-right:14px;white-space:nowrap}
+.key i{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px}
+svg text{font:12px system-ui,sans-serif;fill:#3d4550}.grid-line{stroke:#e3e7ec}
 """
 _EMPTY = '<p class="muted">no charges in the window</p>'
 _COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563"]
+_REASON_COLORS = {"daily_cap": "#ea580c", "window_cap": "#9333ea", "lifetime_cap": "#b3261e"}
+_W, _H = 560, 250  # every chart's size: readable at a glance on a laptop screen
+_LEFT, _RIGHT, _TOP, _BOTTOM = 56, 14, 12, 34
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,52 +62,120 @@ def _num(value: float | None) -> str:
     return f"{value:,.6g}"
 
 
+def _age(seconds: float) -> str:
+    """A duration as people read it: ``42 s``, ``5 min``, ``3 h 5 min``, ``2 days``."""
+    seconds = max(seconds, 0.0)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:.0f} min"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _nice_top(value: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times a power of ten at or above ``value`` (an axis top)."""
+    if value <= 0:
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(float(m * power) for m in (1, 2, 2.5, 5, 10) if m * power >= value * (1 - 1e-12))
+
+
+def _axes(top: float, labels: Sequence[str], aria: str) -> tuple[str, Any, Any]:
+    """An SVG's frame: y gridlines with values, x labels; returns (head, x(i), y(value))."""
+    n = len(labels)
+    plot_w, plot_h = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
+
+    def x(i: float) -> float:
+        return _LEFT + plot_w * (i / max(n - 1, 1))
+
+    def y(v: float) -> float:
+        return _TOP + plot_h * (1 - v / top)
+
+    parts = [f'<svg width="{_W}" height="{_H}" role="img" aria-label="{escape(aria)}">']
+    for k in range(5):
+        v = top * k / 4
+        parts.append(
+            f'<line class="grid-line" x1="{_LEFT}" y1="{y(v):.1f}" x2="{_W - _RIGHT}"'
+            f' y2="{y(v):.1f}"/><text x="{_LEFT - 6}" y="{y(v) + 4:.1f}"'
+            f' text-anchor="end">{_num(v)}</text>'
+        )
+    parts.append(
+        f'<line x1="{_LEFT}" y1="{_TOP + plot_h}" x2="{_W - _RIGHT}" y2="{_TOP + plot_h}"'
+        f' stroke="#8a94a0"/>'
+    )
+    step = max(1, math.ceil(n / 7))  # at most about eight labels, the last day always
+    shown = [i for i in range(0, n, step) if n - 1 - i >= step] + ([n - 1] if n else [])
+    for i in shown:
+        anchor = "start" if i == 0 and n > 1 else "end" if i == n - 1 and n > 1 else "middle"
+        parts.append(
+            f'<text x="{x(i):.1f}" y="{_H - 12}" text-anchor="{anchor}">'
+            f"{escape(labels[i][5:] if len(labels[i]) == 10 else labels[i])}</text>"
+        )
+    return "".join(parts), x, y
+
+
+def _trend(
+    days: Sequence[str], series: dict[str, list[int]], colors: dict[str, str], aria: str
+) -> str:
+    """Daily counts as lines with a dot per day (hover: the day and the count) and a key."""
+    top = _nice_top(max((v for values in series.values() for v in values), default=0))
+    head, x, y = _axes(top, days, aria)
+    lines = []
+    for name, values in series.items():
+        color = colors[name]
+        points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
+        dots = "".join(
+            f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3.5" fill="{color}">'
+            f"<title>{escape(name)} {escape(days[i])}: {v:,d}</title></circle>"
+            for i, v in enumerate(values)
+        )
+        lines.append(
+            f'<polyline fill="none" stroke="{color}" stroke-width="2.5" points="{points}"/>{dots}'
+        )
+    key = "".join(
+        f'<span class="key"><i style="background:{colors[name]}"></i>{escape(name)}:'
+        f" {sum(values):,d}</span>"
+        for name, values in series.items()
+    )
+    return f"{head}{''.join(lines)}</svg><br>{key}"
+
+
 def _line_chart(series: CumulativeSeries, color: str) -> str:
     """Max (solid) and p99 (dashed) cumulative epsilon over the window's days."""
-    width, height, pad = 300, 150, 34
-    top = max([*series.max, *series.p99, 1e-9])
-    n = len(series.days)
+    top = _nice_top(max([*series.max, *series.p99, 0.0]))
+    head, x, y = _axes(top, series.days, f"cumulative epsilon of {series.use_case}")
 
     def points(values: Sequence[float]) -> str:
-        out = []
-        for i, v in enumerate(values):
-            x = pad + (width - pad - 6) * (i / max(n - 1, 1))
-            y = height - 20 - (height - 30) * (v / top)
-            out.append(f"{x:.1f},{y:.1f}")
-        return " ".join(out)
+        return " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
 
     return (
-        f'<svg width="{width}" height="{height}" role="img"'
-        f' aria-label="cumulative epsilon of {escape(series.use_case)}">'
-        f'<line x1="{pad}" y1="{height - 20}" x2="{width - 6}" y2="{height - 20}" stroke="#999"/>'
-        f'<line x1="{pad}" y1="10" x2="{pad}" y2="{height - 20}" stroke="#999"/>'
-        f'<text x="2" y="14">{_num(top)}</text><text x="2" y="{height - 20}">0</text>'
-        f'<text x="{pad}" y="{height - 4}">{escape(series.days[0])}</text>'
-        f'<text x="{width - 70}" y="{height - 4}">{escape(series.days[-1])}</text>'
-        f'<polyline fill="none" stroke="{color}" stroke-width="2"'
+        f'{head}<polyline fill="none" stroke="{color}" stroke-width="2.5"'
         f' points="{points(series.max)}"/>'
-        f'<polyline fill="none" stroke="{color}" stroke-width="1.5" stroke-dasharray="4 3"'
+        f'<polyline fill="none" stroke="{color}" stroke-width="2" stroke-dasharray="6 4"'
         f' points="{points(series.p99)}"/></svg>'
     )
 
 
 def _histogram(dist: Distribution, color: str) -> str:
-    width, height = 300, 120
     if not dist.counts:
         return _EMPTY
-    most = max(dist.counts)
-    bar = (width - 10) / len(dist.counts)
+    top = _nice_top(max(dist.counts))
+    edges = [_num(e) for e in dist.bin_edges]
+    head, _, y = _axes(top, [], f"histogram of {dist.use_case}")
+    plot_w = _W - _LEFT - _RIGHT
+    bar = plot_w / len(dist.counts)
     bars = "".join(
-        f'<rect x="{5 + i * bar:.1f}" y="{height - 20 - (height - 30) * c / most:.1f}"'
-        f' width="{max(bar - 1, 1):.1f}" height="{(height - 30) * c / most:.1f}" fill="{color}">'
-        f"<title>{_num(dist.bin_edges[i])}-{_num(dist.bin_edges[i + 1])}: {c}</title></rect>"
+        f'<rect x="{_LEFT + i * bar:.1f}" y="{y(c):.1f}" width="{max(bar - 1, 1):.1f}"'
+        f' height="{y(0) - y(c):.1f}" fill="{color}">'
+        f"<title>{edges[i]}-{edges[i + 1]}: {c:,d} devices</title></rect>"
         for i, c in enumerate(dist.counts)
     )
     return (
-        f'<svg width="{width}" height="{height}" role="img"'
-        f' aria-label="histogram of {escape(dist.use_case)}">{bars}'
-        f'<text x="5" y="{height - 4}">{_num(dist.bin_edges[0])}</text>'
-        f'<text x="{width - 50}" y="{height - 4}">{_num(dist.bin_edges[-1])}</text></svg>'
+        f"{head}{bars}"
+        f'<text x="{_LEFT}" y="{_H - 12}">{edges[0]}</text>'
+        f'<text x="{_W - _RIGHT}" y="{_H - 12}" text-anchor="end">{edges[-1]}</text></svg>'
     )
 
 
@@ -135,17 +213,39 @@ def render_dashboard(
     series: Sequence[CumulativeSeries],
     distributions: Sequence[Distribution],
     estimates: Sequence[EstimatePanel],
+    activity: Activity,
     chain: Verification,
+    verified_at: datetime,
+    now: datetime,
     hint: str,
 ) -> str:
-    """The whole page."""
+    """The whole page; ``verified_at``: when ``chain`` was checked, ``now``: the page's time."""
     policy_rows = "".join(
         f"<tr><td>{escape(p.name)}</td><td>{escape(p.mechanism)}</td>"
         f"<td>{_num(p.epsilon_per_report)}</td><td>{p.max_reports_per_day}</td>"
-        f"<td>{p.k}</td><td>{p.m}</td><td>{p.retention_days}</td>"
-        f"<td>{escape(budget_key(p))}</td><td>{p.group_size}</td>"
+        f"<td>{_num(p.window_epsilon_cap)}</td><td>{_num(p.lifetime_epsilon_cap)}</td>"
+        f"<td>{escape(p.budget_group or 'none')}</td>"
+        f"<td>{p.k}</td><td>{p.m}</td><td>{p.retention_days}</td><td>{p.group_size}</td>"
         f"<td>{_num(p.publish_threshold)}</td><td>{p.version}</td></tr>"
         for p in policies
+    )
+    colors = {name: _COLORS[i % len(_COLORS)] for i, name in enumerate(activity.accepted)}
+    accepted = (
+        _trend(activity.days, activity.accepted, colors, "accepted reports per day")
+        if activity.accepted
+        else '<p class="muted">no report accepted in these days</p>'
+    )
+    reason_colors = {r: _REASON_COLORS.get(r, "#4b5563") for r in activity.refused}
+    refused = _trend(activity.days, activity.refused, reason_colors, "refusals per day by reason")
+    refusal_rows = "".join(
+        f"<tr><td>{escape(name)}</td><td>{sum(values):,d}</td><td>{values[-1]:,d}</td></tr>"
+        for name, values in activity.refused_by_use_case.items()
+    )
+    refusal_table = (
+        '<table id="refusals-by-use-case"><tr><th>use case / reason</th>'
+        f"<th>{len(activity.days)} days</th><th>today</th></tr>{refusal_rows}</table>"
+        if refusal_rows
+        else '<p class="muted" id="refusals-by-use-case">no refusal in these days</p>'
     )
     report_rows = "".join(
         f"<tr><td>{escape(u.use_case)}</td><td>{_num(u.epsilon_per_report)}</td>"
@@ -211,23 +311,40 @@ def render_dashboard(
         else f'<span class="bad" id="chain-status">FAILED at entry {chain.first_bad}:'
         f" {escape(str(chain.problem))}</span>"
     )
-    checkpoint = (
-        f"latest signed checkpoint: entry {chain.latest_checkpoint_seq} at"
-        f" {escape(str(chain.latest_checkpoint_at))}"
-        if chain.latest_checkpoint_seq is not None
-        else "no checkpoint yet"
+    if chain.latest_checkpoint_at is not None:
+        at = datetime.fromisoformat(chain.latest_checkpoint_at)
+        checkpoint = (
+            f"latest signed checkpoint: entry {chain.latest_checkpoint_seq} at"
+            f" {at:%Y-%m-%d %H:%M} UTC, {_age((now - at).total_seconds())} ago"
+        )
+    else:
+        checkpoint = "no signed checkpoint yet (the checkpoint job writes one)"
+    behind = chain.head_seq - (chain.latest_checkpoint_seq or 0)
+    chain_panel = (
+        f'<p id="chain">Audit chain: {status}, {chain.entries:,d} entries, checked'
+        f" {_age((now - verified_at).total_seconds())} ago"
+        f' (<span id="chain-verified-at">{verified_at:%Y-%m-%d %H:%M:%S} UTC</span>);'
+        f' <span id="chain-checkpoint">{escape(checkpoint)}</span>'
+        f"{f'; {behind:,d} entries since it' if chain.latest_checkpoint_at else ''}.</p>"
     )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>dp-governor</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,"><style>{_CSS}</style></head><body>
 <h1>dp-governor</h1>
-<p class="muted">Privacy accounting as of {escape(report.as_of)}. Audit chain: {status}
-({chain.entries} entries, {escape(checkpoint)}).</p>
+<p class="muted">Privacy accounting as of {escape(report.as_of)}.</p>
+{chain_panel}
 <h2>Policies</h2>
-<table id="policies"><tr><th>use case</th><th>mechanism</th><th>&#949;/report</th><th>/day</th>
-<th>k</th><th>m</th><th>window (days)</th><th>budget</th><th>group</th><th>threshold</th>
-<th>version</th></tr>{policy_rows}</table>
+<table id="policies"><tr><th>use case</th><th>mechanism</th><th>&#949;/report</th>
+<th>daily cap (reports)</th><th>window cap (&#949;)</th><th>lifetime cap (&#949;)</th>
+<th>budget group</th><th>k</th><th>m</th><th>window (days)</th><th>group size</th>
+<th>threshold</th><th>version</th></tr>{policy_rows}</table>
+<p class="muted">A cap of "none" does not bound that spend. Use cases of one budget group
+share its caps; a use case in no group has a budget of its own.</p>
+<h2>Reports per day, last {len(activity.days)} days (UTC)</h2>
+<div class="grid"><div class="card" id="accepted-trend"><b>accepted, by use case</b><br>
+{accepted}</div><div class="card" id="refusals-trend"><b>refused by a cap, by reason</b><br>
+{refused}</div><div class="card"><b>refusals by use case</b><br>{refusal_table}</div></div>
 <h2>Effective epsilon (Tang et al. 2017)</h2>
 <table id="effective-epsilon"><tr><th>use case</th><th>&#949;/report</th><th>/day</th>
 <th>&#949;/day</th><th>&#949;/window</th><th>&#949;/year</th><th>group</th>
@@ -236,7 +353,7 @@ def render_dashboard(
 {totals}
 <p class="muted">Computed by {escape(str(report.provenance["accountant"]))}.</p>
 {central_section(report.central)}
-<h2>Cumulative epsilon over the window (solid: most-spent device, dashed: p99)</h2>
+<h2>Cumulative epsilon over the window (solid: most-spent device, dashed: p99 device)</h2>
 <div class="grid" id="cumulative">{charts}</div>
 <h2>Devices by epsilon spent in the window</h2>
 <div class="grid" id="histograms">{hists}</div>

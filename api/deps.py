@@ -9,7 +9,8 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Request
+from fastapi import Depends, Header, Path, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.caches import Caches
 from api.errors import HttpError
@@ -20,6 +21,7 @@ from api.settings import Settings
 from budget import Clock, Ledger
 
 __all__ = [
+    "ADMIN_BEARER",
     "AdminCredential",
     "AdminDep",
     "CachesDep",
@@ -77,11 +79,18 @@ def get_metrics(request: Request) -> Metrics:
     return metrics
 
 
-def admin_credential(
-    request: Request,
-    authorization: Annotated[str | None, Header(description="`Bearer <admin token>`")] = None,
-) -> bool:
+ADMIN_BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="adminToken",
+    description="The admin token (`DPGOV_ADMIN_TOKEN`), sent as `Authorization: Bearer <token>`.",
+)
+
+
+def admin_credential(request: Request) -> bool:
     """The one admin check: True for the admin token, False without ``Authorization``.
+
+    It reads the raw header (the security scheme's parser would pass other schemes over in
+    silence).
 
     Any other credential is refused, never ignored: a wrong token is 403 and counts toward
     the client's failures (``admin_failures_per_minute``), a client over that limit gets 429
@@ -89,6 +98,7 @@ def admin_credential(
     and a server without an admin token refuses every one with 403. The compare is
     constant-time and never admits an empty token.
     """
+    authorization = request.headers.get("authorization")
     if not authorization:
         return False
     expected = request.app.state.settings.admin_token
@@ -119,8 +129,15 @@ def admin_credential(
 AdminCredential = Annotated[bool, Depends(admin_credential)]
 
 
-def require_admin(admin: AdminCredential) -> None:
-    """Admin-only routes: 401 without credentials (and :func:`admin_credential`'s refusals)."""
+def require_admin(
+    admin: AdminCredential,
+    _scheme: Annotated[HTTPAuthorizationCredentials | None, Security(ADMIN_BEARER)] = None,
+) -> None:
+    """Admin-only routes: 401 without credentials (and :func:`admin_credential`'s refusals).
+
+    ``_scheme`` declares the ``adminToken`` bearer scheme on these operations in the OpenAPI
+    document (the lock and "Authorize" in ``/docs``); :func:`admin_credential` decides.
+    """
     if not admin:
         raise HttpError(401, "admin routes need `Authorization: Bearer <token>`")
 

@@ -34,38 +34,62 @@ __all__ = [
 class Receipt(BaseModel):
     """A 202 answer: the charge receipt and what remains today (never a report id)."""
 
-    receipt: str
-    use_case: str
-    policy_version: int
-    epsilon: float
-    day: date
-    reports_left_today: int
-    replayed: bool
+    receipt: str = PydField(
+        description="The charge's receipt: an opaque id a device may keep (never a report id)."
+    )
+    use_case: str = PydField(description="The use case charged.")
+    policy_version: int = PydField(description="The policy version the report was charged under.")
+    epsilon: float = PydField(description="Epsilon charged for this report.")
+    day: date = PydField(description="The UTC day charged.")
+    reports_left_today: int = PydField(
+        description="Reports this device may still send today against this budget."
+    )
+    replayed: bool = PydField(
+        description="True when the idempotency key replayed an earlier answer (nothing charged)."
+    )
 
 
 class BatchItemResult(BaseModel):
     """One item of a batch answer."""
 
-    status: int
-    receipt: str | None = None
-    reason: str | None = None
-    retry_at: datetime | None = None
-    field: str | None = None
-    error: str | None = None
+    status: int = PydField(
+        description="The status the single-report route would answer (202, 409, 422, 429...)."
+    )
+    receipt: str | None = PydField(
+        default=None, description="The receipt when accepted, else null."
+    )
+    reason: str | None = PydField(
+        default=None,
+        description="The decision: `accepted`, `daily_cap`, `window_cap` or `lifetime_cap`.",
+    )
+    retry_at: datetime | None = PydField(
+        default=None,
+        description="After a refusal, when the next report becomes possible; null: never.",
+    )
+    field: str | None = PydField(
+        default=None, description="For an invalid item, the field at fault."
+    )
+    error: str | None = PydField(default=None, description="For an invalid item, what is wrong.")
 
 
 class BatchResult(BaseModel):
     """Per-item results, in the order of the items."""
 
-    accepted: int
-    results: list[BatchItemResult]
+    accepted: int = PydField(description="How many items were accepted (charged).")
+    results: list[BatchItemResult] = PydField(
+        description="One result per item, in the order of the items."
+    )
 
 
 class ErrorBody(BaseModel):
     """An error: ``detail`` says what is wrong (a list of field errors for 422)."""
 
-    detail: str | list[dict[str, Any]]
-    field: str | None = None
+    detail: str | list[dict[str, Any]] = PydField(
+        description="What is wrong: a sentence, or for 422 a list of field errors."
+    )
+    field: str | None = PydField(
+        default=None, description="The field, header or parameter at fault, when there is one."
+    )
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -85,15 +109,19 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 class AuditVerification(BaseModel):
     """The audit chain's state: entries checked, head, checkpoints, and the first failure."""
 
-    ok: bool
-    entries: int
-    head_seq: int
-    head_hash: str
-    checkpoints: int
-    latest_checkpoint_seq: int | None
-    latest_checkpoint_at: str | None
-    first_bad: int | None
-    problem: str | None
+    ok: bool = PydField(description="True when every entry, tag and checkpoint checks out.")
+    entries: int = PydField(description="Entries checked.")
+    head_seq: int = PydField(description="The last entry's sequence number.")
+    head_hash: str = PydField(description="The last entry's chain hash (SHA-256, hex).")
+    checkpoints: int = PydField(description="Signed checkpoints in the database.")
+    latest_checkpoint_seq: int | None = PydField(
+        description="The entry the latest checkpoint signs; null: none yet."
+    )
+    latest_checkpoint_at: str | None = PydField(
+        description="When the latest checkpoint was made (UTC, ISO 8601)."
+    )
+    first_bad: int | None = PydField(description="The first entry that fails; null when `ok`.")
+    problem: str | None = PydField(description="What is wrong with `first_bad`; null when `ok`.")
     state_checked: bool = PydField(
         description="Whether the tables the gate decides on were checked against the chain."
     )
@@ -104,57 +132,86 @@ class AuditVerification(BaseModel):
 class DeviceBudget(BaseModel):
     """One device's budget: the device-wide budget first (``null``: none set), then per use case."""
 
-    device_id: str
-    device: DeviceWide | None = None
-    odometer: DeviceOdometer | None = None
-    use_cases: list[BudgetStatus]
+    device_id: str = PydField(description="The device, as in the path.")
+    device: DeviceWide | None = PydField(
+        default=None,
+        description="The device-wide budget that every use case draws from: its limits, what"
+        " the device spent and has left today, in its window and over its lifetime, and each"
+        " use case against its quota (null: no device-wide budget is set).",
+    )
+    odometer: DeviceOdometer | None = PydField(
+        default=None,
+        description="The device's running (epsilon, delta) total under adaptive composition"
+        " beside the basic sum (see docs/odometer.md).",
+    )
+    use_cases: list[BudgetStatus] = PydField(
+        description="Its standing against every active use case."
+    )
 
 
 class EstimateItem(BaseModel):
     """One candidate's estimated count."""
 
-    item: str
-    count: float
-    stderr: float
+    item: str = PydField(description="The candidate.")
+    count: float = PydField(
+        description="Its estimated count (unbiased; may be negative before the threshold)."
+    )
+    stderr: float = PydField(
+        description="The estimate's standard error (95% interval: count +- 1.96 stderr)."
+    )
 
 
 class Estimates(BaseModel):
     """Published estimates (count >= the policy's threshold) over a day range."""
 
-    use_case: str
-    days: list[date]
-    n: int
-    publish_threshold: float
-    estimates: list[EstimateItem]
+    use_case: str = PydField(description="The use case.")
+    days: list[date] = PydField(description="The UTC days whose sketches were combined.")
+    n: int = PydField(description="Reports in those sketches.")
+    publish_threshold: float = PydField(description="Estimates below this count are not published.")
+    estimates: list[EstimateItem] = PydField(
+        description="Candidates at or above the threshold, largest first."
+    )
 
 
 class EstimateQuery(BaseModel):
     """The body of ``POST .../estimates:query``."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "examples": [{"candidates": ["😂", "❤️"], "from": "2026-11-01", "to": "2026-11-23"}]
+        },
+    )
 
     candidates: list[Annotated[str, StringConstraints(max_length=1000)]] = PydField(
-        min_length=1, max_length=1_000_000
+        min_length=1, max_length=1_000_000, description="The values to estimate."
     )
-    start: date | None = PydField(default=None, alias="from")
-    end: date | None = PydField(default=None, alias="to")
+    start: date | None = PydField(
+        default=None, alias="from", description="The first UTC day; default 89 days before `to`."
+    )
+    end: date | None = PydField(
+        default=None, alias="to", description="The last UTC day; default today."
+    )
 
 
 class Discovery(BaseModel):
     """A word discovered by SFP, with its estimate."""
 
-    word: str
-    count: float
-    stderr: float
+    word: str = PydField(description="The word SFP found.")
+    count: float = PydField(description="Its estimated count.")
+    stderr: float = PydField(description="The estimate's standard error.")
 
 
 class Discoveries(BaseModel):
     """SFP's discovered words over a day range."""
 
-    use_case: str
-    days: list[date]
-    n: int
-    words: list[Discovery]
+    use_case: str = PydField(description="The SFP use case.")
+    days: list[date] = PydField(description="The UTC days whose sketches were combined.")
+    n: int = PydField(description="Reports in those sketches.")
+    words: list[Discovery] = PydField(
+        description="The words found above the publication threshold, most frequent first."
+    )
 
 
 def public_policy(p: Policy) -> PolicyPublic:

@@ -1,10 +1,12 @@
-"""``dpgov demo``: the service on a temporary database, a fleet over real HTTP."""
+"""``dpgov demo``: the service on a temporary database (or the served one), a fleet over HTTP."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+
+from api.cli.common import load_settings, refuse
 
 
 def demo(
@@ -13,21 +15,36 @@ def demo(
     ] = 20_000,
     days: Annotated[int, typer.Option(min=1, max=30, help="Days of collection.")] = 3,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the simulation.")] = 7,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="Write into this database (the one `dpgov serve` uses, with the same keys)"
+            " so that its dashboard shows the demo; default: a temporary database.",
+        ),
+    ] = None,
 ) -> None:
-    """Start the service on a temporary database, run a fleet over real HTTP, show the results."""
+    """Start the service on a database, run a fleet over real HTTP, show the results."""
     from pydantic import TypeAdapter
 
-    from api.demo.demo import run_demo
+    from api.demo.demo import demo_reports, run_demo
     from budget.reporting.report import EffectiveEpsilonReport, render_text
 
-    total = devices * days * 2
-    typer.echo(f"Simulating {devices:,d} devices over {days} days (emoji + new words), over HTTP.")
-    with typer.progressbar(length=total, label="submitting") as bar:
-        result = run_demo(devices, days, seed=seed, progress=bar.update)
+    settings = None if database_url is None else load_settings(database_url)
+    where = "a temporary database" if settings is None else "the database given"
+    typer.echo(
+        f"Simulating {devices:,d} devices over {days} days (emoji + new words), over HTTP,"
+        f" into {where}."
+    )
+    with typer.progressbar(length=demo_reports(devices, days), label="submitting") as bar:
+        try:
+            result = run_demo(devices, days, seed=seed, progress=bar.update, settings=settings)
+        except RuntimeError as exc:
+            refuse(f"{exc} (check --database-url and the keys beside it)")
     true_top = sorted(result.emoji_truth, key=lambda k: -result.emoji_truth[k])[:10]
     print(
-        f"\n{result.accepted:,d} of {result.submitted:,d} reports accepted"
-        f" ({result.seconds:.0f} s)."
+        f"\n{result.accepted:,d} of {result.submitted:,d} reports accepted, {result.refused:,d}"
+        f" refused by a cap ({result.seconds:.0f} s)."
     )
     print("\nEmoji (CMS, eps 4): estimated top 10 beside the truth")
     print(f"{'rank':>4}  {'emoji':<6} {'estimate':>10} {'95% +-':>8} {'true':>8}  true rank")
@@ -43,8 +60,7 @@ def demo(
             f"  {d['word']:<12} {d['count']:>9,.0f} +- {1.96 * d['stderr']:,.0f}"
             f"   true {result.word_truth.get(d['word'], 0):,d}"
         )
-    everyone = "every device spent the same: all reports were accepted"
-    alike = everyone if result.accepted == result.submitted else "others may differ"
+    alike = "the same for every demo device: a refused report spends nothing"
     print(f"\nPrivacy spent by {result.spend_device}, from its ledger ({alike}):")
     for row in result.spend:
         print(
@@ -65,3 +81,5 @@ def demo(
         f" {chain['entries']:,d} entries, signed checkpoint at entry"
         f" {chain['latest_checkpoint_seq']}."
     )
+    if settings is not None:
+        print("\n`dpgov serve` on this database shows all of it on its dashboard, at `/`.")

@@ -1,10 +1,13 @@
-"""``dpgov demo``: the whole loop on a temporary database, over real HTTP.
+"""``dpgov demo``: the whole loop over real HTTP, on a temporary database or the served one.
 
-A service starts on 127.0.0.1 (SQLite file in a temporary folder, Apple's default policies, a
-settable clock); a simulated fleet privatizes Zipf-distributed emoji (CMS) and made-up words
-(SFP) with the real mechanisms and submits them through the relay endpoint day after day; the
-jobs shuffle, store and fold the reports; then the estimates, the discovered words and each use
-case's spend are printed.
+A service starts on 127.0.0.1 (by default a SQLite file in a temporary folder; with
+``settings``, the database and keys those name, such as the one ``dpgov serve`` uses, so its
+dashboard shows the demo's data), with Apple's default policies and a settable clock that
+starts ``days - 1`` days ago and ends today. A simulated fleet privatizes Zipf-distributed
+emoji (CMS) and made-up words (SFP) with the real mechanisms and submits them through the relay
+endpoint day after day, charged like real devices; one device in a hundred also sends a second
+emoji report each day, which the daily cap refuses. The jobs shuffle, store and fold the
+reports; then the estimates, the discovered words and each use case's spend are printed.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from pydantic import SecretStr
 
 from api.app import create_app
 from api.client import Client, RelayItem
+from api.database import init_service_db
 from api.demo.simulation import emoji_vocabulary, made_up_words, zipf_indices
-from api.settings import Settings
-from budget import FixedClock
+from api.settings import Settings, service_keys
+from budget import FixedClock, create_db_engine
 from mechanisms import CMS, SFP
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "demo_reports", "run_demo"]
 
 ADMIN_TOKEN = "demo-admin-token-demo-admin-token"
 BATCH = 2_000
@@ -45,6 +49,7 @@ class DemoResult:
     days: int
     submitted: int
     accepted: int
+    refused: int
     emoji_top: list[dict[str, Any]]
     emoji_truth: dict[str, int]
     words: list[dict[str, Any]]
@@ -62,6 +67,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _over_cap(devices: int) -> int:
+    """Devices that send a second emoji report each day (refused by its daily cap of one)."""
+    return devices // 100
+
+
+def demo_reports(devices: int, days: int) -> int:
+    """How many reports the demo submits: two per device and day, and the refused extras."""
+    return (2 * devices + _over_cap(devices)) * days
+
+
 def run_demo(
     devices: int = 20_000,
     days: int = 3,
@@ -69,25 +84,39 @@ def run_demo(
     seed: int = 7,
     progress: Callable[[int], None] | None = None,
     workdir: Path | None = None,
+    settings: Settings | None = None,
 ) -> DemoResult:
-    """Run the demo and return its results (the CLI prints them)."""
+    """Run the demo and return its results (the CLI prints them).
+
+    ``settings``: the database and keys to write to (a served database); the demo's own
+    server on them has its own admin token. Default: a temporary database.
+    """
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        settings = Settings(
-            database_url=f"sqlite:///{Path(tmp) / 'demo.sqlite'}",
-            secret_file=Path(tmp) / "secret",
-            audit_key_file=Path(tmp) / "audit.key",
-            admin_token=SecretStr(ADMIN_TOKEN),
-            scheduler=False,
-            max_body_bytes=64 << 20,
-            max_batch_items=BATCH,
-        )
-        clock = FixedClock(datetime.now(UTC).replace(hour=9, minute=0, second=0, microsecond=0))
+        own = {"admin_token": SecretStr(ADMIN_TOKEN), "scheduler": False}
+        limits = {"max_body_bytes": 64 << 20, "max_batch_items": BATCH}
+        if settings is None:
+            settings = Settings(
+                database_url=f"sqlite:///{Path(tmp) / 'demo.sqlite'}",
+                secret_file=Path(tmp) / "secret",
+                audit_key_file=Path(tmp) / "audit.key",
+                **own,  # type: ignore[arg-type]
+                **limits,  # type: ignore[arg-type]
+            )
+        else:
+            settings = settings.model_copy(update={**own, **limits})
+            _check_database(settings)
+        # days - 1 days ago to today, at this time of day: the served dashboard's last days
+        clock = FixedClock(datetime.now(UTC).replace(microsecond=0) - timedelta(days=days - 1))
         port = _free_port()
         server = uvicorn.Server(
             uvicorn.Config(
-                create_app(settings, clock=clock), host="127.0.0.1", port=port, log_level="warning"
+                create_app(settings, clock=clock),
+                host="127.0.0.1",
+                port=port,
+                log_config=None,  # the caller's logging stays as it is
+                log_level="warning",
             )
         )
         thread = threading.Thread(target=server.run, daemon=True)
@@ -104,6 +133,22 @@ def run_demo(
             thread.join(timeout=30)
 
 
+def _check_database(settings: Settings) -> None:
+    """Open the database and its keys as the server will; RuntimeError in one line if not."""
+    try:
+        engine = create_db_engine(settings.database_url)
+    except Exception as exc:
+        raise RuntimeError(f"cannot use the database: {exc}") from None
+    try:
+        init_service_db(engine)
+        service_keys(settings, engine, generate=True, record=True)
+    except Exception as exc:
+        cause = getattr(exc, "orig", None) or exc
+        raise RuntimeError(f"cannot use the database: {str(cause).splitlines()[0]}") from None
+    finally:
+        engine.dispose()
+
+
 def _simulate(
     base: str,
     clock: FixedClock,
@@ -116,6 +161,7 @@ def _simulate(
     emoji = emoji_vocabulary()
     words = made_up_words(2_000, rng=rng)
     submitted = accepted = 0
+    extra = _over_cap(devices)
     emoji_truth = np.zeros(len(emoji), dtype=np.int64)
     word_truth = np.zeros(len(words), dtype=np.int64)
     with Client(base, admin_token=ADMIN_TOKEN, timeout=600) as client:
@@ -126,8 +172,10 @@ def _simulate(
         for _ in range(days):
             e_index = zipf_indices(len(emoji), devices, 1.1, rng=rng)
             w_index = zipf_indices(len(words), devices, 1.1, rng=rng)
-            emoji_truth += np.bincount(e_index, minlength=len(emoji))
+            emoji_truth += np.bincount(e_index, minlength=len(emoji))  # what was accepted
             word_truth += np.bincount(w_index, minlength=len(words))
+            again = list(range(devices - extra, devices))  # their second emoji of the day
+            e_index = np.concatenate([e_index, e_index[again]])
             batches = (
                 ("emoji", cms.privatize_indices(emoji, e_index, rng=rng).to_dicts()),
                 (
@@ -135,10 +183,13 @@ def _simulate(
                     sfp.privatize(np.asarray(words, dtype=object)[w_index], rng=rng).to_dicts(),
                 ),
             )
+            senders = {"emoji": ids + [ids[i] for i in again], "quicktype": ids}
             for use_case, reports in batches:
-                for s in range(0, devices, BATCH):
+                sender = senders[use_case]
+                for s in range(0, len(sender), BATCH):
                     items = [
-                        RelayItem(ids[i], reports[i]) for i in range(s, min(devices, s + BATCH))
+                        RelayItem(sender[i], reports[i])
+                        for i in range(s, min(len(sender), s + BATCH))
                     ]
                     result = client.relay(use_case, items)
                     submitted += len(items)
@@ -174,6 +225,7 @@ def _simulate(
         days=days,
         submitted=submitted,
         accepted=accepted,
+        refused=submitted - accepted,
         emoji_top=estimates,
         emoji_truth={emoji[i]: int(emoji_truth[i]) for i in range(len(emoji))},
         words=found,

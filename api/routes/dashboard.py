@@ -14,12 +14,14 @@ from api.errors import HttpError
 from api.ingestion.ingest import Ingestor
 from api.ingestion.pipeline import load_sketch
 from budget import Clock, Ledger, UnknownUseCase, utc_day
+from budget.reporting.activity import daily_activity
 from budget.reporting.views import cumulative_series, distribution
 from mechanisms import SfpSketch
 
 __all__ = ["render_page", "router"]
 
 router = APIRouter()
+ACTIVITY_DAYS = 14  # the trend of accepted and refused reports: two weeks, one point a day
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -34,10 +36,11 @@ def dashboard(
 ) -> HTMLResponse:
     """The dashboard page (:mod:`api.dashboard`).
 
-    Public: policies, the effective-epsilon report, cumulative epsilon, histograms and the
-    chain's status, rendered at most once per ``report_cache_seconds`` into one cached page
-    whatever the query. Estimates are what ``GET .../estimates`` and ``.../discoveries``
-    protect, so with the admin token only: SFP's words, and with
+    Public: the chain's status and age, policies and caps, accepted and refused reports per
+    day, the effective-epsilon report, cumulative epsilon and histograms, rendered at most
+    once per ``report_cache_seconds`` into one cached page whatever the query. Estimates are
+    what ``GET .../estimates`` and ``.../discoveries`` protect, so with the admin token only:
+    SFP's words, and with
     ``?estimate=NAME&candidates=...`` a dictionary's estimates.
     """
     if not admin:
@@ -90,13 +93,17 @@ def render_page(
         "With the admin token, ?estimate=USE_CASE&candidates=a&candidates=b adds a"
         " dictionary's estimates (and SFP's discovered words)."
     )
+    chain = caches.verification(ledger)
     return render_dashboard(
         policies=policies,
         report=caches.report(ledger, None),
         series=[cumulative_series(ledger, p.name, now=now) for p in policies],
         distributions=[distribution(ledger, p.name, now=now) for p in policies],
         estimates=panels,
-        chain=caches.verification(ledger),
+        activity=daily_activity(ledger.engine, now=now, days=ACTIVITY_DAYS),
+        chain=chain,
+        verified_at=caches.verified_at or now,
+        now=now,
         hint=hint + " JSON for all of this: /v1/audit/effective-epsilon, /v1/audit/use-cases/"
         "NAME/distribution, /v1/audit/verify; API documentation at /docs.",
     )

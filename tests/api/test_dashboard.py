@@ -13,7 +13,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -23,6 +25,7 @@ from pydantic import SecretStr
 
 from api.app import create_app
 from api.settings import Settings
+from budget import FixedClock
 from mechanisms import HCMS
 from policies import PolicyCreate, mechanism_for
 
@@ -35,6 +38,14 @@ pytestmark = pytest.mark.skipif(
     reason="Debian's chromium and chromium-driver are not installed (.ci/run installs them)",
 )
 TOKEN = "dashboard-admin-token-dashboard-admin"
+DAYS = 4
+REFUSED = [30, 80, 10, 50]  # emoji's daily-cap refusals on each of the four days
+
+
+def _mechanism(client: httpx.Client, name: str) -> Any:
+    policy = client.get(f"/v1/use-cases/{name}").json()
+    fields = {k: v for k, v in policy.items() if k in PolicyCreate.model_fields}
+    return mechanism_for(PolicyCreate.model_validate(fields))
 
 
 def _free_port() -> int:
@@ -56,9 +67,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         max_body_bytes=16 << 20,
         max_batch_items=5000,
     )
+    # Four days of reports, the last one today: the trend panels get several points.
+    clock = FixedClock(datetime.now(UTC) - timedelta(days=DAYS - 1))
     port = _free_port()
     server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(
+            create_app(settings, clock=clock), host="127.0.0.1", port=port, log_level="warning"
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -69,17 +84,33 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert server.started, "the server did not start"
     admin = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=base, headers=admin, timeout=60) as c:
-        policy = c.get("/v1/use-cases/safari-energy-domains").json()
-        fields = {k: v for k, v in policy.items() if k in PolicyCreate.model_fields}
-        mech = mechanism_for(PolicyCreate.model_validate(fields))
+        mech = _mechanism(c, "safari-energy-domains")
         assert isinstance(mech, HCMS)
+        emoji = _mechanism(c, "emoji")
+        rng = np.random.default_rng(7)
         values = ["popular.example"] * 2500 + ["rare.example"] * 500 + ["x.example"] * 1000
-        reports = mech.privatize(values, rng=np.random.default_rng(7)).to_dicts()
-        items = [{"device_id": f"dev-{i}", "report": r} for i, r in enumerate(reports)]
-        r = c.post("/v1/use-cases/safari-energy-domains/reports:batch", json={"items": items})
-        assert r.status_code == 200 and r.json()["accepted"] == 4000, r.text
-        for job in ("aggregate", "checkpoint"):
-            assert c.post(f"/v1/admin/jobs/{job}:run").status_code == 200
+        rng.shuffle(values)
+        reports = mech.privatize(values, rng=rng).to_dicts()
+        per_day = len(reports) // DAYS
+        for day in range(DAYS):  # new devices each day, one report each
+            items = [
+                {"device_id": f"dev-{i}", "report": reports[i]}
+                for i in range(day * per_day, (day + 1) * per_day)
+            ]
+            r = c.post("/v1/use-cases/safari-energy-domains/reports:batch", json={"items": items})
+            assert r.status_code == 200 and r.json()["accepted"] == per_day, r.text
+            # emoji allows one report a day: each of these devices' second one is refused
+            twice = [f"emoji-{day}-{i}" for i in range(REFUSED[day]) for _ in range(2)]
+            emoji_reports = emoji.privatize(["x"] * len(twice), rng=rng).to_dicts()
+            items = [
+                {"device_id": d, "report": e} for d, e in zip(twice, emoji_reports, strict=True)
+            ]
+            r = c.post("/v1/use-cases/emoji/reports:batch", json={"items": items})
+            assert r.json()["accepted"] == REFUSED[day], r.text
+            assert c.post("/v1/admin/jobs/aggregate:run").status_code == 200
+            if day < DAYS - 1:
+                clock.advance(days=1)
+        assert c.post("/v1/admin/jobs/checkpoint:run").status_code == 200
     yield base
     server.should_exit = True
     thread.join(timeout=10)
@@ -92,7 +123,7 @@ def test_the_dashboard_renders_the_seeded_data_without_console_errors(
     options.binary_location = str(CHROMIUM)
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         options.add_argument(flag)
-    options.add_argument("--window-size=1400,2400")
+    options.add_argument("--window-size=1400,4400")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = webdriver.ChromeService(executable_path=str(DRIVER))
     driver = webdriver.Chrome(options=options, service=service)
@@ -109,13 +140,38 @@ def test_the_dashboard_renders_the_seeded_data_without_console_errors(
         page = driver.find_element("tag name", "body").text
         policies = driver.find_element("id", "policies").text
         assert "emoji" in policies and "safari-energy-domains" in policies
+        head = policies.splitlines()[0]
+        for cap in ("daily cap", "window cap", "lifetime cap", "budget group"):
+            assert cap in head, head
+        safari = next(line for line in policies.splitlines() if line.startswith("safari-energy"))
+        assert "safari-domains" in safari  # its budget group
+        # the trends: one dot per day of the last 14, a line per use case / per reason
+        dots = driver.find_elements("css selector", "#accepted-trend svg circle")
+        assert len(dots) == 2 * 14  # safari-energy-domains and emoji
+        accepted = driver.find_element("id", "accepted-trend").text
+        assert (
+            "safari-energy-domains: 4,000" in accepted and f"emoji: {sum(REFUSED):,d}" in accepted
+        )
+        refused = driver.find_element("id", "refusals-trend")
+        assert len(refused.find_elements("css selector", "svg polyline")) == 3  # the reasons
+        assert f"daily_cap: {sum(REFUSED):,d}" in refused.text
+        titles = [
+            t.get_attribute("textContent")
+            for t in refused.find_elements("css selector", "svg circle title")
+        ]
+        daily = [int(t.rsplit(": ", 1)[1]) for t in titles if t.startswith("daily_cap")]
+        assert daily[-DAYS:] == REFUSED and daily[:-DAYS] == [0] * (14 - DAYS)
+        by_use_case = driver.find_element("id", "refusals-by-use-case").text
+        assert f"emoji/daily_cap {sum(REFUSED)} {REFUSED[-1]}" in by_use_case
+        chain = driver.find_element("id", "chain").text
+        assert "checked" in chain and "ago" in chain and "latest signed checkpoint" in chain
         report = driver.find_element("id", "effective-epsilon").text
         row = next(line for line in report.splitlines() if line.startswith("safari-energy"))
         assert row.endswith(" 4000")  # devices that spent in the window
         assert "8 / 8 / 8" not in row and "4 / 4 / 4" in row  # one report each, eps 4
         assert driver.find_element("id", "chain-status").text == "verified"
         charts = driver.find_elements("css selector", "#cumulative svg polyline")
-        assert len(charts) == 2  # max and p99 for the one use case with charges
+        assert len(charts) == 4  # max and p99 for each of the two use cases with charges
         assert driver.find_elements("css selector", "#histograms svg rect")
         estimates = driver.find_element("id", "estimates").text
         assert "popular.example" in estimates

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from api.app import create_app
 from api.cli import app
-from api.demo.demo import run_demo
+from api.demo.demo import demo_reports, run_demo
+from api.settings import Settings
+from budget import create_db_engine
+from budget.reporting.activity import daily_activity
 
 
 def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
     seen: list[int] = []
     result = run_demo(3000, 2, seed=11, progress=seen.append, workdir=tmp_path)
-    assert result.submitted == sum(seen) == 3000 * 2 * 2
-    assert result.accepted == result.submitted  # one emoji and one word per device and day
+    assert result.submitted == sum(seen) == demo_reports(3000, 2) == (3000 * 2 + 30) * 2
+    # one emoji and one word per device and day are accepted; 30 second emoji a day are not
+    assert result.refused == 30 * 2 and result.accepted == 3000 * 2 * 2
     assert result.emoji_top[0]["item"] == "😂"  # the most popular emoji comes out first
     top = result.emoji_top[0]
     assert abs(top["count"] - result.emoji_truth["😂"]) < 4 * top["stderr"]
@@ -35,3 +42,39 @@ def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
 def test_demo_cli_validates_its_options() -> None:
     bad = CliRunner().invoke(app, ["demo", "--devices", "5"])
     assert bad.exit_code != 0 and "--devices" in bad.output
+
+
+def test_demo_fills_the_database_it_is_given_and_the_dashboard_shows_it(tmp_path: Path) -> None:
+    """``dpgov demo --database-url``: the served database gets the days, charges and refusals."""
+    url = f"sqlite:///{tmp_path / 'served.sqlite'}"
+    env = {
+        "DPGOV_SECRET_FILE": str(tmp_path / "secret"),
+        "DPGOV_AUDIT_KEY_FILE": str(tmp_path / "audit.key"),
+    }
+    run = CliRunner().invoke(
+        app, ["demo", "--devices", "400", "--days", "3", "--database-url", url], env=env
+    )
+    assert run.exit_code == 0, run.output
+    assert "1,200 reports accepted" not in run.output and "12 refused by a cap" in run.output
+    settings = Settings(
+        database_url=url, secret_file=tmp_path / "secret", audit_key_file=tmp_path / "audit.key"
+    )
+    with TestClient(create_app(settings)) as client:  # a server on the same database and keys
+        page = client.get("/")
+        assert page.status_code == 200
+        report = client.get("/v1/audit/effective-epsilon").json()
+    lines = {u["use_case"]: u for u in report["use_cases"]}
+    assert lines["emoji"]["spent_window"]["devices"] == 400
+    assert lines["emoji"]["spent_window"]["max"] == 12.0  # 3 days x 4, charged like devices
+    activity = daily_activity(create_db_engine(url), now=datetime.now(UTC), days=14)
+    assert activity.accepted["emoji"][-3:] == [400, 400, 400]  # the last three days
+    assert activity.refused["daily_cap"][-3:] == [4, 4, 4]
+    assert 'id="refusals-trend"' in page.text and "daily_cap: 12" in page.text
+
+
+def test_demo_names_a_database_it_cannot_open(tmp_path: Path) -> None:
+    env = {"DPGOV_SECRET_FILE": str(tmp_path / "secret")}
+    url = f"sqlite:///{tmp_path / 'missing' / 'x.sqlite'}"
+    run = CliRunner().invoke(app, ["demo", "--devices", "100", "--database-url", url], env=env)
+    assert run.exit_code != 0 and "Traceback" not in run.output
+    assert "--database-url" in run.output
