@@ -84,30 +84,36 @@ class Ingestor:
         self._families: dict[str, str] = {}  # parameter hash -> published family identifier
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
-        self._version_sql = (
-            f"SELECT version, active FROM policies WHERE name = {ph} ORDER BY version DESC LIMIT 1"
-        )
         self._inbox_sql = (
             "INSERT INTO inbox (id, use_case, params, day, payload, device_tag)"
             f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
         )
 
+    def _latest(self, use_case: str) -> Policy | None:
+        """The use case's current policy if it is active, from the gate's policy book.
+
+        The same lookup the charge decides by (one revision query; the book is rebuilt only
+        when a version is added or a horizon rises), so validation and charge agree on the
+        version unless a policy changes in between, which :meth:`submit_group` detects.
+        """
+        with self.ledger.engine.connect() as conn:
+            policy = self.ledger.gate.book(conn).latest.get(use_case)
+        return policy if policy is not None and policy.active else None
+
     def current(self, use_case: str) -> tuple[Mechanism, str, int]:
         """The current policy's mechanism, parameter hash and version.
 
-        One indexed lookup of the current version; policy versions are immutable, so each is
-        parsed once (parsing a policy row costs more than a small group's charges).
+        Policy versions are immutable, so each is parsed into its mechanism once (parsing costs
+        more than a small group's charges).
         """
-        with self.ledger.engine.connect() as conn:
-            row = conn.exec_driver_sql(self._version_sql, (use_case,)).first()
-        if row is None or not row[1]:
+        policy = self._latest(use_case)
+        if policy is None:
             raise UnknownUseCase(use_case)
         self._known.add(use_case)
-        version = int(row[0])
-        found = self._mechanisms.get((use_case, version))
+        found = self._mechanisms.get((use_case, policy.version))
         if found is None:
-            found = self.mechanism(self.ledger.policies.get(use_case, version))
-        return (*found, version)
+            found = self.mechanism(policy)
+        return (*found, policy.version)
 
     def known(self, use_case: str) -> bool:
         """Whether ``use_case`` has been seen as an active use case by this process.
@@ -118,10 +124,8 @@ class Ingestor:
         return use_case in self._known
 
     def look_up(self, use_case: str) -> bool:
-        """Whether ``use_case`` is active now (one indexed query); remembered if it is."""
-        with self.ledger.engine.connect() as conn:
-            row = conn.exec_driver_sql(self._version_sql, (use_case,)).first()
-        if row is None or not row[1]:
+        """Whether ``use_case`` is active now (the policy book's lookup); remembered if it is."""
+        if self._latest(use_case) is None:
             return False
         self._known.add(use_case)
         return True
