@@ -83,6 +83,41 @@ _LOSS = {
     "note": "In a sentence, what the figure guarantees and what it does not.",
 }
 DOMAIN_FIELDS: dict[str, dict[str, str]] = {
+    "DeviceWide": {
+        "version": "The device-wide budget version in force.",
+        "figure": "What the figures are: basic composition of epsilon x group size (delta 0).",
+        "epsilon_per_day": "Epsilon a device may spend per UTC day across use cases; null: none.",
+        "window_days": "Length of the device-wide window in days; null: no window limit.",
+        "window_epsilon": "Epsilon a device may spend per window; null: no window limit.",
+        "lifetime_epsilon": "Epsilon a device may spend over its lifetime; null: no limit.",
+        "epsilon_today": "Epsilon this device spent today, all use cases.",
+        "epsilon_window": "Epsilon it spent in the device-wide window, all use cases.",
+        "epsilon_lifetime": "Epsilon it spent over its lifetime, all use cases.",
+        "today_remaining": "Epsilon left today; null without a daily limit.",
+        "window_remaining": "Epsilon left in the window; null without a window limit.",
+        "lifetime_remaining": "Epsilon left for the lifetime; null without a lifetime limit.",
+        "use_cases": "Each use case's spend against its quota of the device-wide budget.",
+        "filter_epsilon": "Lifetime (epsilon, delta) filter target: epsilon; null: no filter.",
+        "filter_delta": "Lifetime (epsilon, delta) filter target: delta; null: no filter.",
+    },
+    "QuotaStatus": {
+        "use_case": "The use case.",
+        "share": "Its quota: the share of each device-wide limit it may use; null: no quota.",
+        "epsilon_today": "Epsilon it spent today.",
+        "epsilon_window": "Epsilon it spent in the device-wide window.",
+        "epsilon_lifetime": "Epsilon it spent over the device's lifetime.",
+        "today_remaining": "Epsilon left today within its quota; null: no limit.",
+        "window_remaining": "Epsilon left in the window within its quota; null: no limit.",
+        "lifetime_remaining": "Epsilon left for the lifetime within its quota; null: no limit.",
+    },
+    "DeviceOdometer": {
+        "reports": "Reports the device sent over its lifetime.",
+        "basic_epsilon": "Sum of each report's epsilon x group size (pure, delta 0).",
+        "odometer_epsilon": "The mixture odometer's running epsilon at `delta`, valid under"
+        " fully adaptive composition at every time at once (never above the basic sum).",
+        "delta": "The delta the odometer's epsilon holds at.",
+        "figure": "What the two figures are, in words.",
+    },
     "BudgetStatus": {
         "use_case": "The use case.",
         "budget": "The budget its caps count against (its budget group, else itself).",

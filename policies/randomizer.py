@@ -21,16 +21,18 @@ class PublishedHashFamily(BaseModel):
 class Randomizer(BaseModel):
     """Everything a device needs to build the server's randomizer (`mechanisms.from_published`)."""
 
-    mechanism: Literal["cms", "hcms", "sfp"]
+    mechanism: Literal["cms", "hcms", "sfp"] = Field(description="Which randomizer to build.")
     epsilon: float | None = Field(default=None, description="CMS and HCMS: epsilon per report.")
-    k: int
-    m: int
+    k: int = Field(description="Hash functions (sketch rows); SFP: of the word sketch.")
+    m: int = Field(description="Sketch width (buckets per row); SFP: of the word sketch.")
     k_fragment: int | None = Field(default=None, description="SFP only.")
     m_fragment: int | None = Field(default=None, description="SFP only.")
     epsilon_word: float | None = Field(default=None, description="SFP only.")
     epsilon_fragment: float | None = Field(default=None, description="SFP only.")
     alphabet: str | None = Field(default=None, description="SFP only: the fragments' alphabet.")
-    hash_family: PublishedHashFamily
+    hash_family: PublishedHashFamily = Field(
+        description="The hash family the server decodes with: algorithm and seed."
+    )
     family_id: str = Field(
         description="Identifies mechanism, parameters and hash family; send it as the report"
         " body's `family` field."
