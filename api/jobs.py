@@ -37,6 +37,7 @@ from sqlalchemy.exc import IntegrityError
 from api.ingestion.ingest import Ingestor
 from api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
 from api.ingestion.tables import JobLease
+from api.logs import log_fields
 from budget import Clock, Ledger
 from budget.audit_log import write_checkpoints
 from budget.storage.db import writer
@@ -236,20 +237,34 @@ def run_job(
     deadline = time.monotonic() + wait_seconds
     while not acquire_lease(engine, lease, rt.holder, rt.lease_seconds, force=force):
         if time.monotonic() >= deadline:
-            log.info("job %s skipped: another process holds %s", name, lease)
+            skip = log_fields(job=name, outcome="skipped", holder="another process")
+            log.info("job %s skipped: another process holds %s", name, lease, extra=skip)
             return None
         time.sleep(min(1.0, rt.lease_seconds / 3))
     slot = f"{name}:slot"
     try:
         ran = None if slot_seconds <= 0 else lease_holder(engine, slot)
         if ran is not None and ran[0] != rt.holder:
-            log.info("job %s skipped: another process ran it in this interval", name)
+            skip = log_fields(job=name, outcome="skipped", holder="another process")
+            log.info("job %s skipped: another process ran it in this interval", name, extra=skip)
             return None
-        with _heartbeat(engine, lease, rt.holder, rt.lease_seconds):
-            result = JOBS[name][0](rt)
+        started = time.monotonic()
+        try:
+            with _heartbeat(engine, lease, rt.holder, rt.lease_seconds):
+                result = JOBS[name][0](rt)
+        except Exception as exc:
+            ms = round((time.monotonic() - started) * 1000, 1)
+            fields = log_fields(
+                job=name, outcome="failed", duration_ms=ms, error=type(exc).__name__
+            )
+            log.warning("job %s failed after %.0f ms: %s", name, ms, exc, extra=fields)
+            raise
         if slot_seconds > 0:  # taken once the run is done: a crashed run leaves it free
             acquire_lease(engine, slot, rt.holder, slot_seconds, force=True)
-        log.info("job %s done: %s", name, result)
+        ms = round((time.monotonic() - started) * 1000, 1)
+        counts = {k: v for k, v in result.items() if isinstance(v, int | float | str | None)}
+        fields = log_fields(**{**counts, "job": name, "outcome": "done", "duration_ms": ms})
+        log.info("job %s done in %.0f ms: %s", name, ms, result, extra=fields)
         return result
     finally:
         release_lease(engine, lease, rt.holder)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from prometheus_client import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.logs import log_fields
+
 __all__ = ["BodyLimit", "Timing"]
+
+_requests = logging.getLogger("dpgov.requests")  # one line a request: its route template
 
 
 class BodyLimit:
@@ -96,11 +101,28 @@ class Timing:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        status = 500  # unless the app answers
+
+        async def observed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, observed_send)
         finally:
-            route = scope.get("route")
+            seconds = time.perf_counter() - start
+            path = getattr(scope.get("route"), "path", "unmatched")
             method = scope["method"] if scope["method"] in _METHODS else "other"
-            self.histogram.labels(getattr(route, "path", "unmatched"), method).observe(
-                time.perf_counter() - start
-            )
+            self.histogram.labels(path, method).observe(seconds)
+            if _requests.isEnabledFor(logging.INFO):
+                ms = round(seconds * 1000, 2)
+                _requests.info(
+                    "%s %s %d %.1f ms",
+                    method,
+                    path,
+                    status,
+                    ms,
+                    extra=log_fields(method=method, route=path, status=status, duration_ms=ms),
+                )

@@ -122,6 +122,12 @@ class Settings(BaseSettings):
         description="Wrong admin tokens a client may send a minute before 429.",
     )
     scheduler: bool = Field(default=True, description="Run the scheduled jobs in this process.")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Server log lines: `text`, or `json` (one object per line: one per request"
+        " with its route template, status and duration, one per job run; never a device id or"
+        " a client address).",
+    )
     flush_seconds: int = Field(
         default=60, ge=1, description="Interval of the `flush-inbox` job (inbox to report store)."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import os
 from typing import Annotated
 
@@ -10,24 +11,41 @@ import typer
 from api.cli.common import Access, DatabaseOption, load_settings, open_service, refuse
 
 
+class LogFormatOption(enum.StrEnum):
+    """The server's log line formats (:mod:`api.logs`)."""
+
+    text = "text"
+    json = "json"
+
+
 def serve(
     host: Annotated[str | None, typer.Option(help="Interface to bind (DPGOV_HOST).")] = None,
     port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (DPGOV_PORT).")] = None,
     workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 1,
     database_url: DatabaseOption = None,
+    log_format: Annotated[
+        LogFormatOption | None,
+        typer.Option(
+            "--log-format",
+            help="Log lines as `text` or `json` (one object per line) (DPGOV_LOG_FORMAT).",
+        ),
+    ] = None,
 ) -> None:
     """Run the HTTP service; creates the database and its keys if new (docs/operations.md).
 
     SQLite is upgraded at start; PostgreSQL with a schema behind this release is refused
     (`dpgov db upgrade` first). A worker that cannot start stops the server: exit 1, its reason.
     """
+    from api.logs import log_config
     from api.server import run_server, serve_options
 
-    settings = load_settings(database_url, host=host, port=port)
+    fmt = None if log_format is None else log_format.value
+    settings = load_settings(database_url, host=host, port=port, log_format=fmt)
     # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
     ledger, keys = open_service(settings, Access.CREATE)
     ledger.engine.dispose()
     os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
+    os.environ["DPGOV_LOG_FORMAT"] = settings.log_format
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())
     os.environ["DPGOV_AUDIT_KEY_FILE"] = str(settings.audit_key_path().resolve())
     typer.echo(f"device-key secret from {keys.sources[0]}, audit key from {keys.sources[1]}")
@@ -38,6 +56,7 @@ def serve(
         host=settings.host,
         port=settings.port,
         log_level="info",
+        log_config=log_config(settings.log_format),
         access_log=False,  # access lines carry client addresses: never on the report path
         **serve_options(settings),  # read deadlines, keep-alive, header cap, concurrency limit
     )
