@@ -66,6 +66,8 @@ def log_config(log_format: LogFormat, level: str = "info") -> dict[str, Any]:
             "uvicorn.error": {"level": upper},
             "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
             "dpgov": {"handlers": ["default"], "level": upper, "propagate": False},
+            # a line per request only as JSON, for a collector; text is for a person to read
+            "dpgov.requests": {"level": upper if log_format == "json" else "WARNING"},
             "apscheduler": {"handlers": ["default"], "level": "WARNING", "propagate": False},
         },
     }

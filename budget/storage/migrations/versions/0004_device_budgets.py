@@ -29,7 +29,7 @@ def upgrade() -> None:
         sa.Column("filter_epsilon", sa.Float(), nullable=True),
         sa.Column("filter_delta", sa.Float(), nullable=True),
         sa.Column("quotas", sa.Text(), nullable=False),
-        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("actor", sa.String(100), nullable=False),
     )
 
