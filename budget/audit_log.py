@@ -126,7 +126,7 @@ class Entry(NamedTuple):
     """What to append: who did what, with the action's data.
 
     ``data`` is a JSON-serialisable dict, or a str holding that dict's canonical JSON already
-    (sorted keys, no spaces; :func:`budget.gate.charge_entry` formats a charge's from a
+    (sorted keys, no spaces; :func:`budget.batch.charge_entry` formats a charge's from a
     template, since a relay's batch appends one entry per report).
     """
 

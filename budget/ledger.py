@@ -15,11 +15,12 @@ from sqlalchemy import Connection, Engine, and_, delete, select
 
 from budget.accountant import Accountant, PrivacyLoss
 from budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
+from budget.batch import BatchItem, OnAccept, charge_batch
 from budget.book import NO_HORIZON, PolicyBook
 from budget.central import central_figures
 from budget.clock import day_start, utc_day
 from budget.errors import InvalidRequest, UnknownUseCase
-from budget.gate import Gate, OnAccept, load_book
+from budget.gate import Gate, load_book
 from budget.integrity import StateCheck, StateReplay
 from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
 from budget.reporting.report import (
@@ -213,15 +214,25 @@ class Ledger:
         request_hash: str | None = None,
         on_accept: OnAccept | None = None,
     ) -> Decision:
-        """Check and charge one report atomically (:meth:`budget.gate.Gate.charge`)."""
-        return self.gate.charge(
-            device_id,
-            use_case,
-            now=now,
-            idempotency_key=idempotency_key,
-            request_hash=request_hash,
-            on_accept=on_accept,
-        )
+        """Check and charge one report atomically: a batch of one (:func:`charge_batch`).
+
+        ``on_accept`` runs in the transaction when the report is accepted (an inbox row, say).
+
+        Raises:
+            InvalidRequest: a field is invalid (nothing written).
+            UnknownUseCase: no active policy of that name (nothing written).
+            IdempotencyConflict: the key was used before for a different request.
+        """
+
+        def accepted(conn: Connection, decisions: list[tuple[int, Decision]]) -> None:
+            if on_accept is not None:
+                on_accept(conn, decisions[0][1])
+
+        item = BatchItem(device_id, use_case, idempotency_key, request_hash)
+        (result,) = charge_batch(self.gate, [item], now=now, on_accept=accepted)
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def device_key(self, device_id: str) -> str:
         """The stored pseudonym of a device id."""
