@@ -33,10 +33,10 @@ from functools import lru_cache
 from typing import Final
 
 import orjson
-from sqlalchemy import BigInteger, Column, Engine, Index, Integer, Text, select
-from sqlmodel import Field, SQLModel
+from sqlalchemy import Engine, select
 
 from budget.clock import day_date
+from budget.storage.tables import ShuffledBatch
 from policies.model import Policy, from_micro
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "CentralLine",
     "CentralLoss",
     "DayFigure",
-    "ShuffledBatch",
     "batch_layers",
     "central_figures",
     "central_line",
@@ -69,31 +68,6 @@ PRECONDITIONS: Final = (
 )
 _GRID: Final = 8  # sizes rounded down to 2^(i / _GRID)
 MAX_BATCHES_SHOWN: Final = 24  # a day's batches listed one by one (frequent flushes make many)
-
-
-class ShuffledBatch(SQLModel, table=True):
-    """One published shuffled batch: sizes and local epsilon only, nothing about any device."""
-
-    __tablename__ = "shuffled_batches"
-    __table_args__ = (Index("ix_shuffled_batches_use_case_day", "use_case", "day"),)
-
-    id: int | None = Field(
-        default=None,
-        sa_column=Column(
-            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-        ),
-    )
-    use_case: str = Field(max_length=63)
-    day: int = Field(description="UTC day the batch was published.")
-    first_day: int = Field(description="Earliest charge day of its reports.")
-    last_day: int = Field(description="Latest charge day of its reports.")
-    devices: int = Field(sa_column=Column(BigInteger, nullable=False))
-    reports: int = Field(sa_column=Column(BigInteger, nullable=False))
-    max_per_device: int
-    layers: str = Field(sa_column=Column(Text, nullable=False))  # JSON: devices with >= i reports
-    untagged: int = Field(default=0, description="Reports queued with no device pseudonym.")
-    epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
-    min_batch_devices: int
 
 
 def batch_layers(per_device: Iterable[int]) -> list[int]:

@@ -27,8 +27,9 @@ from api.ingestion.ingest import Ingestor, Mechanism, params_hash
 from api.ingestion.tables import InboxRow, SketchRow, StoredReport
 from budget import Ledger, utc_day
 from budget.audit_log import Entry
-from budget.central import ShuffledBatch, batch_layers
+from budget.central import batch_layers
 from budget.storage.db import writer
+from budget.storage.tables import ShuffledBatch
 from mechanisms import (
     CMS,
     HCMS,

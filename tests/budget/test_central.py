@@ -25,12 +25,12 @@ from budget.amplification import shuffle_epsilon
 from budget.central import (
     MAX_BATCHES_SHOWN,
     PRECONDITIONS,
-    ShuffledBatch,
     batch_layers,
     central_line,
     compose_sizes,
 )
 from budget.clock import utc_day
+from budget.storage.tables import ShuffledBatch
 from policies import PolicyCreate
 from policies.model import Policy
 from tests.budget.test_amplification import exact_rr_delta, others_grid
