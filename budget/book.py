@@ -88,11 +88,12 @@ class Terms:
 
 @dataclass(frozen=True, slots=True)
 class PolicyBook:
-    """Every use case's latest version, budget members, longest retention and horizon.
+    """Every use case's versions, budget members, longest retention and horizon.
 
-    ``device`` is the device-wide budget in force (``None``: none); ``device_window`` the
-    longest device-wide window any of its versions ever had, which the purge keeps (days the
-    device window counts must still be held).
+    ``versions`` holds every version of every use case (retired ones included), by name and
+    version; ``latest`` each use case's newest. ``device`` is the device-wide budget in force
+    (``None``: none); ``device_window`` the longest device-wide window any of its versions ever
+    had, which the purge keeps (days the device window counts must still be held).
     """
 
     latest: dict[str, Policy]
@@ -101,6 +102,7 @@ class PolicyBook:
     horizons: dict[str, int]
     terms: dict[str, Terms]
     group_sizes: dict[tuple[str, int], int]
+    versions: tuple[Policy, ...] = ()
     device: DeviceLimits | None = None
     device_window: int = 0
 
@@ -117,10 +119,11 @@ class PolicyBook:
         ``device`` is the device-wide budget in force, ``device_window`` the longest window
         any of its versions ever had.
         """
+        every = tuple(sorted(versions, key=lambda p: (p.name, p.version)))
         latest: dict[str, Policy] = {}
         longest: dict[str, int] = {}
         group_sizes: dict[tuple[str, int], int] = {}
-        for p in versions:
+        for p in every:
             if p.name not in latest or p.version > latest[p.name].version:
                 latest[p.name] = p
             longest[p.name] = max(longest.get(p.name, 0), p.retention_days)
@@ -136,27 +139,12 @@ class PolicyBook:
             if p.active
         }
         window = max(device_window, device.longest_window if device else 0)
-        return cls(latest, members, longest, held, terms, group_sizes, device, window)
+        return cls(latest, members, longest, held, terms, group_sizes, every, device, window)
 
     def with_policy(self, proposed: Policy) -> PolicyBook:
-        """The book as it would be with ``proposed`` as its use case's latest version."""
-        versions = [*self.latest.values()]
-        versions = [p for p in versions if p.name != proposed.name] + [proposed]
-        book = PolicyBook.build(versions, self.horizons, self.device, self.device_window)
-        longest = dict(self.longest_retention)
-        longest[proposed.name] = max(
-            self.longest_retention.get(proposed.name, 0), proposed.retention_days
-        )
-        sizes = {**self.group_sizes, **book.group_sizes}
-        return PolicyBook(
-            book.latest,
-            book.members,
-            longest,
-            book.horizons,
-            book.terms,
-            sizes,
-            self.device,
-            self.device_window,
+        """The book as it would be with ``proposed`` as its use case's next version."""
+        return PolicyBook.build(
+            [*self.versions, proposed], self.horizons, self.device, self.device_window
         )
 
     @property

@@ -23,7 +23,7 @@ from budget.keyed import KeyedHash
 from budget.storage.db import placeholder, writer
 from budget.storage.tables import RetentionHorizon
 from policies.device import device_budget_versions, limits_of
-from policies.model import Policy
+from policies.repository import PolicyStore
 
 __all__ = ["Gate", "InternalError", "device_key", "load_book"]
 
@@ -108,9 +108,8 @@ class Gate:
 
 def load_book(conn: Connection) -> PolicyBook:
     """The policy book read in ``conn``'s transaction (every version, every horizon)."""
-    table = Policy.__table__  # type: ignore[attr-defined]
     horizons = RetentionHorizon.__table__  # type: ignore[attr-defined]
-    versions = [Policy.model_validate(r._asdict()) for r in conn.execute(table.select())]
+    versions = PolicyStore.all_versions_in(conn)
     held = {str(r[0]): int(r[1]) for r in conn.execute(horizons.select())}
     device = device_budget_versions(conn)
     window = max((v.window_days or 0 for v in device), default=0)

@@ -20,7 +20,7 @@ from budget.book import NO_HORIZON, PolicyBook
 from budget.central import central_figures
 from budget.clock import day_start, utc_day
 from budget.errors import InvalidRequest, UnknownUseCase
-from budget.gate import Gate, load_book
+from budget.gate import Gate
 from budget.integrity import StateCheck, StateReplay
 from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
 from budget.reporting.report import (
@@ -241,14 +241,18 @@ class Ledger:
     # -- budgets ---------------------------------------------------------------------------------
 
     def book(self) -> PolicyBook:
-        """The policy book now: every version's terms, budget members, retention, horizons."""
+        """The policy book now: every version, the terms, budget members, retention, horizons.
+
+        The gate's book (:meth:`budget.gate.Gate.book`): the one policy lookup, read again only
+        when a policy version or a horizon was added.
+        """
         with self.engine.connect() as conn:
-            return load_book(conn)
+            return self.gate.book(conn)
 
     def device_wide(self, device_id: str, *, now: datetime) -> DeviceWide | None:
         """The device's standing against the device-wide budget (``None``: none in force)."""
         with self.engine.connect() as conn:
-            book = load_book(conn)
+            book = self.gate.book(conn)
             state = self.state_of(conn, self.device_key(device_id)) or AccountState()
         return device_wide(book, state, utc_day(now))
 
@@ -268,7 +272,7 @@ class Ledger:
         day = utc_day(now)
         out: list[BudgetStatus] = []
         with self.engine.connect() as conn:
-            book = load_book(conn)
+            book = self.gate.book(conn)
             state = self.state_of(conn, dk) or AccountState()
         for policy in book.active:
             terms = book.terms[policy.name]
@@ -336,28 +340,13 @@ class Ledger:
 
     # -- retention -------------------------------------------------------------------------------
 
-    def _all_policies(self) -> dict[str, Policy]:
-        """The latest version (active or not) of every use case ever defined."""
-        return self.book().latest
-
-    def all_policy_versions(self) -> list[Policy]:
-        """Every version of every use case, by name and version."""
-        with self.engine.connect() as conn:
-            table = Policy.__table__  # type: ignore[attr-defined]
-            rows = conn.execute(select(table).order_by(table.c.name, table.c.version)).all()
-        return [Policy.model_validate(r._asdict()) for r in rows]
-
-    def retention_horizons(self) -> dict[str, int]:
-        """Per use case, the last day the purge deleted (nothing on or before it counts)."""
-        return dict(self.book().horizons)
-
     def charge_rows(self) -> Iterator[tuple[str, str, str, int, int, int]]:
         """Every charge held: ``(device key, use case, budget, version, micro-epsilon, day)``.
 
         Charges on or before their use case's horizon are deleted by definition, even before
         the purge's rows are gone (the same rule as every other reader).
         """
-        horizons = self.retention_horizons()
+        horizons = self.book().horizons
         with self.engine.connect() as conn:
             query = select(
                 _CHARGES.c.device_key,
@@ -416,7 +405,7 @@ class Ledger:
             self.window_spend_rows(now=now),
             self.lifetime_rows(),
         )
-        central = central_figures(self.engine, self.all_policy_versions(), utc_day(now))
+        central = central_figures(self.engine, self.book().versions, utc_day(now))
         return replace(basis, central=central)
 
     def effective_epsilon(
@@ -443,7 +432,7 @@ class Ledger:
         charges = idem = 0
         dropped: list[int] = []
         with writer(self.engine).begin() as conn:
-            book = load_book(conn)
+            book = self.gate.book(conn)
             through = {name: book.deletable_through(name, day) for name in book.latest}
             raised = {n: d for n, d in through.items() if d > book.horizon(n)}
             horizons = {**book.horizons, **raised}
@@ -532,7 +521,7 @@ class Ledger:
         dk = self.device_key(device_id)
         day = utc_day(now)
         with self.engine.connect() as conn:
-            book = load_book(conn)
+            book = self.gate.book(conn)
             state = self.state_of(conn, dk) or AccountState()
         policies = book.latest
         window_rows: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
@@ -595,7 +584,7 @@ class Ledger:
         self, *, use_case: str
     ) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
         """Each device's lifetime multiset for one use case (from the purge-proof totals)."""
-        if use_case not in self._all_policies():
+        if use_case not in self.book().latest:
             raise UnknownUseCase(use_case)
         for dk, state in self.accounts():
             mine = [
@@ -611,7 +600,7 @@ class Ledger:
 
         Running totals (labelled so): see :class:`DeviceLoss`.
         """
-        policy = self._all_policies()[use_case]
+        policy = self.book().latest[use_case]
         return {
             dk: self.accountant.loss(ev, delta=policy.delta, kind="running total")
             for dk, ev in self.lifetime_ledgers(use_case=use_case)
@@ -628,7 +617,7 @@ class Ledger:
 
         Running totals (labelled so): see :class:`DeviceLoss`.
         """
-        policy = self._all_policies()[use_case]
+        policy = self.book().latest[use_case]
         return {
             dk: self.accountant.loss(ev, delta=policy.delta, kind="running total")
             for dk, ev in self.window_ledgers(now=now, use_case=use_case)

@@ -90,6 +90,16 @@ class PolicyStore:
         return Policy.model_validate(row._asdict())
 
     @staticmethod
+    def all_versions_in(conn: Connection) -> builtins.list[Policy]:
+        """Every version of every use case (retired ones included), by name and version.
+
+        The one read of the whole table: the ledger's policy book is built from it
+        (``budget.book``), and every other reader of policy versions goes through that book.
+        """
+        rows = conn.execute(select(_TABLE).order_by(_TABLE.c.name, _TABLE.c.version)).all()
+        return [Policy.model_validate(r._asdict()) for r in rows]
+
+    @staticmethod
     def group_members_in(conn: Connection, group: str) -> builtins.list[Policy]:
         """Current active policies that draw from budget group ``group``."""
         rows = conn.execute(_latest_versions().where(_TABLE.c.budget_group == group)).all()

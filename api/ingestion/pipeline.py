@@ -27,7 +27,9 @@ from api.ingestion.ingest import Ingestor, Mechanism, params_hash
 from api.ingestion.tables import InboxRow, SketchRow, StoredReport
 from budget import Ledger, utc_day
 from budget.audit_log import Entry
+from budget.book import PolicyBook
 from budget.central import batch_layers
+from budget.gate import load_book
 from budget.storage.db import writer
 from budget.storage.tables import ShuffledBatch
 from mechanisms import (
@@ -83,25 +85,17 @@ class _Terms:
     max_epsilon_micro: int
 
 
-def _terms(engine: Engine, use_cases: set[str]) -> dict[str, _Terms]:
-    """Each use case's latest ``min_batch_devices`` and every version's epsilon per report.
-
-    Read afresh each flush (milliseconds for the default policies): a process may flush several
-    databases whose use cases share names and versions.
-    """
-    table = Policy.__table__  # type: ignore[attr-defined]
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(table).where(table.c.name.in_(sorted(use_cases))).order_by(table.c.version)
-        ).all()
+def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
+    """Each use case's latest ``min_batch_devices`` and every version's epsilon per report."""
     out: dict[str, _Terms] = {}
-    for row in rows:
-        version = Policy.model_validate(dict(row._mapping))
+    for version in book.versions:  # by name, then version: each use case's latest last
+        if version.name not in use_cases:
+            continue
         found = (params_hash(mechanism_for(version)), to_micro(version.epsilon_per_report))
-        known = out.get(row.name)
+        known = out.get(version.name)
         eps = {**known.epsilon_micro, found[0]: found[1]} if known else {found[0]: found[1]}
         top = max(found[1], known.max_epsilon_micro if known else 0)
-        out[row.name] = _Terms(int(row.min_batch_devices), eps, top)  # the latest version last
+        out[version.name] = _Terms(version.min_batch_devices, eps, top)
     return out
 
 
@@ -134,7 +128,10 @@ def flush_inbox(
     ready = {str(use_case) for use_case, count in pending if count >= min_batch}
     if not ready:
         return 0
-    terms = _terms(engine, ready)
+    with engine.connect() as conn:
+        # read afresh each flush (milliseconds for the default policies): a process may flush
+        # several databases whose use cases share names and versions
+        terms = _terms(load_book(conn), ready)
     today = utc_day(now if now is not None else datetime.now(UTC))
     moved = 0
     for use_case in sorted(ready):
@@ -432,7 +429,7 @@ def load_sketch(
 
 def latest_policies(ledger: Ledger) -> dict[str, Policy]:
     """The latest version of every use case ever defined, retired ones included."""
-    return {p.name: p for p in ledger.all_policy_versions()}  # ordered by name, then version
+    return dict(ledger.book().latest)
 
 
 def purge(ledger: Ledger, *, now: datetime) -> dict[str, int]:

@@ -64,7 +64,7 @@ def records(ledger: Any, *, now: datetime) -> Iterator[dict[str, Any]]:
         "as_of_day": utc_day(now),
         "audit_head": {"seq": seq, "hash": head},
     }
-    for policy in ledger.all_policy_versions():
+    for policy in ledger.book().versions:
         yield {"kind": "policy", **policy.model_dump(mode="json")}
     for dk, use_case, budget, version, eps, day in ledger.charge_rows():
         yield {
@@ -85,7 +85,7 @@ def records(ledger: Any, *, now: datetime) -> Iterator[dict[str, Any]]:
             "group_size": group_size,
             "count": count,
         }
-    for use_case, through_day in sorted(ledger.retention_horizons().items()):
+    for use_case, through_day in sorted(ledger.book().horizons.items()):  # as of the end
         yield {"kind": "horizon", "use_case": use_case, "through_day": through_day}
 
 

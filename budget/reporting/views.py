@@ -143,7 +143,7 @@ def _device_central(
     the window (its charges held) and over a year (at most its lifetime count).
     """
     versions: dict[str, list[Policy]] = defaultdict(list)
-    for p in ledger.all_policy_versions():
+    for p in ledger.book().versions:
         versions[p.name].append(p)
     batches = read_batches(ledger.engine, today - DAYS_PER_YEAR + 1)
     out = []

@@ -103,7 +103,7 @@ def test_batch_waits_for_distinct_devices_and_records_its_sizes(engine: Engine) 
     assert not {"device_tag", "device_key", "device_id"} & columns
     lines = {
         line.use_case: line
-        for line in central_figures(engine, ledger.all_policy_versions(), utc_day(tomorrow))
+        for line in central_figures(engine, ledger.book().versions, utc_day(tomorrow))
     }
     assert set(lines) == {"held", "open"}
     figure = lines["held"].days[0].batches[0]

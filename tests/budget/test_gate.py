@@ -204,6 +204,25 @@ def test_each_charge_records_its_policy_version_and_changes_keep_spent_budget(
     assert status.epsilon_window == 3.0 and status.reports_today == 2
 
 
+def test_every_reader_gets_the_one_policy_book(ledger: Ledger) -> None:
+    # one lookup: the ledger's readers get the gate's book, read again only after a change
+    first = ledger.book()
+    assert ledger.book() is first
+    with ledger.engine.connect() as conn:
+        assert ledger.gate.book(conn) is first
+    ledger.policies.update("emoji", PolicyUpdate(max_reports_per_day=3))
+    ledger.policies.delete("health-types")
+    book = ledger.book()
+    assert book is not first and book.terms["emoji"].max_reports_per_day == 3
+    assert "health-types" not in book.terms and not book.latest["health-types"].active
+    names = [(p.name, p.version) for p in book.versions]  # every version, retired included
+    assert names == sorted(names) and {("emoji", 1), ("emoji", 2), ("health-types", 2)} <= set(
+        names
+    )
+    proposed = book.latest["emoji"].model_copy(update={"version": 3, "retention_days": 120})
+    assert book.with_policy(proposed).longest_retention["emoji"] == 120
+
+
 def test_status_reports_every_use_case(ledger: Ledger) -> None:
     ledger.charge("dev", "quicktype", now=NOW)
     status = {s.use_case: s for s in ledger.status("dev", now=NOW)}
@@ -245,7 +264,7 @@ def test_purge_deletes_exactly_what_left_the_window(ledger: Ledger) -> None:
     lifetime = sum(n for _, _, _, _, n in ledger.lifetime_rows())
     assert lifetime == 4  # lifetime totals survive
     assert ledger.purge(now=NOW) == type(result)(0, 0, 0)
-    assert ledger.retention_horizons() == dict.fromkeys(
+    assert ledger.book().horizons == dict.fromkeys(
         (p.name for p in ledger.policies.list()), day - 90
     )
 
