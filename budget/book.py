@@ -14,7 +14,9 @@ which use cases each budget's caps count:
   versions ever had (lowering then raising ``retention_days`` gets the true window back), and
   the purge records, per use case, the last day it deleted (``retention_horizons``): nothing on
   or before that day is counted anywhere again, whatever the accounts still physically hold.
-  Raising retention beyond the longest it ever was cannot recall days already deleted.
+  Raising retention beyond the longest it ever was cannot recall days already deleted. The
+  reports themselves go sooner, at the latest version's retention (:class:`Retention`, one
+  rule for both purges).
 
 Pure code: built from the ``policies`` rows and the horizons, cached by the gate per revision.
 """
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from policies.device import DeviceLimits
 from policies.model import Policy, budget_key, to_micro
 
-__all__ = ["NO_HORIZON", "PolicyBook", "Terms"]
+__all__ = ["NO_HORIZON", "PolicyBook", "Retention", "Terms"]
 
 NO_HORIZON = -(1 << 62)  # "nothing deleted": below every day
 
@@ -84,6 +86,28 @@ class Terms:
             horizons={} if horizons is None else horizons,
             device=device,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """The last day of each kind of record the purge deletes for one use case, and why.
+
+    - ``spend_through``: spend records (the charges and the accounts' days). Kept for the
+      longest ``retention_days`` the use case ever had, and at least the longest device-wide
+      window ever set (which counts every use case's days); never below the horizon already
+      reached. Privacy accounting: a window lowered then raised (90 -> 30 -> 90) reads the
+      device's true spend again, and no cap is ever checked against a window missing days.
+    - ``data_through``: what the devices sent (the inbox, the report store, the sketches).
+      Deleted at the retention of the use case's latest version, retired or not. Data
+      minimisation: a policy's retention is the promise of how long reports are kept, and
+      lowering it deletes the older ones at the next purge. No cap or epsilon figure reads them.
+      Never below ``spend_through``: a report never outlives the record of its spend.
+
+    Why the two differ: docs/decisions/retention.md.
+    """
+
+    spend_through: int
+    data_through: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +184,16 @@ class PolicyBook:
         """The last day deleted for ``use_case`` (:data:`NO_HORIZON`: none)."""
         return self.horizons.get(use_case, NO_HORIZON)
 
-    def deletable_through(self, use_case: str, day: int) -> int:
-        """The last day the purge on ``day`` deletes for ``use_case`` (never below its horizon).
+    def purge_through(self, day: int) -> dict[str, Retention]:
+        """What the purge on ``day`` deletes, per use case ever defined (retired ones included).
 
-        Days are held for the longest retention the use case ever had, and at least as long
-        as the longest device-wide window ever set, which counts every use case's days.
+        The one retention rule, applied by both purges: the ledger's to the spend records
+        (:meth:`budget.ledger.Ledger.purge`), the pipeline's to the reports and sketches
+        (``api.ingestion.pipeline.purge``). See :class:`Retention` for why the two differ.
         """
-        keep = max(self.longest_retention.get(use_case, 0), self.device_window)
-        return max(day - keep, self.horizon(use_case))
+        out = {}
+        for name, policy in sorted(self.latest.items()):
+            keep = max(self.longest_retention.get(name, 0), self.device_window)
+            spend = max(day - keep, self.horizon(name))
+            out[name] = Retention(spend, max(day - policy.retention_days, spend))
+        return out

@@ -416,10 +416,11 @@ class Ledger:
         return finish_report(basis, accountant=self.accountant, delta=delta)
 
     def purge(self, *, now: datetime) -> PurgeResult:
-        """Apply retention at ``now``: raise each use case's horizon, delete what it passed.
+        """Apply retention to the spend records at ``now``: raise each horizon, delete below it.
 
-        A use case's horizon rises to the day before its longest retention ever began (its
-        retired versions included: one rule for every version), so that lowering then raising
+        Each use case's horizon (retired ones included) rises to its ``spend_through``
+        (:meth:`budget.book.PolicyBook.purge_through`: the longest retention it ever had, at
+        least the longest device-wide window), so that lowering then raising
         ``retention_days`` loses nothing, and days once deleted never count again. In one
         transaction: the horizons, the charges on or before them, the idempotency records
         older than the retry window (``idempotency_days``), and the audit entry that counts
@@ -433,7 +434,7 @@ class Ledger:
         dropped: list[int] = []
         with writer(self.engine).begin() as conn:
             book = self.gate.book(conn)
-            through = {name: book.deletable_through(name, day) for name in book.latest}
+            through = {n: kept.spend_through for n, kept in book.purge_through(day).items()}
             raised = {n: d for n, d in through.items() if d > book.horizon(n)}
             horizons = {**book.horizons, **raised}
             if raised:

@@ -52,7 +52,6 @@ __all__ = [
     "aggregate",
     "decode_payloads",
     "flush_inbox",
-    "latest_policies",
     "load_sketch",
     "purge",
     "sketch_arrays",
@@ -427,23 +426,20 @@ def load_sketch(
     return merged, days
 
 
-def latest_policies(ledger: Ledger) -> dict[str, Policy]:
-    """The latest version of every use case ever defined, retired ones included."""
-    return dict(ledger.book().latest)
-
-
 def purge(ledger: Ledger, *, now: datetime) -> dict[str, int]:
-    """Retention: the ledger's purge, plus inbox rows, reports and sketches past each window.
+    """Retention: the ledger's purge of the spend records, then of the reports themselves.
 
-    Every use case ever defined is purged by its latest version's retention, so a retired
-    use case's reports and sketches go when its window ends, like an active one's.
+    Both follow the book's one rule (:meth:`budget.book.PolicyBook.purge_through`) over every
+    use case ever defined, retired ones included: the ledger keeps spend records for the
+    longest retention ever, the inbox rows, stored reports and sketches go at the latest
+    version's retention (``data_through``; docs/decisions/retention.md).
     """
     result = ledger.purge(now=now)
     day = utc_day(now)
     reports = sketches = inbox = 0
     with writer(ledger.engine).begin() as conn:
-        for name, policy in latest_policies(ledger).items():
-            cutoff = day - policy.retention_days
+        for name, kept in ledger.gate.book(conn).purge_through(day).items():
+            cutoff = kept.data_through
             inbox += conn.execute(
                 delete(_INBOX).where(and_(_INBOX.c.use_case == name, _INBOX.c.day <= cutoff))
             ).rowcount
