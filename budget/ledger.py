@@ -1,37 +1,29 @@
-"""The ledger: the gate plus the questions asked of it (budgets, accounting, retention).
+"""The ledger: the gate, the device's standing, retention, tamper evidence.
 
-The ledger owns the database: the service layer calls these methods and never writes SQL.
+The ledger owns the database: the service layer calls these methods and never writes SQL. The
+read side's figures (losses, the effective-epsilon report, views, export) are computed from
+its accounts and policy book in :mod:`budget.reporting`.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, delete, select
 
-from budget.accountant import Accountant, PrivacyLoss
+from budget.accountant import Accountant
 from budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
 from budget.batch import BatchItem, OnAccept, charge_batch
 from budget.book import NO_HORIZON, PolicyBook
-from budget.central import central_figures
 from budget.clock import day_start, utc_day
-from budget.errors import InvalidRequest, UnknownUseCase
 from budget.gate import Gate
 from budget.integrity import StateCheck, StateReplay
 from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
-from budget.reporting.report import (
-    EffectiveEpsilonReport,
-    ReportBasis,
-    Row,
-    finish_report,
-    prepare_report,
-)
 from budget.rule import Decision
-from budget.state import AccountState, Slot, decode, lifetime_counts, window_counts
+from budget.state import AccountState, decode
 from budget.storage.db import placeholder, writer
 from budget.storage.partitions import (
     DAYS_AHEAD,
@@ -44,7 +36,7 @@ from policies.device import DeviceBudgetCreate, DeviceBudgetVersion, write_devic
 from policies.model import Policy, from_micro
 from policies.repository import PolicyStore
 
-__all__ = ["BudgetStatus", "DeviceLoss", "Ledger", "PurgeResult"]
+__all__ = ["BudgetStatus", "Ledger", "PurgeResult"]
 
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
@@ -93,37 +85,10 @@ class PurgeResult:
     idempotency: int
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceLoss:
-    """One device's cumulative loss per use case and in total, over the window and lifetime.
-
-    Every figure is a running total (``kind``) of what the device actually sent: its basic sum
-    is a guarantee (and what the gate enforces); its (epsilon, delta) bound is not, against an
-    adaptively chosen sequence (see docs/accounting.md).
-    """
-
-    window: dict[str, PrivacyLoss] = field(default_factory=dict)
-    lifetime: dict[str, PrivacyLoss] = field(default_factory=dict)
-    window_total: PrivacyLoss | None = None
-    lifetime_total: PrivacyLoss | None = None
-
-
 def _policy_json(policy: Policy) -> dict[str, Any]:
     """A policy version as audit data."""
     data: dict[str, Any] = policy.model_dump(mode="json")
     return data
-
-
-def _scaled(rows: Iterable[tuple[int, int, int]]) -> tuple[tuple[float, int], ...]:
-    """``(micro-epsilon, group size, count)`` rows as pure events at their group's epsilon.
-
-    A pure epsilon-DP report is (g x epsilon)-DP for groups of g (group privacy); each charge
-    is scaled by the group size in force when it was made.
-    """
-    merged: dict[int, int] = defaultdict(int)
-    for eps, group, count in rows:
-        merged[int(eps) * int(group)] += int(count)
-    return tuple((from_micro(e), n) for e, n in sorted(merged.items()))
 
 
 class Ledger:
@@ -361,60 +326,6 @@ class Ledger:
                     if int(r[5]) > horizons.get(str(r[1]), NO_HORIZON):
                         yield str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5])
 
-    def lifetime_rows(self, use_case: str | None = None) -> Iterator[Row]:
-        """The lifetime multiset: ``(device key, use case, micro-epsilon, group size, count)``."""
-        for dk, state in self.accounts():
-            for (uc, e, g), n in sorted(lifetime_counts(state).items()):
-                if use_case is None or uc == use_case:
-                    yield dk, uc, e, g, n
-
-    def _window_counts(
-        self, day: int, book: PolicyBook, names: Iterable[str] | None = None
-    ) -> Iterator[tuple[str, dict[Slot, int]]]:
-        """Per device, ``{(use case, micro-epsilon, group): reports}`` in each use case's window.
-
-        Every use case ever defined counts (retired ones in their last version's window), or
-        only ``names``.
-        """
-        retention = book.retention()
-        if names is not None:
-            wanted = set(names)
-            retention = {n: r for n, r in retention.items() if n in wanted}
-        for dk, state in self.accounts():
-            counts = window_counts(state, day, retention, book.horizons)
-            if counts:
-                yield dk, counts
-
-    def window_spend_rows(self, *, now: datetime, use_case: str | None = None) -> Iterator[Row]:
-        """Each use case's charges in its own window: ``(device, use case, eps, group, n)``."""
-        book = self.book()
-        names = None if use_case is None else [use_case]
-        for dk, counts in self._window_counts(utc_day(now), book, names):
-            for (uc, e, g), n in sorted(counts.items()):
-                yield dk, uc, e, g, n
-
-    def effective_epsilon_basis(self, *, now: datetime) -> ReportBasis:
-        """The delta-free part of the effective-epsilon report: one scan of the ledger.
-
-        With the central figures of the shuffled batches published (:mod:`budget.central`,
-        each at its policy's delta).
-        """
-        basis = prepare_report(
-            list(self.book().latest.values()),
-            utc_day(now),
-            self.window_spend_rows(now=now),
-            self.lifetime_rows(),
-        )
-        central = central_figures(self.engine, self.book().versions, utc_day(now))
-        return replace(basis, central=central)
-
-    def effective_epsilon(
-        self, *, now: datetime, delta: float | None = None
-    ) -> EffectiveEpsilonReport:
-        """The effective-epsilon report (:mod:`budget.reporting.report`) on the live ledger."""
-        basis = self.effective_epsilon_basis(now=now)
-        return finish_report(basis, accountant=self.accountant, delta=delta)
-
     def purge(self, *, now: datetime) -> PurgeResult:
         """Apply retention to the spend records at ``now``: raise each horizon, delete below it.
 
@@ -505,121 +416,3 @@ class Ledger:
         if pending:
             pruned += flush()
         return pruned
-
-    # -- accounting ---------------------------------------------------------------------------
-
-    def device_loss(
-        self, device_id: str, *, now: datetime, delta: float | None = None
-    ) -> DeviceLoss:
-        """Window and lifetime loss per use case and in total (basic sum and bound, group-scaled).
-
-        Each charge counts at the group size in force when it was made. The total composes
-        every use case's events at ``delta``, by default the smallest delta among the device's
-        use cases. All are running totals (labelled ``kind="running total"``).
-        """
-        if not isinstance(device_id, str) or not device_id:
-            raise InvalidRequest("device_id", "must be a non-empty string")
-        dk = self.device_key(device_id)
-        day = utc_day(now)
-        with self.engine.connect() as conn:
-            book = self.gate.book(conn)
-            state = self.state_of(conn, dk) or AccountState()
-        policies = book.latest
-        window_rows: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        lifetime_rows: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        for (uc, e, g), n in window_counts(state, day, book.retention(), book.horizons).items():
-            window_rows[uc].append((e, g, n))
-        for (uc, e, g), n in lifetime_counts(state).items():
-            lifetime_rows[uc].append((e, g, n))
-        used = [policies[u] for u in set(window_rows) | set(lifetime_rows) if u in policies]
-        total_delta = delta if delta is not None else min((p.delta for p in used), default=1e-9)
-        window, window_total = self._compose(window_rows, policies, delta, total_delta)
-        lifetime, lifetime_total = self._compose(lifetime_rows, policies, delta, total_delta)
-        return DeviceLoss(window, lifetime, window_total, lifetime_total)
-
-    def _compose(
-        self,
-        rows: dict[str, list[tuple[int, int, int]]],
-        policies: dict[str, Policy],
-        delta: float | None,
-        total_delta: float,
-    ) -> tuple[dict[str, PrivacyLoss], PrivacyLoss]:
-        """Per-use-case losses and the total over use cases (each event at its group size)."""
-        per_use_case: dict[str, PrivacyLoss] = {}
-        merged: dict[float, int] = defaultdict(int)
-        for use_case, events in rows.items():
-            p = policies[use_case]
-            scaled = _scaled(events)
-            per_use_case[use_case] = self.accountant.loss(
-                scaled, delta=delta if delta is not None else p.delta, kind="running total"
-            )
-            for eps, count in scaled:
-                merged[eps] += count
-        return per_use_case, self.accountant.loss(merged, delta=total_delta, kind="running total")
-
-    def window_totals(self, *, now: datetime, use_case: str | None = None) -> dict[str, float]:
-        """Basic window epsilon per device key (one scan of the accounts), for a use case or all.
-
-        With ``use_case=None`` each use case's own retention window applies.
-        """
-        book = self.book()
-        if use_case is not None and use_case not in book.latest:
-            raise UnknownUseCase(use_case)
-        names = None if use_case is None else [use_case]
-        totals: dict[str, int] = {}
-        for dk, counts in self._window_counts(utc_day(now), book, names):
-            totals[dk] = sum(e * n for (_, e, _), n in counts.items())
-        return {dk: from_micro(v) for dk, v in totals.items()}
-
-    def window_ledgers(
-        self, *, now: datetime, use_case: str
-    ) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
-        """Each device's window multiset ``((group-scaled epsilon, count), ...)`` for a use case."""
-        book = self.book()
-        if use_case not in book.latest:
-            raise UnknownUseCase(use_case)
-        for dk, counts in self._window_counts(utc_day(now), book, [use_case]):
-            yield dk, _scaled(sorted((e, g, n) for (_, e, g), n in counts.items()))
-
-    def lifetime_ledgers(
-        self, *, use_case: str
-    ) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
-        """Each device's lifetime multiset for one use case (from the purge-proof totals)."""
-        if use_case not in self.book().latest:
-            raise UnknownUseCase(use_case)
-        for dk, state in self.accounts():
-            mine = [
-                (e, g, n)
-                for (uc, e, g), n in sorted(lifetime_counts(state).items())
-                if uc == use_case
-            ]
-            if mine:
-                yield dk, _scaled(mine)
-
-    def population_lifetime_loss(self, *, use_case: str) -> dict[str, PrivacyLoss]:
-        """Tight lifetime loss of every device of a use case (memoized by ledger multiset).
-
-        Running totals (labelled so): see :class:`DeviceLoss`.
-        """
-        policy = self.book().latest[use_case]
-        return {
-            dk: self.accountant.loss(ev, delta=policy.delta, kind="running total")
-            for dk, ev in self.lifetime_ledgers(use_case=use_case)
-        }
-
-    def devices_loss(
-        self, device_ids: list[str], *, now: datetime, delta: float | None = None
-    ) -> dict[str, DeviceLoss]:
-        """:meth:`device_loss` for a set of devices, keyed by the ids given."""
-        return {d: self.device_loss(d, now=now, delta=delta) for d in device_ids}
-
-    def population_window_loss(self, *, now: datetime, use_case: str) -> dict[str, PrivacyLoss]:
-        """Tight window loss of every device of a use case (memoized by ledger multiset).
-
-        Running totals (labelled so): see :class:`DeviceLoss`.
-        """
-        policy = self.book().latest[use_case]
-        return {
-            dk: self.accountant.loss(ev, delta=policy.delta, kind="running total")
-            for dk, ev in self.window_ledgers(now=now, use_case=use_case)
-        }

@@ -75,6 +75,7 @@ def audit_report(
 ) -> None:
     """The effective-epsilon report: what each policy allows and what devices spent."""
     from budget import SystemClock
+    from budget.reporting.loss import effective_epsilon
     from budget.reporting.report import render_text
 
     if delta is not None and not 0 < delta < 1:
@@ -82,7 +83,7 @@ def audit_report(
         raise typer.Exit(2)
     ledger = open_ledger(load_settings(database_url))
     try:
-        report = ledger.effective_epsilon(now=SystemClock().now(), delta=delta)
+        report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
     finally:
         ledger.engine.dispose()
     if as_json:

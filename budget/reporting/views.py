@@ -20,7 +20,8 @@ from budget.book import Terms
 from budget.central import DAYS_PER_YEAR, CentralLine, central_line, read_batches
 from budget.clock import day_date, utc_day
 from budget.errors import InvalidRequest
-from budget.ledger import DeviceLoss, Ledger
+from budget.ledger import Ledger
+from budget.reporting.loss import DeviceLoss, device_loss, lifetime_rows, spend_rows, window_rows
 from budget.reporting.report import UseCaseLine, build_report
 from budget.rule import check
 from budget.state import AccountState, lifetime_counts
@@ -129,7 +130,7 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
         [day_date(d).isoformat() for d in days],
         series,
         total,
-        ledger.device_loss(device_id, now=now),
+        device_loss(ledger, device_id, now=now),
         _device_central(ledger, per_day, sent, today),
     )
 
@@ -178,9 +179,9 @@ def _spends(ledger: Ledger, use_case: str, scope: str, now: datetime) -> dict[st
     """Per-device micro-epsilon of one use case, in its window or over the lifetime."""
     out: dict[str, int] = defaultdict(int)
     if scope == "window":
-        rows = ledger.window_spend_rows(now=now, use_case=use_case)
+        rows = window_rows(ledger, now=now, use_case=use_case)
     else:
-        rows = ledger.lifetime_rows(use_case)
+        rows = lifetime_rows(ledger, use_case)
     for dk, _, eps, _, n in rows:
         out[dk] += eps * n
     return out
@@ -282,11 +283,10 @@ def what_if(ledger: Ledger, use_case: str, proposed: PolicyCreate, *, now: datet
         new.count(state, day)
 
     policies = list(book.latest.values())
-    window_rows = list(ledger.window_spend_rows(now=now))
-    lifetime_rows = list(ledger.lifetime_rows())
+    window, lifetime = spend_rows(ledger, now=now)
 
     def line_and_total(ps: list[Policy]) -> tuple[UseCaseLine, PrivacyLoss]:
-        report = build_report(ps, day, window_rows, lifetime_rows, accountant=ledger.accountant)
+        report = build_report(ps, day, window, lifetime, accountant=ledger.accountant)
         line = next(x for x in report.use_cases if x.use_case == use_case)
         return line, report.totals.allowed_per_day
 

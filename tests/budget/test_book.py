@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from budget.book import NO_HORIZON, PolicyBook, Retention
-from policies import PolicyCreate
+from policies.defaults import default_policies
 from policies.model import Policy
 
 DAY = 20_000
@@ -18,19 +18,10 @@ DAY = 20_000
 
 def _versions(name: str, *retention: int, retired: bool = False) -> list[Policy]:
     """One version per retention, in order; the last one retired if ``retired``."""
-    body = PolicyCreate.model_validate(
-        {
-            "name": name,
-            "mechanism": "cms",
-            "k": 16,
-            "m": 64,
-            "epsilon_per_report": 1.0,
-            "max_reports_per_day": 1,
-        }
-    ).model_dump()
+    body = default_policies()[0].model_dump()  # any valid policy: its retention is set here
     return [
         Policy(
-            **{**body, "retention_days": days},
+            **{**body, "name": name, "retention_days": days},
             version=i + 1,
             active=not (retired and i == len(retention) - 1),
         )

@@ -28,6 +28,7 @@ from sqlalchemy import Engine
 
 from budget import Ledger, PolicyConflict, UnknownUseCase, create_db_engine, init_db, utc_day
 from budget.reporting.export import export_ledger, read_export, report_from_export
+from budget.reporting.loss import device_loss, effective_epsilon
 from budget.storage.db import scratch_schema
 from policies import PolicyCreate, PolicyUpdate
 from policies.model import to_micro
@@ -241,7 +242,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def device_loss_agrees(self) -> None:
         for device in DEVICES:
-            loss = self.ledger.device_loss(device, now=self.now)
+            loss = device_loss(self.ledger, device, now=self.now)
             window: dict[str, int] = defaultdict(int)
             lifetime: dict[str, int] = defaultdict(int)
             for c in self.log:
@@ -260,7 +261,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule()
     def report_agrees_with_its_export(self) -> None:
-        live = self.ledger.effective_epsilon(now=self.now)
+        live = effective_epsilon(self.ledger, now=self.now)
         path = self.dir / "ledger.jsonl"
         with path.open("w", encoding="utf-8") as out:
             export_ledger(self.ledger, out, fmt="jsonl", now=self.now)
