@@ -82,7 +82,7 @@ def check(terms: Terms, day: int, state: AccountState, charge_id: int | None = N
     """:func:`decide` on a device's state for one more report of ``terms``; nothing changes.
 
     The budget's caps count the slots of its members (``terms.members``), whatever budget they
-    were charged under. The gate, the batch path and what-if all decide here.
+    were charged under. The charge transaction and what-if both decide here.
     """
     idx = state.members(terms.members)
     reports = state.reports_on(day, idx)
@@ -219,7 +219,8 @@ def decide_on(
 ) -> Decision:
     """:func:`check`, then an acceptance charges ``state`` in memory (days past horizons cleared).
 
-    The single-report gate and the batch path both decide here; the caller writes the state.
+    The charge transaction (:func:`budget.batch.charge_batch`, a single report being a batch of
+    one) decides every report here; it writes the state.
     """
     decision = check(terms, day, state, charge_id)
     if decision.accepted:
@@ -243,12 +244,13 @@ def decide(
 ) -> Decision:
     """The gate's verdict on one report, given the state with the report counted in.
 
-    ``reports_today`` is today's count including this report, or ``None`` when the daily cap's
-    conditional upsert refused it; ``window_rows`` gives ``(day, micro-epsilon)`` spends in the
-    window including this report (asked only when a window cap is set); ``lifetime_after`` is
-    the budget's lifetime micro-epsilon including it; ``charge_id`` goes into an acceptance.
-    Checks run daily, window, lifetime. Both the single-report gate and the batch path decide
-    here.
+    ``reports_today`` is today's count including this report, or ``None`` when it would pass
+    the daily cap (:func:`check` counts the budget's members' reports today on the device's
+    state); ``window_rows`` gives ``(day, micro-epsilon)`` spends in the window including this
+    report (asked only when a window cap is set); ``lifetime_after`` is the budget's lifetime
+    micro-epsilon including it; ``charge_id`` goes into an acceptance. Checks run daily,
+    window, lifetime; every decision, the charge transaction's and what-if's, comes here
+    through :func:`check`.
     """
     if reports_today is None:
         return _refused(terms, day, "daily_cap", day_start(day + 1))
