@@ -190,8 +190,8 @@ def compose_sizes(eps0: float, sizes: Sequence[int], delta: float) -> tuple[floa
     each sub-batch FMT21-amplified at local ``eps0``; sizes are rounded down to the grid.
     Returns the epsilon and the method that gave it.
 
-    >>> round(compose_sizes(4.0, [10**6], 1e-6)[0], 3)
-    0.049
+    >>> round(compose_sizes(4.0, [10**6], 1e-6)[0], 4)  # 10^6 rounds down to 961,548
+    0.0504
     """
     if not sizes or any(n < 1 for n in sizes):
         raise ValueError(f"`sizes` must be a non-empty list of integers >= 1, got {sizes!r}")
