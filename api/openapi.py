@@ -259,7 +259,7 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "reports": "Reports in the batch.",
         "max_per_device": "The most reports one device has in it.",
         "layers": "Devices with at least 1, 2, ... reports in it (the sub-batch sizes).",
-        "untagged": "Reports queued with no device pseudonym (no central bound if any).",
+        "untagged": "Reports queued with no device pseudonym (each counted unamplified).",
         "epsilon_per_report": "The largest local epsilon of its reports.",
         "min_batch_devices": "The policy's least devices per published batch.",
         "central": "The batch's own central bound; null when none holds.",

@@ -201,15 +201,29 @@ def compose_sizes(eps0: float, sizes: Sequence[int], delta: float) -> tuple[floa
 def _worst(
     batches: Sequence[ShuffledBatch], reports_per_device: int, delta: float, what: str
 ) -> CentralLoss | None:
-    """The ``reports_per_device`` smallest sub-batches of ``batches``, composed (module doc)."""
-    if not batches:
-        return None
-    if any(b.untagged for b in batches):
+    """The ``reports_per_device`` smallest sub-batches of ``batches``, composed (module doc).
+
+    Reports queued without a device pseudonym (``untagged``) were not counted by device, so
+    each may be a device's report in a sub-batch of one: it enters as a sub-batch of size 1
+    (no amplification, the local epsilon), up to ``reports_per_device`` of them a batch.
+    ``None`` when no batch counted its devices: no amplification is claimed at all.
+    """
+    if not batches or all(b.untagged >= b.reports for b in batches):
         return None
     eps0 = max(from_micro(b.epsilon_micro) for b in batches)
-    sizes = sorted(n for b in batches for n in orjson.loads(b.layers))
-    taken = sizes[: max(1, reports_per_device)]
+    want = max(1, reports_per_device)
+    sizes = sorted(
+        [n for b in batches for n in orjson.loads(b.layers)]
+        + [1] * sum(min(b.untagged, want) for b in batches)
+    )
+    taken = sizes[:want]
     epsilon, method = compose_sizes(eps0, taken, delta)
+    alone = taken.count(1)
+    unamplified = (
+        f"; {alone} of them reports queued without a device pseudonym, counted unamplified"
+        if any(b.untagged for b in batches)
+        else ""
+    )
     return CentralLoss(
         epsilon=epsilon,
         delta=delta,
@@ -219,7 +233,8 @@ def _worst(
         note=(
             f"{what}: a device with at most {reports_per_device} report(s) in these batches,"
             f" composed over the {len(taken)} smallest of {len(sizes)} sub-batches (sizes"
-            f" {taken[0]:,}..{taken[-1]:,} devices, rounded down), local epsilon {eps0:g} each"
+            f" {taken[0]:,}..{taken[-1]:,} devices, rounded down), local epsilon {eps0:g}"
+            f" each{unamplified}"
         ),
     )
 
@@ -286,8 +301,10 @@ def central_line(
     if any(b.untagged for b in mine):
         notes.append(
             "some batches hold reports queued without a device pseudonym (their policy"
-            " version set no min_batch_devices >= 2, or they were queued before this release):"
-            " no central figure covers those batches; the local epsilon holds"
+            " version set no min_batch_devices >= 2): their devices were not counted, so each"
+            " such report counts as a sub-batch of one device (its local epsilon, no"
+            " amplification) in the figures that include it; a batch of such reports alone"
+            " has no central figure"
         )
 
     def horizon(group: list[ShuffledBatch], what: str, own: int | None) -> CentralLoss | None:
