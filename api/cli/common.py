@@ -1,10 +1,13 @@
-"""What the service commands share: settings, opening the database, refusing."""
+"""What the service commands share: settings, opening the database, refusing, progress."""
 
 from __future__ import annotations
 
 import enum
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 from urllib.parse import quote
 
 import typer
@@ -141,3 +144,99 @@ def open_service(
 def open_ledger(settings: Settings, access: Access = Access.READ) -> Ledger:
     """The ledger of :func:`open_service`, for commands that need no key themselves."""
     return open_service(settings, access)[0]
+
+
+class Progress:
+    """How far a long command has got, on stderr: a bar on a terminal, plain lines otherwise.
+
+    Call it with ``(done, total)``: it is the ``Callable[[int, int], None]`` that the library's
+    long functions take as ``progress``. On a terminal it redraws one bar line; in a pipe or a
+    log it writes a plain line each time another tenth of the total is done (and at least every
+    ``interval`` seconds when a tenth takes longer), so that a log shows the work moving
+    without a line per item. :meth:`step` gives a callback for a named part of the work;
+    :meth:`close` ends the bar, or writes the final count. Stdout stays the command's result.
+    """
+
+    _WIDTH = 30  # characters of the bar
+    _REDRAW = 0.1  # seconds between two bar redraws
+
+    def __init__(
+        self,
+        label: str,
+        unit: str,
+        *,
+        stream: TextIO | None = None,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.label = label
+        self.unit = unit
+        self.stream = stream if stream is not None else sys.stderr
+        self.bar = self.stream.isatty()
+        self.interval = interval
+        self.clock = clock
+        self.done = 0
+        self.total: int | None = None
+        self._tenth = -1  # the last tenth written as a plain line
+        self._shown = -1.0  # when the last line or bar was written
+        self._started = False  # reported on since the start, or since the last close
+
+    def step(self, label: str) -> Callable[[int, int], None]:
+        """A callback for one named part of the work (the count starts again under its name)."""
+
+        def report(done: int, total: int) -> None:
+            if label != self.label:
+                self.close()
+                self.label, self.done, self.total = label, 0, None
+            self(done, total)
+
+        return report
+
+    def __call__(self, done: int, total: int | None = None) -> None:
+        """Record that ``done`` of ``total`` units are done (``None``: the total is unknown)."""
+        self.done, self.total, self._started = done, total, True
+        now = self.clock()
+        if self.bar:
+            if now - self._shown >= self._REDRAW or done == total:
+                self._draw(now)
+            return
+        tenth = 10 if not total else min(10, 10 * done // total)
+        if tenth > self._tenth or now - self._shown >= self.interval:
+            self._tenth = tenth
+            self._write(now)
+
+    def close(self) -> None:
+        """End the bar's line, or write the final count if the last line did not show it."""
+        if not self._started:
+            return
+        if self.bar:
+            self._draw(self.clock())
+            self.stream.write("\n")
+            self.stream.flush()
+        elif self._tenth < 10 or self.total is None:
+            self._write(self.clock())
+        self._started, self._tenth = False, -1
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _count(self) -> str:
+        if self.total is None:
+            return f"{self.done:,d} {self.unit}"
+        share = 100 if not self.total else 100 * self.done // self.total
+        return f"{self.done:,d} of {self.total:,d} {self.unit} ({share}%)"
+
+    def _write(self, now: float) -> None:
+        self.stream.write(f"{self.label}: {self._count()}\n")
+        self.stream.flush()
+        self._shown = now
+
+    def _draw(self, now: float) -> None:
+        filled = self._WIDTH if not self.total else self._WIDTH * self.done // self.total
+        bar = "#" * filled + "-" * (self._WIDTH - filled)
+        self.stream.write(f"\r{self.label} [{bar}] {self._count()}\x1b[K")
+        self.stream.flush()
+        self._shown = now
