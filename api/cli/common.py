@@ -155,6 +155,18 @@ class Progress:
     ``interval`` seconds when a tenth takes longer), so that a log shows the work moving
     without a line per item. :meth:`step` gives a callback for a named part of the work;
     :meth:`close` ends the bar, or writes the final count. Stdout stays the command's result.
+
+    >>> import io
+    >>> log = io.StringIO()
+    >>> with Progress("export", "reports", stream=log) as progress:
+    ...     for done in range(0, 101, 25):
+    ...         progress(done, 100)
+    >>> print(log.getvalue(), end="")
+    export: 0 of 100 reports (0%)
+    export: 25 of 100 reports (25%)
+    export: 50 of 100 reports (50%)
+    export: 75 of 100 reports (75%)
+    export: 100 of 100 reports (100%)
     """
 
     _WIDTH = 30  # characters of the bar
@@ -178,8 +190,9 @@ class Progress:
         self.done = 0
         self.total: int | None = None
         self._tenth = -1  # the last tenth written as a plain line
-        self._shown = -1.0  # when the last line or bar was written
+        self._shown = clock()  # when the last line or bar was written (or the work began)
         self._started = False  # reported on since the start, or since the last close
+        self._drawn = False  # the bar is on screen (its line not ended yet)
 
     def step(self, label: str) -> Callable[[int, int], None]:
         """A callback for one named part of the work (the count starts again under its name)."""
@@ -197,10 +210,11 @@ class Progress:
         self.done, self.total, self._started = done, total, True
         now = self.clock()
         if self.bar:
-            if now - self._shown >= self._REDRAW or done == total:
+            if not self._drawn or now - self._shown >= self._REDRAW or done == total:
                 self._draw(now)
             return
-        tenth = 10 if not total else min(10, 10 * done // total)
+        # a line per tenth of a known total; at least every `interval` seconds either way
+        tenth = self._tenth if total is None else 10 if not total else 10 * done // total
         if tenth > self._tenth or now - self._shown >= self.interval:
             self._tenth = tenth
             self._write(now)
@@ -213,9 +227,10 @@ class Progress:
             self._draw(self.clock())
             self.stream.write("\n")
             self.stream.flush()
+            self._drawn = False
         elif self._tenth < 10 or self.total is None:
             self._write(self.clock())
-        self._started, self._tenth = False, -1
+        self._started, self._tenth, self._shown = False, -1, self.clock()
 
     def __enter__(self) -> Progress:
         return self
@@ -235,8 +250,10 @@ class Progress:
         self._shown = now
 
     def _draw(self, now: float) -> None:
-        filled = self._WIDTH if not self.total else self._WIDTH * self.done // self.total
-        bar = "#" * filled + "-" * (self._WIDTH - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {self._count()}\x1b[K")
+        bar = ""
+        if self.total is not None:
+            filled = self._WIDTH if not self.total else self._WIDTH * self.done // self.total
+            bar = " [" + "#" * filled + "-" * (self._WIDTH - filled) + "]"
+        self.stream.write(f"\r{self.label}{bar} {self._count()}\x1b[K")
         self.stream.flush()
-        self._shown = now
+        self._shown, self._drawn = now, True
