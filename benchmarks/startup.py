@@ -29,9 +29,10 @@ COMMANDS = [
     ["policies", "show", "emoji"],
 ]
 # What no read command needs: the web framework and the scheduler, the numerics of the tight
-# bounds, the `scale` extra, the policy files' formats (`policies show` prints YAML, so it loads
-# `yaml`) and the pipeline's tables. The ledger's own stack (SQLAlchemy and SQLModel, pydantic,
-# numpy) is imported by `budget` and stays.
+# bounds, the `scale` extra and the pipeline's tables. The ledger's own stack (SQLAlchemy and
+# SQLModel, pydantic, numpy) is imported by `budget` and stays, as does YAML (`policies`): it
+# costs a few milliseconds, and a service that loads it on first use instead runs the relay
+# path about 0.5% more instructions (benchmarks/instructions.py; the allocator's state differs).
 HEAVY = (
     "fastapi",
     "starlette",
@@ -43,8 +44,6 @@ HEAVY = (
     "pandas",
     "pyarrow",
     "dask",
-    "yaml",
-    "tomli_w",
     "api.ingestion",
 )
 
@@ -74,8 +73,8 @@ def imported(args: list[str], env: dict[str, str]) -> set[str]:
 def heavy(modules: set[str]) -> list[str]:
     """The entries of :data:`HEAVY` among ``modules`` (a package or any of its modules).
 
-    >>> heavy({"numpy", "yaml", "api.ingestion.tables", "api.cli"})
-    ['api.ingestion', 'yaml']
+    >>> heavy({"numpy", "scipy.stats", "api.ingestion.tables", "api.cli"})
+    ['api.ingestion', 'scipy']
     """
     return sorted(h for h in HEAVY if any(m == h or m.startswith(h + ".") for m in modules))
 

@@ -6,10 +6,13 @@ the device-wide budget every use case draws from, with per-use-case ``quotas``.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+import yaml
 from pydantic import ValidationError
 
 from policies.device import DeviceBudgetCreate
@@ -23,12 +26,6 @@ class PolicyFileError(ValueError):
 
 
 def _parse(text: str, fmt: str) -> Any:
-    # the formats' libraries load where a file is read or written, not with the policies
-    # (`dpgov policies list` and `budget` need neither: benchmarks/startup.py)
-    import tomllib
-
-    import yaml
-
     try:
         if fmt == "toml":
             return tomllib.loads(text)
@@ -183,11 +180,7 @@ def dump_policies(policies: Sequence[PolicyBase], fmt: str = "yaml") -> str:
                 item["unset"] = empty
         items.append(item)
     if fmt == "toml":
-        import tomli_w
-
         return tomli_w.dumps({"policies": items})
     if fmt == "yaml":
-        import yaml
-
         return yaml.safe_dump({"policies": items}, sort_keys=False, allow_unicode=True)
     raise PolicyFileError(f"`format` must be yaml or toml, got {fmt!r}")
