@@ -229,6 +229,7 @@ class Progress:
         self._shown = clock()  # when the last line or bar was written (or the work began)
         self._started = False  # reported on since the start, or since the last close
         self._drawn = False  # the bar is on screen (its line not ended yet)
+        self._last: tuple[int, int | None] | None = None  # the count of the last plain line
 
     def step(self, label: str) -> Callable[[int, int], None]:
         """A callback for one named part of the work (the count starts again under its name)."""
@@ -256,7 +257,7 @@ class Progress:
             self._write(now)
 
     def close(self) -> None:
-        """End the bar's line, or write the final count if the last line did not show it."""
+        """End the bar's line, or write the final count unless the last line showed it."""
         if not self._started:
             return
         if self.bar:
@@ -264,9 +265,9 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self._drawn = False
-        elif self._tenth < 10 or self.total is None:
+        elif self._last != (self.done, self.total):
             self._write(self.clock())
-        self._started, self._tenth, self._shown = False, -1, self.clock()
+        self._started, self._tenth, self._shown, self._last = False, -1, self.clock(), None
 
     def __enter__(self) -> Progress:
         return self
@@ -283,7 +284,7 @@ class Progress:
     def _write(self, now: float) -> None:
         self.stream.write(f"{self.label}: {self._count()}\n")
         self.stream.flush()
-        self._shown = now
+        self._shown, self._last = now, (self.done, self.total)
 
     def _draw(self, now: float) -> None:
         bar = ""
