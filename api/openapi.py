@@ -8,7 +8,12 @@ document is what they cannot carry:
   HTTP, so the service describes them where it publishes them (:data:`DOMAIN_FIELDS`);
 - an example response for every operation and an example body for every error status, recorded
   from a real server (``openapi_examples.json``; a test checks each against its schema);
-- an example value for every path, query and header parameter;
+- an example value for every path, query and header parameter (the routes describe them);
+- the report body's schema, one of :class:`api.schemas.HcmsReportBody`, ``CmsReportBody`` and
+  ``SfpReportBody``: the route reads its body as plain JSON, which the ingestor checks against
+  the use case's policy, so those models describe the body without validating it;
+- error answers as JSON with :class:`api.schemas.ErrorBody`, on every route (``/metrics``
+  answers its metrics as text, but its errors as JSON like every other route's);
 - the admin operations' ``adminToken`` bearer scheme comes from :data:`api.deps.ADMIN_BEARER`;
   the two routes a device or an admin may call say that either is accepted.
 
@@ -31,6 +36,8 @@ from fastapi.openapi.docs import (
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+
+from api.schemas import REPORT_BODY_SCHEMAS
 
 __all__ = ["ASSETS", "DOMAIN_FIELDS", "PARAMETER_EXAMPLES", "install_docs", "install_openapi"]
 
@@ -303,8 +310,10 @@ def _document(app: FastAPI) -> dict[str, Any]:
         description=app.description,
         routes=app.routes,
     )
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(REPORT_BODY_SCHEMAS)  # the report route reads its body as plain JSON
     for name, fields in DOMAIN_FIELDS.items():
-        props = doc.get("components", {}).get("schemas", {}).get(name, {}).get("properties", {})
+        props = schemas.get(name, {}).get("properties", {})
         for field, text in fields.items():
             if field in props:
                 props[field].setdefault("description", text)
@@ -322,10 +331,11 @@ def _document(app: FastAPI) -> dict[str, Any]:
                 kind = "text/plain" if isinstance(body, str) else "application/json"
                 content.setdefault("content", {}).setdefault(kind, {})["example"] = body
             for status, response in op["responses"].items():
-                if status in errors:
-                    media = response.setdefault("content", {}).setdefault("application/json", {})
+                if status in errors:  # always JSON, whatever the route answers when it succeeds
+                    media = response.get("content", {}).get("application/json", {})
                     media.setdefault("schema", {"$ref": "#/components/schemas/ErrorBody"})
                     media.setdefault("example", errors[status])
+                    response["content"] = {"application/json": media}
     return doc
 
 

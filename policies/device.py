@@ -30,6 +30,7 @@ from policies.model import MICRO, SLUG, to_micro
 
 __all__ = [
     "DeviceBudgetCreate",
+    "DeviceBudgetPublic",
     "DeviceBudgetVersion",
     "DeviceLimits",
     "device_budget_versions",
@@ -44,10 +45,27 @@ class DeviceBudgetCreate(SQLModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")  # type: ignore[assignment]
 
-    epsilon_per_day: float | None = Field(default=None, gt=0, le=1e9)
-    window_days: int | None = Field(default=None, ge=1, le=3650)
-    window_epsilon: float | None = Field(default=None, gt=0, le=1e9)
-    lifetime_epsilon: float | None = Field(default=None, gt=0, le=1e9)
+    epsilon_per_day: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Epsilon a device may spend per UTC day, all use cases; null: no limit.",
+    )
+    window_days: int | None = Field(
+        default=None, ge=1, le=3650, description="The device-wide window in days; null: none."
+    )
+    window_epsilon: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Epsilon a device may spend per window, all use cases; null: no limit.",
+    )
+    lifetime_epsilon: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Epsilon a device may spend over its lifetime, all use cases; null: no limit.",
+    )
     filter_epsilon: float | None = Field(
         default=None, gt=0, le=1e9, description="Lifetime (epsilon, delta) filter: epsilon."
     )
@@ -99,6 +117,14 @@ class DeviceBudgetCreate(SQLModel):
         return any(v is not None for v in limits)
 
 
+class DeviceBudgetPublic(DeviceBudgetCreate):
+    """One version of the device-wide budget as the API publishes it (devices plan by it)."""
+
+    version: int = Field(description="The version (a new one at each change).")
+    created_at: datetime = Field(description="When this version was made (UTC).")
+    actor: str = Field(description="Who made it (`cli`, `admin`...).")
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -129,6 +155,15 @@ class DeviceBudgetVersion(SQLModel, table=True):
             filter_epsilon=self.filter_epsilon,
             filter_delta=self.filter_delta,
             quotas=orjson.loads(self.quotas),
+        )
+
+    def public(self) -> DeviceBudgetPublic:
+        """This version as the API publishes it."""
+        return DeviceBudgetPublic(
+            **self.body().model_dump(),
+            version=self.version,
+            created_at=self.created_at,
+            actor=self.actor,
         )
 
 

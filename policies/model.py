@@ -2,7 +2,10 @@
 
 Entity family as in full-stack-fastapi-template: ``PolicyBase`` (shared fields and their
 constraints), ``PolicyCreate`` (strictly validated input), ``PolicyUpdate`` (a partial change),
-``Policy`` (the versioned table row) and ``PolicyPublic`` (what the API returns).
+``Policy`` (the versioned table row) and ``PolicyPublic`` (what the API returns). ``PolicyTerms``
+is ``PolicyBase`` without ``hash_seed``: that field is an optional override an operator sets,
+and the API publishes the seed in force in ``randomizer.hash_family`` instead, so that a device
+never reads a null seed and guesses.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "PolicyBase",
     "PolicyCreate",
     "PolicyPublic",
+    "PolicyTerms",
     "PolicyUpdate",
     "budget_key",
     "default_hash_seed",
@@ -88,8 +92,8 @@ def default_hash_seed(name: str) -> str:
     return hashlib.sha256(f"dp-governor/hash-seed/{name}".encode()).hexdigest()
 
 
-class PolicyBase(SQLModel):
-    """Fields shared by every member of the family, with their constraints."""
+class PolicyTerms(SQLModel):
+    """The fields every member of the family shows, with their constraints (all but the seed)."""
 
     name: str = Field(max_length=63, description="Use-case slug, e.g. `emoji`.")
     description: str = Field(default="", max_length=500)
@@ -120,8 +124,17 @@ class PolicyBase(SQLModel):
     budget_group: str | None = Field(
         default=None, max_length=63, description="Shared budget (caps and account)."
     )
+
+
+class PolicyBase(PolicyTerms):
+    """Fields shared by every stored and submitted member, with their constraints."""
+
     hash_seed: str | None = Field(
-        default=None, max_length=64, description="Hex seed of the hash family (1-64 hex digits)."
+        default=None,
+        max_length=64,
+        description="An explicit hex seed of the hash family (1-64 hex digits); null: the seed"
+        " derived from the use case's name. Either way the API publishes the seed in force as"
+        " `randomizer.hash_family.seed`.",
     )
 
 
@@ -251,8 +264,8 @@ class Policy(PolicyBase, table=True):
     mechanism: str = Field(max_length=8)  # type: ignore[assignment]
 
 
-class PolicyPublic(PolicyBase):
-    """A policy version as the API returns it."""
+class PolicyPublic(PolicyTerms):
+    """A policy version as the API returns it: the seed in force is in ``randomizer`` only."""
 
     version: int
     active: bool
@@ -261,14 +274,14 @@ class PolicyPublic(PolicyBase):
     budget: str = Field(description="The budget this use case draws from (group or own name).")
     epsilon_per_day: float = Field(description="epsilon_per_report x max_reports_per_day.")
     randomizer: Randomizer = Field(
-        description="What devices build their randomizer from (`hash_seed` null: the seed derived"
-        " from the name, published here)."
+        description="What devices build their randomizer from: mechanism, parameters and the"
+        " hash family with the seed in force."
     )
 
 
 def publish(policy: Policy) -> PolicyPublic:
     """A policy version as the API returns it, with the randomizer devices must build."""
-    data = policy.model_dump()
+    data = policy.model_dump(exclude={"hash_seed"})  # in force: randomizer.hash_family.seed
     data["budget"] = budget_key(policy)
     data["epsilon_per_day"] = policy.epsilon_per_report * policy.max_reports_per_day
     data["randomizer"] = Randomizer.of(mechanism_for(policy))

@@ -12,14 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import Engine, and_, func, select
 
 from api.ingestion.ingest import Mechanism, params_hash
 from api.ingestion.pipeline import decode_payloads
@@ -236,18 +236,20 @@ def export_reports(
     mechanisms: dict[str, Mechanism],
     *,
     rows_per_file: int = 1_000_000,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Export a use case's stored reports of ``first_day..last_day`` to ``root``.
 
     Each partition is written to a temporary directory and renamed into place, so a partition is
     either the previous export or the complete new one; re-exporting replaces it. Reports whose
-    parameter hash is not in ``mechanisms`` are skipped (they cannot be decoded).
+    parameter hash is not in ``mechanisms`` are skipped (they cannot be decoded). ``progress``
+    is called with the reports read so far and the reports to export, a page at a time.
     """
     if rows_per_file < 1:
         raise ValueError("rows_per_file must be positive")
     with engine.connect() as conn:
         groups = conn.execute(
-            select(_REPORTS.c.day, _REPORTS.c.params)
+            select(_REPORTS.c.day, _REPORTS.c.params, func.count())
             .where(
                 and_(
                     _REPORTS.c.use_case == use_case,
@@ -260,7 +262,18 @@ def export_reports(
         ).all()
     files: list[Path] = []
     partitions: dict[tuple[int, str], int] = {}
-    for day, params in groups:
+    total = sum(int(n) for _, params, n in groups if params in mechanisms)
+    read = 0
+
+    def counted(pages: Iterator[list[str]]) -> Iterator[list[str]]:
+        nonlocal read
+        for page in pages:
+            read += len(page)
+            if progress is not None:
+                progress(read, total)
+            yield page
+
+    for day, params, _ in groups:
         mechanism = mechanisms.get(params)
         if mechanism is None:
             continue
@@ -268,7 +281,7 @@ def export_reports(
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".export-", dir=final.parent))
         try:
-            pages = _chunks(engine, use_case, int(day), params, _READ_CHUNK)
+            pages = counted(_chunks(engine, use_case, int(day), params, _READ_CHUNK))
             written, rows = _write_partition(staging, mechanism, pages, rows_per_file)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # the previous export stays as it was

@@ -14,7 +14,7 @@ import io
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -104,6 +104,7 @@ def flush_inbox(
     batch: int = 10_000,
     min_batch: int = DEFAULT_MIN_BATCH,
     now: datetime | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Publish each use case's pending reports as one shuffled batch, once it is large enough.
 
@@ -115,7 +116,8 @@ def flush_inbox(
     counted again (a concurrent flush or purge may have taken some; then nothing is
     published), CSPRNG-shuffled, stored under new random ids without their pseudonyms, and
     the batch's sizes recorded in ``shuffled_batches`` (:mod:`budget.central`). Returns how
-    many reports moved.
+    many reports moved. ``progress`` is called with the pending reports handled so far and
+    those found pending, after each use case.
     """
     if batch < 1 or min_batch < 1:
         raise ValueError(f"`batch` and `min_batch` must be at least 1, got {batch}, {min_batch}")
@@ -124,7 +126,8 @@ def flush_inbox(
         pending = conn.execute(
             select(_INBOX.c.use_case, func.count()).group_by(_INBOX.c.use_case)
         ).all()
-    ready = {str(use_case) for use_case, count in pending if count >= min_batch}
+    counts = {str(use_case): int(count) for use_case, count in pending if count >= min_batch}
+    ready = set(counts)
     if not ready:
         return 0
     with engine.connect() as conn:
@@ -132,15 +135,17 @@ def flush_inbox(
         # several databases whose use cases share names and versions
         terms = _terms(load_book(conn), ready)
     today = utc_day(now if now is not None else datetime.now(UTC))
-    moved = 0
+    moved = handled = 0
     for use_case in sorted(ready):
         found = terms.get(use_case)
-        if found is None:
-            continue  # no policy of that name: leave the reports for inspection
         try:
-            moved += _publish(engine, use_case, found, batch, min_batch, today, rng)
+            if found is not None:  # else no policy of that name: left for inspection
+                moved += _publish(engine, use_case, found, batch, min_batch, today, rng)
         except _ShortBatch:
-            continue
+            pass
+        handled += counts[use_case]
+        if progress is not None:
+            progress(handled, sum(counts.values()))
     return moved
 
 
@@ -312,16 +317,20 @@ class AggregateResult:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def aggregate(ledger: Ledger) -> AggregateResult:
+def aggregate(
+    ledger: Ledger, *, progress: Callable[[int, int], None] | None = None
+) -> AggregateResult:
     """Fold every unfolded stored report into its (use case, parameters, day) sketch.
 
     Each group is folded on its own: an error in one (a sketch too large for memory, a
     corrupt report) is logged and reported in the result, and the other groups go on.
+    ``progress`` is called with the unfolded reports handled so far and those found, before
+    each group and at the end.
     """
     engine = ledger.engine
     with engine.connect() as conn:
         groups = conn.execute(
-            select(_REPORTS.c.use_case, _REPORTS.c.params, _REPORTS.c.day)
+            select(_REPORTS.c.use_case, _REPORTS.c.params, _REPORTS.c.day, func.count())
             .where(_REPORTS.c.folded.is_(False))
             .group_by(_REPORTS.c.use_case, _REPORTS.c.params, _REPORTS.c.day)
         ).all()
@@ -329,7 +338,11 @@ def aggregate(ledger: Ledger) -> AggregateResult:
     touched = set()
     failed: dict[str, str] = {}
     known: dict[str, dict[str, Mechanism]] = {}
-    for use_case, params, day in groups:
+    total, handled = sum(int(n) for *_, n in groups), 0
+    for use_case, params, day, count in groups:
+        if progress is not None:  # before each group, and once all are done
+            progress(handled, total)
+        handled += int(count)
         if use_case in failed:
             continue
         try:
@@ -346,6 +359,8 @@ def aggregate(ledger: Ledger) -> AggregateResult:
         folded += n
         if n:
             touched.add((use_case, params, day))
+    if progress is not None:
+        progress(total, total)
     return AggregateResult(folded, len(touched), failed)
 
 
