@@ -116,6 +116,26 @@ class PolicyBase(SQLModel):
     lifetime_epsilon_cap: float | None = Field(
         default=None, gt=0, le=1e9, description="Per device, ever."
     )
+    window_filter_epsilon: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Per device and window: the (epsilon, delta) target a privacy filter holds"
+        " the budget's reports to, at epsilon x group size (with `window_filter_delta`).",
+    )
+    window_filter_delta: float | None = Field(
+        default=None, gt=0, lt=1, description="Per device and window: the filter target's delta."
+    )
+    lifetime_filter_epsilon: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Per device, ever: the (epsilon, delta) target a privacy filter holds the"
+        " budget's reports to, at epsilon x group size (with `lifetime_filter_delta`).",
+    )
+    lifetime_filter_delta: float | None = Field(
+        default=None, gt=0, lt=1, description="Per device, ever: the filter target's delta."
+    )
     delta: float = Field(default=1e-9, gt=0, lt=1)
     budget_group: str | None = Field(
         default=None, max_length=63, description="Shared budget (caps and account)."
@@ -136,6 +156,8 @@ class PolicyCreate(PolicyBase):
         "epsilon_fragment",
         "window_epsilon_cap",
         "lifetime_epsilon_cap",
+        "window_filter_epsilon",
+        "lifetime_filter_epsilon",
     )
     @classmethod
     def _micro_exact(cls, value: float | None, info: Any) -> float | None:
@@ -199,7 +221,22 @@ class PolicyCreate(PolicyBase):
                     f"`{cap}` must be at least `epsilon_per_report` ({value} < "
                     f"{self.epsilon_per_report}): no report could ever be accepted"
                 )
+        self._check_filters(eps)
         return self
+
+    def _check_filters(self, eps: int) -> None:
+        """Each filter target is given whole and admits a report on its own."""
+        for kind in ("window", "lifetime"):
+            target, delta = f"{kind}_filter_epsilon", f"{kind}_filter_delta"
+            value = getattr(self, target)
+            if (value is None) != (getattr(self, delta) is None):
+                raise ValueError(f"`{target}` and `{delta}` are given together or not at all")
+            if value is not None and to_micro(value) < eps * self.group_size:
+                raise ValueError(
+                    f"`{target}` must be at least `epsilon_per_report` x `group_size` ({value} <"
+                    f" {self.epsilon_per_report} x {self.group_size}): one report alone would"
+                    " exceed the target"
+                )
 
 
 class PolicyUpdate(SQLModel):
@@ -223,6 +260,10 @@ class PolicyUpdate(SQLModel):
     min_batch_devices: int | None = None
     window_epsilon_cap: float | None = None
     lifetime_epsilon_cap: float | None = None
+    window_filter_epsilon: float | None = None
+    window_filter_delta: float | None = None
+    lifetime_filter_epsilon: float | None = None
+    lifetime_filter_delta: float | None = None
     delta: float | None = None
     budget_group: str | None = None
     hash_seed: str | None = None

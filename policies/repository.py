@@ -23,6 +23,10 @@ GROUP_FIELDS = (
     "retention_days",
     "window_epsilon_cap",
     "lifetime_epsilon_cap",
+    "window_filter_epsilon",
+    "window_filter_delta",
+    "lifetime_filter_epsilon",
+    "lifetime_filter_delta",
 )
 
 _TABLE = Policy.__table__  # type: ignore[attr-defined]
