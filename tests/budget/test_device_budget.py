@@ -514,3 +514,25 @@ def test_the_device_view_names_the_filter_target(ledger: Ledger) -> None:
     )
     with pytest.raises(ValueError, match="lifetime_filter_delta"):
         DeviceBudgetCreate(lifetime_filter_epsilon=4.0)
+
+
+def test_a_window_filter_needs_its_window_and_loosening_names_each_target() -> None:
+    with pytest.raises(ValueError, match="`window_days` is required"):
+        DeviceBudgetCreate(window_filter_epsilon=4.0, window_filter_delta=1e-9)
+    with pytest.raises(ValueError, match="`window_days` needs"):
+        DeviceBudgetCreate(window_days=3)
+    with pytest.raises(ValueError, match="window_filter_delta"):
+        DeviceBudgetCreate(window_days=3, window_filter_epsilon=4.0, window_filter_delta=1.0)
+    old = DeviceBudgetCreate(
+        window_days=3,
+        window_filter_epsilon=4.0,
+        window_filter_delta=1e-9,
+        lifetime_filter_epsilon=40.0,
+        lifetime_filter_delta=1e-9,
+    )
+    new = DeviceBudgetCreate(window_days=3, window_filter_epsilon=3.0, window_filter_delta=1e-6)
+    assert loosening(old, new) == [
+        "device_budget.window_filter_delta 1e-09 -> 1e-06",
+        "device_budget.lifetime_filter_epsilon 40.0 -> None",
+        "device_budget.lifetime_filter_delta 1e-09 -> None",
+    ]
