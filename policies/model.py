@@ -24,6 +24,7 @@ from mechanisms.sfp import POSITIONS
 from policies.randomizer import Randomizer
 
 __all__ = [
+    "FILTER_FIELDS",
     "MAX_EPSILON",
     "MAX_SKETCH_BYTES",
     "MICRO",
@@ -51,6 +52,17 @@ MICRO = 1_000_000
 SKETCH_CELL_BYTES = 8
 MAX_SKETCH_BYTES = 1 << 30
 SLUG = r"^[a-z0-9][a-z0-9-]{0,62}$"
+# A budget's (epsilon, delta) targets, each enforced by a privacy filter (docs/odometer.md).
+FILTER_FIELDS = (
+    "window_filter_epsilon",
+    "window_filter_delta",
+    "lifetime_filter_epsilon",
+    "lifetime_filter_delta",
+)
+_TARGET = (
+    "{}: the epsilon of the (epsilon, delta) target a privacy filter holds the budget's reports"
+    " to, each at epsilon x group size."
+)
 Mechanism = Literal["cms", "hcms", "sfp"]
 
 
@@ -117,21 +129,13 @@ class PolicyBase(SQLModel):
         default=None, gt=0, le=1e9, description="Per device, ever."
     )
     window_filter_epsilon: float | None = Field(
-        default=None,
-        gt=0,
-        le=1e9,
-        description="Per device and window: the (epsilon, delta) target a privacy filter holds"
-        " the budget's reports to, at epsilon x group size (with `window_filter_delta`).",
+        default=None, gt=0, le=1e9, description=_TARGET.format("Per device and window")
     )
     window_filter_delta: float | None = Field(
         default=None, gt=0, lt=1, description="Per device and window: the filter target's delta."
     )
     lifetime_filter_epsilon: float | None = Field(
-        default=None,
-        gt=0,
-        le=1e9,
-        description="Per device, ever: the (epsilon, delta) target a privacy filter holds the"
-        " budget's reports to, at epsilon x group size (with `lifetime_filter_delta`).",
+        default=None, gt=0, le=1e9, description=_TARGET.format("Per device, ever")
     )
     lifetime_filter_delta: float | None = Field(
         default=None, gt=0, lt=1, description="Per device, ever: the filter target's delta."

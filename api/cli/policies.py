@@ -187,25 +187,19 @@ def _review(
     return problems, loosening, changed
 
 
-# Each optional limit: removing or raising it loosens (a filter's delta as much as its epsilon).
-_LIMITS = (
-    "window_epsilon_cap",
-    "lifetime_epsilon_cap",
-    "window_filter_epsilon",
-    "window_filter_delta",
-    "lifetime_filter_epsilon",
-    "lifetime_filter_delta",
-)
-
-
 def _loosening(old: PolicyBase, new: PolicyBase) -> dict[str, str]:
-    """The changes from ``old`` to ``new`` that let a device spend more, by field."""
+    """The changes from ``old`` to ``new`` that let a device spend more, by field.
+
+    Removing or raising a cap or a filter target's epsilon or delta loosens.
+    """
+    from policies.model import FILTER_FIELDS
+
     out: dict[str, str] = {}
     if new.max_reports_per_day > old.max_reports_per_day:
         out["max_reports_per_day"] = (
             f"daily cap raised from {old.max_reports_per_day} to {new.max_reports_per_day} reports"
         )
-    for cap in _LIMITS:
+    for cap in ("window_epsilon_cap", "lifetime_epsilon_cap", *FILTER_FIELDS):
         was, now = getattr(old, cap), getattr(new, cap)
         if was is not None and now is None:
             out[cap] = f"`{cap}` removed (was {was:g})"
