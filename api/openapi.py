@@ -240,7 +240,8 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "description": "What the use case collects, in a sentence.",
         "epsilon_per_report": "Epsilon charged per report (CMS, HCMS; SFP: word + fragment).",
         "max_reports_per_day": "The daily cap: reports per device and UTC day.",
-        "retention_days": "Days the data and charges are kept: the window of the window cap.",
+        "retention_days": "Days the data and charges are kept: the window of the window cap and"
+        " of the window filter.",
         "group_size": "Group-privacy factor: devices per person.",
         "delta": "The delta the tight bounds are computed at.",
         "version": "The policy version (a new one at each change).",

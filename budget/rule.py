@@ -101,15 +101,14 @@ def check(terms: Terms, day: int, state: AccountState, charge_id: int | None = N
                 terms, day, Refusal("lifetime_cap", None, lifetime_left=from_micro(cap - spent))
             )
         lifetime_left = from_micro(cap - spent - eps)
-    if terms.filters is not None:
+    refusal = None
+    if terms.filters is not None:  # the budget's filters count group-scaled epsilon
         scaled = eps * terms.group_size
         refusal = filter_refusal(terms.filters, state, day, idx, scaled, terms.horizons)
-        if refusal is not None:
-            return _refused(terms, day, refusal)
-    if terms.device is not None:
+    if refusal is None and terms.device is not None:
         refusal = device_refusal(terms, terms.device, day, state)
-        if refusal is not None:
-            return _refused(terms, day, refusal)
+    if refusal is not None:
+        return _refused(terms, day, refusal)
     return Decision(
         True, "accepted", terms.name, terms.budget, terms.version, terms.epsilon, day,
         charge_id, None, terms.max_reports_per_day - reports - 1, window_left, lifetime_left,
