@@ -19,7 +19,7 @@ from budget.refusal import Refusal, RefusedBy, free_day
 from budget.state import AccountState
 from policies.model import from_micro
 
-__all__ = ["FilterTarget", "Filters", "filter_refusal", "filters_of"]
+__all__ = ["FilterTarget", "Filters", "filter_refusal", "filters_of", "target"]
 
 
 @dataclass(frozen=True, slots=True)
