@@ -104,8 +104,10 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "window_remaining": "Epsilon left in the window; null without a window limit.",
         "lifetime_remaining": "Epsilon left for the lifetime; null without a lifetime limit.",
         "use_cases": "Each use case's spend against its quota of the device-wide budget.",
-        "filter_epsilon": "Lifetime (epsilon, delta) filter target: epsilon; null: no filter.",
-        "filter_delta": "Lifetime (epsilon, delta) filter target: delta; null: no filter.",
+        "window_filter_epsilon": "Window (epsilon, delta) filter target: epsilon; null: none.",
+        "window_filter_delta": "Window (epsilon, delta) filter target: delta; null: none.",
+        "lifetime_filter_epsilon": "Lifetime (epsilon, delta) filter target: epsilon; null: none.",
+        "lifetime_filter_delta": "Lifetime (epsilon, delta) filter target: delta; null: none.",
     },
     "QuotaStatus": {
         "use_case": "The use case.",
@@ -204,7 +206,10 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "days": "The UTC days (ISO dates), oldest first; every series is aligned with them.",
         "use_cases": "Per use case, its daily series.",
         "total": "All use cases summed per day.",
-        "loss": "The device's composed loss, per use case and in total.",
+        "loss": "The device's composed loss, per use case and in total, as for a schedule fixed"
+        " in advance.",
+        "odometer": "Its lifetime running total valid however its reports were chosen: the"
+        " basic sum and the odometer reading (docs/odometer.md says which to quote when).",
         "central": "Per use case, the central epsilon of the shuffled batches it was in.",
     },
     "UseCaseLine": {
@@ -242,7 +247,8 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "description": "What the use case collects, in a sentence.",
         "epsilon_per_report": "Epsilon charged per report (CMS, HCMS; SFP: word + fragment).",
         "max_reports_per_day": "The daily cap: reports per device and UTC day.",
-        "retention_days": "Days the data and charges are kept: the window of the window cap.",
+        "retention_days": "Days the data and charges are kept: the window of the window cap and"
+        " of the window filter.",
         "group_size": "Group-privacy factor: devices per person.",
         "delta": "The delta the tight bounds are computed at.",
         "version": "The policy version (a new one at each change).",

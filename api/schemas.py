@@ -144,7 +144,8 @@ class BatchItemResult(BaseModel):
     )
     reason: str | None = PydField(
         default=None,
-        description="The decision: `accepted`, `daily_cap`, `window_cap` or `lifetime_cap`.",
+        description="The decision: `accepted`, `daily_cap`, `window_cap`, `lifetime_cap`,"
+        " `window_filter` or `lifetime_filter`.",
     )
     retry_at: datetime | None = PydField(
         default=None,

@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from budget.filter_rule import Filters, filters_of
 from policies.device import DeviceLimits
 from policies.model import Policy, budget_key, to_micro
 
@@ -39,10 +40,11 @@ NO_HORIZON = -(1 << 62)  # "nothing deleted": below every day
 class Terms:
     """The figures of one policy version the gate decides on, as plain integers.
 
-    ``members`` are the use cases whose history the budget's caps count (this one included);
-    ``horizons`` every use case's last deleted day (absent: none), shared by all terms;
-    ``device`` the device-wide budget in force (``None``: none), shared by all terms. A
-    policy is a database model whose every attribute read goes through SQLAlchemy's
+    ``members`` are the use cases whose history the budget's caps and filters count (this one
+    included); ``filters`` the budget's window and lifetime ``(epsilon, delta)`` filters
+    (``None``: neither); ``horizons`` every use case's last deleted day (absent: none), shared
+    by all terms; ``device`` the device-wide budget in force (``None``: none), shared by all
+    terms. A policy is a database model whose every attribute read goes through SQLAlchemy's
     instrumentation; the hot paths read these.
     """
 
@@ -56,6 +58,7 @@ class Terms:
     window_cap_micro: int | None
     lifetime_cap_micro: int | None
     group_size: int = 1
+    filters: Filters | None = None
     members: frozenset[str] = frozenset()
     horizons: Mapping[str, int] = field(default_factory=dict)
     device: DeviceLimits | None = None
@@ -71,6 +74,12 @@ class Terms:
         """The snapshot of ``policy``; ``members`` default to the use case alone."""
         window, lifetime = policy.window_epsilon_cap, policy.lifetime_epsilon_cap
         names = frozenset(members) | {policy.name}
+        p = policy
+        filters = filters_of(
+            (_micro(p.window_filter_epsilon), p.window_filter_delta),
+            (_micro(p.lifetime_filter_epsilon), p.lifetime_filter_delta),
+            p.retention_days,
+        )
         return cls(
             name=policy.name,
             version=policy.version,
@@ -79,13 +88,18 @@ class Terms:
             eps_micro=to_micro(policy.epsilon_per_report),
             max_reports_per_day=policy.max_reports_per_day,
             retention_days=policy.retention_days,
-            window_cap_micro=None if window is None else to_micro(window),
-            lifetime_cap_micro=None if lifetime is None else to_micro(lifetime),
+            window_cap_micro=_micro(window),
+            lifetime_cap_micro=_micro(lifetime),
             group_size=policy.group_size,
+            filters=filters,
             members=names,
             horizons={} if horizons is None else horizons,
             device=device,
         )
+
+
+def _micro(value: float | None) -> int | None:
+    return None if value is None else to_micro(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from mechanisms.sfp import POSITIONS
 from policies.randomizer import Randomizer
 
 __all__ = [
+    "FILTER_FIELDS",
     "MAX_EPSILON",
     "MAX_SKETCH_BYTES",
     "MICRO",
@@ -55,6 +56,17 @@ MICRO = 1_000_000
 SKETCH_CELL_BYTES = 8
 MAX_SKETCH_BYTES = 1 << 30
 SLUG = r"^[a-z0-9][a-z0-9-]{0,62}$"
+# A budget's (epsilon, delta) targets, each enforced by a privacy filter (docs/odometer.md).
+FILTER_FIELDS = (
+    "window_filter_epsilon",
+    "window_filter_delta",
+    "lifetime_filter_epsilon",
+    "lifetime_filter_delta",
+)
+_TARGET = (
+    "{}: the epsilon of the (epsilon, delta) target a privacy filter holds the budget's reports"
+    " to, each at epsilon x group size."
+)
 Mechanism = Literal["cms", "hcms", "sfp"]
 
 
@@ -120,6 +132,18 @@ class PolicyTerms(SQLModel):
     lifetime_epsilon_cap: float | None = Field(
         default=None, gt=0, le=1e9, description="Per device, ever."
     )
+    window_filter_epsilon: float | None = Field(
+        default=None, gt=0, le=1e9, description=_TARGET.format("Per device and window")
+    )
+    window_filter_delta: float | None = Field(
+        default=None, gt=0, lt=1, description="Per device and window: the filter target's delta."
+    )
+    lifetime_filter_epsilon: float | None = Field(
+        default=None, gt=0, le=1e9, description=_TARGET.format("Per device, ever")
+    )
+    lifetime_filter_delta: float | None = Field(
+        default=None, gt=0, lt=1, description="Per device, ever: the filter target's delta."
+    )
     delta: float = Field(default=1e-9, gt=0, lt=1)
     budget_group: str | None = Field(
         default=None, max_length=63, description="Shared budget (caps and account)."
@@ -149,6 +173,8 @@ class PolicyCreate(PolicyBase):
         "epsilon_fragment",
         "window_epsilon_cap",
         "lifetime_epsilon_cap",
+        "window_filter_epsilon",
+        "lifetime_filter_epsilon",
     )
     @classmethod
     def _micro_exact(cls, value: float | None, info: Any) -> float | None:
@@ -212,7 +238,22 @@ class PolicyCreate(PolicyBase):
                     f"`{cap}` must be at least `epsilon_per_report` ({value} < "
                     f"{self.epsilon_per_report}): no report could ever be accepted"
                 )
+        self._check_filters(eps)
         return self
+
+    def _check_filters(self, eps: int) -> None:
+        """Each filter target is given whole and admits a report on its own."""
+        for kind in ("window", "lifetime"):
+            target, delta = f"{kind}_filter_epsilon", f"{kind}_filter_delta"
+            value = getattr(self, target)
+            if (value is None) != (getattr(self, delta) is None):
+                raise ValueError(f"`{target}` and `{delta}` are given together or not at all")
+            if value is not None and to_micro(value) < eps * self.group_size:
+                raise ValueError(
+                    f"`{target}` must be at least `epsilon_per_report` x `group_size` ({value} <"
+                    f" {self.epsilon_per_report} x {self.group_size}): one report alone would"
+                    " exceed the target"
+                )
 
 
 class PolicyUpdate(SQLModel):
@@ -236,6 +277,10 @@ class PolicyUpdate(SQLModel):
     min_batch_devices: int | None = None
     window_epsilon_cap: float | None = None
     lifetime_epsilon_cap: float | None = None
+    window_filter_epsilon: float | None = None
+    window_filter_delta: float | None = None
+    lifetime_filter_epsilon: float | None = None
+    lifetime_filter_delta: float | None = None
     delta: float | None = None
     budget_group: str | None = None
     hash_seed: str | None = None

@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
 from policies.errors import PolicyConflict, UnknownUseCase
-from policies.model import Policy, PolicyBase, PolicyCreate, PolicyUpdate
+from policies.model import FILTER_FIELDS, Policy, PolicyBase, PolicyCreate, PolicyUpdate
 
 __all__ = ["GROUP_FIELDS", "PolicyStore", "advisory_key", "lock_names"]
 
@@ -23,6 +23,7 @@ GROUP_FIELDS = (
     "retention_days",
     "window_epsilon_cap",
     "lifetime_epsilon_cap",
+    *FILTER_FIELDS,
 )
 
 _TABLE = Policy.__table__  # type: ignore[attr-defined]

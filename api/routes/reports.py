@@ -136,6 +136,7 @@ def refusal(decision: Decision, clock: Clock) -> JSONResponse:
         "daily_cap": "daily epsilon limit" if by in ("device", "quota") else "daily report cap",
         "window_cap": "window epsilon cap",
         "lifetime_cap": "lifetime epsilon cap",
+        "window_filter": "window (epsilon, delta) filter",
         "lifetime_filter": "lifetime (epsilon, delta) filter",
     }
     whose = {

@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-import orjson
 
 from budget.accountant import PrivacyLoss
 from budget.book import Terms
@@ -21,6 +20,7 @@ from budget.central import DAYS_PER_YEAR, CentralLine, central_line, read_batche
 from budget.clock import day_date, utc_day
 from budget.errors import InvalidRequest
 from budget.ledger import Ledger
+from budget.reporting.device import DeviceOdometer, device_odometer
 from budget.reporting.loss import DeviceLoss, device_loss, lifetime_rows, spend_rows, window_rows
 from budget.reporting.report import UseCaseLine, build_report
 from budget.rule import check
@@ -55,12 +55,18 @@ class Series:
 
 @dataclass(frozen=True, slots=True)
 class Timeline:
-    """A device's charges per day and its cumulative epsilon, per use case and in total."""
+    """A device's charges per day and its cumulative epsilon, per use case and in total.
+
+    ``loss`` composes what the device sent as if its schedule had been fixed in advance;
+    ``odometer`` is its running total valid however the reports were chosen (docs/odometer.md
+    says which to quote when).
+    """
 
     days: list[str]
     use_cases: dict[str, Series]
     total: Series
     loss: DeviceLoss
+    odometer: DeviceOdometer
     central: list[CentralLine] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,6 +137,7 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
         series,
         total,
         device_loss(ledger, device_id, now=now),
+        device_odometer(state),
         _device_central(ledger, per_day, sent, today),
     )
 
@@ -396,15 +403,7 @@ def what_if_device_budget(
     day = utc_day(now)
     book = ledger.book()
     version = (book.device.version + 1) if book.device else 1
-    stored = DeviceBudgetVersion(
-        version=version,
-        epsilon_per_day=proposed.epsilon_per_day,
-        window_days=proposed.window_days,
-        window_epsilon=proposed.window_epsilon,
-        lifetime_epsilon=proposed.lifetime_epsilon,
-        quotas=orjson.dumps(proposed.quotas).decode(),
-    )
-    after = limits_of(stored)
+    after = limits_of(DeviceBudgetVersion.of(proposed, version, "what-if"))
     out: dict[str, dict[str, dict[str, int]]] = {
         name: {"current": defaultdict(int), "proposed": defaultdict(int)} for name in book.terms
     }
