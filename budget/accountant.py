@@ -10,7 +10,9 @@ A device's ledger is a multiset ``{epsilon: count}`` of pure eps-LDP events. Thr
   ``delta(e) = P(L > e) - e^e Q(L > e)``, ``Q`` the neighbouring distribution. We enumerate the
   support (``prod_j (c_j + 1)`` points) in log space and invert ``delta(e)`` by bisection;
 - past ``max_exact_points`` support points, dp-accounting's privacy loss distribution (PLD) of
-  ``from_privacy_parameters(eps, 0)`` self-composed per value (pessimistic, hence valid).
+  ``from_privacy_parameters(eps, 0)`` self-composed per value (pessimistic, hence valid), on a
+  grid of ``pld_discretization`` or, where that would take more than :data:`PLD_MAX_BUCKETS`
+  buckets of memory, the finest coarser grid that fits (:func:`pld_grid`; still valid, looser).
 
 The reported bound is the smaller valid one, with its method and what it is named (``bound``:
 "exact optimal", "PLD upper bound" or "basic sum"), and with what it is a bound of (``kind``): a
@@ -265,11 +267,11 @@ class Accountant:
         self._memo: OrderedDict[tuple[object, ...], PrivacyLoss] = OrderedDict()
         self._memo_size = memo_size
         self._lock = threading.Lock()
-        # composed PLDs do not depend on delta: a few are kept (megabytes each), so another
+        # composed PLDs do not depend on delta: a few are kept (bounded in buckets), so another
         # delta costs one epsilon-for-delta search instead of the composition
-        self._plds: OrderedDict[tuple[tuple[float, int], ...], pld.PrivacyLossDistribution] = (
-            OrderedDict()
-        )
+        self._plds: OrderedDict[
+            tuple[tuple[float, int], ...], tuple[pld.PrivacyLossDistribution, int]
+        ] = OrderedDict()
         self.hits = 0
         self.misses = 0
         self.name = f"dp-governor optimal-rr / dp-accounting {version('dp-accounting')}"
@@ -329,8 +331,8 @@ class Accountant:
             points = math.prod(c + 1 for _, c in scaled)
             if points <= self.max_exact_points:
                 tight, method = optimal_epsilon(scaled, delta), "optimal-rr"
-            elif _pld_feasible(scaled, self.pld_discretization):
-                tight, method = float(self._pld(scaled).get_epsilon_for_delta(delta)), "pld"
+            elif (grid := pld_grid(scaled, self.pld_discretization)) is not None:
+                tight, method = float(self._pld(scaled, grid).get_epsilon_for_delta(delta)), "pld"
             if not math.isfinite(tight) or tight >= basic:
                 tight, method = basic, "basic"
         bound = BOUNDS[method]  # type: ignore[index]
@@ -347,40 +349,81 @@ class Accountant:
             NOTES[(kind, bound)],
         )
 
-    def _pld(self, ledger: tuple[tuple[float, int], ...]) -> pld.PrivacyLossDistribution:
-        """The composed PLD of a non-empty ledger, from the small LRU of recent ones."""
+    def _pld(
+        self, ledger: tuple[tuple[float, int], ...], grid: tuple[float, int]
+    ) -> pld.PrivacyLossDistribution:
+        """The composed PLD of a non-empty ledger on ``grid``, from a small LRU of recent ones.
+
+        The LRU holds at most :data:`PLD_CACHE_BUCKETS` discretization buckets in all.
+        """
         with self._lock:
             found = self._plds.get(ledger)
             if found is not None:
                 self._plds.move_to_end(ledger)
-                return found
-        found = composed_pld(ledger, self.pld_discretization)
-        assert found is not None
+                return found[0]
+        discretization, buckets = grid
+        composed = composed_pld(ledger, discretization)
+        assert composed is not None
         with self._lock:
-            self._plds[ledger] = found
-            while len(self._plds) > PLD_CACHE_ENTRIES:
+            self._plds[ledger] = (composed, buckets)
+            while sum(b for _, b in self._plds.values()) > PLD_CACHE_BUCKETS:
                 self._plds.popitem(last=False)
-        return found
+        return composed
 
 
-PLD_CACHE_ENTRIES: Final = 8
-
-# Past this many discretization buckets of the composed loss's range, the PLD is not attempted
-# (its dense form would need gigabytes) and the basic sum is reported, named as such; nor past
-# an event epsilon of PLD_MAX_EPSILON, where dp-accounting's ``from_privacy_parameters`` calls
+# Memory: dp-accounting's FFT convolution of an array of ``b`` buckets holds about 64 bytes a
+# bucket at its peak (complex transforms, the power, the inverse, the real part), so a PLD is
+# built on a grid coarse enough that no array it makes has more than PLD_MAX_BUCKETS buckets
+# (about 256 MiB at the peak); a coarser pessimistic grid is still a valid upper bound, only
+# looser. The composed PLDs kept for other deltas hold at most PLD_CACHE_BUCKETS buckets.
+PLD_MAX_BUCKETS: Final = 4_000_000
+PLD_CACHE_BUCKETS: Final = 16_000_000
+PLD_TAIL_MASS: Final = 1e-15  # dp-accounting's default truncation of a self-composition
+# Past an event epsilon of PLD_MAX_EPSILON dp-accounting's ``from_privacy_parameters`` calls
 # ``math.exp(epsilon)`` and overflows (at such epsilons the optimum is the basic sum anyway).
-PLD_MAX_BUCKETS: Final = 50_000_000  # estimated; the default year's 1.4e7 is 850,000 real
 PLD_MAX_EPSILON: Final = 500.0
 
 
-def _pld_feasible(ledger: tuple[tuple[float, int], ...], discretization: float) -> bool:
-    """Whether dp-accounting's PLD of ``ledger`` is safe to build (finite, bounded memory).
+def pld_buckets(ledger: tuple[tuple[float, int], ...], discretization: float) -> int:
+    """The longest array dp-accounting makes for the PLD of ``ledger`` on ``discretization``.
 
-    The PLD truncates tails, so its support is a few standard deviations of the loss wide:
-    ``sqrt(sum c eps^2)`` times a margin, plus one event's width, in buckets of
-    ``discretization``.
+    One pure event is two losses, rounded up to the grid; ``count`` of them self-compose by FFT
+    over the range dp-accounting's own Chernoff bounds keep
+    (``common.compute_self_convolve_bounds``, computed here on the same two-point list), and
+    the parts compose into an array as long as their sum.
     """
-    widest = max(e for e, _ in ledger)
-    spread = math.sqrt(math.fsum(c * e * e for e, c in ledger))
-    buckets = (40.0 * spread + 2.0 * widest) / discretization
-    return widest <= PLD_MAX_EPSILON and buckets <= PLD_MAX_BUCKETS
+    from dp_accounting.pld import common as pld_common
+
+    total = 0
+    for eps, count in ledger:
+        length = math.ceil(eps / discretization) - math.ceil(-eps / discretization) + 1
+        width = length
+        if count > 1:
+            probs = np.zeros(length)
+            probs[0], probs[-1] = 1.0 / (1.0 + math.exp(eps)), 1.0 / (1.0 + math.exp(-eps))
+            low, high = pld_common.compute_self_convolve_bounds(probs, count, PLD_TAIL_MASS)
+            width = max(high - low + 1, length)
+        total += width
+    return total
+
+
+def pld_grid(ledger: tuple[tuple[float, int], ...], finest: float) -> tuple[float, int] | None:
+    """The discretization a PLD of ``ledger`` is built on, and its buckets (``None``: none).
+
+    ``finest`` unless that would need more than :data:`PLD_MAX_BUCKETS` buckets; then the
+    interval grows until it fits. ``None`` past :data:`PLD_MAX_EPSILON`.
+
+    >>> pld_grid(((4.0, 90),), 1e-3)[0]
+    0.001
+    >>> pld_grid(((0.115444, 1_327_473), (0.001, 46_499)), 1e-3)[1] <= PLD_MAX_BUCKETS
+    True
+    """
+    if max(e for e, _ in ledger) > PLD_MAX_EPSILON:
+        return None
+    discretization = finest
+    for _ in range(32):
+        buckets = pld_buckets(ledger, discretization)
+        if buckets <= PLD_MAX_BUCKETS:
+            return discretization, buckets
+        discretization *= 1.25 * buckets / PLD_MAX_BUCKETS
+    return None

@@ -12,12 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budget.accountant import (
+    PLD_MAX_BUCKETS,
     Accountant,
     basic_composition,
+    composed_pld,
     group_privacy,
     optimal_delta,
     optimal_epsilon,
+    pld_buckets,
     pld_epsilon,
+    pld_grid,
 )
 
 
@@ -208,3 +212,41 @@ def test_a_composed_pld_serves_every_delta() -> None:
     again = accountant.loss({0.1: 1000}, delta=1e-3)
     assert first.method == again.method == "pld" and again.epsilon < first.epsilon
     assert again.epsilon == pytest.approx(pld_epsilon({0.1: 1000}, 1e-3))
+
+
+def _longest_array(ledger: tuple[tuple[float, int], ...], discretization: float) -> int:
+    """The buckets of dp-accounting's composed PLD of ``ledger`` (both adjacencies)."""
+    composed = composed_pld(ledger, discretization)
+    assert composed is not None
+    pmfs = (composed._pmf_remove, composed._pmf_add)
+    return max(int(p.size) for p in pmfs)
+
+
+@pytest.mark.parametrize(
+    "ledger",
+    [((4.0, 90),), ((0.1, 1000), (2.0, 30)), ((0.115444, 145_635),), ((11.4, 3000),)],
+)
+def test_the_bucket_count_is_what_dp_accounting_allocates(
+    ledger: tuple[tuple[float, int], ...],
+) -> None:
+    # the memory bound rests on predicting dp-accounting's arrays; its composed result is
+    # truncated further, so it may be shorter, never longer
+    predicted = pld_buckets(ledger, 1e-3)
+    assert _longest_array(ledger, 1e-3) <= predicted
+    assert predicted < 1.5 * _longest_array(ledger, 1e-3) + 100
+
+
+def test_a_ledger_too_large_for_the_finest_grid_gets_a_coarser_valid_one() -> None:
+    # 48.8 million buckets at 1e-3 (about 6 GB at the peak): built on a coarser grid instead
+    ledger = ((0.001, 46_499), (0.115444, 1_327_473))
+    grid = pld_grid(ledger, 1e-3)
+    assert grid is not None and grid[0] > 1e-3 and grid[1] <= PLD_MAX_BUCKETS
+    loss = Accountant(max_exact_points=10).loss(dict(ledger), delta=1e-9)
+    assert loss.method == "pld" and loss.bound == "PLD upper bound"
+    assert loss.epsilon < loss.epsilon_basic
+
+    # a coarser pessimistic grid rounds losses up: looser, never below the optimum (up to the
+    # FFT's relative error, about 1e-7 here)
+    small = {0.1: 1000, 0.02: 500}
+    fine, coarse = pld_epsilon(small, 1e-9, 1e-3), pld_epsilon(small, 1e-9, 3e-2)
+    assert optimal_epsilon(small, 1e-9) <= fine * (1 + 1e-6) and fine < coarse
