@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
@@ -41,6 +41,9 @@ from api.logs import log_fields
 from budget import Clock, Ledger
 from budget.audit_log import write_checkpoints
 from budget.storage.db import writer
+
+if TYPE_CHECKING:
+    from api.settings import Settings
 
 __all__ = [
     "JOBS",
@@ -74,6 +77,21 @@ class Runtime:
     holder: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
+
+    @classmethod
+    def configured(
+        cls, ledger: Ledger, ingestor: Ingestor, clock: Clock, settings: Settings
+    ) -> Runtime:
+        """The runtime the service's settings describe (``dpgov serve`` and ``dpgov jobs``)."""
+        return cls(
+            ledger,
+            ingestor,
+            clock,
+            settings.shuffle_batch,
+            min_batch=settings.flush_min_batch,
+            lease_seconds=settings.job_lease_seconds,
+            checkpoint_file=settings.checkpoint_file,
+        )
 
 
 def _flush(rt: Runtime) -> dict[str, Any]:

@@ -34,15 +34,8 @@ def jobs_run(
     settings = load_settings(database_url)
     ledger, keys = open_service(settings, Access.WRITE)
     key = f"cli-{name}"
-    RUNTIMES[key] = Runtime(
-        ledger,
-        Ingestor(ledger, keys.device_key_secret),
-        SystemClock(),
-        settings.shuffle_batch,
-        min_batch=settings.flush_min_batch,
-        lease_seconds=settings.job_lease_seconds,
-        checkpoint_file=settings.checkpoint_file,
-    )
+    ingestor = Ingestor(ledger, keys.device_key_secret)
+    RUNTIMES[key] = Runtime.configured(ledger, ingestor, SystemClock(), settings)
     try:
         result = run_job(name, key, force=force)
         held = None if result is not None else lease_holder(ledger.engine, lease_of(name))
