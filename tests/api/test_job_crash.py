@@ -133,7 +133,12 @@ class Pipeline:
                 yield conn
             return
         with self.engine.begin() as conn:
-            conn.execute(text("LOCK TABLE job_leases, inbox, reports, sketches IN EXCLUSIVE MODE"))
+            conn.execute(
+                text(
+                    "LOCK TABLE job_leases, inbox, inbox_moves, reports, batch_parts, sketches"
+                    " IN EXCLUSIVE MODE"
+                )
+            )
             yield conn
 
     def count(self, sql: str) -> int:
@@ -167,7 +172,7 @@ class Pipeline:
                 left = conn.execute(
                     text(
                         "SELECT (SELECT COUNT(*) FROM inbox)"
-                        " + (SELECT COUNT(*) FROM reports WHERE NOT folded)"
+                        " + (SELECT COALESCE(SUM(reports), 0) FROM batch_parts WHERE NOT folded)"
                     )
                 ).scalar_one()
                 caught = row is not None and holder in row[0] and row[1] > 0 and left > 0
@@ -184,7 +189,9 @@ class Pipeline:
         assert charges == self.submitted
         assert self.count("SELECT COUNT(*) FROM inbox") == 0
         assert self.count("SELECT COUNT(*) FROM reports") == charges
-        assert self.count("SELECT COUNT(*) FROM reports WHERE folded") == charges
+        assert self.count("SELECT COUNT(*) FROM inbox_moves WHERE batch IS NOT NULL") == 0
+        assert self.count("SELECT SUM(reports) FROM batch_parts WHERE folded") == charges
+        assert self.count("SELECT COUNT(*) FROM batch_parts WHERE NOT folded") == 0
         assert self.count("SELECT COALESCE(SUM(n), 0) FROM sketches") == charges
 
 

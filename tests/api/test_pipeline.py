@@ -129,7 +129,9 @@ def test_concurrent_flushes_and_aggregates_store_and_fold_each_report_once(
     assert charges == len(work) * 400
     assert _count(engine, "SELECT COUNT(*) FROM inbox") == 0
     assert _count(engine, "SELECT COUNT(*) FROM reports") == charges
-    assert _count(engine, "SELECT COUNT(*) FROM reports WHERE folded") == charges
+    assert _count(engine, "SELECT SUM(reports) FROM batch_parts WHERE folded") == charges
+    assert _count(engine, "SELECT COUNT(*) FROM batch_parts WHERE NOT folded") == 0
+    assert _count(engine, "SELECT COUNT(*) FROM inbox_moves WHERE batch IS NOT NULL") == 0
     assert _count(engine, "SELECT COALESCE(SUM(n), 0) FROM sketches") == charges
     with engine.connect() as conn:
         per_case: dict[str, int] = dict(

@@ -79,6 +79,9 @@ TABLES = [
     "job_leases",
 ]
 
+# Columns a later revision replaced: 0005 folds whole batch parts (``batch_parts.folded``).
+REMOVED = {"reports": ("folded",)}
+
 
 def _previous_release_ledger(url: str, tmp_path: Path) -> None:
     """Create a ledger at ``url`` with the previous release's code (``git archive``)."""
@@ -167,7 +170,9 @@ def test_a_ledger_of_the_previous_release_upgrades_losing_nothing(url: str, tmp_
     _previous_release_ledger(url, tmp_path)
     engine = create_db_engine(url)
     try:
-        before, columns = _snapshot(engine)
+        found = _snapshot(engine)[1]
+        columns = {t: [c for c in cols if c not in REMOVED.get(t, ())] for t, cols in found.items()}
+        before = _snapshot(engine, columns)[0]
         with engine.connect() as conn:
             assert schema_revision(conn) is None  # made before migrations
         with pytest.raises(SchemaOutdated, match="dpgov db upgrade"):
