@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from api.deps import AdminDep, LedgerDep, MetricsDep
 from api.errors import HttpError
 from api.ingestion.tables import InboxRow
-from api.jobs import JOBS, lease_of, release_job, run_job
+from api.jobs import JOBS, JobBusy, lease_of, release_job, run_job
 
 __all__ = ["router"]
 
@@ -51,7 +51,10 @@ def run_job_now(
     """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``, ``checkpoint``)."""
     if job not in JOBS:
         raise HttpError(404, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
-    result = run_job(job, request.app.state.runtime_key, force=force)
+    try:
+        result = run_job(job, request.app.state.runtime_key, force=force)
+    except JobBusy as exc:
+        raise HttpError(503, str(exc)) from None
     if result is None:
         raise HttpError(
             409, f"job {job!r} is running in another process; force=true takes its lease"
