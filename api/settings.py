@@ -135,7 +135,7 @@ class Settings(BaseSettings):
         default=300, ge=1, description="Interval of the `aggregate` job (reports into sketches)."
     )
     shuffle_batch: int = Field(
-        default=2_000,
+        default=500,
         ge=1,
         description="Most reports one transaction of `flush-inbox` moves (a use case's batch"
         " moves in several and is published by the last).",

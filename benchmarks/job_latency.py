@@ -33,16 +33,17 @@ from typing import Any
 import httpx
 import numpy as np
 import orjson
+from sqlalchemy import Connection, Engine, event
 
 from benchmarks.http import TOKEN, report_bodies, server_env, start_server
-from budget.storage.db import scratch_schema
+from budget.storage.db import WRITE_OPTION, scratch_schema
 
 USE_CASE = "safari-energy-domains"
 JOBS = ("flush-inbox", "aggregate", "checkpoint", "purge")
 AHEAD_DAYS = 3651  # beyond the longest retention a policy may set (3,650 days)
 HEADER = (
-    "| backend | job | rows handled | job s | single reports | p50 ms | p99 ms | max ms |\n"
-    "|---|---|---|---:|---:|---:|---:|---:|"
+    "| backend | job | rows handled | job s | write transactions | single reports"
+    " | p50 ms | p99 ms | max ms |\n|---|---|---|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -106,28 +107,34 @@ def handled(result: dict[str, Any] | None) -> str:
     """A job's counts as one cell: ``100,000 moved, 200,000 folded`` (nonzero counts only)."""
     if not result:
         return "nothing"
-    counts = [f"{v:,} {k}" for k, v in result.items() if isinstance(v, int) and v]
+    counts = [
+        f"{v:,} {k}" for k, v in result.items() if isinstance(v, int) and v and k != "inbox_depth"
+    ]
     if isinstance(result.get("signed"), dict):
         counts.append(f"checkpoint at entry {result['signed']['seq']:,}")
     return ", ".join(counts) or "nothing"
 
 
-def row(backend: str, job: str, work: str, seconds: float | None, probe: Probe) -> str:
-    """One table row: the job, its work and run time, the probes' count and percentiles."""
-    took = "" if seconds is None else f"{seconds:.2f}"
+def row(backend: str, job: str, run: dict[str, Any] | None, probe: Probe) -> str:
+    """One table row: the job, its work, run time and writes; the probes' count and latency."""
+    work = " | | "
+    if run is not None:
+        writes = f"{run['writes']:,}, longest {run['longest']:.1f} ms"
+        work = f"{handled(run['result'])} | {run['seconds']:.2f} | {writes}"
     sent = f"{len(probe.latencies):,}" + (f" ({probe.failed} failed)" if probe.failed else "")
     figures = "- | - | -"  # the job was over before the first report was sent
     if probe.latencies:
         ms = np.asarray(probe.latencies) * 1000
         p50, p99 = np.percentile(ms, [50, 99])
         figures = f"{p50:.1f} | {p99:.1f} | {ms.max():.1f}"
-    return f"| {backend} | {job} | {work} | {took} | {sent} | {figures} |"
+    return f"| {backend} | {job} | {work} | {sent} | {figures} |"
 
 
-def run_job_process(
-    name: str, env: dict[str, str], tmp: Path, probe: Probe
-) -> tuple[dict[str, Any], float]:
-    """Run one job in a new process (:func:`job_main`), probing while it runs: (result, s).
+def run_job_process(name: str, env: dict[str, str], tmp: Path, probe: Probe) -> dict[str, Any]:
+    """Run one job in a new process (:func:`job_main`), probing while it runs; what it printed.
+
+    That is the job's result, its run time in seconds, and its write transactions: how many,
+    and the longest in ms (the longest it held SQLite's write lock).
 
     The probe starts when the process says its job is starting (after its imports) and stops
     when it prints the job's result.
@@ -151,8 +158,28 @@ def run_job_process(
         err = proc.communicate()[1]
     if proc.returncode != 0 or not out.strip():
         raise SystemExit(f"job {name} failed: {err.strip()}")
-    done = json.loads(out)
-    return done["result"], float(done["seconds"])
+    done: dict[str, Any] = json.loads(out)
+    return done
+
+
+class WriteTimes:
+    """How long each write transaction on ``engine`` held it (ms): SQLite's write lock."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.ms: list[float] = []
+        self._began: dict[int, float] = {}
+        event.listen(engine, "begin", self._begin)
+        event.listen(engine, "commit", self._end)
+        event.listen(engine, "rollback", self._end)
+
+    def _begin(self, conn: Connection) -> None:
+        if conn.get_execution_options().get(WRITE_OPTION, False):
+            self._began[id(conn)] = time.perf_counter()
+
+    def _end(self, conn: Connection) -> None:
+        began = self._began.pop(id(conn), None)
+        if began is not None:
+            self.ms.append((time.perf_counter() - began) * 1000)
 
 
 def job_main(name: str, ahead_days: int) -> None:
@@ -167,11 +194,13 @@ def job_main(name: str, ahead_days: int) -> None:
     clock = FixedClock(datetime.now(UTC) + timedelta(days=ahead_days))
     ingestor = Ingestor(ledger, keys.device_key_secret)
     RUNTIMES["bench"] = Runtime.configured(ledger, ingestor, clock, settings)
+    held = WriteTimes(ledger.engine)
     print("starting", flush=True)
     started = time.perf_counter()
     result = run_job(name, "bench", force=True)
     seconds = time.perf_counter() - started
-    print(json.dumps({"result": result, "seconds": seconds}), flush=True)
+    out = {"result": result, "seconds": seconds, "writes": len(held.ms), "longest": max(held.ms)}
+    print(json.dumps(out), flush=True)
     ledger.engine.dispose()
 
 
@@ -185,13 +214,12 @@ def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str
         bodies = report_bodies(base)
         with Probe(base, bodies, interval) as probe:
             time.sleep(args.baseline_seconds)
-        rows.append(row(backend, "none (baseline)", "", None, probe))
+        rows.append(row(backend, "none (baseline)", None, probe))
         for name in JOBS:
             if name in ("flush-inbox", "aggregate"):
                 fill(base, bodies, args.reports, args.batch_items)
             probe = Probe(base, bodies, interval)
-            result, seconds = run_job_process(name, env, tmp, probe)
-            rows.append(row(backend, name, handled(result), seconds, probe))
+            rows.append(row(backend, name, run_job_process(name, env, tmp, probe), probe))
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -31,7 +31,7 @@ from budget.reporting.report import (
 )
 from budget.rule import Decision
 from budget.state import AccountState, Slot, decode, lifetime_counts, window_counts
-from budget.storage.db import delete_keys, placeholder, writer
+from budget.storage.db import delete_keys, placeholder, write_step
 from budget.storage.partitions import (
     DAYS_AHEAD,
     DroppedDays,
@@ -456,7 +456,7 @@ class Ledger:
             planned = _raises(load_book(conn), day)
             passed = {n: _passed(conn, n, old, new) for n, (old, new) in planned.items()}
         dropped = DroppedDays([], 0)
-        with writer(self.engine).begin() as conn:
+        with write_step(self.engine) as conn:
             book = load_book(conn)
             raises = _raises(book, day)
             raised = {n: new for n, (_, new) in raises.items()}
@@ -506,7 +506,7 @@ class Ledger:
             keys = [tuple(r) for r in found] if len(key) > 1 else list(found.scalars())
         deleted = 0
         for start in range(0, len(keys), rows):
-            with writer(self.engine).begin() as conn:
+            with write_step(self.engine) as conn:
                 deleted += delete_keys(conn, table, key, keys[start : start + rows])
         return deleted
 
@@ -528,7 +528,7 @@ class Ledger:
 
         def flush() -> int:
             done = 0
-            with writer(self.engine).begin() as conn:
+            with write_step(self.engine) as conn:
                 cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
                 cursor.executemany(sql, [params for params, _ in pending])  # one round trip
                 if cursor.rowcount == len(pending):

@@ -43,7 +43,7 @@ from budget import Ledger, utc_day
 from budget.audit_log import Entry
 from budget.central import ShuffledBatch, batch_layers
 from budget.gate import InternalError
-from budget.storage.db import placeholder, writer
+from budget.storage.db import placeholder, write_step
 from mechanisms import (
     CMS,
     HCMS,
@@ -84,7 +84,7 @@ _PARTS = BatchPart.__table__  # type: ignore[attr-defined]
 _SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
 _BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
 Sketch = CmsSketch | HcmsSketch | SfpSketch
-STEP_ROWS = 2_000  # rows one job transaction writes at most (tens of milliseconds on SQLite)
+STEP_ROWS = 500  # rows one job transaction writes at most (milliseconds on SQLite)
 DEFAULT_MIN_BATCH = 100
 _FOLD_ROUND = 1_000_000  # reports one sketch write adds at most (a part is never split)
 _FOLD_ATTEMPTS = 3
@@ -223,7 +223,7 @@ def _claim(
         "moved": 0,
         "record": orjson.dumps(move.record).decode(),
     }
-    with writer(engine).begin() as conn:
+    with write_step(engine) as conn:
         if seen is None:  # the use case's first batch: whoever inserts first claims
             try:
                 with conn.begin_nested():
@@ -274,7 +274,7 @@ def _carry(engine: Engine, use_case: str, move: _Move, rows: int, today: int) ->
     """
     moved = 0
     for start in range(0, len(move.ids), rows):
-        with writer(engine).begin() as conn:
+        with write_step(engine) as conn:
             moved += _move_chunk(conn, use_case, move, move.ids[start : start + rows], today)
     with engine.connect() as conn:
         left = conn.execute(
@@ -619,7 +619,7 @@ def _write_sketch(
     use_case, params, day = group
     state = sketch_to_bytes(sketch)  # compressed before the transaction
     try:
-        with writer(engine).begin() as conn:
+        with write_step(engine) as conn:
             lock_names(conn, [f"sketch:{use_case}:{params}:{day}"])
             current = conn.execute(
                 select(_SKETCHES.c.n).where(_group(use_case, params, day))
@@ -705,13 +705,13 @@ def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, 
         cutoff = day - policy.retention_days
         inbox += _purge_inbox(engine, name, cutoff, rows)
         reports += _purge_reports(engine, name, cutoff, rows)
-        with writer(engine).begin() as conn:
+        with write_step(engine) as conn:
             sketches += conn.execute(
                 delete(_SKETCHES).where(
                     and_(_SKETCHES.c.use_case == name, _SKETCHES.c.day <= cutoff)
                 )
             ).rowcount
-    with writer(engine).begin() as conn:
+    with write_step(engine) as conn:
         data = {"day": day, "reports": reports, "sketches": sketches, "inbox": inbox}
         ledger.audit.append(conn, [Entry("job:purge", "purge.reports", data)], now=now)
     with engine.connect() as conn:
@@ -745,7 +745,7 @@ def _purge_inbox(engine: Engine, use_case: str, cutoff: int, rows: int) -> int:
         )
     deleted = 0
     for start in range(0, len(ids), rows):
-        with writer(engine).begin() as conn:
+        with write_step(engine) as conn:
             if not _next_generation(conn, use_case):
                 return deleted  # a batch is being moved: its rows are the next purge's
             deleted += conn.execute(
@@ -789,7 +789,7 @@ def _purge_reports(engine: Engine, use_case: str, cutoff: int, rows: int) -> int
             _REPORTS.c.day == part.day,
         )
         while True:
-            with writer(engine).begin() as conn:
+            with write_step(engine) as conn:
                 n = conn.execute(
                     delete(_REPORTS).where(
                         _REPORTS.c.id.in_(select(_REPORTS.c.id).where(in_part).limit(rows))

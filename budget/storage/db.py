@@ -12,6 +12,7 @@ one device's charges.
 from __future__ import annotations
 
 import hmac
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -48,6 +49,7 @@ __all__ = [
     "record_fingerprints",
     "scratch_schema",
     "stored_fingerprints",
+    "write_step",
     "writer",
 ]
 
@@ -103,6 +105,24 @@ def delete_keys(
         return 0
     match = key[0].in_(keys) if len(key) == 1 else tuple_(*key).in_(keys)
     return int(conn.execute(delete(table).where(match)).rowcount)
+
+
+@contextmanager
+def write_step(engine: Engine) -> Iterator[Connection]:
+    """One short write transaction of a job's many, then (SQLite) a pause as long as it took.
+
+    SQLite gives its write lock to whichever connection asks once it is free, and a writer
+    that found it taken polls (its busy handler sleeps 1, 2, 5, 10, ... up to 100 ms): a job
+    that began its next transaction at once would take the lock back before a waiting request
+    polls again, however short each transaction. Pausing as long as the transaction lasted
+    leaves the lock free half the time, so a waiting writer gets it within about two
+    transactions. PostgreSQL locks rows, not the database: no pause.
+    """
+    started = time.monotonic()
+    with writer(engine).begin() as conn:
+        yield conn
+    if engine.dialect.name == "sqlite":
+        time.sleep(time.monotonic() - started)
 
 
 def placeholder(engine: Engine) -> str:
