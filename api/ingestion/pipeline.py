@@ -697,7 +697,7 @@ def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, 
     (the next purge takes those rows), and its stored reports go part by part, each part's
     row with its last reports. The audit entry counts what this run deleted.
     """
-    result = ledger.purge(now=now)
+    result = ledger.purge(now=now, rows=rows)
     engine = ledger.engine
     day = utc_day(now)
     reports = sketches = inbox = 0
