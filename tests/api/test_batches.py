@@ -7,7 +7,6 @@ and the batch records hold none.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,9 @@ from api.ingestion.pipeline import (
 )
 from budget import Decision, Ledger, create_db_engine, init_db, utc_day
 from budget.central import central_figures
-from budget.storage.db import scratch_schema, writer
+from budget.storage.db import writer
 from budget.storage.schema import alembic_config
 from policies import PolicyCreate, mechanism_for
-from tests.conftest import BACKENDS, PG_URL
 
 SECRET = b"batch-secret-batch-secret-batch-secret"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
@@ -172,22 +170,11 @@ def test_min_batch_devices_is_validated(value: object) -> None:
         PolicyCreate.model_validate({**_policy("x", 1).model_dump(), "min_batch_devices": value})
 
 
-@pytest.fixture(params=BACKENDS)
-def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database: a SQLite file, or a new PostgreSQL schema."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fresh.sqlite'}"
-        return
-    assert PG_URL is not None
-    with scratch_schema(PG_URL, "parts") as url:
-        yield url
-
-
 def test_reports_stored_before_batch_parts_are_folded_once_after_the_upgrade(
-    fresh_url: str,
+    empty_url: str,
 ) -> None:
     """Revision 0005 turns the reports a database holds into batches: folded ones stay folded."""
-    engine = create_db_engine(fresh_url)
+    engine = create_db_engine(empty_url)
     with writer(engine).begin() as conn:
         command.upgrade(alembic_config(conn), "0004")  # the layout of the release before
     policy = _policy("legacy", 1)

@@ -13,7 +13,6 @@ import io
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,9 +24,8 @@ from sqlmodel import SQLModel
 
 import api.ingestion.tables  # noqa: F401 - registers the pipeline tables the migrations create too
 from budget import Ledger, create_db_engine, init_db
-from budget.storage.db import scratch_schema
 from budget.storage.schema import SchemaOutdated, head_revision, schema_revision, upgrade_db
-from tests.conftest import BACKENDS, PG_URL, SECRET
+from tests.conftest import SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS = "ed8e891"
@@ -156,17 +154,10 @@ def _drift(engine: Engine) -> list[object]:
         return list(compare_metadata(context, SQLModel.metadata))
 
 
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-        return
-    assert PG_URL is not None
-    with scratch_schema(PG_URL, "mig") as scoped:
-        yield scoped
-
-
-def test_a_ledger_of_the_previous_release_upgrades_losing_nothing(url: str, tmp_path: Path) -> None:
+def test_a_ledger_of_the_previous_release_upgrades_losing_nothing(
+    empty_url: str, tmp_path: Path
+) -> None:
+    url = empty_url
     _previous_release_ledger(url, tmp_path)
     engine = create_db_engine(url)
     try:
@@ -198,8 +189,8 @@ def test_a_ledger_of_the_previous_release_upgrades_losing_nothing(url: str, tmp_
         engine.dispose()
 
 
-def test_the_migrations_make_exactly_the_models_schema(url: str) -> None:
-    engine = create_db_engine(url)
+def test_the_migrations_make_exactly_the_models_schema(empty_url: str) -> None:
+    engine = create_db_engine(empty_url)
     try:
         init_db(engine)
         init_db(engine)  # at head: nothing to run
