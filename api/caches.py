@@ -16,6 +16,7 @@ from api.integrity import kept_checkpoints, verify_service
 from api.settings import Settings
 from budget import Clock, Ledger
 from budget.audit_log import Verification
+from budget.reporting.loss import effective_epsilon_basis
 from budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
 from mechanisms import SfpSketch
 from mechanisms.sfp import DiscoveredWord
@@ -65,7 +66,7 @@ class Caches:
         """The report at ``delta`` (validated by the route): bounded memory, cheap per delta."""
         with self._report_lock:
             if not self._basis or time.monotonic() >= self._basis[0][0]:
-                basis = ledger.effective_epsilon_basis(now=self._clock.now())
+                basis = effective_epsilon_basis(ledger, now=self._clock.now())
                 expires = time.monotonic() + self._settings.report_cache_seconds
                 self._basis[:] = [(expires, basis)]
                 self.reports.clear()

@@ -41,7 +41,13 @@ svg text{font:12px system-ui,sans-serif;fill:#3d4550}.grid-line{stroke:#e3e7ec}
 """
 _EMPTY = '<p class="muted">no charges in the window</p>'
 _COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563"]
-_REASON_COLORS = {"daily_cap": "#ea580c", "window_cap": "#9333ea", "lifetime_cap": "#b3261e"}
+_REASON_COLORS = {
+    "daily_cap": "#ea580c",
+    "window_cap": "#9333ea",
+    "lifetime_cap": "#b3261e",
+    "window_filter": "#0d9488",
+    "lifetime_filter": "#1d4ed8",
+}
 _W, _H = 560, 250  # every chart's size: readable at a glance on a laptop screen
 _LEFT, _RIGHT, _TOP, _BOTTOM = 56, 14, 12, 34
 

@@ -13,7 +13,7 @@ from fastapi import Depends, Header, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.caches import Caches
-from api.errors import HttpError
+from api.errors import FORBIDDEN, REFUSED, UNAUTHORIZED, HttpError
 from api.ingestion.ingest import Ingestor
 from api.metrics import Metrics
 from api.ratelimit import RateLimiter
@@ -27,9 +27,12 @@ __all__ = [
     "CachesDep",
     "ClockDep",
     "DeviceHeader",
+    "DevicePath",
+    "IdempotencyKeyHeader",
     "IngestorDep",
     "LedgerDep",
     "MetricsDep",
+    "ReadableDevice",
     "SettingsDep",
     "UseCaseName",
     "admin_credential",
@@ -39,6 +42,7 @@ __all__ = [
     "get_ledger",
     "get_metrics",
     "get_settings",
+    "readable_device",
     "require_admin",
 ]
 
@@ -104,7 +108,7 @@ def admin_credential(request: Request) -> bool:
     expected = request.app.state.settings.admin_token
     if expected is None:
         raise HttpError(
-            403,
+            FORBIDDEN,
             "admin routes are disabled: this server has no admin token (set DPGOV_ADMIN_TOKEN"
             " to at least 32 characters and restart)",
         )
@@ -112,18 +116,20 @@ def admin_credential(request: Request) -> bool:
     token = token.strip()
     if scheme.lower() == "bearer" and not token:
         raise HttpError(
-            401, "admin routes need `Authorization: Bearer <token>`; the token is empty"
+            UNAUTHORIZED, "admin routes need `Authorization: Bearer <token>`; the token is empty"
         )
     failures: RateLimiter = request.app.state.admin_failures
     client = request.client.host if request.client else "unknown"
     wait = failures.blocked(client)
     if wait:
-        raise HttpError(429, "too many bad admin tokens; retry later", {"Retry-After": str(wait)})
+        raise HttpError(
+            REFUSED, "too many bad admin tokens; retry later", {"Retry-After": str(wait)}
+        )
     secret = expected.get_secret_value().encode()
     if scheme.lower() == "bearer" and secret and hmac.compare_digest(token.encode(), secret):
         return True
     failures.hit(client)
-    raise HttpError(403, "the admin token is not valid")
+    raise HttpError(FORBIDDEN, "the admin token is not valid")
 
 
 AdminCredential = Annotated[bool, Depends(admin_credential)]
@@ -139,7 +145,7 @@ def require_admin(
     document (the lock and "Authorize" in ``/docs``); :func:`admin_credential` decides.
     """
     if not admin:
-        raise HttpError(401, "admin routes need `Authorization: Bearer <token>`")
+        raise HttpError(UNAUTHORIZED, "admin routes need `Authorization: Bearer <token>`")
 
 
 LedgerDep = Annotated[Ledger, Depends(get_ledger)]
@@ -158,4 +164,60 @@ DeviceHeader = Annotated[
         description="The submitting device's id (pseudonymised with HMAC before storage).",
     ),
 ]
-UseCaseName = Annotated[str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")]
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        max_length=255,
+        description="A key the device chooses per report: a retry with the same key and body"
+        " replays the first answer and charges nothing; the same key with another body is 409.",
+    ),
+]
+UseCaseName = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="The use case (a slug, as in `GET /v1/use-cases`).",
+    ),
+]
+DevicePath = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=256,
+        description="The device's id, as the device sends it in `X-Device-Id`.",
+    ),
+]
+
+
+def readable_device(
+    device_id: DevicePath,
+    admin: AdminCredential,
+    x_device_id: Annotated[
+        str | None,
+        Header(
+            alias="X-Device-Id",
+            description="The calling device's own id; it must equal the path's (admins send"
+            " the admin token instead).",
+        ),
+    ] = None,
+) -> str:
+    """The path's device, if the caller may read its records: the device itself, or an admin.
+
+    401 with neither ``X-Device-Id`` nor the admin token, 403 for another device's id.
+    """
+    if not admin:
+        if x_device_id is None:
+            raise HttpError(
+                UNAUTHORIZED, "send `X-Device-Id` (the device itself) or an admin token"
+            )
+        if x_device_id != device_id:
+            raise HttpError(
+                FORBIDDEN, "a device may read only its own records (`X-Device-Id` is another id)"
+            )
+    return device_id
+
+
+ReadableDevice = Annotated[str, Depends(readable_device)]

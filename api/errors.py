@@ -23,10 +23,17 @@ from policies.errors import PolicyConflict, UnknownUseCase
 
 __all__ = [
     "ACCEPTED",
+    "BAD_REQUEST",
+    "CONFLICT",
     "DOMAIN_ERRORS",
+    "FORBIDDEN",
     "INVALID",
     "MAX_JSON_DEPTH",
+    "NOT_FOUND",
     "REFUSED",
+    "SERVICE_UNAVAILABLE",
+    "TOO_LARGE",
+    "UNAUTHORIZED",
     "HttpError",
     "PolicyChanged",
     "error_response",
@@ -36,8 +43,15 @@ __all__ = [
 ]
 
 ACCEPTED = 202  # a report charged and enqueued
+BAD_REQUEST = 400  # a request that cannot be read (a header sent twice, a body not UTF-8)
+UNAUTHORIZED = 401  # no credentials where the route needs them
+FORBIDDEN = 403  # credentials that do not allow this
+NOT_FOUND = 404  # an unknown use case or job
+CONFLICT = 409  # an idempotency key reused, a policy conflict, a job held by another process
+TOO_LARGE = 413  # a body or batch over its limit
 INVALID = 422  # a request or report that names the field at fault
-REFUSED = 429  # a report refused at a cap (a decision, not an error)
+REFUSED = 429  # a report refused at a cap (a decision, not an error), or a rate limit
+SERVICE_UNAVAILABLE = 503  # a job stopped by a database still locked after its busy timeout
 MAX_JSON_DEPTH = 16  # deeper JSON bodies are refused with 422 on `body`
 
 
@@ -79,9 +93,9 @@ def status_of(exc: Exception) -> int | None:
     if isinstance(exc, InvalidReport | InvalidRequest):
         return INVALID
     if isinstance(exc, UnknownUseCase):
-        return 404
+        return NOT_FOUND
     if isinstance(exc, IdempotencyConflict | PolicyConflict | PolicyChanged):
-        return 409
+        return CONFLICT
     if isinstance(exc, HttpError):
         return exc.status
     return None

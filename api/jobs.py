@@ -67,7 +67,11 @@ DEFAULT_LEASE_SECONDS = 60.0
 
 @dataclass
 class Runtime:
-    """What jobs need: the ledger, the ingestor, the clock, batch sizes and the lease's TTL."""
+    """What jobs need: the ledger, the ingestor, the clock, batch sizes and the lease's TTL.
+
+    ``progress``, given a step's name (``flush-inbox``, ``aggregate``), returns the callback
+    that step reports its counts to (``dpgov jobs run`` passes its progress bar's ``step``).
+    """
 
     ledger: Ledger
     ingestor: Ingestor
@@ -76,13 +80,19 @@ class Runtime:
     min_batch: int = DEFAULT_MIN_BATCH
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     checkpoint_file: Path | None = None
+    progress: Callable[[str], Callable[[int, int], None]] | None = None
     holder: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
 
     @classmethod
     def configured(
-        cls, ledger: Ledger, ingestor: Ingestor, clock: Clock, settings: Settings
+        cls,
+        ledger: Ledger,
+        ingestor: Ingestor,
+        clock: Clock,
+        settings: Settings,
+        progress: Callable[[str], Callable[[int, int], None]] | None = None,
     ) -> Runtime:
         """The runtime the service's settings describe (``dpgov serve`` and ``dpgov jobs``)."""
         return cls(
@@ -93,22 +103,31 @@ class Runtime:
             min_batch=settings.flush_min_batch,
             lease_seconds=settings.job_lease_seconds,
             checkpoint_file=settings.checkpoint_file,
+            progress=progress,
         )
+
+    def step(self, name: str) -> Callable[[int, int], None] | None:
+        """The progress callback of one step of a job, if anyone asked for progress."""
+        return None if self.progress is None else self.progress(name)
 
 
 def _flush(rt: Runtime) -> dict[str, Any]:
-    return {
-        "moved": flush_inbox(
-            rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch, now=rt.clock.now()
-        )
-    }
+    return {"moved": _flush_inbox(rt)}
+
+
+def _flush_inbox(rt: Runtime) -> int:
+    return flush_inbox(
+        rt.ledger.engine,
+        batch=rt.shuffle_batch,
+        min_batch=rt.min_batch,
+        now=rt.clock.now(),
+        progress=rt.step("flush-inbox"),
+    )
 
 
 def _aggregate(rt: Runtime) -> dict[str, Any]:
-    moved = flush_inbox(
-        rt.ledger.engine, batch=rt.shuffle_batch, min_batch=rt.min_batch, now=rt.clock.now()
-    )
-    result = aggregate(rt.ledger)
+    moved = _flush_inbox(rt)
+    result = aggregate(rt.ledger, progress=rt.step("aggregate"))
     return {
         "moved": moved,
         "folded": result.reports,

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.bodies import decode_json, duplicated_header
-from api.errors import error_response
+from api.errors import BAD_REQUEST, error_response
 from api.routes.reports import accept_report
 from budget.errors import InvalidRequest
 
@@ -48,7 +48,7 @@ class ReportLane:
             if twice is not None:
                 refusal = JSONResponse(
                     {"detail": f"`{twice}` is sent more than once", "field": twice},
-                    status_code=400,
+                    status_code=BAD_REQUEST,
                 )
                 await refusal(scope, receive, send)
                 return

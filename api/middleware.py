@@ -8,6 +8,7 @@ import time
 from prometheus_client import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.errors import TOO_LARGE
 from api.logs import log_fields
 
 __all__ = ["BodyLimit", "Timing"]
@@ -71,7 +72,7 @@ async def _too_large(send: Send, limit: int) -> None:
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": TOO_LARGE,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),

@@ -8,7 +8,12 @@ document is what they cannot carry:
   HTTP, so the service describes them where it publishes them (:data:`DOMAIN_FIELDS`);
 - an example response for every operation and an example body for every error status, recorded
   from a real server (``openapi_examples.json``; a test checks each against its schema);
-- an example value for every path, query and header parameter;
+- an example value for every path, query and header parameter (the routes describe them);
+- the report body's schema, one of :class:`api.schemas.HcmsReportBody`, ``CmsReportBody`` and
+  ``SfpReportBody``: the route reads its body as plain JSON, which the ingestor checks against
+  the use case's policy, so those models describe the body without validating it;
+- error answers as JSON with :class:`api.schemas.ErrorBody`, on every route (``/metrics``
+  answers its metrics as text, but its errors as JSON like every other route's);
 - the admin operations' ``adminToken`` bearer scheme comes from :data:`api.deps.ADMIN_BEARER`;
   the two routes a device or an admin may call say that either is accepted.
 
@@ -31,6 +36,8 @@ from fastapi.openapi.docs import (
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+
+from api.schemas import REPORT_BODY_SCHEMAS
 
 __all__ = ["ASSETS", "DOMAIN_FIELDS", "PARAMETER_EXAMPLES", "install_docs", "install_openapi"]
 
@@ -97,8 +104,10 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "window_remaining": "Epsilon left in the window; null without a window limit.",
         "lifetime_remaining": "Epsilon left for the lifetime; null without a lifetime limit.",
         "use_cases": "Each use case's spend against its quota of the device-wide budget.",
-        "filter_epsilon": "Lifetime (epsilon, delta) filter target: epsilon; null: no filter.",
-        "filter_delta": "Lifetime (epsilon, delta) filter target: delta; null: no filter.",
+        "window_filter_epsilon": "Window (epsilon, delta) filter target: epsilon; null: none.",
+        "window_filter_delta": "Window (epsilon, delta) filter target: delta; null: none.",
+        "lifetime_filter_epsilon": "Lifetime (epsilon, delta) filter target: epsilon; null: none.",
+        "lifetime_filter_delta": "Lifetime (epsilon, delta) filter target: delta; null: none.",
     },
     "QuotaStatus": {
         "use_case": "The use case.",
@@ -197,7 +206,10 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "days": "The UTC days (ISO dates), oldest first; every series is aligned with them.",
         "use_cases": "Per use case, its daily series.",
         "total": "All use cases summed per day.",
-        "loss": "The device's composed loss, per use case and in total.",
+        "loss": "The device's composed loss, per use case and in total, as for a schedule fixed"
+        " in advance.",
+        "odometer": "Its lifetime running total valid however its reports were chosen: the"
+        " basic sum and the odometer reading (docs/odometer.md says which to quote when).",
         "central": "Per use case, the central epsilon of the shuffled batches it was in.",
     },
     "UseCaseLine": {
@@ -235,7 +247,8 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "description": "What the use case collects, in a sentence.",
         "epsilon_per_report": "Epsilon charged per report (CMS, HCMS; SFP: word + fragment).",
         "max_reports_per_day": "The daily cap: reports per device and UTC day.",
-        "retention_days": "Days the data and charges are kept: the window of the window cap.",
+        "retention_days": "Days the data and charges are kept: the window of the window cap and"
+        " of the window filter.",
         "group_size": "Group-privacy factor: devices per person.",
         "delta": "The delta the tight bounds are computed at.",
         "version": "The policy version (a new one at each change).",
@@ -259,7 +272,7 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "reports": "Reports in the batch.",
         "max_per_device": "The most reports one device has in it.",
         "layers": "Devices with at least 1, 2, ... reports in it (the sub-batch sizes).",
-        "untagged": "Reports queued with no device pseudonym (no central bound if any).",
+        "untagged": "Reports queued with no device pseudonym (each counted unamplified).",
         "epsilon_per_report": "The largest local epsilon of its reports.",
         "min_batch_devices": "The policy's least devices per published batch.",
         "central": "The batch's own central bound; null when none holds.",
@@ -303,8 +316,10 @@ def _document(app: FastAPI) -> dict[str, Any]:
         description=app.description,
         routes=app.routes,
     )
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(REPORT_BODY_SCHEMAS)  # the report route reads its body as plain JSON
     for name, fields in DOMAIN_FIELDS.items():
-        props = doc.get("components", {}).get("schemas", {}).get(name, {}).get("properties", {})
+        props = schemas.get(name, {}).get("properties", {})
         for field, text in fields.items():
             if field in props:
                 props[field].setdefault("description", text)
@@ -322,10 +337,11 @@ def _document(app: FastAPI) -> dict[str, Any]:
                 kind = "text/plain" if isinstance(body, str) else "application/json"
                 content.setdefault("content", {}).setdefault(kind, {})["example"] = body
             for status, response in op["responses"].items():
-                if status in errors:
-                    media = response.setdefault("content", {}).setdefault("application/json", {})
+                if status in errors:  # always JSON, whatever the route answers when it succeeds
+                    media = response.get("content", {}).get("application/json", {})
                     media.setdefault("schema", {"$ref": "#/components/schemas/ErrorBody"})
                     media.setdefault("example", errors[status])
+                    response["content"] = {"application/json": media}
     return doc
 
 

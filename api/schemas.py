@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict, StringConstraints, WithJsonSchema
 from pydantic import Field as PydField
+from pydantic.json_schema import models_json_schema
 
+from api.errors import (
+    BAD_REQUEST,
+    CONFLICT,
+    FORBIDDEN,
+    NOT_FOUND,
+    REFUSED,
+    TOO_LARGE,
+    UNAUTHORIZED,
+)
 from budget import BudgetStatus
 from budget.reporting.device import DeviceOdometer, DeviceWide
 from policies import DEFAULT_POLICIES, Policy, PolicyPublic, publish
@@ -15,9 +25,11 @@ from policies import DEFAULT_POLICIES, Policy, PolicyPublic, publish
 __all__ = [
     "ERROR_RESPONSES",
     "POLICY_EXAMPLES",
+    "REPORT_BODY_SCHEMAS",
     "AuditVerification",
     "BatchItemResult",
     "BatchResult",
+    "CmsReportBody",
     "DeviceBudget",
     "Discoveries",
     "Discovery",
@@ -25,10 +37,82 @@ __all__ = [
     "EstimateItem",
     "EstimateQuery",
     "Estimates",
+    "HcmsReportBody",
     "Receipt",
+    "ReportBody",
+    "SfpReportBody",
     "batch_body",
     "public_policy",
 ]
+
+
+_FAMILY = PydField(
+    default=None,
+    description="The randomizer's `family_id` from the policy; a report under another family is"
+    " refused with 422 (required when the server sets `DPGOV_REQUIRE_REPORT_FAMILY`).",
+)
+
+
+class CmsRow(BaseModel):
+    """One privatized CMS row: its hash row and its ``m`` privatized coordinates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    j: int = PydField(ge=0, description="The hash row, 0 to k - 1.")
+    bits: str = PydField(
+        description="The m privatized coordinates (1 = +1), packed big-endian into bytes,"
+        " padding bits zero, in standard base64."
+    )
+
+
+class CmsReportBody(CmsRow):
+    """A CMS report (mechanism `cms`)."""
+
+    family: str | None = _FAMILY
+
+
+class HcmsReportBody(BaseModel):
+    """An HCMS report (mechanism `hcms`): one privatized Hadamard coefficient."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    j: int = PydField(ge=0, description="The hash row, 0 to k - 1.")
+    l: int = PydField(ge=0, description="The Hadamard coefficient's index, 0 to m - 1.")  # noqa: E741
+    bit: Literal[-1, 1] = PydField(description="The privatized sign of the coefficient.")
+    family: str | None = _FAMILY
+
+
+class SfpReportBody(BaseModel):
+    """An SFP report (mechanism `sfp`): the word's and a fragment's CMS rows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    word: CmsRow = PydField(description="The whole word's CMS report (the word sketch's k, m).")
+    fragment: CmsRow = PydField(
+        description="The fragment's CMS report (the fragment sketches' k_fragment, m_fragment)."
+    )
+    position: Literal[0, 2, 4, 6, 8] = PydField(description="Where the fragment starts.")
+    family: str | None = _FAMILY
+
+
+def _report_body_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The report body's OpenAPI schema (one of the three) and the components it refers to."""
+    models = (HcmsReportBody, CmsReportBody, SfpReportBody)
+    refs, defs = models_json_schema(
+        [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
+    )
+    body = {
+        "oneOf": [refs[(m, "validation")] for m in models],
+        "description": "One report, in the shape of the use case's mechanism. The exact schema"
+        " (bounds of `j`, `l` and the length of `bits` from k and m) is the policy's"
+        " `randomizer.report_schema` (`GET /v1/use-cases/{name}`).",
+    }
+    return body, defs["$defs"]
+
+
+_REPORT_BODY, REPORT_BODY_SCHEMAS = _report_body_schemas()
+ReportBody = Annotated[Any, WithJsonSchema(_REPORT_BODY)]
+"""A report body: read as JSON and checked by the ingestor, described as one of the models."""
 
 
 class Receipt(BaseModel):
@@ -60,7 +144,8 @@ class BatchItemResult(BaseModel):
     )
     reason: str | None = PydField(
         default=None,
-        description="The decision: `accepted`, `daily_cap`, `window_cap` or `lifetime_cap`.",
+        description="The decision: `accepted`, `daily_cap`, `window_cap`, `lifetime_cap`,"
+        " `window_filter` or `lifetime_filter`.",
     )
     retry_at: datetime | None = PydField(
         default=None,
@@ -95,13 +180,13 @@ class ErrorBody(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {
-        400: "A body that cannot be read (not UTF-8, not the declared encoding).",
-        401: "No credentials: `X-Device-Id` or `Authorization: Bearer <admin token>`.",
-        403: "Credentials that do not allow this.",
-        404: "Unknown use case (or route).",
-        409: "Idempotency-key or policy conflict.",
-        413: "Body or batch too large.",
-        429: "A budget cap or a rate limit; see `Retry-After`.",
+        BAD_REQUEST: "A body that cannot be read (not UTF-8, not the declared encoding).",
+        UNAUTHORIZED: "No credentials: `X-Device-Id` or `Authorization: Bearer <admin token>`.",
+        FORBIDDEN: "Credentials that do not allow this.",
+        NOT_FOUND: "Unknown use case (or route).",
+        CONFLICT: "Idempotency-key or policy conflict.",
+        TOO_LARGE: "Body or batch too large.",
+        REFUSED: "A budget cap or a rate limit; see `Retry-After`.",
     }.items()
 }
 
@@ -188,7 +273,9 @@ class EstimateQuery(BaseModel):
         min_length=1, max_length=1_000_000, description="The values to estimate."
     )
     start: date | None = PydField(
-        default=None, alias="from", description="The first UTC day; default 89 days before `to`."
+        default=None,
+        alias="from",
+        description="The first UTC day; default 89 days before today (the last 90 days).",
     )
     end: date | None = PydField(
         default=None, alias="to", description="The last UTC day; default today."

@@ -5,10 +5,11 @@ Usage: ``python -m benchmarks.budget [--devices 1000000] [--charges 20000]
 
 - gate: ``Ledger.charge`` in-process on a fresh database (Apple's default policies), each
   charge for a new device (so every one is accepted and written), single thread and 8 threads;
-- window totals: ``Ledger.window_totals`` (a chunked scan of the accounts) over ``--devices``
-  devices with 1 to 5 Emoji charges each in the window (bulk-loaded with their accounts);
-- tight bounds: ``Ledger.population_window_loss`` for the same devices: the optimal
-  composition per device ledger, memoized by the ledger's multiset (hit rate reported).
+- window totals: ``budget.reporting.loss.window_totals`` (a chunked scan of the accounts) over
+  ``--devices`` devices with 1 to 5 Emoji charges each in the window (bulk-loaded with their
+  accounts);
+- tight bounds: ``budget.reporting.loss.population_window_loss`` for the same devices: the
+  optimal composition per device ledger, memoized by the ledger's multiset (hit rate reported).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from budget import Ledger, create_db_engine, init_db, utc_day
+from budget.reporting.loss import population_window_loss, window_totals
 from budget.state import AccountState, state_columns
 from budget.storage.db import scratch_schema
 
@@ -124,11 +126,11 @@ def accounting(engine: Engine, devices: int) -> list[str]:
     n_rows = load_population(engine, ledger, devices)
     load = time.perf_counter() - t0
     t0 = time.perf_counter()
-    totals = ledger.window_totals(now=NOW, use_case="emoji")
+    totals = window_totals(ledger, now=NOW, use_case="emoji")
     window = time.perf_counter() - t0
     assert len(totals) == devices
     t0 = time.perf_counter()
-    losses = ledger.population_window_loss(now=NOW, use_case="emoji")
+    losses = population_window_loss(ledger, now=NOW, use_case="emoji")
     tight = time.perf_counter() - t0
     assert len(losses) == devices
     acc = ledger.accountant

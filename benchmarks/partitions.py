@@ -64,7 +64,6 @@ def _purge(engine: Engine, expected: int) -> float:
 
 def run(url: str, n: int, *, partitioned: bool) -> tuple[float, float]:
     """Fill and purge one ledger layout in a fresh schema; (fill seconds, purge seconds)."""
-    import budget.audit_log
     import budget.storage.tables  # noqa: F401
     import policies.model  # noqa: F401 - registers the tables for the one-table layout
 

@@ -26,15 +26,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import DDL, BigInteger, Column, Connection, Engine, Text, event, select, text
-from sqlmodel import Field, SQLModel
+from sqlalchemy import Connection, Engine, select, text
 
 from budget.keyed import KeyedHash
 from budget.storage.db import placeholder, writer
+from budget.storage.tables import GENESIS, AuditCheckpoint, AuditEntry, AuditHead
 
 __all__ = [
-    "GENESIS",
-    "AuditEntry",
     "AuditLog",
     "Checkpoint",
     "Entry",
@@ -45,88 +43,16 @@ __all__ = [
     "write_checkpoints",
 ]
 
-GENESIS = "0" * 64
-
-
-class AuditEntry(SQLModel, table=True):
-    """One appended entry (see the module docstring); never updated or deleted."""
-
-    __tablename__ = "audit_log"
-
-    seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
-    at: str = Field(max_length=40, description="UTC time, ISO 8601 with microseconds.")
-    actor: str = Field(max_length=120)
-    action: str = Field(max_length=40)
-    body: str = Field(sa_column=Column(Text, nullable=False))
-    prev_hash: str = Field(max_length=64)
-    hash: str = Field(max_length=64)
-    tag: str = Field(max_length=64)
-
-
-class AuditHead(SQLModel, table=True):
-    """The chain's head, one row: appends lock it, so they serialize into one chain."""
-
-    __tablename__ = "audit_head"
-
-    id: int = Field(primary_key=True)
-    seq: int = Field(sa_column=Column(BigInteger, nullable=False))
-    hash: str = Field(max_length=64)
-
-
-class AuditCheckpoint(SQLModel, table=True):
-    """A signed ``(seq, hash)`` of the head at some time."""
-
-    __tablename__ = "audit_checkpoints"
-
-    seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
-    hash: str = Field(max_length=64)
-    at: str = Field(max_length=40)
-    signature: str = Field(max_length=64)
-
-
-def _ddl(statement: str, dialect: str) -> Any:
-    """A DDL statement run after its table is created, on one dialect only."""
-    return DDL(statement).execute_if(dialect=dialect)  # type: ignore[no-untyped-call]
-
-
 _LOG = AuditEntry.__table__  # type: ignore[attr-defined]
 _HEAD = AuditHead.__table__  # type: ignore[attr-defined]
 _CHECKPOINTS = AuditCheckpoint.__table__  # type: ignore[attr-defined]
-
-for _table in (_LOG, _CHECKPOINTS):
-    _name = _table.name
-    for _op in ("UPDATE", "DELETE"):
-        event.listen(
-            _table,
-            "after_create",
-            _ddl(
-                f"CREATE TRIGGER {_name}_no_{_op.lower()} BEFORE {_op} ON {_name}"
-                f" BEGIN SELECT RAISE(ABORT, '{_name} is append-only: {_op} refused'); END",
-                "sqlite",
-            ),
-        )
-    for _statement in (
-        "CREATE OR REPLACE FUNCTION dpgov_append_only() RETURNS trigger LANGUAGE plpgsql AS"
-        " $$ BEGIN RAISE EXCEPTION '%% is append-only: %% refused', TG_TABLE_NAME, TG_OP; END $$",
-        f"CREATE TRIGGER {_name}_append_only BEFORE UPDATE OR DELETE ON {_name}"
-        " FOR EACH ROW EXECUTE FUNCTION dpgov_append_only()",
-        f"CREATE TRIGGER {_name}_no_truncate BEFORE TRUNCATE ON {_name}"
-        " FOR EACH STATEMENT EXECUTE FUNCTION dpgov_append_only()",
-    ):
-        event.listen(_table, "after_create", _ddl(_statement, "postgresql"))
-for _dialect in ("sqlite", "postgresql"):
-    event.listen(
-        _HEAD,
-        "after_create",
-        _ddl(f"INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '{GENESIS}')", _dialect),
-    )
 
 
 class Entry(NamedTuple):
     """What to append: who did what, with the action's data.
 
     ``data`` is a JSON-serialisable dict, or a str holding that dict's canonical JSON already
-    (sorted keys, no spaces; :func:`budget.gate.charge_entry` formats a charge's from a
+    (sorted keys, no spaces; :func:`budget.batch.charge_entry` formats a charge's from a
     template, since a relay's batch appends one entry per report).
     """
 

@@ -40,9 +40,20 @@ from budget.rule import Decision, decide_on
 from budget.state import AccountState, decode, state_columns
 from budget.storage.db import placeholder
 
-__all__ = ["MAX_DEVICE_ID", "MAX_IDEMPOTENCY_KEY", "BatchItem", "charge_batch", "charge_entry"]
+__all__ = [
+    "MAX_DEVICE_ID",
+    "MAX_IDEMPOTENCY_KEY",
+    "BatchItem",
+    "OnAccept",
+    "OnAcceptMany",
+    "charge_batch",
+    "charge_entry",
+]
 
 OnAcceptMany = Callable[[Connection, list[tuple[int, Decision]]], None]
+"""Called in the transaction with the accepted ``(item index, decision)`` pairs, in order."""
+OnAccept = Callable[[Connection, Decision], None]
+"""A single report's form of :data:`OnAcceptMany` (:meth:`budget.ledger.Ledger.charge`)."""
 MAX_DEVICE_ID = 256
 MAX_IDEMPOTENCY_KEY = 255
 _CHUNK = 400

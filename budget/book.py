@@ -14,7 +14,9 @@ which use cases each budget's caps count:
   versions ever had (lowering then raising ``retention_days`` gets the true window back), and
   the purge records, per use case, the last day it deleted (``retention_horizons``): nothing on
   or before that day is counted anywhere again, whatever the accounts still physically hold.
-  Raising retention beyond the longest it ever was cannot recall days already deleted.
+  Raising retention beyond the longest it ever was cannot recall days already deleted. The
+  reports themselves go sooner, at the latest version's retention (:class:`Retention`, one
+  rule for both purges).
 
 Pure code: built from the ``policies`` rows and the horizons, cached by the gate per revision.
 """
@@ -25,10 +27,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from budget.filter_rule import Filters, filters_of
 from policies.device import DeviceLimits
 from policies.model import Policy, budget_key, to_micro
 
-__all__ = ["NO_HORIZON", "PolicyBook", "Terms"]
+__all__ = ["NO_HORIZON", "PolicyBook", "Retention", "Terms"]
 
 NO_HORIZON = -(1 << 62)  # "nothing deleted": below every day
 
@@ -37,10 +40,11 @@ NO_HORIZON = -(1 << 62)  # "nothing deleted": below every day
 class Terms:
     """The figures of one policy version the gate decides on, as plain integers.
 
-    ``members`` are the use cases whose history the budget's caps count (this one included);
-    ``horizons`` every use case's last deleted day (absent: none), shared by all terms;
-    ``device`` the device-wide budget in force (``None``: none), shared by all terms. A
-    policy is a database model whose every attribute read goes through SQLAlchemy's
+    ``members`` are the use cases whose history the budget's caps and filters count (this one
+    included); ``filters`` the budget's window and lifetime ``(epsilon, delta)`` filters
+    (``None``: neither); ``horizons`` every use case's last deleted day (absent: none), shared
+    by all terms; ``device`` the device-wide budget in force (``None``: none), shared by all
+    terms. A policy is a database model whose every attribute read goes through SQLAlchemy's
     instrumentation; the hot paths read these.
     """
 
@@ -54,6 +58,7 @@ class Terms:
     window_cap_micro: int | None
     lifetime_cap_micro: int | None
     group_size: int = 1
+    filters: Filters | None = None
     members: frozenset[str] = frozenset()
     horizons: Mapping[str, int] = field(default_factory=dict)
     device: DeviceLimits | None = None
@@ -69,6 +74,12 @@ class Terms:
         """The snapshot of ``policy``; ``members`` default to the use case alone."""
         window, lifetime = policy.window_epsilon_cap, policy.lifetime_epsilon_cap
         names = frozenset(members) | {policy.name}
+        p = policy
+        filters = filters_of(
+            (_micro(p.window_filter_epsilon), p.window_filter_delta),
+            (_micro(p.lifetime_filter_epsilon), p.lifetime_filter_delta),
+            p.retention_days,
+        )
         return cls(
             name=policy.name,
             version=policy.version,
@@ -77,22 +88,50 @@ class Terms:
             eps_micro=to_micro(policy.epsilon_per_report),
             max_reports_per_day=policy.max_reports_per_day,
             retention_days=policy.retention_days,
-            window_cap_micro=None if window is None else to_micro(window),
-            lifetime_cap_micro=None if lifetime is None else to_micro(lifetime),
+            window_cap_micro=_micro(window),
+            lifetime_cap_micro=_micro(lifetime),
             group_size=policy.group_size,
+            filters=filters,
             members=names,
             horizons={} if horizons is None else horizons,
             device=device,
         )
 
 
+def _micro(value: float | None) -> int | None:
+    return None if value is None else to_micro(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """The last day of each kind of record the purge deletes for one use case, and why.
+
+    - ``spend_through``: spend records (the charges and the accounts' days). Kept for the
+      longest ``retention_days`` the use case ever had, and at least the longest device-wide
+      window ever set (which counts every use case's days); never below the horizon already
+      reached. Privacy accounting: a window lowered then raised (90 -> 30 -> 90) reads the
+      device's true spend again, and no cap is ever checked against a window missing days.
+    - ``data_through``: what the devices sent (the inbox, the report store, the sketches).
+      Deleted at the retention of the use case's latest version, retired or not. Data
+      minimisation: a policy's retention is the promise of how long reports are kept, and
+      lowering it deletes the older ones at the next purge. No cap or epsilon figure reads them.
+      Never below ``spend_through``: a report never outlives the record of its spend.
+
+    Why the two differ: docs/decisions/retention.md.
+    """
+
+    spend_through: int
+    data_through: int
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyBook:
-    """Every use case's latest version, budget members, longest retention and horizon.
+    """Every use case's versions, budget members, longest retention and horizon.
 
-    ``device`` is the device-wide budget in force (``None``: none); ``device_window`` the
-    longest device-wide window any of its versions ever had, which the purge keeps (days the
-    device window counts must still be held).
+    ``versions`` holds every version of every use case (retired ones included), by name and
+    version; ``latest`` each use case's newest. ``device`` is the device-wide budget in force
+    (``None``: none); ``device_window`` the longest device-wide window any of its versions ever
+    had, which the purge keeps (days the device window counts must still be held).
     """
 
     latest: dict[str, Policy]
@@ -101,6 +140,7 @@ class PolicyBook:
     horizons: dict[str, int]
     terms: dict[str, Terms]
     group_sizes: dict[tuple[str, int], int]
+    versions: tuple[Policy, ...] = ()
     device: DeviceLimits | None = None
     device_window: int = 0
 
@@ -117,10 +157,11 @@ class PolicyBook:
         ``device`` is the device-wide budget in force, ``device_window`` the longest window
         any of its versions ever had.
         """
+        every = tuple(sorted(versions, key=lambda p: (p.name, p.version)))
         latest: dict[str, Policy] = {}
         longest: dict[str, int] = {}
         group_sizes: dict[tuple[str, int], int] = {}
-        for p in versions:
+        for p in every:
             if p.name not in latest or p.version > latest[p.name].version:
                 latest[p.name] = p
             longest[p.name] = max(longest.get(p.name, 0), p.retention_days)
@@ -136,27 +177,12 @@ class PolicyBook:
             if p.active
         }
         window = max(device_window, device.longest_window if device else 0)
-        return cls(latest, members, longest, held, terms, group_sizes, device, window)
+        return cls(latest, members, longest, held, terms, group_sizes, every, device, window)
 
     def with_policy(self, proposed: Policy) -> PolicyBook:
-        """The book as it would be with ``proposed`` as its use case's latest version."""
-        versions = [*self.latest.values()]
-        versions = [p for p in versions if p.name != proposed.name] + [proposed]
-        book = PolicyBook.build(versions, self.horizons, self.device, self.device_window)
-        longest = dict(self.longest_retention)
-        longest[proposed.name] = max(
-            self.longest_retention.get(proposed.name, 0), proposed.retention_days
-        )
-        sizes = {**self.group_sizes, **book.group_sizes}
-        return PolicyBook(
-            book.latest,
-            book.members,
-            longest,
-            book.horizons,
-            book.terms,
-            sizes,
-            self.device,
-            self.device_window,
+        """The book as it would be with ``proposed`` as its use case's next version."""
+        return PolicyBook.build(
+            [*self.versions, proposed], self.horizons, self.device, self.device_window
         )
 
     @property
@@ -172,11 +198,16 @@ class PolicyBook:
         """The last day deleted for ``use_case`` (:data:`NO_HORIZON`: none)."""
         return self.horizons.get(use_case, NO_HORIZON)
 
-    def deletable_through(self, use_case: str, day: int) -> int:
-        """The last day the purge on ``day`` deletes for ``use_case`` (never below its horizon).
+    def purge_through(self, day: int) -> dict[str, Retention]:
+        """What the purge on ``day`` deletes, per use case ever defined (retired ones included).
 
-        Days are held for the longest retention the use case ever had, and at least as long
-        as the longest device-wide window ever set, which counts every use case's days.
+        The one retention rule, applied by both purges: the ledger's to the spend records
+        (:meth:`budget.ledger.Ledger.purge`), the pipeline's to the reports and sketches
+        (``api.ingestion.pipeline.purge``). See :class:`Retention` for why the two differ.
         """
-        keep = max(self.longest_retention.get(use_case, 0), self.device_window)
-        return max(day - keep, self.horizon(use_case))
+        out = {}
+        for name, policy in sorted(self.latest.items()):
+            keep = max(self.longest_retention.get(name, 0), self.device_window)
+            spend = max(day - keep, self.horizon(name))
+            out[name] = Retention(spend, max(day - policy.retention_days, spend))
+        return out

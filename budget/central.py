@@ -33,10 +33,10 @@ from functools import lru_cache
 from typing import Final
 
 import orjson
-from sqlalchemy import BigInteger, Column, Engine, Index, Integer, Text, select
-from sqlmodel import Field, SQLModel
+from sqlalchemy import Engine, select
 
 from budget.clock import day_date
+from budget.storage.tables import ShuffledBatch
 from policies.model import Policy, from_micro
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "CentralLine",
     "CentralLoss",
     "DayFigure",
-    "ShuffledBatch",
     "batch_layers",
     "central_figures",
     "central_line",
@@ -69,31 +68,6 @@ PRECONDITIONS: Final = (
 )
 _GRID: Final = 8  # sizes rounded down to 2^(i / _GRID)
 MAX_BATCHES_SHOWN: Final = 24  # a day's batches listed one by one (frequent flushes make many)
-
-
-class ShuffledBatch(SQLModel, table=True):
-    """One published shuffled batch: sizes and local epsilon only, nothing about any device."""
-
-    __tablename__ = "shuffled_batches"
-    __table_args__ = (Index("ix_shuffled_batches_use_case_day", "use_case", "day"),)
-
-    id: int | None = Field(
-        default=None,
-        sa_column=Column(
-            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-        ),
-    )
-    use_case: str = Field(max_length=63)
-    day: int = Field(description="UTC day the batch was published.")
-    first_day: int = Field(description="Earliest charge day of its reports.")
-    last_day: int = Field(description="Latest charge day of its reports.")
-    devices: int = Field(sa_column=Column(BigInteger, nullable=False))
-    reports: int = Field(sa_column=Column(BigInteger, nullable=False))
-    max_per_device: int
-    layers: str = Field(sa_column=Column(Text, nullable=False))  # JSON: devices with >= i reports
-    untagged: int = Field(default=0, description="Reports queued with no device pseudonym.")
-    epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
-    min_batch_devices: int
 
 
 def batch_layers(per_device: Iterable[int]) -> list[int]:
@@ -216,8 +190,8 @@ def compose_sizes(eps0: float, sizes: Sequence[int], delta: float) -> tuple[floa
     each sub-batch FMT21-amplified at local ``eps0``; sizes are rounded down to the grid.
     Returns the epsilon and the method that gave it.
 
-    >>> round(compose_sizes(4.0, [10**6], 1e-6)[0], 3)
-    0.049
+    >>> round(compose_sizes(4.0, [10**6], 1e-6)[0], 4)  # 10^6 rounds down to 961,548
+    0.0504
     """
     if not sizes or any(n < 1 for n in sizes):
         raise ValueError(f"`sizes` must be a non-empty list of integers >= 1, got {sizes!r}")
@@ -227,15 +201,29 @@ def compose_sizes(eps0: float, sizes: Sequence[int], delta: float) -> tuple[floa
 def _worst(
     batches: Sequence[ShuffledBatch], reports_per_device: int, delta: float, what: str
 ) -> CentralLoss | None:
-    """The ``reports_per_device`` smallest sub-batches of ``batches``, composed (module doc)."""
-    if not batches:
-        return None
-    if any(b.untagged for b in batches):
+    """The ``reports_per_device`` smallest sub-batches of ``batches``, composed (module doc).
+
+    Reports queued without a device pseudonym (``untagged``) were not counted by device, so
+    each may be a device's report in a sub-batch of one: it enters as a sub-batch of size 1
+    (no amplification, the local epsilon), up to ``reports_per_device`` of them a batch.
+    ``None`` when no batch counted its devices: no amplification is claimed at all.
+    """
+    if not batches or all(b.untagged >= b.reports for b in batches):
         return None
     eps0 = max(from_micro(b.epsilon_micro) for b in batches)
-    sizes = sorted(n for b in batches for n in orjson.loads(b.layers))
-    taken = sizes[: max(1, reports_per_device)]
+    want = max(1, reports_per_device)
+    sizes = sorted(
+        [n for b in batches for n in orjson.loads(b.layers)]
+        + [1] * sum(min(b.untagged, want) for b in batches)
+    )
+    taken = sizes[:want]
     epsilon, method = compose_sizes(eps0, taken, delta)
+    alone = taken.count(1)
+    unamplified = (
+        f"; {alone} of them reports queued without a device pseudonym, counted unamplified"
+        if any(b.untagged for b in batches)
+        else ""
+    )
     return CentralLoss(
         epsilon=epsilon,
         delta=delta,
@@ -245,7 +233,8 @@ def _worst(
         note=(
             f"{what}: a device with at most {reports_per_device} report(s) in these batches,"
             f" composed over the {len(taken)} smallest of {len(sizes)} sub-batches (sizes"
-            f" {taken[0]:,}..{taken[-1]:,} devices, rounded down), local epsilon {eps0:g} each"
+            f" {taken[0]:,}..{taken[-1]:,} devices, rounded down), local epsilon {eps0:g}"
+            f" each{unamplified}"
         ),
     )
 
@@ -312,8 +301,10 @@ def central_line(
     if any(b.untagged for b in mine):
         notes.append(
             "some batches hold reports queued without a device pseudonym (their policy"
-            " version set no min_batch_devices >= 2, or they were queued before this release):"
-            " no central figure covers those batches; the local epsilon holds"
+            " version set no min_batch_devices >= 2): their devices were not counted, so each"
+            " such report counts as a sub-batch of one device (its local epsilon, no"
+            " amplification) in the figures that include it; a batch of such reports alone"
+            " has no central figure"
         )
 
     def horizon(group: list[ShuffledBatch], what: str, own: int | None) -> CentralLoss | None:

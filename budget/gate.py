@@ -1,20 +1,18 @@
-"""The gate: checks and charges reports against their use case's policy, atomically.
+"""The gate: what the charge transaction reads through, prepared once per ledger.
 
-One transaction for every charge, a single report being a batch of one
-(:func:`budget.batch.charge_batch`): the policy book (:mod:`budget.book`), the devices' rows
+The transaction itself is :func:`budget.batch.charge_batch` (a single report is a batch of one,
+:meth:`budget.ledger.Ledger.charge`): the policy book (:mod:`budget.book`), the devices' rows
 locked and read, each report decided in order by the rule (:mod:`budget.rule`), then the rows,
 the charges, the caller's inbox rows and the audit entries written before commit. This module
-holds what that transaction reads through: device pseudonyms, the keyed forms of idempotency
-data, the cached policy book, and the hot path's statements.
+holds its parts: device pseudonyms, the keyed forms of idempotency data, the cached policy
+book, the hot path's statements and the write lock.
 """
 
 from __future__ import annotations
 
 import hmac
 import threading
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime
 
 from sqlalchemy import Connection, Engine
 
@@ -22,15 +20,12 @@ from budget.audit_log import AuditLog
 from budget.book import PolicyBook, Terms
 from budget.errors import UnknownUseCase
 from budget.keyed import KeyedHash
-from budget.rule import Decision
 from budget.storage.db import placeholder, writer
 from budget.storage.tables import RetentionHorizon
 from policies.device import device_budget_versions, limits_of
-from policies.model import Policy
+from policies.repository import PolicyStore
 
-__all__ = ["Gate", "InternalError", "OnAccept", "device_key", "load_book"]
-
-OnAccept = Callable[[Connection, Decision], None]
+__all__ = ["Gate", "InternalError", "device_key", "load_book"]
 
 
 def device_key(secret: bytes, device_id: str) -> str:
@@ -83,35 +78,6 @@ class Gate:
         """The stored fingerprint of a request (its use case and body hash), keyed, hex."""
         return self._idem.digest(f"request\0{use_case}\0{request_hash or ''}".encode()).hex()
 
-    def charge(
-        self,
-        device_id: str,
-        use_case: str,
-        *,
-        now: datetime,
-        idempotency_key: str | None = None,
-        request_hash: str | None = None,
-        on_accept: OnAccept | None = None,
-    ) -> Decision:
-        """Charge one report of ``device_id`` to ``use_case`` at ``now``: a batch of one.
-
-        Raises:
-            InvalidRequest: a field is invalid (nothing written).
-            UnknownUseCase: no active policy of that name (nothing written).
-            IdempotencyConflict: the key was used before for a different request.
-        """
-        from budget.batch import BatchItem, charge_batch  # the transaction uses this module
-
-        def accept(conn: Connection, accepted: list[tuple[int, Decision]]) -> None:
-            if on_accept is not None:
-                on_accept(conn, accepted[0][1])
-
-        item = BatchItem(device_id, use_case, idempotency_key, request_hash)
-        (result,) = charge_batch(self, [item], now=now, on_accept=accept)
-        if isinstance(result, Exception):
-            raise result
-        return result
-
     def sql(self, name: str) -> str:
         """A hot-path statement in the driver's parameter style (prepared once per gate)."""
         return self._statements[name]
@@ -142,9 +108,8 @@ class Gate:
 
 def load_book(conn: Connection) -> PolicyBook:
     """The policy book read in ``conn``'s transaction (every version, every horizon)."""
-    table = Policy.__table__  # type: ignore[attr-defined]
     horizons = RetentionHorizon.__table__  # type: ignore[attr-defined]
-    versions = [Policy.model_validate(r._asdict()) for r in conn.execute(table.select())]
+    versions = PolicyStore.all_versions_in(conn)
     held = {str(r[0]): int(r[1]) for r in conn.execute(horizons.select())}
     device = device_budget_versions(conn)
     window = max((v.window_days or 0 for v in device), default=0)

@@ -16,6 +16,9 @@ every charge (id, device, use case, version, epsilon, day); every account day co
 (device, use case, epsilon, group size, day); and, for all time, every account's lifetime count
 per slot. An edited epsilon, a deleted or added charge, an account reset, a policy row edited in
 place, a horizon moved: each makes the check fail and says which table disagrees.
+
+The tables are read here as raw rows, not through the policy book (:mod:`budget.book`) that
+every other reader uses: the book is built from these rows, so it is what is being verified.
 """
 
 from __future__ import annotations

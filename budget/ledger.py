@@ -1,36 +1,29 @@
-"""The ledger: the gate plus the questions asked of it (budgets, accounting, retention).
+"""The ledger: the gate, the device's standing, retention, tamper evidence.
 
-The ledger owns the database: the service layer calls these methods and never writes SQL.
+The ledger owns the database: the service layer calls these methods and never writes SQL. The
+read side's figures (losses, the effective-epsilon report, views, export) are computed from
+its accounts and policy book in :mod:`budget.reporting`.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, func, select
 
-from budget.accountant import Accountant, PrivacyLoss
+from budget.accountant import Accountant
 from budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
+from budget.batch import BatchItem, OnAccept, charge_batch
 from budget.book import NO_HORIZON, PolicyBook
-from budget.central import central_figures
 from budget.clock import day_start, utc_day
-from budget.errors import InvalidRequest, UnknownUseCase
-from budget.gate import Gate, OnAccept, load_book
+from budget.gate import Gate
 from budget.integrity import StateCheck, StateReplay
 from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
-from budget.reporting.report import (
-    EffectiveEpsilonReport,
-    ReportBasis,
-    Row,
-    finish_report,
-    prepare_report,
-)
 from budget.rule import Decision
-from budget.state import AccountState, Slot, decode, lifetime_counts, window_counts
+from budget.state import AccountState, decode
 from budget.storage.db import delete_keys, placeholder, write_step
 from budget.storage.partitions import (
     DAYS_AHEAD,
@@ -44,7 +37,7 @@ from policies.device import DeviceBudgetCreate, DeviceBudgetVersion, write_devic
 from policies.model import Policy, from_micro
 from policies.repository import PolicyStore
 
-__all__ = ["BudgetStatus", "DeviceLoss", "Ledger", "PurgeResult"]
+__all__ = ["BudgetStatus", "Ledger", "PurgeResult"]
 
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
@@ -93,24 +86,11 @@ class PurgeResult:
     idempotency: int
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceLoss:
-    """One device's cumulative loss per use case and in total, over the window and lifetime.
-
-    Every figure is a running total (``kind``) of what the device actually sent: its basic sum
-    is a guarantee (and what the gate enforces); its (epsilon, delta) bound is not, against an
-    adaptively chosen sequence (see docs/accounting.md).
-    """
-
-    window: dict[str, PrivacyLoss] = field(default_factory=dict)
-    lifetime: dict[str, PrivacyLoss] = field(default_factory=dict)
-    window_total: PrivacyLoss | None = None
-    lifetime_total: PrivacyLoss | None = None
-
-
 def _raises(book: PolicyBook, day: int) -> dict[str, tuple[int, int]]:
     """The horizons a purge on ``day`` raises: ``(current, new)`` by use case."""
-    spans = {n: (book.horizon(n), book.deletable_through(n, day)) for n in book.latest}
+    spans = {
+        n: (book.horizon(n), kept.spend_through) for n, kept in book.purge_through(day).items()
+    }
     return {n: span for n, span in spans.items() if span[1] > span[0]}
 
 
@@ -126,18 +106,6 @@ def _policy_json(policy: Policy) -> dict[str, Any]:
     """A policy version as audit data."""
     data: dict[str, Any] = policy.model_dump(mode="json")
     return data
-
-
-def _scaled(rows: Iterable[tuple[int, int, int]]) -> tuple[tuple[float, int], ...]:
-    """``(micro-epsilon, group size, count)`` rows as pure events at their group's epsilon.
-
-    A pure epsilon-DP report is (g x epsilon)-DP for groups of g (group privacy); each charge
-    is scaled by the group size in force when it was made.
-    """
-    merged: dict[int, int] = defaultdict(int)
-    for eps, group, count in rows:
-        merged[int(eps) * int(group)] += int(count)
-    return tuple((from_micro(e), n) for e, n in sorted(merged.items()))
 
 
 class Ledger:
@@ -228,15 +196,25 @@ class Ledger:
         request_hash: str | None = None,
         on_accept: OnAccept | None = None,
     ) -> Decision:
-        """Check and charge one report atomically (:meth:`budget.gate.Gate.charge`)."""
-        return self.gate.charge(
-            device_id,
-            use_case,
-            now=now,
-            idempotency_key=idempotency_key,
-            request_hash=request_hash,
-            on_accept=on_accept,
-        )
+        """Check and charge one report atomically: a batch of one (:func:`charge_batch`).
+
+        ``on_accept`` runs in the transaction when the report is accepted (an inbox row, say).
+
+        Raises:
+            InvalidRequest: a field is invalid (nothing written).
+            UnknownUseCase: no active policy of that name (nothing written).
+            IdempotencyConflict: the key was used before for a different request.
+        """
+
+        def accepted(conn: Connection, decisions: list[tuple[int, Decision]]) -> None:
+            if on_accept is not None:
+                on_accept(conn, decisions[0][1])
+
+        item = BatchItem(device_id, use_case, idempotency_key, request_hash)
+        (result,) = charge_batch(self.gate, [item], now=now, on_accept=accepted)
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def device_key(self, device_id: str) -> str:
         """The stored pseudonym of a device id."""
@@ -245,14 +223,18 @@ class Ledger:
     # -- budgets ---------------------------------------------------------------------------------
 
     def book(self) -> PolicyBook:
-        """The policy book now: every version's terms, budget members, retention, horizons."""
+        """The policy book now: every version, the terms, budget members, retention, horizons.
+
+        The gate's book (:meth:`budget.gate.Gate.book`): the one policy lookup, read again only
+        when a policy version or a horizon was added.
+        """
         with self.engine.connect() as conn:
-            return load_book(conn)
+            return self.gate.book(conn)
 
     def device_wide(self, device_id: str, *, now: datetime) -> DeviceWide | None:
         """The device's standing against the device-wide budget (``None``: none in force)."""
         with self.engine.connect() as conn:
-            book = load_book(conn)
+            book = self.gate.book(conn)
             state = self.state_of(conn, self.device_key(device_id)) or AccountState()
         return device_wide(book, state, utc_day(now))
 
@@ -272,7 +254,7 @@ class Ledger:
         day = utc_day(now)
         out: list[BudgetStatus] = []
         with self.engine.connect() as conn:
-            book = load_book(conn)
+            book = self.gate.book(conn)
             state = self.state_of(conn, dk) or AccountState()
         for policy in book.active:
             terms = book.terms[policy.name]
@@ -340,28 +322,13 @@ class Ledger:
 
     # -- retention -------------------------------------------------------------------------------
 
-    def _all_policies(self) -> dict[str, Policy]:
-        """The latest version (active or not) of every use case ever defined."""
-        return self.book().latest
-
-    def all_policy_versions(self) -> list[Policy]:
-        """Every version of every use case, by name and version."""
-        with self.engine.connect() as conn:
-            table = Policy.__table__  # type: ignore[attr-defined]
-            rows = conn.execute(select(table).order_by(table.c.name, table.c.version)).all()
-        return [Policy.model_validate(r._asdict()) for r in rows]
-
-    def retention_horizons(self) -> dict[str, int]:
-        """Per use case, the last day the purge deleted (nothing on or before it counts)."""
-        return dict(self.book().horizons)
-
     def charge_rows(self) -> Iterator[tuple[str, str, str, int, int, int]]:
         """Every charge held: ``(device key, use case, budget, version, micro-epsilon, day)``.
 
         Charges on or before their use case's horizon are deleted by definition, even before
         the purge's rows are gone (the same rule as every other reader).
         """
-        horizons = self.retention_horizons()
+        horizons = self.book().horizons
         with self.engine.connect() as conn:
             query = select(
                 _CHARGES.c.device_key,
@@ -376,65 +343,12 @@ class Ledger:
                     if int(r[5]) > horizons.get(str(r[1]), NO_HORIZON):
                         yield str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5])
 
-    def lifetime_rows(self, use_case: str | None = None) -> Iterator[Row]:
-        """The lifetime multiset: ``(device key, use case, micro-epsilon, group size, count)``."""
-        for dk, state in self.accounts():
-            for (uc, e, g), n in sorted(lifetime_counts(state).items()):
-                if use_case is None or uc == use_case:
-                    yield dk, uc, e, g, n
-
-    def _window_counts(
-        self, day: int, book: PolicyBook, names: Iterable[str] | None = None
-    ) -> Iterator[tuple[str, dict[Slot, int]]]:
-        """Per device, ``{(use case, micro-epsilon, group): reports}`` in each use case's window.
-
-        Every use case ever defined counts (retired ones in their last version's window), or
-        only ``names``.
-        """
-        retention = book.retention()
-        if names is not None:
-            wanted = set(names)
-            retention = {n: r for n, r in retention.items() if n in wanted}
-        for dk, state in self.accounts():
-            counts = window_counts(state, day, retention, book.horizons)
-            if counts:
-                yield dk, counts
-
-    def window_spend_rows(self, *, now: datetime, use_case: str | None = None) -> Iterator[Row]:
-        """Each use case's charges in its own window: ``(device, use case, eps, group, n)``."""
-        book = self.book()
-        names = None if use_case is None else [use_case]
-        for dk, counts in self._window_counts(utc_day(now), book, names):
-            for (uc, e, g), n in sorted(counts.items()):
-                yield dk, uc, e, g, n
-
-    def effective_epsilon_basis(self, *, now: datetime) -> ReportBasis:
-        """The delta-free part of the effective-epsilon report: one scan of the ledger.
-
-        With the central figures of the shuffled batches published (:mod:`budget.central`,
-        each at its policy's delta).
-        """
-        basis = prepare_report(
-            list(self.book().latest.values()),
-            utc_day(now),
-            self.window_spend_rows(now=now),
-            self.lifetime_rows(),
-        )
-        central = central_figures(self.engine, self.all_policy_versions(), utc_day(now))
-        return replace(basis, central=central)
-
-    def effective_epsilon(
-        self, *, now: datetime, delta: float | None = None
-    ) -> EffectiveEpsilonReport:
-        """The effective-epsilon report (:mod:`budget.reporting.report`) on the live ledger."""
-        basis = self.effective_epsilon_basis(now=now)
-        return finish_report(basis, accountant=self.accountant, delta=delta)
-
     def purge(self, *, now: datetime, rows: int = 5_000) -> PurgeResult:
         """Apply retention at ``now``: raise each use case's horizon, delete what it passed.
 
-        A use case's horizon rises to the day before its longest retention ever began (its
-        retired versions included: one rule for every version), so that lowering then raising
+        Each use case's horizon (retired ones included) rises to its ``spend_through``
+        (:meth:`budget.book.PolicyBook.purge_through`: the longest retention it ever had, at
+        least the longest device-wide window), so that lowering then raising
         ``retention_days`` loses nothing, and days once deleted never count again. The
         horizons rise in one short transaction with the audit entry that records them and
         counts the charges they passed (read before: those days are over, so no charge joins
@@ -453,11 +367,11 @@ class Ledger:
             rows,
         )
         with self.engine.connect() as conn:
-            planned = _raises(load_book(conn), day)
+            planned = _raises(self.gate.book(conn), day)
             passed = {n: _passed(conn, n, old, new) for n, (old, new) in planned.items()}
         dropped = DroppedDays([], 0)
         with write_step(self.engine) as conn:
-            book = load_book(conn)
+            book = self.gate.book(conn)
             raises = _raises(book, day)
             raised = {n: new for n, (_, new) in raises.items()}
             horizons = {**book.horizons, **raised}
@@ -467,7 +381,7 @@ class Ledger:
                     _HORIZONS.insert(),
                     [{"use_case": n, "through_day": d} for n, d in sorted(raised.items())],
                 )
-            through = {name: book.deletable_through(name, day) for name in book.latest}
+            through = {n: kept.spend_through for n, kept in book.purge_through(day).items()}
             if through and is_partitioned(conn):
                 # whole days past every horizon go as partitions; rows only where they differ
                 dropped = drop_days_through(conn, min(through.values()))
@@ -549,121 +463,3 @@ class Ledger:
         if pending:
             pruned += flush()
         return pruned
-
-    # -- accounting ---------------------------------------------------------------------------
-
-    def device_loss(
-        self, device_id: str, *, now: datetime, delta: float | None = None
-    ) -> DeviceLoss:
-        """Window and lifetime loss per use case and in total (basic sum and bound, group-scaled).
-
-        Each charge counts at the group size in force when it was made. The total composes
-        every use case's events at ``delta``, by default the smallest delta among the device's
-        use cases. All are running totals (labelled ``kind="running total"``).
-        """
-        if not isinstance(device_id, str) or not device_id:
-            raise InvalidRequest("device_id", "must be a non-empty string")
-        dk = self.device_key(device_id)
-        day = utc_day(now)
-        with self.engine.connect() as conn:
-            book = load_book(conn)
-            state = self.state_of(conn, dk) or AccountState()
-        policies = book.latest
-        window_rows: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        lifetime_rows: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        for (uc, e, g), n in window_counts(state, day, book.retention(), book.horizons).items():
-            window_rows[uc].append((e, g, n))
-        for (uc, e, g), n in lifetime_counts(state).items():
-            lifetime_rows[uc].append((e, g, n))
-        used = [policies[u] for u in set(window_rows) | set(lifetime_rows) if u in policies]
-        total_delta = delta if delta is not None else min((p.delta for p in used), default=1e-9)
-        window, window_total = self._compose(window_rows, policies, delta, total_delta)
-        lifetime, lifetime_total = self._compose(lifetime_rows, policies, delta, total_delta)
-        return DeviceLoss(window, lifetime, window_total, lifetime_total)
-
-    def _compose(
-        self,
-        rows: dict[str, list[tuple[int, int, int]]],
-        policies: dict[str, Policy],
-        delta: float | None,
-        total_delta: float,
-    ) -> tuple[dict[str, PrivacyLoss], PrivacyLoss]:
-        """Per-use-case losses and the total over use cases (each event at its group size)."""
-        per_use_case: dict[str, PrivacyLoss] = {}
-        merged: dict[float, int] = defaultdict(int)
-        for use_case, events in rows.items():
-            p = policies[use_case]
-            scaled = _scaled(events)
-            per_use_case[use_case] = self.accountant.loss(
-                scaled, delta=delta if delta is not None else p.delta, kind="running total"
-            )
-            for eps, count in scaled:
-                merged[eps] += count
-        return per_use_case, self.accountant.loss(merged, delta=total_delta, kind="running total")
-
-    def window_totals(self, *, now: datetime, use_case: str | None = None) -> dict[str, float]:
-        """Basic window epsilon per device key (one scan of the accounts), for a use case or all.
-
-        With ``use_case=None`` each use case's own retention window applies.
-        """
-        book = self.book()
-        if use_case is not None and use_case not in book.latest:
-            raise UnknownUseCase(use_case)
-        names = None if use_case is None else [use_case]
-        totals: dict[str, int] = {}
-        for dk, counts in self._window_counts(utc_day(now), book, names):
-            totals[dk] = sum(e * n for (_, e, _), n in counts.items())
-        return {dk: from_micro(v) for dk, v in totals.items()}
-
-    def window_ledgers(
-        self, *, now: datetime, use_case: str
-    ) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
-        """Each device's window multiset ``((group-scaled epsilon, count), ...)`` for a use case."""
-        book = self.book()
-        if use_case not in book.latest:
-            raise UnknownUseCase(use_case)
-        for dk, counts in self._window_counts(utc_day(now), book, [use_case]):
-            yield dk, _scaled(sorted((e, g, n) for (_, e, g), n in counts.items()))
-
-    def lifetime_ledgers(
-        self, *, use_case: str
-    ) -> Iterator[tuple[str, tuple[tuple[float, int], ...]]]:
-        """Each device's lifetime multiset for one use case (from the purge-proof totals)."""
-        if use_case not in self._all_policies():
-            raise UnknownUseCase(use_case)
-        for dk, state in self.accounts():
-            mine = [
-                (e, g, n)
-                for (uc, e, g), n in sorted(lifetime_counts(state).items())
-                if uc == use_case
-            ]
-            if mine:
-                yield dk, _scaled(mine)
-
-    def population_lifetime_loss(self, *, use_case: str) -> dict[str, PrivacyLoss]:
-        """Tight lifetime loss of every device of a use case (memoized by ledger multiset).
-
-        Running totals (labelled so): see :class:`DeviceLoss`.
-        """
-        policy = self._all_policies()[use_case]
-        return {
-            dk: self.accountant.loss(ev, delta=policy.delta, kind="running total")
-            for dk, ev in self.lifetime_ledgers(use_case=use_case)
-        }
-
-    def devices_loss(
-        self, device_ids: list[str], *, now: datetime, delta: float | None = None
-    ) -> dict[str, DeviceLoss]:
-        """:meth:`device_loss` for a set of devices, keyed by the ids given."""
-        return {d: self.device_loss(d, now=now, delta=delta) for d in device_ids}
-
-    def population_window_loss(self, *, now: datetime, use_case: str) -> dict[str, PrivacyLoss]:
-        """Tight window loss of every device of a use case (memoized by ledger multiset).
-
-        Running totals (labelled so): see :class:`DeviceLoss`.
-        """
-        policy = self._all_policies()[use_case]
-        return {
-            dk: self.accountant.loss(ev, delta=policy.delta, kind="running total")
-            for dk, ev in self.window_ledgers(now=now, use_case=use_case)
-        }

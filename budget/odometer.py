@@ -6,9 +6,11 @@ composition, Rogers, Roth, Ullman and Vadhan, "Privacy odometers and filters: pa
 composition", NeurIPS 2016). Fixed-schedule composition theorems (including the exact optimal one
 in :mod:`budget.accountant`) do not apply to such sequences as they stand; the two objects here do.
 
-All of them read three running totals kept per device, :class:`OdometerState`:
-``n``, ``S1 = sum eps_i`` and ``S2 = sum eps_i^2`` (integers in micro-epsilon and micro-epsilon
-squared, so charging is exact and O(1)).
+All of them read three running totals, :class:`OdometerState`: ``n``, ``S1 = sum eps_i`` and
+``S2 = sum eps_i^2`` (integers in micro-epsilon and micro-epsilon squared, so charging is exact and
+O(1)). The gate computes them from a device's account row, whose slots determine them exactly
+(:meth:`budget.state.AccountState.scaled_lifetime`; docs/odometer.md, "Storage"), and enforces the
+filter there (:mod:`budget.filter_rule`).
 
 **Filter** (:func:`admit`): Whitehouse, Ramdas, Rogers and Wu, "Fully-adaptive composition in
 differential privacy", ICML 2023 (PMLR 202:36990-37007; arXiv:2203.05481), the advanced

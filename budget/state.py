@@ -105,6 +105,51 @@ class AccountState:
         slots = self.slots
         return sum(int(slots[i][1]) * int(slots[i][3]) for i in idx)
 
+    def scaled_window(
+        self, day: int, window: int, idx: list[int], horizons: Mapping[str, int]
+    ) -> list[tuple[int, int, int]]:
+        """``(day, S1, S2)`` of slots ``idx`` per day of ``day - window + 1 .. day``.
+
+        Group-scaled: a report of ``e`` micro-epsilon at group size ``g`` adds ``g e`` to
+        ``S1`` and ``(g e)^2`` to ``S2`` (what the device-wide budget and the filters count).
+        A slot's days on or before its use case's horizon count nowhere.
+        """
+        low = day - window
+        weights = [(i, int(self.slots[i][1]) * int(self.slots[i][2])) for i in idx]
+        lows = [max(low, horizons.get(str(self.slots[i][0]), _NONE)) for i, _ in weights]
+        out = []
+        for entry in self.days:
+            d = entry[0]
+            if not low < d <= day:
+                continue
+            s1 = s2 = 0
+            for (i, w), lo in zip(weights, lows, strict=True):
+                n = entry[i + 1] if i + 1 < len(entry) else 0
+                if n and d > lo:
+                    s1 += n * w
+                    s2 += n * w * w
+            if s1:
+                out.append((d, s1, s2))
+        return out
+
+    def scaled_lifetime(self, idx: list[int]) -> tuple[int, int, int]:
+        """``(reports, S1, S2)`` of slots ``idx`` over the lifetime, group-scaled.
+
+        The slots' lifetime counts are a sufficient statistic: ``S1 = sum n_i g_i e_i`` and
+        ``S2 = sum n_i (g_i e_i)^2`` over slots, exact integers whatever their size.
+
+        >>> AccountState(slots=[["a", 50_000, 1, 3], ["b", 100_000, 2, 1]]).scaled_lifetime([0, 1])
+        (4, 350000, 47500000000)
+        """
+        n = s1 = s2 = 0
+        for i in idx:
+            _, eps, group, count = self.slots[i]
+            w = int(eps) * int(group)
+            n += int(count)
+            s1 += int(count) * w
+            s2 += int(count) * w * w
+        return n, s1, s2
+
     def daily(self) -> dict[str, dict[int, tuple[int, int]]]:
         """``{use_case: {day: (reports, micro-epsilon)}}`` of every day held."""
         out: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)

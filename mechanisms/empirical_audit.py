@@ -36,6 +36,7 @@ __all__ = ["AuditResult", "audit", "clopper_pearson", "exact_max_log_ratio"]
 
 Mechanism = CMS | HCMS | SFP
 BoolArray = npt.NDArray[np.bool_]
+CHUNK = 1 << 17  # reports drawn at a time: memory holds one chunk, whatever ``samples`` is
 
 
 def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
@@ -137,14 +138,17 @@ def audit(
     rng: np.random.Generator,
     alpha: float = 1e-6,
     privatize: Callable[[npt.NDArray[np.object_], np.random.Generator], Any] | None = None,
+    chunk: int = CHUNK,
+    progress: Callable[[int, int], None] | None = None,
 ) -> AuditResult:
     """Audit ``mech`` (or ``privatize``, a variant of its randomizer) against ``epsilon``.
 
-    ``samples`` reports are drawn for each input; ``x`` and ``x'`` must differ (for SFP, in
-    their fragment at every position too).
+    ``samples`` reports are drawn for each input, ``chunk`` at a time (only the event counts
+    are kept); ``x`` and ``x'`` must differ (for SFP, in their fragment at every position
+    too). ``progress`` is called with the reports drawn so far and ``2 * samples``.
     """
-    if samples < 1:
-        raise ValueError(f"`samples` must be >= 1, got {samples}")
+    if samples < 1 or chunk < 1:
+        raise ValueError(f"`samples` and `chunk` must be >= 1, got {samples}, {chunk}")
     draw = privatize or (lambda values, g: mech.privatize(values, rng=g))
     if isinstance(mech, CMS):
         event: Callable[[Any, Any, Any], BoolArray] = lambda r, a, b: _cms_event(mech, r, a, b)  # noqa: E731
@@ -152,10 +156,16 @@ def audit(
         event = lambda r, a, b: _hcms_event(mech, r, a, b)  # noqa: E731
     else:
         event = lambda r, a, b: _sfp_event(mech, r, a, b)  # noqa: E731
-    hits = []
-    for value in (x, x_prime):
-        reports = draw(np.asarray([value] * samples, dtype=object), rng)
-        hits.append(int(event(reports, x, x_prime).sum()))
+    hits = [0, 0]
+    drawn = 0
+    for i, value in enumerate((x, x_prime)):
+        for start in range(0, samples, chunk):
+            n = min(chunk, samples - start)
+            reports = draw(np.asarray([value] * n, dtype=object), rng)
+            hits[i] += int(event(reports, x, x_prime).sum())
+            drawn += n
+            if progress is not None:
+                progress(drawn, 2 * samples)
     lo_x, hi_x = clopper_pearson(hits[0], samples, alpha)
     lo_y, hi_y = clopper_pearson(hits[1], samples, alpha)
 

@@ -4,7 +4,8 @@
 f(d*)**2``. The *exact* variances are the last displays of Appendices A (CMS) and B (HCMS), which
 average over the client coins and a uniformly random hash family; Theorems 4.2 and 4.4 are only
 upper bounds. For one fixed, deployed family the estimator is biased by collisions; the
-``fixed_family_*`` functions give the conditional mean and variance (MECHANISMS.md section 2).
+``fixed_family_*`` functions give the conditional mean and variance
+(docs/mechanisms.md, "Count Mean Sketch").
 All functions are vectorised over ``f``.
 """
 

@@ -5,9 +5,9 @@ them. A deployment may set a device-wide budget, epsilon per UTC day, per window
 ``window_days`` days and per lifetime (each optional), and a quota per use case inside it: the
 share of each device-wide limit that one use case may take, so that no use case starves the
 others. Figures are basic (pure) composition of group-scaled epsilons: a report of ``eps`` at
-``group_size`` ``g`` counts ``g x eps`` (:mod:`budget.rule`). Optionally, a lifetime
-``(filter_epsilon, filter_delta)`` target enforced by a privacy filter
-(:func:`budget.odometer.admit_either`) over the same group-scaled reports.
+``group_size`` ``g`` counts ``g x eps`` (:mod:`budget.device_rule`). Optionally, a window and
+a lifetime ``(epsilon, delta)`` target, each enforced by a privacy filter
+(:mod:`budget.filter_rule`) over the same group-scaled reports.
 
 Stored like policies: every version is kept (``device_budgets``), the highest is in force, and
 a version with every limit empty switches the device-wide budget off.
@@ -30,6 +30,7 @@ from policies.model import MICRO, SLUG, to_micro
 
 __all__ = [
     "DeviceBudgetCreate",
+    "DeviceBudgetPublic",
     "DeviceBudgetVersion",
     "DeviceLimits",
     "device_budget_versions",
@@ -39,19 +40,54 @@ __all__ = [
 ]
 
 
+# The limits, each optional; raising or removing one loosens the budget (:func:`loosening`).
+_LIMITS = (
+    "epsilon_per_day",
+    "window_epsilon",
+    "lifetime_epsilon",
+    "window_filter_epsilon",
+    "window_filter_delta",
+    "lifetime_filter_epsilon",
+    "lifetime_filter_delta",
+)
+
+
 class DeviceBudgetCreate(SQLModel):
     """A device-wide budget as submitted (API body or the policy file's ``device_budget``)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")  # type: ignore[assignment]
 
-    epsilon_per_day: float | None = Field(default=None, gt=0, le=1e9)
-    window_days: int | None = Field(default=None, ge=1, le=3650)
-    window_epsilon: float | None = Field(default=None, gt=0, le=1e9)
-    lifetime_epsilon: float | None = Field(default=None, gt=0, le=1e9)
-    filter_epsilon: float | None = Field(
+    epsilon_per_day: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Epsilon a device may spend per UTC day, all use cases; null: no limit.",
+    )
+    window_days: int | None = Field(
+        default=None, ge=1, le=3650, description="The device-wide window in days; null: none."
+    )
+    window_epsilon: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Epsilon a device may spend per window, all use cases; null: no limit.",
+    )
+    lifetime_epsilon: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Epsilon a device may spend over its lifetime, all use cases; null: no limit.",
+    )
+    window_filter_epsilon: float | None = Field(
+        default=None, gt=0, le=1e9, description="Window (epsilon, delta) filter: epsilon."
+    )
+    window_filter_delta: float | None = Field(
+        default=None, gt=0, lt=1, description="Window (epsilon, delta) filter: delta."
+    )
+    lifetime_filter_epsilon: float | None = Field(
         default=None, gt=0, le=1e9, description="Lifetime (epsilon, delta) filter: epsilon."
     )
-    filter_delta: float | None = Field(
+    lifetime_filter_delta: float | None = Field(
         default=None, gt=0, lt=1, description="Lifetime (epsilon, delta) filter: delta."
     )
     quotas: dict[str, float] = Field(
@@ -59,7 +95,13 @@ class DeviceBudgetCreate(SQLModel):
         description="Per use case, the share (0 < q <= 1) of each device-wide limit it may use.",
     )
 
-    @field_validator("epsilon_per_day", "window_epsilon", "lifetime_epsilon", "filter_epsilon")
+    @field_validator(
+        "epsilon_per_day",
+        "window_epsilon",
+        "lifetime_epsilon",
+        "window_filter_epsilon",
+        "lifetime_filter_epsilon",
+    )
     @classmethod
     def _micro_exact(cls, value: float | None, info: Any) -> float | None:
         if value is not None:
@@ -79,10 +121,15 @@ class DeviceBudgetCreate(SQLModel):
 
     @model_validator(mode="after")
     def _cross_field(self) -> Self:
-        if (self.window_days is None) != (self.window_epsilon is None):
-            raise ValueError("`window_days` and `window_epsilon` are given together or not at all")
-        if (self.filter_epsilon is None) != (self.filter_delta is None):
-            raise ValueError("`filter_epsilon` and `filter_delta` are given together or not at all")
+        for kind in ("window", "lifetime"):
+            eps, delta = f"{kind}_filter_epsilon", f"{kind}_filter_delta"
+            if (getattr(self, eps) is None) != (getattr(self, delta) is None):
+                raise ValueError(f"`{eps}` and `{delta}` are given together or not at all")
+        windowed = self.window_epsilon is not None or self.window_filter_epsilon is not None
+        if self.window_days is None and windowed:
+            raise ValueError("`window_days` is required with `window_epsilon` or a window filter")
+        if self.window_days is not None and not windowed:
+            raise ValueError("`window_days` needs `window_epsilon` or `window_filter_epsilon`")
         if self.quotas and not self.enabled:
             raise ValueError("`quotas` need at least one device-wide limit")
         return self
@@ -90,13 +137,15 @@ class DeviceBudgetCreate(SQLModel):
     @property
     def enabled(self) -> bool:
         """Whether any device-wide limit is set."""
-        limits = (
-            self.epsilon_per_day,
-            self.window_epsilon,
-            self.lifetime_epsilon,
-            self.filter_epsilon,
-        )
-        return any(v is not None for v in limits)
+        return any(getattr(self, name) is not None for name in _LIMITS)
+
+
+class DeviceBudgetPublic(DeviceBudgetCreate):
+    """One version of the device-wide budget as the API publishes it (devices plan by it)."""
+
+    version: int = Field(description="The version (a new one at each change).")
+    created_at: datetime = Field(description="When this version was made (UTC).")
+    actor: str = Field(description="Who made it (`cli`, `admin`...).")
 
 
 def _now() -> datetime:
@@ -113,22 +162,34 @@ class DeviceBudgetVersion(SQLModel, table=True):
     window_days: int | None = None
     window_epsilon: float | None = None
     lifetime_epsilon: float | None = None
-    filter_epsilon: float | None = None
-    filter_delta: float | None = None
+    window_filter_epsilon: float | None = None
+    window_filter_delta: float | None = None
+    lifetime_filter_epsilon: float | None = None
+    lifetime_filter_delta: float | None = None
     quotas: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(default_factory=_now)
     actor: str = Field(default="system", max_length=100)
 
     def body(self) -> DeviceBudgetCreate:
         """The submitted form of this version."""
-        return DeviceBudgetCreate(
-            epsilon_per_day=self.epsilon_per_day,
-            window_days=self.window_days,
-            window_epsilon=self.window_epsilon,
-            lifetime_epsilon=self.lifetime_epsilon,
-            filter_epsilon=self.filter_epsilon,
-            filter_delta=self.filter_delta,
-            quotas=orjson.loads(self.quotas),
+        fields = self.model_dump(include={"window_days", *_LIMITS})
+        return DeviceBudgetCreate(**fields, quotas=orjson.loads(self.quotas))
+
+    @classmethod
+    def of(cls, body: DeviceBudgetCreate, version: int, actor: str) -> DeviceBudgetVersion:
+        """The row storing ``body`` as ``version`` (quotas as sorted JSON)."""
+        quotas = orjson.dumps(dict(sorted(body.quotas.items()))).decode()
+        return cls(
+            **body.model_dump(exclude={"quotas"}), quotas=quotas, version=version, actor=actor
+        )
+
+    def public(self) -> DeviceBudgetPublic:
+        """This version as the API publishes it."""
+        return DeviceBudgetPublic(
+            **self.body().model_dump(),
+            version=self.version,
+            created_at=self.created_at,
+            actor=self.actor,
         )
 
 
@@ -146,8 +207,10 @@ class DeviceLimits:
     window_micro: int | None
     lifetime_micro: int | None
     quotas: dict[str, int]
-    filter_micro: int | None = None
-    filter_delta: float | None = None
+    window_filter_micro: int | None = None
+    window_filter_delta: float | None = None
+    lifetime_filter_micro: int | None = None
+    lifetime_filter_delta: float | None = None
 
     @property
     def longest_window(self) -> int:
@@ -180,8 +243,10 @@ def limits_of(version: DeviceBudgetVersion | None) -> DeviceLimits | None:
         window_micro=micro(body.window_epsilon),
         lifetime_micro=micro(body.lifetime_epsilon),
         quotas={k: to_micro(v, f"quotas.{k}") for k, v in body.quotas.items()},
-        filter_micro=micro(body.filter_epsilon),
-        filter_delta=body.filter_delta,
+        window_filter_micro=micro(body.window_filter_epsilon),
+        window_filter_delta=body.window_filter_delta,
+        lifetime_filter_micro=micro(body.lifetime_filter_epsilon),
+        lifetime_filter_delta=body.lifetime_filter_delta,
     )
 
 
@@ -212,17 +277,7 @@ def write_device_budget(
         versions = device_budget_versions(conn)
         if versions and versions[-1].body() == body:
             return versions[-1]
-        row = DeviceBudgetVersion(
-            version=(versions[-1].version + 1) if versions else 1,
-            epsilon_per_day=body.epsilon_per_day,
-            window_days=body.window_days,
-            window_epsilon=body.window_epsilon,
-            lifetime_epsilon=body.lifetime_epsilon,
-            filter_epsilon=body.filter_epsilon,
-            filter_delta=body.filter_delta,
-            quotas=orjson.dumps(dict(sorted(body.quotas.items()))).decode(),
-            actor=actor,
-        )
+        row = DeviceBudgetVersion.of(body, (versions[-1].version + 1) if versions else 1, actor)
         conn.execute(_TABLE.insert().values(**row.model_dump()))
         if on_change is not None:
             on_change(conn, versions[-1] if versions else None, row)
@@ -234,12 +289,10 @@ def loosening(old: DeviceBudgetCreate | None, new: DeviceBudgetCreate) -> list[s
     if old is None or not old.enabled:
         return []
     out = []
-    for name in ("epsilon_per_day", "window_epsilon", "lifetime_epsilon", "filter_epsilon"):
+    for name in _LIMITS:
         before, after = getattr(old, name), getattr(new, name)
         if before is not None and (after is None or after > before):
             out.append(f"device_budget.{name} {before} -> {after}")
-    if old.filter_delta is not None and (new.filter_delta or 1.0) > old.filter_delta:
-        out.append(f"device_budget.filter_delta {old.filter_delta} -> {new.filter_delta}")
     if old.window_days is not None and (new.window_days or 0) < old.window_days:
         out.append(f"device_budget.window_days {old.window_days} -> {new.window_days}")
     for name, share in old.quotas.items():

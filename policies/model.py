@@ -2,7 +2,10 @@
 
 Entity family as in full-stack-fastapi-template: ``PolicyBase`` (shared fields and their
 constraints), ``PolicyCreate`` (strictly validated input), ``PolicyUpdate`` (a partial change),
-``Policy`` (the versioned table row) and ``PolicyPublic`` (what the API returns).
+``Policy`` (the versioned table row) and ``PolicyPublic`` (what the API returns). ``PolicyTerms``
+is ``PolicyBase`` without ``hash_seed``: that field is an optional override an operator sets,
+and the API publishes the seed in force in ``randomizer.hash_family`` instead, so that a device
+never reads a null seed and guesses.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from mechanisms.sfp import POSITIONS
 from policies.randomizer import Randomizer
 
 __all__ = [
+    "FILTER_FIELDS",
     "MAX_EPSILON",
     "MAX_SKETCH_BYTES",
     "MICRO",
@@ -33,6 +37,7 @@ __all__ = [
     "PolicyBase",
     "PolicyCreate",
     "PolicyPublic",
+    "PolicyTerms",
     "PolicyUpdate",
     "budget_key",
     "default_hash_seed",
@@ -51,6 +56,17 @@ MICRO = 1_000_000
 SKETCH_CELL_BYTES = 8
 MAX_SKETCH_BYTES = 1 << 30
 SLUG = r"^[a-z0-9][a-z0-9-]{0,62}$"
+# A budget's (epsilon, delta) targets, each enforced by a privacy filter (docs/odometer.md).
+FILTER_FIELDS = (
+    "window_filter_epsilon",
+    "window_filter_delta",
+    "lifetime_filter_epsilon",
+    "lifetime_filter_delta",
+)
+_TARGET = (
+    "{}: the epsilon of the (epsilon, delta) target a privacy filter holds the budget's reports"
+    " to, each at epsilon x group size."
+)
 Mechanism = Literal["cms", "hcms", "sfp"]
 
 
@@ -88,8 +104,8 @@ def default_hash_seed(name: str) -> str:
     return hashlib.sha256(f"dp-governor/hash-seed/{name}".encode()).hexdigest()
 
 
-class PolicyBase(SQLModel):
-    """Fields shared by every member of the family, with their constraints."""
+class PolicyTerms(SQLModel):
+    """The fields every member of the family shows, with their constraints (all but the seed)."""
 
     name: str = Field(max_length=63, description="Use-case slug, e.g. `emoji`.")
     description: str = Field(default="", max_length=500)
@@ -116,12 +132,33 @@ class PolicyBase(SQLModel):
     lifetime_epsilon_cap: float | None = Field(
         default=None, gt=0, le=1e9, description="Per device, ever."
     )
+    window_filter_epsilon: float | None = Field(
+        default=None, gt=0, le=1e9, description=_TARGET.format("Per device and window")
+    )
+    window_filter_delta: float | None = Field(
+        default=None, gt=0, lt=1, description="Per device and window: the filter target's delta."
+    )
+    lifetime_filter_epsilon: float | None = Field(
+        default=None, gt=0, le=1e9, description=_TARGET.format("Per device, ever")
+    )
+    lifetime_filter_delta: float | None = Field(
+        default=None, gt=0, lt=1, description="Per device, ever: the filter target's delta."
+    )
     delta: float = Field(default=1e-9, gt=0, lt=1)
     budget_group: str | None = Field(
         default=None, max_length=63, description="Shared budget (caps and account)."
     )
+
+
+class PolicyBase(PolicyTerms):
+    """Fields shared by every stored and submitted member, with their constraints."""
+
     hash_seed: str | None = Field(
-        default=None, max_length=64, description="Hex seed of the hash family (1-64 hex digits)."
+        default=None,
+        max_length=64,
+        description="An explicit hex seed of the hash family (1-64 hex digits); null: the seed"
+        " derived from the use case's name. Either way the API publishes the seed in force as"
+        " `randomizer.hash_family.seed`.",
     )
 
 
@@ -136,6 +173,8 @@ class PolicyCreate(PolicyBase):
         "epsilon_fragment",
         "window_epsilon_cap",
         "lifetime_epsilon_cap",
+        "window_filter_epsilon",
+        "lifetime_filter_epsilon",
     )
     @classmethod
     def _micro_exact(cls, value: float | None, info: Any) -> float | None:
@@ -199,7 +238,22 @@ class PolicyCreate(PolicyBase):
                     f"`{cap}` must be at least `epsilon_per_report` ({value} < "
                     f"{self.epsilon_per_report}): no report could ever be accepted"
                 )
+        self._check_filters(eps)
         return self
+
+    def _check_filters(self, eps: int) -> None:
+        """Each filter target is given whole and admits a report on its own."""
+        for kind in ("window", "lifetime"):
+            target, delta = f"{kind}_filter_epsilon", f"{kind}_filter_delta"
+            value = getattr(self, target)
+            if (value is None) != (getattr(self, delta) is None):
+                raise ValueError(f"`{target}` and `{delta}` are given together or not at all")
+            if value is not None and to_micro(value) < eps * self.group_size:
+                raise ValueError(
+                    f"`{target}` must be at least `epsilon_per_report` x `group_size` ({value} <"
+                    f" {self.epsilon_per_report} x {self.group_size}): one report alone would"
+                    " exceed the target"
+                )
 
 
 class PolicyUpdate(SQLModel):
@@ -223,6 +277,10 @@ class PolicyUpdate(SQLModel):
     min_batch_devices: int | None = None
     window_epsilon_cap: float | None = None
     lifetime_epsilon_cap: float | None = None
+    window_filter_epsilon: float | None = None
+    window_filter_delta: float | None = None
+    lifetime_filter_epsilon: float | None = None
+    lifetime_filter_delta: float | None = None
     delta: float | None = None
     budget_group: str | None = None
     hash_seed: str | None = None
@@ -251,8 +309,8 @@ class Policy(PolicyBase, table=True):
     mechanism: str = Field(max_length=8)  # type: ignore[assignment]
 
 
-class PolicyPublic(PolicyBase):
-    """A policy version as the API returns it."""
+class PolicyPublic(PolicyTerms):
+    """A policy version as the API returns it: the seed in force is in ``randomizer`` only."""
 
     version: int
     active: bool
@@ -261,14 +319,14 @@ class PolicyPublic(PolicyBase):
     budget: str = Field(description="The budget this use case draws from (group or own name).")
     epsilon_per_day: float = Field(description="epsilon_per_report x max_reports_per_day.")
     randomizer: Randomizer = Field(
-        description="What devices build their randomizer from (`hash_seed` null: the seed derived"
-        " from the name, published here)."
+        description="What devices build their randomizer from: mechanism, parameters and the"
+        " hash family with the seed in force."
     )
 
 
 def publish(policy: Policy) -> PolicyPublic:
     """A policy version as the API returns it, with the randomizer devices must build."""
-    data = policy.model_dump()
+    data = policy.model_dump(exclude={"hash_seed"})  # in force: randomizer.hash_family.seed
     data["budget"] = budget_key(policy)
     data["epsilon_per_day"] = policy.epsilon_per_report * policy.max_reports_per_day
     data["randomizer"] = Randomizer.of(mechanism_for(policy))

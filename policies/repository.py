@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
 from policies.errors import PolicyConflict, UnknownUseCase
-from policies.model import Policy, PolicyBase, PolicyCreate, PolicyUpdate
+from policies.model import FILTER_FIELDS, Policy, PolicyBase, PolicyCreate, PolicyUpdate
 
 __all__ = ["GROUP_FIELDS", "PolicyStore", "advisory_key", "lock_names"]
 
@@ -23,6 +23,7 @@ GROUP_FIELDS = (
     "retention_days",
     "window_epsilon_cap",
     "lifetime_epsilon_cap",
+    *FILTER_FIELDS,
 )
 
 _TABLE = Policy.__table__  # type: ignore[attr-defined]
@@ -88,6 +89,16 @@ class PolicyStore:
         if row is None or not row.active:
             raise UnknownUseCase(name)
         return Policy.model_validate(row._asdict())
+
+    @staticmethod
+    def all_versions_in(conn: Connection) -> builtins.list[Policy]:
+        """Every version of every use case (retired ones included), by name and version.
+
+        The one read of the whole table: the ledger's policy book is built from it
+        (``budget.book``), and every other reader of policy versions goes through that book.
+        """
+        rows = conn.execute(select(_TABLE).order_by(_TABLE.c.name, _TABLE.c.version)).all()
+        return [Policy.model_validate(r._asdict()) for r in rows]
 
     @staticmethod
     def group_members_in(conn: Connection, group: str) -> builtins.list[Policy]:

@@ -28,11 +28,25 @@ def _prose(text: str) -> str:
 def _relative_targets(path: Path) -> list[str]:
     prose = _prose(path.read_text(encoding="utf-8"))
     targets = _INLINE.findall(prose) + _REFERENCE.findall(prose)
-    return [
-        t
-        for t in targets
-        if not re.match(r"^[a-z][a-z0-9+.-]*:", t, flags=re.I) and not t.startswith("#")
-    ]
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t, flags=re.I)]
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading anchors GitHub gives a Markdown file (lower case, punctuation dropped)."""
+    return _anchors_of(path.read_text(encoding="utf-8"))
+
+
+def _anchors_of(text: str) -> set[str]:
+    text = re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.S | re.M)
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.M):
+        heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text only
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
 
 
 def test_configuration_page_is_generated_from_the_settings_model() -> None:
@@ -54,13 +68,23 @@ def test_every_relative_link_points_to_an_existing_file() -> None:
         if not path.exists():
             continue
         for target in _relative_targets(path):
-            file_part = target.split("#", 1)[0].split("?", 1)[0]
-            resolved = (path.parent / file_part).resolve()
+            file_part, _, anchor = target.split("?", 1)[0].partition("#")
+            resolved = (path.parent / file_part).resolve() if file_part else path
             if not resolved.exists():
                 dangling.append(f"{path.relative_to(ROOT)}: {target}")
             elif ROOT not in (resolved, *resolved.parents):
                 dangling.append(f"{path.relative_to(ROOT)}: {target} (outside the repository)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                dangling.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
     assert not dangling, "dangling links:\n" + "\n".join(dangling)
+
+
+def test_the_anchor_checker_follows_github_slugs() -> None:
+    assert _anchors_of("# Upgrading: schema migrations\n") == {"upgrading-schema-migrations"}
+    assert _anchors_of("```\n# not a heading\n```\n## A_b c\n## A_b c\n") == {
+        "a_b-c",
+        "a_b-c-1",
+    }
 
 
 def test_the_link_checker_sees_links() -> None:

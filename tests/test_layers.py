@@ -1,7 +1,7 @@
-"""The layers of docs/architecture.md hold: each package imports only the ones below it.
+"""The layers of docs/architecture.md hold, and no module imports itself back through others.
 
-Read from the source with ``ast`` (every import, at module level or inside a function), so a
-local import cannot hide a dependency the way ``init_db``'s once hid a cycle.
+Each package imports only the ones below it. Read from the source with ``ast`` (every import,
+at module level or inside a function), so a local import cannot hide a dependency or a cycle.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Each package may import only the packages listed before it.
 ORDER = ("mechanisms", "policies", "budget", "api")
+PACKAGES = (*ORDER, "benchmarks", "tests")
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -52,3 +53,84 @@ def test_the_service_never_imports_the_cli_or_the_demo() -> None:
         if name.startswith(tools)
     ]
     assert not wrong, wrong
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The repository's modules that ``path`` imports: ``from m import x`` is ``m.x`` if a module.
+
+    Relative imports are resolved against the module's package.
+    """
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    out = set()
+    for target in found:
+        while target and target not in modules:  # a name inside a module: the module
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            out.add(target)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_back() -> None:
+    paths = [p for package in PACKAGES for p in _modules(package)]
+    modules = {_module_name(p) for p in paths}
+    graph = {_module_name(p): _module_imports(p, modules) for p in paths}
+    assert graph["budget.ledger"] >= {"budget.batch", "budget.gate"}  # the graph is read
+    assert not _cycles(graph), _cycles(graph)

@@ -62,3 +62,17 @@ def test_the_policy_store_uses_the_ledgers_write_option() -> None:
 
     source = (ROOT / "policies" / "repository.py").read_text(encoding="utf-8")
     assert f"{WRITE_OPTION}=True" in source
+
+
+def test_the_readme_mechanisms_example_runs_as_written() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    concepts = readme.split("## Concepts", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", concepts, flags=re.S)
+    scope: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    est = scope["est"]
+    counts = est.counts  # type: ignore[attr-defined]
+    stderr = est.stderr  # type: ignore[attr-defined]
+    # 60,000 and 40,000 reports of two domains, none of the third: within 5 standard errors
+    for got, want, se in zip(counts, (60_000, 40_000, 0), stderr, strict=True):
+        assert abs(got - want) < 5 * se, (got, want, se)

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import DatabaseOption, load_settings, open_ledger, refuse
+from api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
 
 
 class AggregateEngine(enum.StrEnum):
@@ -101,15 +101,17 @@ def aggregate(
         exported = None
         if export:
             try:
-                exported = export_reports(
-                    ledger.engine,
-                    out,
-                    use_case,
-                    first,
-                    last,
-                    mechanisms_by_params(ledger, use_case),
-                    rows_per_file=rows_per_file,
-                )
+                with Progress(f"aggregate {use_case}: export", "reports") as progress:
+                    exported = export_reports(
+                        ledger.engine,
+                        out,
+                        use_case,
+                        first,
+                        last,
+                        mechanisms_by_params(ledger, use_case),
+                        rows_per_file=rows_per_file,
+                        progress=progress,
+                    )
             except OSError as exc:
                 typer.echo(f"Error: cannot write {out}: {exc.strerror}", err=True)
                 raise typer.Exit(1) from None
@@ -118,12 +120,14 @@ def aggregate(
     t1 = time.perf_counter()
     files = dataset_files(out, use_case, range(first, last + 1), params)
     try:
-        sketch = aggregate_files(
-            mechanism,
-            files,
-            engine=engine.value,
-            dask=DaskOptions(scheduler=scheduler, workers=workers),
-        )
+        with Progress(f"aggregate {use_case}: fold", "files") as progress:
+            sketch = aggregate_files(
+                mechanism,
+                files,
+                engine=engine.value,
+                dask=DaskOptions(scheduler=scheduler, workers=workers),
+                progress=progress,
+            )
     except (OSError, ValueError) as exc:
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TextIO, cast
 
 import typer
 
-from api.cli.common import DatabaseOption, load_settings, open_ledger, refuse
+from api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
 
@@ -75,6 +76,7 @@ def audit_report(
 ) -> None:
     """The effective-epsilon report: what each policy allows and what devices spent."""
     from budget import SystemClock
+    from budget.reporting.loss import effective_epsilon
     from budget.reporting.report import render_text
 
     if delta is not None and not 0 < delta < 1:
@@ -82,7 +84,7 @@ def audit_report(
         raise typer.Exit(2)
     ledger = open_ledger(load_settings(database_url))
     try:
-        report = ledger.effective_epsilon(now=SystemClock().now(), delta=delta)
+        report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
     finally:
         ledger.engine.dispose()
     if as_json:
@@ -106,14 +108,35 @@ def audit_export(
         raise typer.Exit(2)
     ledger = open_ledger(load_settings(database_url))
     try:
-        with out.open("w", encoding="utf-8", newline="") as handle:
-            n = export_ledger(ledger, handle, fmt=fmt, now=SystemClock().now())  # type: ignore[arg-type]
+        with (
+            out.open("w", encoding="utf-8", newline="") as handle,
+            Progress("audit export", "lines") as progress,
+        ):
+            counted = cast(TextIO, _LineCounter(handle, progress))
+            n = export_ledger(ledger, counted, fmt=fmt, now=SystemClock().now())  # type: ignore[arg-type]
     except OSError as exc:
         typer.echo(f"Error: cannot write {out}: {exc.strerror}", err=True)
         raise typer.Exit(1) from None
     finally:
         ledger.engine.dispose()
     typer.echo(f"{n} records written to {out}")
+
+
+class _LineCounter:
+    """A file that reports the lines written through it: an export writes one per record."""
+
+    def __init__(self, out: TextIO, progress: Callable[[int], None]) -> None:
+        self.out = out
+        self.progress = progress
+        self.lines = 0
+
+    def write(self, text: str) -> int:
+        """Write ``text`` and report the lines written so far."""
+        written = self.out.write(text)
+        if "\n" in text:
+            self.lines += text.count("\n")
+            self.progress(self.lines)
+        return written
 
 
 @app.command("recompute")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import load_settings, refuse
+from api.cli.common import Progress, load_settings, refuse
 
 
 def demo(
@@ -27,7 +27,7 @@ def demo(
     """Start the service on a database, run a fleet over real HTTP, show the results."""
     from pydantic import TypeAdapter
 
-    from api.demo.demo import demo_reports, run_demo
+    from api.demo.demo import run_demo
     from budget.reporting.report import EffectiveEpsilonReport, render_text
 
     settings = None if database_url is None else load_settings(database_url)
@@ -36,9 +36,9 @@ def demo(
         f"Simulating {devices:,d} devices over {days} days (emoji + new words), over HTTP,"
         f" into {where}."
     )
-    with typer.progressbar(length=demo_reports(devices, days), label="submitting") as bar:
+    with Progress("demo", "reports") as progress:
         try:
-            result = run_demo(devices, days, seed=seed, progress=bar.update, settings=settings)
+            result = run_demo(devices, days, seed=seed, progress=progress, settings=settings)
         except RuntimeError as exc:
             refuse(f"{exc} (check --database-url and the keys beside it)")
     true_top = sorted(result.emoji_truth, key=lambda k: -result.emoji_truth[k])[:10]

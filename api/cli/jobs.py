@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import Access, DatabaseOption, load_settings, open_ledger, open_service
+from api.cli.common import (
+    Access,
+    DatabaseOption,
+    Progress,
+    load_settings,
+    open_ledger,
+    open_service,
+)
 
 app = typer.Typer(help="Run scheduled jobs now.", no_args_is_help=True)
 
@@ -34,10 +41,17 @@ def jobs_run(
     settings = load_settings(database_url)
     ledger, keys = open_service(settings, Access.WRITE)
     key = f"cli-{name}"
-    ingestor = Ingestor(ledger, keys.device_key_secret)
-    RUNTIMES[key] = Runtime.configured(ledger, ingestor, SystemClock(), settings)
+    progress = Progress(f"jobs run {name}", "reports")
+    RUNTIMES[key] = Runtime.configured(
+        ledger,
+        Ingestor(ledger, keys.device_key_secret),
+        SystemClock(),
+        settings,
+        progress=lambda step: progress.step(f"jobs run {name}: {step}"),
+    )
     try:
-        result = run_job(name, key, force=force)
+        with progress:
+            result = run_job(name, key, force=force)
         held = None if result is not None else lease_holder(ledger.engine, lease_of(name))
     except JobBusy as exc:
         typer.echo(f"Error: {exc}", err=True)

@@ -61,16 +61,17 @@ def policies_apply(
         bool,
         typer.Option(
             "--allow-loosen",
-            help="Allow raising or removing a cap, raising epsilon or shortening retention.",
+            help="Allow raising or removing a cap or a filter target, raising epsilon or"
+            " shortening retention.",
         ),
     ] = False,
     database_url: DatabaseOption = None,
 ) -> None:
     """Create or update every policy of a complete file; print each change and its what-if first.
 
-    Loosening (a daily, window or lifetime cap raised or removed, an epsilon raised, retention
-    shortened) needs --allow-loosen. Nothing is written unless every check passes; --dry-run
-    runs them all and writes nothing.
+    Loosening (a daily, window or lifetime cap or a filter target raised or removed, an epsilon
+    raised, retention shortened) needs --allow-loosen. Nothing is written unless every check
+    passes; --dry-run runs them all and writes nothing.
     """
     from budget import PolicyConflict, SystemClock
     from policies import PolicyFileError, load_device_budget, load_policies
@@ -187,13 +188,18 @@ def _review(
 
 
 def _loosening(old: PolicyBase, new: PolicyBase) -> dict[str, str]:
-    """The changes from ``old`` to ``new`` that let a device spend more, by field."""
+    """The changes from ``old`` to ``new`` that let a device spend more, by field.
+
+    Removing or raising a cap or a filter target's epsilon or delta loosens.
+    """
+    from policies.model import FILTER_FIELDS
+
     out: dict[str, str] = {}
     if new.max_reports_per_day > old.max_reports_per_day:
         out["max_reports_per_day"] = (
             f"daily cap raised from {old.max_reports_per_day} to {new.max_reports_per_day} reports"
         )
-    for cap in ("window_epsilon_cap", "lifetime_epsilon_cap"):
+    for cap in ("window_epsilon_cap", "lifetime_epsilon_cap", *FILTER_FIELDS):
         was, now = getattr(old, cap), getattr(new, cap)
         if was is not None and now is None:
             out[cap] = f"`{cap}` removed (was {was:g})"

@@ -82,14 +82,15 @@ def run_demo(
     days: int = 3,
     *,
     seed: int = 7,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
     workdir: Path | None = None,
     settings: Settings | None = None,
 ) -> DemoResult:
     """Run the demo and return its results (the CLI prints them).
 
     ``settings``: the database and keys to write to (a served database); the demo's own
-    server on them has its own admin token. Default: a temporary database.
+    server on them has its own admin token. Default: a temporary database. ``progress`` is
+    called with the reports submitted so far and :func:`demo_reports`, after each batch.
     """
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -155,7 +156,7 @@ def _simulate(
     devices: int,
     days: int,
     rng: np.random.Generator,
-    progress: Callable[[int], None] | None,
+    progress: Callable[[int, int], None] | None,
     start: float,
 ) -> DemoResult:
     emoji = emoji_vocabulary()
@@ -195,7 +196,7 @@ def _simulate(
                     submitted += len(items)
                     accepted += result.accepted
                     if progress:
-                        progress(len(items))
+                        progress(submitted, demo_reports(devices, days))
             client.run_job("aggregate")
             clock.advance(days=1)
         clock.advance(days=-1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -36,13 +36,22 @@ _CLIENT_FAN_IN = 4  # partials the client merges itself (more: merged pairwise o
 
 
 def fold_files(
-    mechanism: Mechanism, files: Sequence[str | os.PathLike[str]], *, batch_rows: int = 1 << 20
+    mechanism: Mechanism,
+    files: Sequence[str | os.PathLike[str]],
+    *,
+    batch_rows: int = 1 << 20,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Arrays:
-    """Fold files into one sketch and return its arrays (the unit of work of a task)."""
+    """Fold files into one sketch and return its arrays (the unit of work of a task).
+
+    ``progress`` is called with the files folded so far and their number, after each file.
+    """
     sketch: Any = mechanism.sketch()
-    for path in files:
+    for i, path in enumerate(files, start=1):
         for reports in iter_reports(path, mechanism, batch_rows=batch_rows):
             sketch.add(reports)
+        if progress is not None:
+            progress(i, len(files))
     return sketch_arrays(sketch)
 
 
@@ -80,6 +89,7 @@ def aggregate_files(
     engine: EngineName = "local",
     dask: DaskOptions | None = None,
     batch_rows: int = 1 << 20,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Sketch:
     """Aggregate report files into one sketch with the chosen engine.
 
@@ -87,12 +97,14 @@ def aggregate_files(
     are split into one group per worker thread (one partial sketch each, so a worker holds
     one sketch and one batch at a time) and folded in parallel; the partials are merged
     pairwise on the cluster down to a few, which this process fetches and merges.
+    ``progress`` is called with the files folded so far and their number.
     """
     if engine == "local":
-        return sketch_from_arrays(mechanism, fold_files(mechanism, files, batch_rows=batch_rows))
+        arrays = fold_files(mechanism, files, batch_rows=batch_rows, progress=progress)
+        return sketch_from_arrays(mechanism, arrays)
     if engine != "dask":
         raise ValueError(f"unknown engine {engine!r}; engines: local, dask")
-    return _on_dask(mechanism, files, dask or DaskOptions(), batch_rows)
+    return _on_dask(mechanism, files, dask or DaskOptions(), batch_rows, progress)
 
 
 def _on_dask(
@@ -100,6 +112,7 @@ def _on_dask(
     files: Sequence[Path],
     options: DaskOptions,
     batch_rows: int,
+    progress: Callable[[int, int], None] | None,
 ) -> Sketch:
     try:
         from dask.distributed import Client, LocalCluster, as_completed
@@ -126,15 +139,19 @@ def _on_dask(
         threads = max(1, sum(int(w.get("nthreads", 1)) for w in info))
         groups = group_files(files, threads) if files else [[]]
         paths = [[str(p.resolve()) for p in g] for g in groups]
-        partials = client.map(
+        folds = client.map(
             fold_files, [mechanism] * len(paths), paths, batch_rows=batch_rows, pure=False
         )
+        partials = list(folds)
         while len(partials) > _CLIENT_FAN_IN:  # merge on the cluster down to a few partials
             pairs = [partials[i : i + 2] for i in range(0, len(partials), 2)]
             partials = [
                 client.submit(merge_arrays, mechanism, *p, pure=False) if len(p) == 2 else p[0]
                 for p in pairs
             ]
+        if progress is not None:  # the folds finish while the merges above wait for them
+            _report_folds(folds, [len(g) for g in paths], progress)
+        del folds  # a fold's result is released once its merge has it
         total: Any = None
         for done in as_completed(partials):  # type: ignore[no-untyped-call]
             # fetch the rest as they finish, one at a time
@@ -147,3 +164,14 @@ def _on_dask(
         client.close()  # type: ignore[no-untyped-call]
         if cluster is not None:
             cluster.close()
+
+
+def _report_folds(folds: list[Any], sizes: list[int], progress: Callable[[int, int], None]) -> None:
+    """Call ``progress`` with the files folded so far as each fold task finishes."""
+    from dask.distributed import as_completed
+
+    files = dict(zip((f.key for f in folds), sizes, strict=True))
+    folded = 0
+    for fold in as_completed(folds):  # type: ignore[no-untyped-call]
+        folded += files[fold.key]
+        progress(folded, sum(sizes))

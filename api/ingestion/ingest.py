@@ -64,7 +64,7 @@ class ItemResult(NamedTuple):
     """The outcome of one item of a batch: a decision, or an error naming a field."""
 
     decision: Decision | None = None
-    status: int = 202
+    status: int = ACCEPTED
     error: str | None = None
     field: str | None = None
 

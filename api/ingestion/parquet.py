@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,13 +216,15 @@ def export_reports(
     mechanisms: dict[str, Mechanism],
     *,
     rows_per_file: int = 1_000_000,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Export a use case's published reports of ``first_day..last_day`` to ``root``.
 
     A batch still being moved into the store is not published yet: the next export has it.
     Each partition is written to a temporary directory and renamed into place, so a partition is
     either the previous export or the complete new one; re-exporting replaces it. Reports whose
-    parameter hash is not in ``mechanisms`` are skipped (they cannot be decoded).
+    parameter hash is not in ``mechanisms`` are skipped (they cannot be decoded). ``progress``
+    is called with the reports read so far and the reports to export, a page at a time.
     """
     if rows_per_file < 1:
         raise ValueError("rows_per_file must be positive")
@@ -230,7 +232,20 @@ def export_reports(
         groups = published_parts(conn, use_case, first_day, last_day)
     files: list[Path] = []
     partitions: dict[tuple[int, str], int] = {}
-    for (day, params), batches in groups.items():
+    total = sum(
+        n for (_, params), parts in groups.items() if params in mechanisms for _, n in parts
+    )
+    read = 0
+
+    def counted(pages: Iterator[list[str]]) -> Iterator[list[str]]:
+        nonlocal read
+        for page in pages:
+            read += len(page)
+            if progress is not None:
+                progress(read, total)
+            yield page
+
+    for (day, params), parts in groups.items():
         mechanism = mechanisms.get(params)
         if mechanism is None:
             continue
@@ -238,7 +253,8 @@ def export_reports(
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".export-", dir=final.parent))
         try:
-            pages = _pages(engine, batches, day, params, _READ_CHUNK)
+            batches = [batch for batch, _ in parts]
+            pages = counted(_pages(engine, batches, day, params, _READ_CHUNK))
             written, rows = _write_partition(staging, mechanism, pages, rows_per_file)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # the previous export stays as it was

@@ -27,7 +27,7 @@ import io
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -41,9 +41,11 @@ from api.ingestion.ingest import Ingestor, Mechanism, params_hash
 from api.ingestion.tables import BatchPart, InboxMove, InboxRow, SketchRow, StoredReport
 from budget import Ledger, utc_day
 from budget.audit_log import Entry
-from budget.central import ShuffledBatch, batch_layers
-from budget.gate import InternalError
+from budget.book import PolicyBook
+from budget.central import batch_layers
+from budget.gate import InternalError, load_book
 from budget.storage.db import placeholder, write_step
+from budget.storage.tables import ShuffledBatch
 from mechanisms import (
     CMS,
     HCMS,
@@ -65,7 +67,6 @@ __all__ = [
     "aggregate",
     "decode_payloads",
     "flush_inbox",
-    "latest_policies",
     "load_sketch",
     "part_payloads",
     "published_parts",
@@ -105,25 +106,17 @@ class _Terms:
     max_epsilon_micro: int
 
 
-def _terms(engine: Engine, use_cases: set[str]) -> dict[str, _Terms]:
-    """Each use case's latest ``min_batch_devices`` and every version's epsilon per report.
-
-    Read afresh each flush (milliseconds for the default policies): a process may flush several
-    databases whose use cases share names and versions.
-    """
-    table = Policy.__table__  # type: ignore[attr-defined]
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(table).where(table.c.name.in_(sorted(use_cases))).order_by(table.c.version)
-        ).all()
+def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
+    """Each use case's latest ``min_batch_devices`` and every version's epsilon per report."""
     out: dict[str, _Terms] = {}
-    for row in rows:
-        version = Policy.model_validate(dict(row._mapping))
+    for version in book.versions:  # by name, then version: each use case's latest last
+        if version.name not in use_cases:
+            continue
         found = (params_hash(mechanism_for(version)), to_micro(version.epsilon_per_report))
-        known = out.get(row.name)
+        known = out.get(version.name)
         eps = {**known.epsilon_micro, found[0]: found[1]} if known else {found[0]: found[1]}
         top = max(found[1], known.max_epsilon_micro if known else 0)
-        out[row.name] = _Terms(int(row.min_batch_devices), eps, top)  # the latest version last
+        out[version.name] = _Terms(version.min_batch_devices, eps, top)
     return out
 
 
@@ -142,6 +135,7 @@ def flush_inbox(
     batch: int = STEP_ROWS,
     min_batch: int = DEFAULT_MIN_BATCH,
     now: datetime | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> int:
     """Publish each use case's pending reports as one shuffled batch, once it is large enough.
 
@@ -153,7 +147,8 @@ def flush_inbox(
     their pseudonyms; the transaction that moves its last report records it in
     ``shuffled_batches`` (:mod:`budget.central`) and publishes its parts to the fold. A batch
     left half moved (a crash, a stopped job) is carried on first. Returns how many reports this
-    call moved.
+    call moved. ``progress`` is called with the pending reports handled so far and those found
+    pending, after each use case.
     """
     if batch < 1 or min_batch < 1:
         raise ValueError(f"`batch` and `min_batch` must be at least 1, got {batch}, {min_batch}")
@@ -167,25 +162,36 @@ def flush_inbox(
                 _MOVES.c.batch.is_not(None)
             )
         ).all()
-    moved = 0
+    carried = {str(row.use_case) for row in moving}
+    counts = {str(u): int(n) for u, n in pending if n >= min_batch or str(u) in carried}
+    moved = handled = 0
+
+    def done(use_case: str) -> None:
+        nonlocal handled
+        handled += counts.get(use_case, 0)
+        if progress is not None:
+            progress(handled, sum(counts.values()))
+
     for row in moving:
-        carried = _Move(
+        claim = _Move(
             int(row.batch), np.frombuffer(row.manifest, np.int64), orjson.loads(row.record)
         )
-        moved += _carry(engine, str(row.use_case), carried, batch, today)
-    ready = {str(use_case) for use_case, count in pending if count >= min_batch}
-    ready -= {str(row.use_case) for row in moving}
+        moved += _carry(engine, str(row.use_case), claim, batch, today)
+        done(str(row.use_case))
+    ready = set(counts) - carried
     if not ready:
         return moved
-    terms = _terms(engine, ready)
+    with engine.connect() as conn:
+        # read afresh each flush (milliseconds for the default policies): a process may flush
+        # several databases whose use cases share names and versions
+        terms = _terms(load_book(conn), ready)
     rng = secrets.SystemRandom()
     for use_case in sorted(ready):
-        found = terms.get(use_case)
-        if found is None:
-            continue  # no policy of that name: leave the reports for inspection
-        claimed = _claim(engine, use_case, found, min_batch, rng)
+        found = terms.get(use_case)  # none: no policy of that name, left for inspection
+        claimed = None if found is None else _claim(engine, use_case, found, min_batch, rng)
         if claimed is not None:
             moved += _carry(engine, use_case, claimed, batch, today)
+        done(use_case)
     return moved
 
 
@@ -448,18 +454,18 @@ def mechanisms_by_params(ledger: Ledger, use_case: str) -> dict[str, Mechanism]:
 
 def published_parts(
     conn: Connection, use_case: str, first_day: int, last_day: int
-) -> dict[tuple[int, str], list[int]]:
-    """The published batch parts of a use case's days, by (day, parameter hash): their batches."""
+) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """A use case's published batch parts by (day, parameter hash): ``(batch, reports)`` each."""
     rows = conn.execute(
-        select(_PARTS.c.day, _PARTS.c.params, _PARTS.c.batch)
+        select(_PARTS.c.day, _PARTS.c.params, _PARTS.c.batch, _PARTS.c.reports)
         .where(
             and_(_PARTS.c.use_case == use_case, _PARTS.c.day >= first_day, _PARTS.c.day <= last_day)
         )
         .order_by(_PARTS.c.day, _PARTS.c.params, _PARTS.c.batch)
     )
-    out: dict[tuple[int, str], list[int]] = {}
-    for day, params, batch in rows:
-        out.setdefault((int(day), str(params)), []).append(int(batch))
+    out: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for day, params, batch, reports in rows:
+        out.setdefault((int(day), str(params)), []).append((int(batch), int(reports)))
     return out
 
 
@@ -488,11 +494,15 @@ class AggregateResult:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def aggregate(ledger: Ledger) -> AggregateResult:
+def aggregate(
+    ledger: Ledger, *, progress: Callable[[int, int], None] | None = None
+) -> AggregateResult:
     """Fold every unfolded published batch part into its (use case, parameters, day) sketch.
 
     Each group is folded on its own: an error in one (a sketch too large for memory, a
     corrupt report) is logged and reported in the result, and the other groups go on.
+    ``progress`` is called with the unfolded reports handled so far and those found, before
+    each group and at the end.
     """
     engine = ledger.engine
     with engine.connect() as conn:
@@ -512,7 +522,11 @@ def aggregate(ledger: Ledger) -> AggregateResult:
     touched = 0
     failed: dict[str, str] = {}
     known: dict[str, dict[str, Mechanism]] = {}
+    total, handled = sum(n for parts in groups.values() for _, n in parts), 0
     for group, parts in groups.items():
+        if progress is not None:  # before each group, and once all are done
+            progress(handled, total)
+        handled += sum(n for _, n in parts)
         use_case, params, day = group
         if use_case in failed:
             continue
@@ -529,6 +543,8 @@ def aggregate(ledger: Ledger) -> AggregateResult:
             continue
         folded += n
         touched += n > 0
+    if progress is not None:
+        progress(total, total)
     return AggregateResult(folded, touched, failed)
 
 
@@ -683,26 +699,25 @@ def load_sketch(
     return merged, days
 
 
-def latest_policies(ledger: Ledger) -> dict[str, Policy]:
-    """The latest version of every use case ever defined, retired ones included."""
-    return {p.name: p for p in ledger.all_policy_versions()}  # ordered by name, then version
-
-
 def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, int]:
-    """Retention: the ledger's purge, plus inbox rows, reports and sketches past each window.
+    """Retention: the ledger's purge of the spend records, then of the reports themselves.
 
-    Every use case ever defined is purged by its latest version's retention, so a retired
-    use case's reports and sketches go when its window ends, like an active one's. Deletes go
-    ``rows`` a transaction; a use case's inbox is left alone while a batch of it is being moved
-    (the next purge takes those rows), and its stored reports go part by part, each part's
-    row with its last reports. The audit entry counts what this run deleted.
+    Both follow the book's one rule (:meth:`budget.book.PolicyBook.purge_through`) over every
+    use case ever defined, retired ones included: the ledger keeps spend records for the
+    longest retention ever, the inbox rows, stored reports and sketches go at the latest
+    version's retention (``data_through``; docs/decisions/retention.md). Deletes go ``rows`` a
+    transaction; a use case's inbox is left alone while a batch of it is being moved (the next
+    purge takes those rows), and its stored reports go part by part, each part's row with its
+    last reports. The audit entry counts what this run deleted.
     """
     result = ledger.purge(now=now, rows=rows)
     engine = ledger.engine
     day = utc_day(now)
     reports = sketches = inbox = 0
-    for name, policy in latest_policies(ledger).items():
-        cutoff = day - policy.retention_days
+    with engine.connect() as conn:
+        kept = ledger.gate.book(conn).purge_through(day)
+    for name, retention in kept.items():
+        cutoff = retention.data_through
         inbox += _purge_inbox(engine, name, cutoff, rows)
         reports += _purge_reports(engine, name, cutoff, rows)
         with write_step(engine) as conn:

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse
 from api.caches import Caches
 from api.dashboard import EstimatePanel, render_dashboard
 from api.deps import AdminCredential, CachesDep, ClockDep, IngestorDep, LedgerDep
-from api.errors import HttpError
+from api.errors import UNAUTHORIZED, HttpError
 from api.ingestion.ingest import Ingestor
 from api.ingestion.pipeline import load_sketch
 from budget import Clock, Ledger, UnknownUseCase, utc_day
@@ -46,7 +46,7 @@ def dashboard(
     if not admin:
         if estimate is not None or candidates:
             raise HttpError(
-                401,
+                UNAUTHORIZED,
                 "estimates on the dashboard need `Authorization: Bearer <admin token>`,"
                 " as `GET /v1/use-cases/{name}/estimates` does",
             )

@@ -19,6 +19,18 @@ __all__ = ["day_range", "router"]
 
 router = APIRouter(tags=["estimates"])
 
+FromDay = Annotated[
+    date | None,
+    Query(
+        alias="from",
+        description="The first UTC day (ISO date); default 89 days before today, so that the"
+        " default range is the last 90 days.",
+    ),
+]
+ToDay = Annotated[
+    date | None, Query(alias="to", description="The last UTC day (ISO date); default today.")
+]
+
 
 def day_range(start: date | None, end: date | None, clock: Clock) -> tuple[int, int]:
     """The day numbers of ``from`` and ``to`` (default: the last 90 days, today included)."""
@@ -37,9 +49,17 @@ def estimates(
     name: UseCaseName,
     ingestor: IngestorDep,
     clock: ClockDep,
-    candidates: Annotated[list[str], Query(min_length=1, max_length=300_000)],
-    start: Annotated[date | None, Query(alias="from")] = None,
-    end: Annotated[date | None, Query(alias="to")] = None,
+    candidates: Annotated[
+        list[str],
+        Query(
+            min_length=1,
+            max_length=300_000,
+            description="The values to estimate, one `candidates=` each (for long lists, POST"
+            " them to `.../estimates:query`).",
+        ),
+    ],
+    start: FromDay = None,
+    end: ToDay = None,
     _admin: None = AdminDep,
 ) -> Estimates:
     """Frequency estimates with standard errors from the chosen days' sketches (>= T)."""
@@ -91,8 +111,8 @@ def discoveries(
     ingestor: IngestorDep,
     caches: CachesDep,
     clock: ClockDep,
-    start: Annotated[date | None, Query(alias="from")] = None,
-    end: Annotated[date | None, Query(alias="to")] = None,
+    start: FromDay = None,
+    end: ToDay = None,
     _admin: None = AdminDep,
 ) -> Discoveries:
     """Words discovered by SFP over the chosen days, above the publication threshold."""

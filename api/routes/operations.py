@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
 from api.deps import AdminDep, LedgerDep, MetricsDep
-from api.errors import HttpError
+from api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
 from api.ingestion.tables import InboxRow
 from api.jobs import JOBS, JobBusy, lease_of, release_job, run_job
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["operations"])
+
+JobName = Annotated[
+    str,
+    Path(description="The scheduled job: `flush-inbox`, `aggregate`, `purge` or `checkpoint`."),
+]
 
 
 @router.get("/healthz")
@@ -41,7 +46,7 @@ def metrics(ledger: LedgerDep, service_metrics: MetricsDep) -> PlainTextResponse
 
 @router.post("/v1/admin/jobs/{job}:run")
 def run_job_now(
-    job: str,
+    job: JobName,
     request: Request,
     _admin: None = AdminDep,
     force: Annotated[
@@ -50,22 +55,22 @@ def run_job_now(
 ) -> dict[str, Any]:
     """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``, ``checkpoint``)."""
     if job not in JOBS:
-        raise HttpError(404, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
+        raise HttpError(NOT_FOUND, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
     try:
         result = run_job(job, request.app.state.runtime_key, force=force)
     except JobBusy as exc:
-        raise HttpError(503, str(exc)) from None
+        raise HttpError(SERVICE_UNAVAILABLE, str(exc)) from None
     if result is None:
         raise HttpError(
-            409, f"job {job!r} is running in another process; force=true takes its lease"
+            CONFLICT, f"job {job!r} is running in another process; force=true takes its lease"
         )
     return {"job": job, "result": result}
 
 
 @router.post("/v1/admin/jobs/{job}:release")
-def release_job_now(job: str, ledger: LedgerDep, _admin: None = AdminDep) -> dict[str, Any]:
+def release_job_now(job: JobName, ledger: LedgerDep, _admin: None = AdminDep) -> dict[str, Any]:
     """Clear a job's lease whoever holds it (a crashed process); ``released``: it was held."""
     if job not in JOBS:
-        raise HttpError(404, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
+        raise HttpError(NOT_FOUND, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
     released = release_job(ledger.engine, job)
     return {"job": job, "lease": lease_of(job), "released": released}

@@ -11,7 +11,7 @@ import math
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Body, Header, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
@@ -21,17 +21,18 @@ from api.deps import (
     AdminDep,
     ClockDep,
     DeviceHeader,
+    IdempotencyKeyHeader,
     IngestorDep,
     MetricsDep,
     SettingsDep,
     UseCaseName,
 )
-from api.errors import HttpError
+from api.errors import ACCEPTED, REFUSED, TOO_LARGE, HttpError
 from api.ingestion.committer import GroupCommitter
 from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.metrics import Metrics
 from api.ratelimit import RateLimiter
-from api.schemas import BatchResult, Receipt, batch_body
+from api.schemas import BatchResult, Receipt, ReportBody, batch_body
 from budget import Clock, Decision, InvalidRequest, UnknownUseCase
 from budget.clock import day_date
 
@@ -42,7 +43,7 @@ router = APIRouter(tags=["reports"])
 
 @router.post(
     "/v1/use-cases/{name}/reports",
-    status_code=202,
+    status_code=ACCEPTED,
     response_model=Receipt,
     responses={
         404: {"description": "Unknown use case"},
@@ -57,7 +58,7 @@ async def submit_report(
     ingestor: IngestorDep,
     device_id: DeviceHeader,
     body: Annotated[
-        Any,
+        ReportBody,
         Body(
             openapi_examples={
                 "hcms": {"value": {"j": 17, "l": 1023, "bit": -1}},
@@ -72,7 +73,7 @@ async def submit_report(
             }
         ),
     ],
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> Receipt | JSONResponse:
     """Submit one privatized report; it is charged and enqueued atomically.
 
@@ -102,7 +103,7 @@ async def accept_report(
     if wait:
         metrics.reports_total.labels(name, "rate_limited").inc()
         raise HttpError(
-            429,
+            REFUSED,
             f"too many requests from this device; retry in {wait} s",
             {"Retry-After": str(wait)},
         )
@@ -120,7 +121,7 @@ async def accept_report(
         "reports_left_today": decision.reports_left_today,
         "replayed": decision.replayed,
     }
-    return JSONResponse(receipt, status_code=202)
+    return JSONResponse(receipt, status_code=ACCEPTED)
 
 
 def refusal(decision: Decision, clock: Clock) -> JSONResponse:
@@ -135,6 +136,7 @@ def refusal(decision: Decision, clock: Clock) -> JSONResponse:
         "daily_cap": "daily epsilon limit" if by in ("device", "quota") else "daily report cap",
         "window_cap": "window epsilon cap",
         "lifetime_cap": "lifetime epsilon cap",
+        "window_filter": "window (epsilon, delta) filter",
         "lifetime_filter": "lifetime (epsilon, delta) filter",
     }
     whose = {
@@ -150,7 +152,7 @@ def refusal(decision: Decision, clock: Clock) -> JSONResponse:
             "budget": decision.budget,
             "retry_at": decision.retry_at.isoformat() if decision.retry_at else None,
         },
-        status_code=429,
+        status_code=REFUSED,
         headers=headers,
     )
 
@@ -178,7 +180,8 @@ async def submit_batch(
         raise InvalidRequest("items", "must be the only field, a list of batch items")
     if len(items) > settings.max_batch_items:
         raise HttpError(
-            413, f"`items` holds {len(items)} items; the maximum is {settings.max_batch_items}"
+            TOO_LARGE,
+            f"`items` holds {len(items)} items; the maximum is {settings.max_batch_items}",
         )
     results = await run_in_threadpool(ingestor.submit_many, name, items, now=clock.now())
     out = []

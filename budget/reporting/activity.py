@@ -2,10 +2,10 @@
 
 Accepted reports are counted from the ``charges`` table (one row per acceptance, indexed by
 day); refusals from the audit log's ``charge`` entries with ``"accepted":false``, which record
-each refusal's use case, reason (``daily_cap``, ``window_cap``, ``lifetime_cap``) and day. Only
-counts leave this module: no device key, no idempotency key. The audit log is read from the
-first entry written on or after the first day (found by bisecting its sequence numbers, which
-grow with time), so the cost follows the days shown, not the log's length.
+each refusal's use case, reason and day (the caps' reasons always listed, a filter's once one
+refused). Only counts leave this module: no device key, no idempotency key. The audit log is
+read from the first entry written on or after the first day (found by bisecting its sequence
+numbers, which grow with time), so the cost follows the days shown, not the log's length.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, func, select
 
-from budget.audit_log import AuditEntry, timestamp
+from budget.audit_log import timestamp
 from budget.clock import day_date, day_start, utc_day
-from budget.storage.tables import Charge
+from budget.storage.tables import AuditEntry, Charge
 
 __all__ = ["REFUSAL_REASONS", "Activity", "daily_activity"]
 

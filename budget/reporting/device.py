@@ -1,8 +1,9 @@
 """A device's standing against the device-wide budget: spent and remaining, then per use case.
 
-The figures are the rule's own (:func:`budget.rule.device_spend`): basic composition of
+The figures are the rule's own (:func:`budget.device_rule.device_spend`): basic composition of
 group-scaled epsilon (a report of ``eps`` at group size ``g`` counts ``g eps``), today, over
-the device window and over the lifetime, with the quota of each use case that has one.
+the device window and over the lifetime, with the quota of each use case that has one; and the
+device's running odometer reading beside it (:func:`device_odometer`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from budget.book import PolicyBook
+from budget.device_rule import device_spend
 from budget.odometer import OdometerState, running_epsilon
-from budget.rule import device_spend
 from budget.state import AccountState
 from policies.model import from_micro
 
@@ -53,8 +54,10 @@ class DeviceWide:
     window_remaining: float | None
     lifetime_remaining: float | None
     use_cases: list[QuotaStatus]
-    filter_epsilon: float | None = None
-    filter_delta: float | None = None
+    window_filter_epsilon: float | None = None
+    window_filter_delta: float | None = None
+    lifetime_filter_epsilon: float | None = None
+    lifetime_filter_delta: float | None = None
 
 
 FIGURE = "basic composition of epsilon x group_size (pure DP, delta 0; valid under adaptivity)"
@@ -62,6 +65,10 @@ FIGURE = "basic composition of epsilon x group_size (pure DP, delta 0; valid und
 
 def _left(cap: int | None, spent: int) -> float | None:
     return None if cap is None else from_micro(max(0, cap - spent))
+
+
+def _float(micro: int | None) -> float | None:
+    return None if micro is None else from_micro(micro)
 
 
 def device_wide(book: PolicyBook, state: AccountState, day: int) -> DeviceWide | None:
@@ -72,13 +79,13 @@ def device_wide(book: PolicyBook, state: AccountState, day: int) -> DeviceWide |
     window = device.window_days or 1
     names = sorted({str(s[0]) for s in state.slots} | {p.name for p in book.active})
     overall = device_spend(state, day, window, "", book.horizons)
-    today = sum(e for d, e in overall.rows_all if d == day)
-    in_window = sum(e for _, e in overall.rows_all) if device.window_days else 0
+    today = sum(r[1] for r in overall.rows_all if r[0] == day)
+    in_window = sum(r[1] for r in overall.rows_all) if device.window_days else 0
     lines = []
     for name in names:
         own = device_spend(state, day, window, name, book.horizons)
-        t = sum(e for d, e in own.rows_mine if d == day)
-        w = sum(e for _, e in own.rows_mine) if device.window_days else 0
+        t = sum(r[1] for r in own.rows_mine if r[0] == day)
+        w = sum(r[1] for r in own.rows_mine) if device.window_days else 0
         share = device.quotas.get(name)
         lines.append(
             QuotaStatus(
@@ -97,12 +104,10 @@ def device_wide(book: PolicyBook, state: AccountState, day: int) -> DeviceWide |
     return DeviceWide(
         version=device.version,
         figure=FIGURE,
-        epsilon_per_day=None if device.day_micro is None else from_micro(device.day_micro),
+        epsilon_per_day=_float(device.day_micro),
         window_days=device.window_days,
-        window_epsilon=None if device.window_micro is None else from_micro(device.window_micro),
-        lifetime_epsilon=(
-            None if device.lifetime_micro is None else from_micro(device.lifetime_micro)
-        ),
+        window_epsilon=_float(device.window_micro),
+        lifetime_epsilon=_float(device.lifetime_micro),
         epsilon_today=from_micro(today),
         epsilon_window=from_micro(in_window),
         epsilon_lifetime=from_micro(overall.lifetime_all),
@@ -110,8 +115,10 @@ def device_wide(book: PolicyBook, state: AccountState, day: int) -> DeviceWide |
         window_remaining=_left(device.window_micro, in_window),
         lifetime_remaining=_left(device.lifetime_micro, overall.lifetime_all),
         use_cases=lines,
-        filter_epsilon=None if device.filter_micro is None else from_micro(device.filter_micro),
-        filter_delta=device.filter_delta,
+        window_filter_epsilon=_float(device.window_filter_micro),
+        window_filter_delta=device.window_filter_delta,
+        lifetime_filter_epsilon=_float(device.lifetime_filter_micro),
+        lifetime_filter_delta=device.lifetime_filter_delta,
     )
 
 
@@ -122,8 +129,9 @@ class DeviceOdometer:
     ``basic_epsilon`` is the sum of each report's ``g x eps`` (pure, delta 0);
     ``odometer_epsilon`` the mixture odometer's reading at ``delta``
     (:func:`budget.odometer.running_epsilon`, never above the basic sum), valid at every time
-    at once however the reports were chosen. Both are read from the row's lifetime slots
-    (each slot's epsilon, group size and count), which every charge updates in O(1).
+    at once however the reports were chosen. Both are computed from the row's lifetime slots
+    (each slot's epsilon, group size and count: a sufficient statistic, docs/odometer.md,
+    "Storage"), in time proportional to the slots, whatever the number of reports.
     """
 
     reports: int
@@ -137,13 +145,8 @@ ODOMETER_DELTA = 1e-9
 
 
 def device_odometer(state: AccountState, delta: float = ODOMETER_DELTA) -> DeviceOdometer:
-    """The running totals ``n``, ``S1``, ``S2`` of the device's group-scaled epsilons."""
-    n = s1 = s2 = 0
-    for _, eps, group, count in state.slots:
-        e = int(eps) * int(group)
-        n += int(count)
-        s1 += e * int(count)
-        s2 += e * e * int(count)
+    """The odometer of the running totals ``n``, ``S1``, ``S2`` of group-scaled epsilons."""
+    n, s1, s2 = state.scaled_lifetime(list(range(len(state.slots))))
     totals = OdometerState(n, s1, s2)
     return DeviceOdometer(
         reports=n,

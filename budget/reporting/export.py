@@ -10,7 +10,7 @@ same records with one column per field (``json`` holds meta and policy records).
 
 :func:`report_from_export` reads an export back and runs
 :func:`budget.reporting.report.build_report` on it, exactly as
-:meth:`budget.ledger.Ledger.effective_epsilon` does on the live tables: a charge counts in its use
+:func:`budget.reporting.loss.effective_epsilon` does on the live tables: a charge counts in its use
 case's window when ``horizon < day`` and ``as_of - retention < day <= as_of`` (the retention of the
 use case's latest version), with the group size of the policy version it was charged under; retired
 use cases count in the device totals.
@@ -29,6 +29,7 @@ import orjson
 
 from budget.accountant import Accountant
 from budget.clock import utc_day
+from budget.reporting.loss import lifetime_rows
 from budget.reporting.report import EffectiveEpsilonReport, Row, build_report
 from policies.model import Policy
 
@@ -64,7 +65,7 @@ def records(ledger: Any, *, now: datetime) -> Iterator[dict[str, Any]]:
         "as_of_day": utc_day(now),
         "audit_head": {"seq": seq, "hash": head},
     }
-    for policy in ledger.all_policy_versions():
+    for policy in ledger.book().versions:
         yield {"kind": "policy", **policy.model_dump(mode="json")}
     for dk, use_case, budget, version, eps, day in ledger.charge_rows():
         yield {
@@ -76,7 +77,7 @@ def records(ledger: Any, *, now: datetime) -> Iterator[dict[str, Any]]:
             "epsilon_micro": eps,
             "day": day,
         }
-    for dk, use_case, eps, group_size, count in ledger.lifetime_rows():
+    for dk, use_case, eps, group_size, count in lifetime_rows(ledger):
         yield {
             "kind": "lifetime",
             "device_key": dk,
@@ -85,7 +86,7 @@ def records(ledger: Any, *, now: datetime) -> Iterator[dict[str, Any]]:
             "group_size": group_size,
             "count": count,
         }
-    for use_case, through_day in sorted(ledger.retention_horizons().items()):
+    for use_case, through_day in sorted(ledger.book().horizons.items()):  # as of the end
         yield {"kind": "horizon", "use_case": use_case, "through_day": through_day}
 
 

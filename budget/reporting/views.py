@@ -13,14 +13,15 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-import orjson
 
 from budget.accountant import PrivacyLoss
 from budget.book import Terms
 from budget.central import DAYS_PER_YEAR, CentralLine, central_line, read_batches
 from budget.clock import day_date, utc_day
 from budget.errors import InvalidRequest
-from budget.ledger import DeviceLoss, Ledger
+from budget.ledger import Ledger
+from budget.reporting.device import DeviceOdometer, device_odometer
+from budget.reporting.loss import DeviceLoss, device_loss, lifetime_rows, spend_rows, window_rows
 from budget.reporting.report import UseCaseLine, build_report
 from budget.rule import check
 from budget.state import AccountState, lifetime_counts
@@ -54,12 +55,18 @@ class Series:
 
 @dataclass(frozen=True, slots=True)
 class Timeline:
-    """A device's charges per day and its cumulative epsilon, per use case and in total."""
+    """A device's charges per day and its cumulative epsilon, per use case and in total.
+
+    ``loss`` composes what the device sent as if its schedule had been fixed in advance;
+    ``odometer`` is its running total valid however the reports were chosen (docs/odometer.md
+    says which to quote when).
+    """
 
     days: list[str]
     use_cases: dict[str, Series]
     total: Series
     loss: DeviceLoss
+    odometer: DeviceOdometer
     central: list[CentralLine] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,7 +136,8 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
         [day_date(d).isoformat() for d in days],
         series,
         total,
-        ledger.device_loss(device_id, now=now),
+        device_loss(ledger, device_id, now=now),
+        device_odometer(state),
         _device_central(ledger, per_day, sent, today),
     )
 
@@ -143,7 +151,7 @@ def _device_central(
     the window (its charges held) and over a year (at most its lifetime count).
     """
     versions: dict[str, list[Policy]] = defaultdict(list)
-    for p in ledger.all_policy_versions():
+    for p in ledger.book().versions:
         versions[p.name].append(p)
     batches = read_batches(ledger.engine, today - DAYS_PER_YEAR + 1)
     out = []
@@ -178,9 +186,9 @@ def _spends(ledger: Ledger, use_case: str, scope: str, now: datetime) -> dict[st
     """Per-device micro-epsilon of one use case, in its window or over the lifetime."""
     out: dict[str, int] = defaultdict(int)
     if scope == "window":
-        rows = ledger.window_spend_rows(now=now, use_case=use_case)
+        rows = window_rows(ledger, now=now, use_case=use_case)
     else:
-        rows = ledger.lifetime_rows(use_case)
+        rows = lifetime_rows(ledger, use_case)
     for dk, _, eps, _, n in rows:
         out[dk] += eps * n
     return out
@@ -282,11 +290,10 @@ def what_if(ledger: Ledger, use_case: str, proposed: PolicyCreate, *, now: datet
         new.count(state, day)
 
     policies = list(book.latest.values())
-    window_rows = list(ledger.window_spend_rows(now=now))
-    lifetime_rows = list(ledger.lifetime_rows())
+    window, lifetime = spend_rows(ledger, now=now)
 
     def line_and_total(ps: list[Policy]) -> tuple[UseCaseLine, PrivacyLoss]:
-        report = build_report(ps, day, window_rows, lifetime_rows, accountant=ledger.accountant)
+        report = build_report(ps, day, window, lifetime, accountant=ledger.accountant)
         line = next(x for x in report.use_cases if x.use_case == use_case)
         return line, report.totals.allowed_per_day
 
@@ -396,15 +403,7 @@ def what_if_device_budget(
     day = utc_day(now)
     book = ledger.book()
     version = (book.device.version + 1) if book.device else 1
-    stored = DeviceBudgetVersion(
-        version=version,
-        epsilon_per_day=proposed.epsilon_per_day,
-        window_days=proposed.window_days,
-        window_epsilon=proposed.window_epsilon,
-        lifetime_epsilon=proposed.lifetime_epsilon,
-        quotas=orjson.dumps(proposed.quotas).decode(),
-    )
-    after = limits_of(stored)
+    after = limits_of(DeviceBudgetVersion.of(proposed, version, "what-if"))
     out: dict[str, dict[str, dict[str, int]]] = {
         name: {"current": defaultdict(int), "proposed": defaultdict(int)} for name in book.terms
     }

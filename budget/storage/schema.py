@@ -6,7 +6,7 @@ the missing ones in one transaction under a lock (PostgreSQL: an advisory lock; 
 write lock), so concurrent starts run them once. :func:`init_db` upgrades (or, with
 ``upgrade=False``, only creates a new database and refuses an out-of-date one), then creates the
 days' partitions ahead. Importing this module registers every ledger table on SQLModel's
-metadata (ledger, audit log, policies, key fingerprints).
+metadata (ledger, audit log, shuffled batches, policies, device budgets, key fingerprints).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, inspect, text
 
-import budget.audit_log
-import budget.central
 import budget.storage.tables  # noqa: F401 - registers the ledger tables
 import policies.device
 import policies.model  # noqa: F401 - registers the policy table

@@ -13,14 +13,38 @@
 - ``retention_horizons``: per use case, the last day the purge deleted; nothing on or before
   it counts anywhere again.
 - ``idempotency``: the first decision for each (device key, idempotency key).
+- ``audit_log``, ``audit_head``, ``audit_checkpoints``: the hash-chained audit log
+  (:mod:`budget.audit_log`), its head (one row, starting at :data:`GENESIS`) and its signed
+  checkpoints. The log and the checkpoints are append-only: triggers refuse UPDATE and DELETE
+  (and TRUNCATE on PostgreSQL).
+- ``shuffled_batches``: each batch the inbox flush published, by its sizes only
+  (:mod:`budget.central`).
+
+The policy tables live with the policies (:mod:`policies.model`, :mod:`policies.device`) and
+the pipeline's with the pipeline (``api.ingestion.tables``).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, String, Text
+from typing import Any
+
+from sqlalchemy import DDL, BigInteger, Column, Index, Integer, String, Text, event
 from sqlmodel import Field, SQLModel
 
-__all__ = ["Account", "Charge", "IdempotencyRecord", "RetentionHorizon"]
+__all__ = [
+    "GENESIS",
+    "Account",
+    "AuditCheckpoint",
+    "AuditEntry",
+    "AuditHead",
+    "Charge",
+    "IdempotencyRecord",
+    "RetentionHorizon",
+    "ShuffledBatch",
+]
+
+GENESIS = "0" * 64
+"""The audit chain's hash before its first entry (and the first checkpoint's previous signature)."""
 
 
 class Charge(SQLModel, table=True):
@@ -86,3 +110,102 @@ class RetentionHorizon(SQLModel, table=True):
 
     use_case: str = Field(primary_key=True, max_length=63)
     through_day: int
+
+
+class AuditEntry(SQLModel, table=True):
+    """One appended audit entry (:mod:`budget.audit_log`); never updated or deleted."""
+
+    __tablename__ = "audit_log"
+
+    seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    at: str = Field(max_length=40, description="UTC time, ISO 8601 with microseconds.")
+    actor: str = Field(max_length=120)
+    action: str = Field(max_length=40)
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    prev_hash: str = Field(max_length=64)
+    hash: str = Field(max_length=64)
+    tag: str = Field(max_length=64)
+
+
+class AuditHead(SQLModel, table=True):
+    """The chain's head, one row: appends lock it, so they serialize into one chain."""
+
+    __tablename__ = "audit_head"
+
+    id: int = Field(primary_key=True)
+    seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    hash: str = Field(max_length=64)
+
+
+class AuditCheckpoint(SQLModel, table=True):
+    """A signed ``(seq, hash)`` of the head at some time."""
+
+    __tablename__ = "audit_checkpoints"
+
+    seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    hash: str = Field(max_length=64)
+    at: str = Field(max_length=40)
+    signature: str = Field(max_length=64)
+
+
+def _ddl(statement: str, dialect: str) -> Any:
+    """A DDL statement run after its table is created, on one dialect only."""
+    return DDL(statement).execute_if(dialect=dialect)  # type: ignore[no-untyped-call]
+
+
+_LOG = AuditEntry.__table__  # type: ignore[attr-defined]
+_HEAD = AuditHead.__table__  # type: ignore[attr-defined]
+_CHECKPOINTS = AuditCheckpoint.__table__  # type: ignore[attr-defined]
+
+for _table in (_LOG, _CHECKPOINTS):
+    _name = _table.name
+    for _op in ("UPDATE", "DELETE"):
+        event.listen(
+            _table,
+            "after_create",
+            _ddl(
+                f"CREATE TRIGGER {_name}_no_{_op.lower()} BEFORE {_op} ON {_name}"
+                f" BEGIN SELECT RAISE(ABORT, '{_name} is append-only: {_op} refused'); END",
+                "sqlite",
+            ),
+        )
+    for _statement in (
+        "CREATE OR REPLACE FUNCTION dpgov_append_only() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION '%% is append-only: %% refused', TG_TABLE_NAME, TG_OP; END $$",
+        f"CREATE TRIGGER {_name}_append_only BEFORE UPDATE OR DELETE ON {_name}"
+        " FOR EACH ROW EXECUTE FUNCTION dpgov_append_only()",
+        f"CREATE TRIGGER {_name}_no_truncate BEFORE TRUNCATE ON {_name}"
+        " FOR EACH STATEMENT EXECUTE FUNCTION dpgov_append_only()",
+    ):
+        event.listen(_table, "after_create", _ddl(_statement, "postgresql"))
+for _dialect in ("sqlite", "postgresql"):
+    event.listen(
+        _HEAD,
+        "after_create",
+        _ddl(f"INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '{GENESIS}')", _dialect),
+    )
+
+
+class ShuffledBatch(SQLModel, table=True):
+    """One published shuffled batch: sizes and local epsilon only, nothing about any device."""
+
+    __tablename__ = "shuffled_batches"
+    __table_args__ = (Index("ix_shuffled_batches_use_case_day", "use_case", "day"),)
+
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(
+            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+        ),
+    )
+    use_case: str = Field(max_length=63)
+    day: int = Field(description="UTC day the batch was published.")
+    first_day: int = Field(description="Earliest charge day of its reports.")
+    last_day: int = Field(description="Latest charge day of its reports.")
+    devices: int = Field(sa_column=Column(BigInteger, nullable=False))
+    reports: int = Field(sa_column=Column(BigInteger, nullable=False))
+    max_per_device: int
+    layers: str = Field(sa_column=Column(Text, nullable=False))  # JSON: devices with >= i reports
+    untagged: int = Field(default=0, description="Reports queued with no device pseudonym.")
+    epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
+    min_batch_devices: int

@@ -19,8 +19,9 @@ from api.app import create_app
 from api.jobs import acquire_lease, lease_of
 from api.settings import Settings
 from budget import FixedClock
-from mechanisms import CMS, HCMS, SFP, SfpSketch
+from mechanisms import CMS, HCMS, SFP, SfpSketch, from_published
 from policies import PolicyCreate, mechanism_for
+from policies.model import default_hash_seed
 
 ADMIN = {"Authorization": "Bearer admin-secret-token-admin-secret-token"}
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
@@ -279,6 +280,25 @@ def test_policy_lifecycle_over_http(client: TestClient) -> None:
     assert [v["version"] for v in versions] == [1, 2]
     assert client.delete("/v1/use-cases/emoji", headers=ADMIN).json()["active"] is False
     assert client.get("/v1/use-cases/emoji").status_code == 404
+
+
+def test_the_published_policy_names_the_seed_in_force_only(client: TestClient) -> None:
+    # A top-level `hash_seed` of null once sent device developers to seed 0; the public view
+    # carries the seed only where it is always filled: randomizer.hash_family.seed.
+    body = client.get("/v1/use-cases/emoji").json()
+    assert "hash_seed" not in body
+    derived = int(default_hash_seed("emoji"), 16)
+    assert body["randomizer"]["hash_family"]["seed"] == format(derived, "x")
+    policy = {k: v for k, v in body.items() if k in PolicyCreate.model_fields}
+    assert "hash_seed" not in policy  # a PUT built from a GET keeps the derived seed
+    pinned = client.put("/v1/use-cases/emoji", json={**policy, "hash_seed": "5eed"}, headers=ADMIN)
+    assert pinned.status_code == 200, pinned.text
+    assert "hash_seed" not in pinned.json()
+    assert pinned.json()["randomizer"]["hash_family"]["seed"] == "5eed"
+    ledger = client.app.state.ledger  # type: ignore[attr-defined]
+    stored = ledger.policies.get("emoji")
+    assert stored.hash_seed == "5eed"  # the override is kept where operators set it
+    assert from_published(pinned.json()) == mechanism_for(stored)
 
 
 def test_batch_relay(client: TestClient) -> None:

@@ -92,6 +92,23 @@ def test_cli_verify_and_checkpoint_then_catch_a_rewrite(
     assert "DPGOV_AUDIT_KEY_FILE" in other_key.output
 
 
+def test_cli_jobs_report_their_progress_when_piped(
+    client: TestClient, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _submit(client, 4)  # 4 reports accepted, waiting in the inbox
+    monkeypatch.setenv("DPGOV_SECRET_FILE", str(settings.secret_file))
+    monkeypatch.setenv("DPGOV_AUDIT_KEY_FILE", str(settings.audit_key_file))
+    monkeypatch.setenv("DPGOV_FLUSH_MIN_BATCH", "1")
+    ran = runner.invoke(cli, ["jobs", "run", "aggregate", "--database-url", settings.database_url])
+    assert ran.exit_code == 0, ran.output
+    assert json.loads(ran.stdout)["result"]["folded"] == 4
+    assert ran.stderr.splitlines() == [
+        "jobs run aggregate: flush-inbox: 4 of 4 reports (100%)",
+        "jobs run aggregate: aggregate: 0 of 4 reports (0%)",
+        "jobs run aggregate: aggregate: 4 of 4 reports (100%)",
+    ]
+
+
 def test_effective_epsilon_is_public_and_computed_from_the_ledger(client: TestClient) -> None:
     _submit(client, 9)
     r = client.get("/v1/audit/effective-epsilon")
@@ -126,6 +143,8 @@ def test_cli_report_export_and_offline_recompute(
     out = tmp_path / "ledger.csv"
     exported = runner.invoke(cli, ["audit", "export", "--format", "csv", "-o", str(out), *url])
     assert exported.exit_code == 0, exported.output
+    lines = len(out.read_text().splitlines())  # piped: the count written, on stderr
+    assert exported.stderr.splitlines()[-1] == f"audit export: {lines:,d} lines"
     again = runner.invoke(cli, ["audit", "recompute", "--json", str(out)])
     assert again.exit_code == 0, again.output
     a, b = (json.loads(x.output) for x in (live, again))

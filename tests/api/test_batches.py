@@ -114,7 +114,7 @@ def test_batch_waits_for_distinct_devices_and_records_its_sizes(engine: Engine) 
     assert not {"device_tag", "device_key", "device_id"} & columns
     lines = {
         line.use_case: line
-        for line in central_figures(engine, ledger.all_policy_versions(), utc_day(tomorrow))
+        for line in central_figures(engine, ledger.book().versions, utc_day(tomorrow))
     }
     assert set(lines) == {"held", "open"}
     figure = lines["held"].days[0].batches[0]
@@ -173,10 +173,10 @@ def test_min_batch_devices_is_validated(value: object) -> None:
 def test_reports_stored_before_batch_parts_are_folded_once_after_the_upgrade(
     empty_url: str,
 ) -> None:
-    """Revision 0005 turns the reports a database holds into batches: folded ones stay folded."""
+    """Revision 0006 turns the reports a database holds into batches: folded ones stay folded."""
     engine = create_db_engine(empty_url)
     with writer(engine).begin() as conn:
-        command.upgrade(alembic_config(conn), "0004")  # the layout of the release before
+        command.upgrade(alembic_config(conn), "0005")  # the layout of the release before
     policy = _policy("legacy", 1)
     mech = mechanism_for(policy)
     params, day = params_hash(mech), utc_day(NOW)

@@ -73,9 +73,15 @@ def test_console_entry_point_runs_in_a_real_process() -> None:
 
 
 def test_selftest_audits_every_default_randomizer() -> None:
-    result = runner.invoke(app, ["selftest", "--samples", "100000", "--seed", "5"])
+    result = runner.invoke(app, ["selftest", "--defaults", "--samples", "100000", "--seed", "5"])
     assert result.exit_code == 0, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.rstrip().endswith(" ok")]
+    lines = [ln for ln in result.stdout.splitlines() if ln.rstrip().endswith(" ok")]
     assert len(lines) == 7
+    # piped: plain progress lines on stderr, a tenth of each policy's reports at a time
+    progress = result.stderr.splitlines()
+    assert "selftest emoji: 200,000 of 200,000 reports (100%)" in progress
+    assert len([ln for ln in progress if ln.startswith("selftest emoji: ")]) <= 11
     bad = runner.invoke(app, ["selftest", "--samples", "5"])
     assert bad.exit_code != 0 and "--samples" in bad.output
+    both = runner.invoke(app, ["selftest", "--defaults", "--database-url", "sqlite:///x.db"])
+    assert both.exit_code == 2 and "--defaults or --database-url" in both.stderr

@@ -310,3 +310,10 @@ def test_a_server_that_requires_the_family_refuses_a_body_without_it(tmp_path: P
         assert isinstance(
             client.submit(SAFARI, "strict-1", mech.privatize_one("a.example")), Receipt
         )
+
+
+def test_the_client_answers_every_refusal_the_rule_can_give() -> None:
+    from api.client import CAP_REASONS
+    from budget.refusal import REFUSALS
+
+    assert frozenset(REFUSALS) == CAP_REASONS  # a filter's 429 is an answer, not a rate limit

@@ -17,9 +17,11 @@ from budget.reporting.activity import daily_activity
 
 
 def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
-    seen: list[int] = []
-    result = run_demo(3000, 2, seed=11, progress=seen.append, workdir=tmp_path)
-    assert result.submitted == sum(seen) == demo_reports(3000, 2) == (3000 * 2 + 30) * 2
+    seen: list[tuple[int, int]] = []
+    result = run_demo(3000, 2, seed=11, progress=lambda *p: seen.append(p), workdir=tmp_path)
+    total = demo_reports(3000, 2)
+    assert seen[-1] == (result.submitted, total) and total == (3000 * 2 + 30) * 2
+    assert result.submitted == total and seen == sorted(seen)
     # one emoji and one word per device and day are accepted; 30 second emoji a day are not
     assert result.refused == 30 * 2 and result.accepted == 3000 * 2 * 2
     assert result.emoji_top[0]["item"] == "😂"  # the most popular emoji comes out first
@@ -56,6 +58,8 @@ def test_demo_fills_the_database_it_is_given_and_the_dashboard_shows_it(tmp_path
     )
     assert run.exit_code == 0, run.output
     assert "1,200 reports accepted" not in run.output and "12 refused by a cap" in run.output
+    reports = demo_reports(400, 3)  # piped: plain progress lines on stderr
+    assert f"demo: {reports:,d} of {reports:,d} reports (100%)" in run.stderr.splitlines()
     settings = Settings(
         database_url=url, secret_file=tmp_path / "secret", audit_key_file=tmp_path / "audit.key"
     )

@@ -103,7 +103,7 @@ class Service:
     ingestor: Ingestor
     days: tuple[int, int]
 
-    def export(self, root: Path, name: str, **options: int) -> ExportResult:
+    def export(self, root: Path, name: str, **options: Any) -> ExportResult:
         """Export both days of a use case's stored reports to ``root``."""
         first, last = self.days
         mechanisms = mechanisms_by_params(self.ledger, name)
@@ -145,8 +145,9 @@ def test_export_then_aggregate_equals_the_services_sketches(
 ) -> None:
     first, last = service.days
     policy = service.ledger.policies.get(name)
-    exported = service.export(tmp_path, name, rows_per_file=97)
-    assert exported.rows == 1400
+    read: list[tuple[int, int]] = []
+    exported = service.export(tmp_path, name, rows_per_file=97, progress=lambda *p: read.append(p))
+    assert exported.rows == 1400 and read[-1] == (1400, 1400) and read == sorted(read)
     mech = mechanism_for(policy)
     params = params_hash(mech)
     assert exported.partitions == {(first, params): 700, (last, params): 700}
@@ -184,11 +185,17 @@ def test_dask_local_cluster_gives_the_same_sketch_bit_for_bit(
     ):
         address = client.scheduler.address
         for name, (mech, files) in sketches.items():
+            folded: list[tuple[int, int]] = []
             local = aggregate_files(mech, files)
             on_dask = aggregate_files(
-                mech, files, engine="dask", dask=DaskOptions(scheduler=address)
+                mech,
+                files,
+                engine="dask",
+                dask=DaskOptions(scheduler=address),
+                progress=lambda *p: folded.append(p),  # noqa: B023 - called within the loop
             )
             assert on_dask.n == local.n == 1400
+            assert folded[-1] == (len(files), len(files)) and folded == sorted(folded)
             a, b = sketch_arrays(local), sketch_arrays(on_dask)
             assert _same(a, b), name
             assert all(a[k].dtype == b[k].dtype for k in a)
@@ -216,6 +223,11 @@ def test_cli_aggregate_on_a_local_cluster_matches_in_process(
         )
         assert proc.returncode == 0, proc.stderr
         runs[engine] = json.loads(proc.stdout)
+        # piped: plain progress lines on stderr, the JSON result alone on stdout
+        progress = proc.stderr.splitlines()
+        assert "aggregate emoji: export: 1,400 of 1,400 reports (100%)" in progress
+        files = runs[engine]["files"]
+        assert f"aggregate emoji: fold: {files:,d} of {files:,d} files (100%)" in progress
     assert runs["local"]["reports"] == runs["dask"]["reports"] == 1400
     assert runs["local"]["sketch_sha256"] == runs["dask"]["sketch_sha256"]
     assert (tmp_path / "local.npz").read_bytes() == (tmp_path / "dask.npz").read_bytes()

@@ -23,7 +23,7 @@ from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
 from budget import Decision, Ledger, create_db_engine
 from budget.storage.db import scratch_schema, stored_fingerprints
-from policies import mechanism_for
+from policies import default_policies, dump_policies, mechanism_for
 from tests.conftest import BACKENDS, PG_URL
 
 DPGOV = str(Path(sys.executable).with_name("dpgov"))
@@ -36,7 +36,7 @@ READS = [
     ["policies", "show", "emoji"],
     ["policies", "export"],
     ["aggregate", "emoji", "--out", "pq"],
-    ["selftest", "--samples", "10000", "--database-url", "SAME"],
+    ["selftest", "--samples", "10000"],
 ]
 WRITES = [["jobs", "run", "checkpoint"], ["policies", "apply", "--allow-loosen", "p.yaml"]]
 
@@ -197,6 +197,22 @@ def test_keys_missing_where_the_command_runs_are_refused_and_nothing_is_created(
     engine.dispose()
     budget = service.run(["budget", "device-1"])  # the right keys still answer
     assert _safari_lifetime(budget.stdout) == "8"
+
+
+def test_selftest_audits_the_policies_of_the_database_it_is_pointed_at(service: Service) -> None:
+    emoji = next(p for p in default_policies() if p.name == "emoji")
+    words = emoji.model_copy(update={"name": "my-words", "k": 64, "m": 256})
+    (service.elsewhere / "p.yaml").write_text(dump_policies([words]))
+    applied = service.run(["policies", "apply", "p.yaml"])
+    assert applied.returncode == 0, applied.stderr
+    audited = service.run(["selftest", "--samples", "10000", "--seed", "3"])
+    assert audited.returncode == 0, audited.stderr
+    rows = [ln.split()[0] for ln in audited.stdout.splitlines() if ln.rstrip().endswith(" ok")]
+    assert "my-words" in rows and len(rows) == 8  # the database's policies, not the defaults
+    assert "selftest my-words: 20,000 of 20,000 reports (100%)" in audited.stderr
+    defaults = service.run(["selftest", "--defaults", "--samples", "10000", "--seed", "3"])
+    assert defaults.returncode == 0, defaults.stderr
+    assert "my-words" not in defaults.stdout and defaults.stdout.count(" ok\n") == 7
 
 
 def test_other_keys_are_refused_naming_the_setting(service: Service, tmp_path: Path) -> None:

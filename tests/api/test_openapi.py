@@ -100,6 +100,53 @@ def test_every_schema_property_has_a_description(document: dict[str, Any]) -> No
     assert not missing, missing
 
 
+def test_every_parameter_has_a_description(document: dict[str, Any]) -> None:
+    missing = [
+        f"{method} {path}: {param['in']} {param['name']}"
+        for method, path, op in _operations(document)
+        for param in op.get("parameters", [])
+        if not param.get("description")
+    ]
+    assert not missing, missing
+
+
+def test_errors_are_declared_as_json_only(document: dict[str, Any]) -> None:
+    # /metrics answers text, but its errors come from the one JSON error mapping
+    for method, path, op in _operations(document):
+        for status in ERRORS:
+            if status in op["responses"]:
+                assert set(op["responses"][status]["content"]) == {"application/json"}, (
+                    method,
+                    path,
+                    status,
+                )
+    metrics = document["paths"]["/metrics"]["get"]["responses"]
+    assert set(metrics["200"]["content"]) == {"text/plain"}
+
+
+def test_the_report_body_is_one_of_the_mechanisms_bodies(document: dict[str, Any]) -> None:
+    from mechanisms import from_published
+    from mechanisms.sfp import POSITIONS
+    from policies import Policy, default_policies, publish
+
+    body = document["paths"]["/v1/use-cases/{name}/reports"]["post"]["requestBody"]
+    schema = body["content"]["application/json"]["schema"]
+    names = [ref["$ref"].rsplit("/", 1)[1] for ref in schema["oneOf"]]
+    assert names == ["HcmsReportBody", "CmsReportBody", "SfpReportBody"]
+    sfp = document["components"]["schemas"]["SfpReportBody"]
+    assert sfp["properties"]["position"]["enum"] == list(POSITIONS)
+    validator = _validator(document, schema)
+    for created in default_policies():  # a body each mechanism builds is exactly one of them
+        policy = publish(Policy.model_validate(created.model_dump() | {"version": 1}))
+        mechanism = from_published(policy.randomizer.model_dump())
+        report: dict[str, Any] = {
+            **mechanism.privatize_one("hello").to_dict(),
+            "family": policy.randomizer.family_id,
+        }
+        validator.validate(report)
+        assert not validator.is_valid({**report, "unknown": 1})
+
+
 def test_the_admin_token_is_a_bearer_scheme_on_admin_operations_only(
     document: dict[str, Any],
 ) -> None:

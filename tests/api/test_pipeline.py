@@ -215,6 +215,61 @@ def test_a_retired_use_cases_reports_and_sketches_are_purged(ledger: Ledger) -> 
         assert _count(engine, f"SELECT COUNT(*) FROM {table}") == 0, table
 
 
+def _min_day(engine: Engine, table: str, use_case: str) -> int | None:
+    with engine.connect() as conn:
+        found = conn.execute(
+            text(f"SELECT MIN(day) FROM {table} WHERE use_case = :u"), {"u": use_case}
+        ).scalar_one()
+    return None if found is None else int(found)
+
+
+def test_lowering_retention_deletes_the_reports_at_once_and_keeps_the_spend(
+    ledger: Ledger,
+) -> None:
+    engine = ledger.engine
+    ingestor = Ingestor(ledger, SECRET)
+    _submit(ingestor, _requests("tiny-cms", 5), now=NOW - timedelta(days=20))
+    flush_inbox(engine, min_batch=1)
+    assert aggregate(ledger).reports == 5
+    _submit(ingestor, _requests("tiny-cms", 3, device="late"), now=NOW - timedelta(days=20))
+    ledger.policies.update("tiny-cms", PolicyUpdate(retention_days=10))  # 30 -> 10
+
+    result = purge(ledger, now=NOW)
+    assert (result["reports"], result["sketches"], result["inbox"]) == (5, 1, 3)
+    assert result["charges"] == 0 and _count(engine, "SELECT COUNT(*) FROM charges") == 8
+    ledger.policies.update("tiny-cms", PolicyUpdate(retention_days=30))  # and back: 10 -> 30
+    status = {s.use_case: s for s in ledger.status("dev-0", now=NOW)}["tiny-cms"]
+    assert status.epsilon_window == 2.0  # the spend 20 days ago counts again
+    assert purge(ledger, now=NOW + timedelta(days=10))["charges"] == 8  # 30 days on: gone
+
+
+def test_both_purges_follow_the_books_one_rule(ledger: Ledger) -> None:
+    engine = ledger.engine
+    ingestor = Ingestor(ledger, SECRET)
+    for back in range(45, -1, -1):  # a report of each use case on each of 46 days
+        requests = [_requests(name, 1, device=f"d{back}")[0] for name in SMALL]
+        _submit(ingestor, requests, now=NOW - timedelta(days=back))
+    flush_inbox(engine, min_batch=1)
+    assert aggregate(ledger).reports == 46 * 3
+    ledger.policies.update("tiny-cms", PolicyUpdate(retention_days=10))  # data 10, spend 30
+    ledger.policies.delete("tiny-hcms")  # retired: 30 for both
+    ledger.policies.update("tiny-other", PolicyUpdate(retention_days=40))  # 40 for both
+    day = utc_day(NOW)
+    rule = ledger.book().purge_through(day)
+    assert {n: (day - r.spend_through, day - r.data_through) for n, r in rule.items()} == {
+        "tiny-cms": (30, 10),
+        "tiny-hcms": (30, 30),
+        "tiny-other": (40, 40),
+    }
+
+    purge(ledger, now=NOW)
+    assert ledger.book().horizons == {n: r.spend_through for n, r in rule.items()}
+    for name, kept in rule.items():
+        assert _min_day(engine, "charges", name) == kept.spend_through + 1, name
+        assert _min_day(engine, "reports", name) == kept.data_through + 1, name
+        assert _min_day(engine, "sketches", name) == kept.data_through + 1, name
+
+
 def test_one_use_cases_failure_does_not_stop_the_others(ledger: Ledger) -> None:
     """A report that cannot be folded fails its use case's run only, and is named in the result."""
     engine = ledger.engine

@@ -172,12 +172,40 @@ def test_loosening_needs_allow_loosen(
     assert db.state()[0] == before[0] + 1
 
 
+FILTER = {"lifetime_filter_epsilon": 40.0, "lifetime_filter_delta": 1e-9}
+FILTER_LOOSENINGS = [
+    ({"lifetime_filter_epsilon": 50.0}, "`lifetime_filter_epsilon` raised from 40 to 50"),
+    ({"lifetime_filter_delta": 1e-6}, "`lifetime_filter_delta` raised from 1e-09 to 1e-06"),
+    (
+        {"lifetime_filter_epsilon": None, "lifetime_filter_delta": None},
+        "`lifetime_filter_epsilon` removed (was 40)",
+    ),
+    ({"lifetime_filter_epsilon": 30.0}, None),  # tightened
+    ({"window_filter_epsilon": 8.0, "window_filter_delta": 1e-9}, None),  # a new target
+]
+
+
+@pytest.mark.parametrize(("change", "named"), FILTER_LOOSENINGS)
+def test_raising_or_removing_a_filter_target_needs_allow_loosen(
+    db: Database, change: dict[str, Any], named: str | None
+) -> None:
+    added = db.cli(["policies", "apply", db.write({**db.emoji(), **FILTER})])
+    assert added.exit_code == 0, added.output  # a new target tightens: no flag
+    before = db.state()
+    result = db.cli(["policies", "apply", db.write({**db.emoji(), **change})])
+    if named is None:
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 1 and f"emoji: {named}" in result.output
+    assert db.state() == before
+
+
 def test_tightening_and_toml_round_trip_need_no_flag(db: Database) -> None:
     emoji = {**db.emoji(), "lifetime_epsilon_cap": 400.0, "window_epsilon_cap": 100.0}
     tighter = db.cli(["policies", "apply", db.write(emoji)])
     assert tighter.exit_code == 0, tighter.output
     exported = db.cli(["policies", "export", "--format", "toml"])
-    assert 'unset = [\n    "budget_group",' in exported.stdout
+    assert 'unset = [\n    "window_filter_epsilon",' in exported.stdout
     path = db.tmp / "all.toml"
     path.write_text(exported.stdout, encoding="utf-8")
     before = db.state()

@@ -15,8 +15,9 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from budget import Ledger
-from budget.audit_log import GENESIS, AuditLog, Entry, canonical_body, chain_hash
+from budget.audit_log import AuditLog, Entry, canonical_body, chain_hash
 from budget.batch import BatchItem, charge_batch
+from budget.storage.tables import GENESIS
 from policies import PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

@@ -25,12 +25,12 @@ from budget.amplification import shuffle_epsilon
 from budget.central import (
     MAX_BATCHES_SHOWN,
     PRECONDITIONS,
-    ShuffledBatch,
     batch_layers,
     central_line,
     compose_sizes,
 )
 from budget.clock import utc_day
+from budget.storage.tables import ShuffledBatch
 from policies import PolicyCreate
 from policies.model import Policy
 from tests.budget.test_amplification import exact_rr_delta, others_grid
@@ -176,13 +176,38 @@ def test_central_line_composes_the_smallest_sub_batches() -> None:
     assert mine.window.epsilon < line.window.epsilon
 
 
-def test_untagged_batches_get_no_central_figure() -> None:
+def _untagged(day: int, reports: int) -> ShuffledBatch:
+    """A batch as the flush records one of a policy with no ``min_batch_devices``."""
+    batch = _batch(day, [0], untagged=reports)
+    batch.devices, batch.reports, batch.max_per_device, batch.layers = 0, reports, 0, "[]"
+    return batch
+
+
+def test_batches_of_uncounted_devices_alone_get_no_central_figure() -> None:
     today = 20_000
     policy = _policy()
-    line = central_line(policy, [policy], [_batch(today, [5000], untagged=3)], today)
+    line = central_line(policy, [policy], [_untagged(today, 5000)], today)
     assert line.window is None and line.days[0].batches[0].central is None
+    assert line.days[0].composed is None
     assert line.notes and "pseudonym" in line.notes[0]
     assert "distinct devices the adversary does not control" in PRECONDITIONS
+
+
+def test_uncounted_reports_count_unamplified_beside_counted_batches() -> None:
+    today = 20_000
+    policy = _policy()  # 2 reports a device a day
+    batches = [_batch(today - 1, [5000]), _untagged(today - 1, 3), _batch(today, [6000, 10])]
+    line = central_line(policy, [policy], batches, today)
+    # two days, 4 reports at most: the uncounted batch's 3 reports (alone each), then 10
+    assert line.window is not None and line.window.sub_batches == 4
+    assert line.window.epsilon == compose_sizes(4.0, [1, 1, 1, 10], 1e-9)[0]
+    assert "3 of them reports queued without a device pseudonym" in line.window.note
+    yesterday = line.days[0]
+    assert yesterday.composed is not None and yesterday.composed.sub_batches == 2
+    assert yesterday.composed.epsilon == compose_sizes(4.0, [1, 1], 1e-9)[0]
+    mixed = _batch(today, [5000], untagged=3)  # a batch that counted most of its devices
+    figure = central_line(policy, [policy], [mixed], today).days[0].batches[0].central
+    assert figure is not None and figure.epsilon == compose_sizes(4.0, [1], 1e-9)[0]
 
 
 def test_a_day_of_frequent_flushes_lists_its_smallest_batches() -> None:

@@ -1,10 +1,12 @@
 """The device-wide budget and its quotas: the gate against a model of the raw charge log.
 
 A Hypothesis state machine interleaves charges of three use cases (one at group size 2, one in
-a budget group), days passing, purges and edits of the device-wide budget (limits and quotas
-tightened, loosened, removed), on SQLite and on PostgreSQL. The model keeps only the accepted
-charges and recomputes each decision, including which budget refused and when it frees. Focused
-tests pin the refusal names, quotas preventing starvation and policy-file round trips.
+a budget group), days passing, purges and edits of the device-wide budget (limits, filter
+targets and quotas tightened, loosened, removed), on SQLite and on PostgreSQL. The model keeps
+only the accepted charges and recomputes each decision, including which budget refused and when
+it frees (the filters' from the theorem's condition,
+:func:`tests.budget.filter_theorem.theorem_admits`). Focused tests pin the refusal names, quotas
+preventing starvation and policy-file round trips.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from policies import PolicyCreate
 from policies.device import DeviceBudgetCreate, loosening, write_device_budget
 from policies.files import PolicyFileError, load_device_budget
 from policies.model import MICRO, to_micro
+from tests.budget.filter_theorem import theorem_admits
 from tests.conftest import PG_URL
 
 SECRET = b"device-budget-secret-device-budget-secret"
@@ -64,18 +67,45 @@ class Charged:
 
 
 SEEN: set[tuple[str | None, str]] = set()  # the outcomes the runs reached
+ANY = object()  # a retry day on a filter's boundary: not compared
 limits = st.sampled_from([None, None, None, 1.5, 3.0, 5.0])  # mostly none: reach the others
-budgets = st.builds(
-    lambda day, window, life, quota: DeviceBudgetCreate(
+Pair = tuple[float, float] | None
+filters = st.sampled_from([None, None, (2.0, 1e-6), (3.0, 0.05), (1.0, 0.3)])
+
+
+def _body(
+    day: float | None,
+    window: tuple[int, float | None, Pair] | None,
+    life: float | None,
+    life_filter: Pair,
+    quota: dict[str, float],
+) -> DeviceBudgetCreate:
+    days, cap, window_filter = window or (None, None, None)
+    if cap is None and window_filter is None:
+        days = None
+    w, lf = window_filter or (None, None), life_filter or (None, None)
+    body = DeviceBudgetCreate(
         epsilon_per_day=day,
-        window_days=None if window is None else window[0],
-        window_epsilon=None if window is None else window[1],
+        window_days=days,
+        window_epsilon=cap,
         lifetime_epsilon=life,
-        quotas=quota if (day or window or life) else {},
-    ),
+        window_filter_epsilon=w[0],
+        window_filter_delta=w[1],
+        lifetime_filter_epsilon=lf[0],
+        lifetime_filter_delta=lf[1],
+    )
+    return body.model_copy(update={"quotas": quota if body.enabled else {}})
+
+
+budgets = st.builds(
+    _body,
     limits,
-    st.one_of(st.none(), st.tuples(st.integers(1, 5), st.sampled_from([2.0, 3.0, 6.0]))),
+    st.one_of(
+        st.none(),
+        st.tuples(st.integers(1, 5), st.sampled_from([None, 2.0, 3.0, 6.0]), filters),
+    ),
     st.one_of(st.none(), st.sampled_from([2.0, 4.0, 8.0])),
+    filters,
     st.dictionaries(st.sampled_from(NAMES), st.sampled_from([0.25, 0.5, 1.0]), max_size=3),
 )
 
@@ -112,7 +142,8 @@ class DeviceMachine(RuleBasedStateMachine):
     def day(self) -> int:
         return utc_day(self.now)
 
-    def _expected(self, device: str, name: str) -> tuple[bool, str | None, str, Any]:
+    def _expected(self, device: str, name: str) -> tuple[bool | None, str | None, str, Any]:
+        """``(accepted, refused_by, reason, retry_at)``; ``None`` first: a filter's boundary."""
         day = self.day
         mine = [c for c in self.log if c.device == device and c.day > self.horizon]
         members = {"b"} if name == "b" else {name}
@@ -158,6 +189,36 @@ class DeviceMachine(RuleBasedStateMachine):
             c = cap(b.lifetime_epsilon, who)
             if c is not None and sum(x.weight for x in of(who, alive)) + weight > c:
                 return False, who, "lifetime_cap", None
+        return self._filtered(mine, alive, weight)
+
+    def _filtered(
+        self, held: list[Charged], alive: list[Charged], weight: int
+    ) -> tuple[bool | None, str | None, str, Any]:
+        """The device's window filter, then its lifetime filter, by the theorem's condition."""
+        b, day = self.budget, self.day
+        assert b is not None
+        if b.window_filter_epsilon is not None and b.window_days is not None:
+            target = (b.window_filter_epsilon, b.window_filter_delta or 0.0)
+
+            def admits(end: int) -> bool | None:  # a report on day `end`, no other new one
+                inside = [x.weight for x in held if end - (b.window_days or 0) < x.day <= end]
+                return theorem_admits([*inside, weight], *target)
+
+            verdict = admits(day)
+            if verdict is None:
+                return None, "device", "window_filter", None
+            if not verdict:
+                if not theorem_admits([weight], *target):
+                    return False, "device", "window_filter", None
+                # the first later day it fits, as charges leave the window (by day + window)
+                later = range(day + 1, day + b.window_days + 1)
+                free = next((d, v) for d, v in ((d, admits(d)) for d in later) if v is not False)
+                return False, "device", "window_filter", day_start(free[0]) if free[1] else ANY
+        if b.lifetime_filter_epsilon is not None:
+            target = (b.lifetime_filter_epsilon, b.lifetime_filter_delta or 0.0)
+            verdict = theorem_admits([*(x.weight for x in alive), weight], *target)
+            if not verdict:
+                return verdict, "device", "lifetime_filter", None
         return True, None, "accepted", None
 
     @rule(device=st.sampled_from(["d1", "d2"]), name=st.sampled_from(NAMES))
@@ -165,8 +226,11 @@ class DeviceMachine(RuleBasedStateMachine):
         want = self._expected(device, name)
         got = self.ledger.charge(device, name, now=self.now)
         SEEN.add((got.refused_by, got.reason))
-        assert (got.accepted, got.refused_by, got.reason) == want[:3], (got, want)
-        if not got.accepted:
+        if want[0] is None:  # a filter's boundary: either answer, and the model follows it
+            assert got.accepted or (got.refused_by, got.reason) == want[1:3], (got, want)
+        else:
+            assert (got.accepted, got.refused_by, got.reason) == want[:3], (got, want)
+        if not got.accepted and want[0] is False and want[3] is not ANY:
             assert got.retry_at == want[3], (got, want)
         else:
             weight = to_micro(EPS[name]) * (2 if name == "c" else 1)
@@ -220,6 +284,7 @@ def test_the_gate_agrees_with_the_device_budget_model_on_sqlite() -> None:
     # the runs reached device-wide refusals; which kinds depends on the sequences drawn, so
     # each kind of refusal has its own focused test below
     assert {who for who, _ in SEEN} & {"device", "quota"}, SEEN
+    assert {("device", "window_filter"), ("device", "lifetime_filter")} <= SEEN, SEEN
 
 
 @pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is not set")
@@ -400,7 +465,8 @@ def test_the_filter_admits_exactly_what_the_theorem_allows(data: Any, target: An
     led = _filter_ledger(tmp)
     try:
         write_device_budget(
-            led.engine, DeviceBudgetCreate(filter_epsilon=target[0], filter_delta=target[1])
+            led.engine,
+            DeviceBudgetCreate(lifetime_filter_epsilon=target[0], lifetime_filter_delta=target[1]),
         )
         goal = Target(*target)
         admitted = OdometerState()
@@ -428,7 +494,9 @@ def test_the_filter_admits_exactly_what_the_theorem_allows(data: Any, target: An
 
 def test_the_filter_admits_more_small_reports_than_a_basic_cap(tmp_path: Path) -> None:
     led = _filter_ledger(tmp_path)
-    write_device_budget(led.engine, DeviceBudgetCreate(filter_epsilon=4.0, filter_delta=1e-9))
+    write_device_budget(
+        led.engine, DeviceBudgetCreate(lifetime_filter_epsilon=4.0, lifetime_filter_delta=1e-9)
+    )
     filtered = sum(led.charge("a", "small", now=NOW).accepted for _ in range(200))
     write_device_budget(led.engine, DeviceBudgetCreate(lifetime_epsilon=4.0))
     basic = sum(led.charge("b", "small", now=NOW).accepted for _ in range(200))
@@ -436,8 +504,35 @@ def test_the_filter_admits_more_small_reports_than_a_basic_cap(tmp_path: Path) -
 
 
 def test_the_device_view_names_the_filter_target(ledger: Ledger) -> None:
-    write_device_budget(ledger.engine, DeviceBudgetCreate(filter_epsilon=4.0, filter_delta=1e-9))
+    write_device_budget(
+        ledger.engine, DeviceBudgetCreate(lifetime_filter_epsilon=4.0, lifetime_filter_delta=1e-9)
+    )
     shown = ledger.device_wide("dev", now=NOW)
-    assert shown is not None and (shown.filter_epsilon, shown.filter_delta) == (4.0, 1e-9)
-    with pytest.raises(ValueError, match="filter_delta"):
-        DeviceBudgetCreate(filter_epsilon=4.0)
+    assert shown is not None and (shown.lifetime_filter_epsilon, shown.lifetime_filter_delta) == (
+        4.0,
+        1e-9,
+    )
+    with pytest.raises(ValueError, match="lifetime_filter_delta"):
+        DeviceBudgetCreate(lifetime_filter_epsilon=4.0)
+
+
+def test_a_window_filter_needs_its_window_and_loosening_names_each_target() -> None:
+    with pytest.raises(ValueError, match="`window_days` is required"):
+        DeviceBudgetCreate(window_filter_epsilon=4.0, window_filter_delta=1e-9)
+    with pytest.raises(ValueError, match="`window_days` needs"):
+        DeviceBudgetCreate(window_days=3)
+    with pytest.raises(ValueError, match="window_filter_delta"):
+        DeviceBudgetCreate(window_days=3, window_filter_epsilon=4.0, window_filter_delta=1.0)
+    old = DeviceBudgetCreate(
+        window_days=3,
+        window_filter_epsilon=4.0,
+        window_filter_delta=1e-9,
+        lifetime_filter_epsilon=40.0,
+        lifetime_filter_delta=1e-9,
+    )
+    new = DeviceBudgetCreate(window_days=3, window_filter_epsilon=3.0, window_filter_delta=1e-6)
+    assert loosening(old, new) == [
+        "device_budget.window_filter_delta 1e-09 -> 1e-06",
+        "device_budget.lifetime_filter_epsilon 40.0 -> None",
+        "device_budget.lifetime_filter_delta 1e-09 -> None",
+    ]

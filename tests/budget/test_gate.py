@@ -10,6 +10,14 @@ import pytest
 from sqlalchemy import Connection, func, select, text
 
 from budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase, init_db
+from budget.reporting.loss import (
+    device_loss,
+    devices_loss,
+    lifetime_rows,
+    population_lifetime_loss,
+    population_window_loss,
+    window_totals,
+)
 from budget.state import AccountState
 from budget.storage.tables import Charge
 from policies import PolicyCreate, PolicyUpdate
@@ -204,6 +212,25 @@ def test_each_charge_records_its_policy_version_and_changes_keep_spent_budget(
     assert status.epsilon_window == 3.0 and status.reports_today == 2
 
 
+def test_every_reader_gets_the_one_policy_book(ledger: Ledger) -> None:
+    # one lookup: the ledger's readers get the gate's book, read again only after a change
+    first = ledger.book()
+    assert ledger.book() is first
+    with ledger.engine.connect() as conn:
+        assert ledger.gate.book(conn) is first
+    ledger.policies.update("emoji", PolicyUpdate(max_reports_per_day=3))
+    ledger.policies.delete("health-types")
+    book = ledger.book()
+    assert book is not first and book.terms["emoji"].max_reports_per_day == 3
+    assert "health-types" not in book.terms and not book.latest["health-types"].active
+    names = [(p.name, p.version) for p in book.versions]  # every version, retired included
+    assert names == sorted(names) and {("emoji", 1), ("emoji", 2), ("health-types", 2)} <= set(
+        names
+    )
+    proposed = book.latest["emoji"].model_copy(update={"version": 3, "retention_days": 120})
+    assert book.with_policy(proposed).longest_retention["emoji"] == 120
+
+
 def test_status_reports_every_use_case(ledger: Ledger) -> None:
     ledger.charge("dev", "quicktype", now=NOW)
     status = {s.use_case: s for s in ledger.status("dev", now=NOW)}
@@ -219,7 +246,7 @@ def test_quicktype_hundred_days(ledger: Ledger) -> None:
     for day in range(100):
         for _ in range(3):
             ledger.charge("typist", "quicktype", now=start + timedelta(days=day))
-    loss = ledger.device_loss("typist", now=NOW)
+    loss = device_loss(ledger, "typist", now=NOW)
     assert loss.window["quicktype"].epsilon_basic == 1440.0
     assert loss.lifetime["quicktype"].epsilon_basic == 1600.0
     assert loss.window["quicktype"].events == 180
@@ -242,10 +269,10 @@ def test_purge_deletes_exactly_what_left_the_window(ledger: Ledger) -> None:
     assert (result.charges, result.daily_spend, result.idempotency) == (3, 3, 3)
     assert count_rows(ledger, "charges") == 1
     assert account_days(ledger) == [day - 89]
-    lifetime = sum(n for _, _, _, _, n in ledger.lifetime_rows())
+    lifetime = sum(n for _, _, _, _, n in lifetime_rows(ledger))
     assert lifetime == 4  # lifetime totals survive
     assert ledger.purge(now=NOW) == type(result)(0, 0, 0)
-    assert ledger.retention_horizons() == dict.fromkeys(
+    assert ledger.book().horizons == dict.fromkeys(
         (p.name for p in ledger.policies.list()), day - 90
     )
 
@@ -258,12 +285,12 @@ def test_a_charge_clears_its_days_past_the_horizon(ledger: Ledger) -> None:
     with ledger.engine.begin() as conn:  # the horizon as the purge sets it, accounts untouched
         conn.execute(text("INSERT INTO retention_horizons VALUES ('emoji', :d)"), {"d": day - 90})
     assert account_days(ledger) == [day - 91, day - 91, day - 90, day - 89]
-    assert ledger.window_totals(now=NOW) == {ledger.device_key("dev"): 4.0}  # readers skip them
+    assert window_totals(ledger, now=NOW) == {ledger.device_key("dev"): 4.0}  # readers skip them
     ledger.charge("dev", "emoji", now=NOW)
     assert account_days(ledger) == [day - 91, day - 89, day]  # dev's were cleared on write
     assert ledger.purge(now=NOW).daily_spend == 1  # other's
-    assert sorted(e for _, _, e, _, _ in ledger.lifetime_rows()) == [4_000_000, 4_000_000]
-    assert sum(n for _, _, _, _, n in ledger.lifetime_rows()) == 5
+    assert sorted(e for _, _, e, _, _ in lifetime_rows(ledger)) == [4_000_000, 4_000_000]
+    assert sum(n for _, _, _, _, n in lifetime_rows(ledger)) == 5
 
 
 def test_one_device_thousand_concurrent_charges_admit_exactly_the_cap(ledger: Ledger) -> None:
@@ -301,20 +328,20 @@ def test_population_accounting_window_and_lifetime(ledger: Ledger) -> None:
     for d in range(30):
         for back in range(1 + d % 3):
             ledger.charge(f"p{d}", "emoji", now=NOW - timedelta(days=back * 40))
-    totals = ledger.window_totals(now=NOW, use_case="emoji")
+    totals = window_totals(ledger, now=NOW, use_case="emoji")
     assert len(totals) == 30
     assert sorted(set(totals.values())) == [4.0, 8.0, 12.0]
-    window = ledger.population_window_loss(now=NOW, use_case="emoji")
-    lifetime = ledger.population_lifetime_loss(use_case="emoji")
+    window = population_window_loss(ledger, now=NOW, use_case="emoji")
+    lifetime = population_lifetime_loss(ledger, use_case="emoji")
     assert {loss.epsilon_basic for loss in window.values()} == {4.0, 8.0, 12.0}
     assert {loss.events for loss in lifetime.values()} == {1, 2, 3}
     assert ledger.accountant.hit_rate > 0.8  # 30 devices, 3 distinct ledgers
-    both = ledger.devices_loss(["p0", "p2"], now=NOW)
+    both = devices_loss(ledger, ["p0", "p2"], now=NOW)
     assert both["p2"].window_total is not None and both["p2"].window_total.epsilon_basic == 12.0
-    after = ledger.window_totals(now=NOW + timedelta(days=100))
+    after = window_totals(ledger, now=NOW + timedelta(days=100))
     assert after == {}
     with pytest.raises(UnknownUseCase):
-        ledger.window_totals(now=NOW, use_case="nope")
+        window_totals(ledger, now=NOW, use_case="nope")
 
 
 def test_a_database_with_old_format_device_keys_is_refused(ledger: Ledger) -> None:
@@ -357,7 +384,7 @@ def test_the_account_scan_pages_through_every_row_once(ledger: Ledger) -> None:
     for chunk in (1, 2, 4, 5, 6):
         assert [dk for dk, _ in ledger.accounts(chunk=chunk)] == whole
     assert all(len(state.slots) == 3 for _, state in ledger.accounts())
-    assert sorted(ledger.window_totals(now=NOW).values()) == [16.0] * 5  # emoji, quicktype, safari
+    assert sorted(window_totals(ledger, now=NOW).values()) == [16.0] * 5  # emoji, quicktype, safari
 
 
 def test_a_purge_leaves_an_account_charged_while_it_ran(
@@ -384,4 +411,4 @@ def test_a_purge_leaves_an_account_charged_while_it_ran(
     monkeypatch.undo()
     day = int(NOW.timestamp() // 86_400)
     assert account_days(ledger) == [day, day]  # dev-x's and the raced device's today
-    assert sum(n for _, _, _, _, n in ledger.lifetime_rows()) == 5
+    assert sum(n for _, _, _, _, n in lifetime_rows(ledger)) == 5

@@ -1,12 +1,13 @@
 """The ledger against a reference model computed from the raw charge log alone.
 
 A Hypothesis state machine interleaves charges, days passing, purges and every kind of policy
-edit (epsilon, caps, group moves in and out, retention down and up, group size, retire and
-re-create), on SQLite and on PostgreSQL. The model keeps only the list of accepted charges
-(device, use case, day, epsilon, group size), the policies as edited and the purge's horizons,
-and recomputes every answer from them: the gate's decisions, ``status``, ``device_loss``, the
-effective-epsilon report and its recomputation from an export all agree with it, and no
-population lifetime figure ever decreases.
+edit (epsilon, caps, filter targets, group moves in and out, retention down and up, group size,
+retire and re-create), on SQLite and on PostgreSQL. The model keeps only the list of accepted
+charges (device, use case, day, epsilon, group size), the policies as edited and the purge's
+horizons, and recomputes every answer from them (the filters' from the theorem's condition,
+:func:`tests.budget.filter_theorem.theorem_admits`): the gate's decisions, ``status``,
+``device_loss``, the effective-epsilon report and its recomputation from an export all agree
+with it, and no population lifetime figure ever decreases.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from sqlalchemy import Engine
 
 from budget import Ledger, PolicyConflict, UnknownUseCase, create_db_engine, init_db, utc_day
 from budget.reporting.export import export_ledger, read_export, report_from_export
+from budget.reporting.loss import device_loss, effective_epsilon
 from budget.storage.db import scratch_schema
 from policies import PolicyCreate, PolicyUpdate
 from policies.model import to_micro
 from policies.repository import GROUP_FIELDS
+from tests.budget.filter_theorem import theorem_admits
 from tests.conftest import PG_URL
 
 SECRET = b"model-secret-model-secret-model-secret"
@@ -62,6 +65,10 @@ def _fields(name: str) -> dict[str, Any]:
         "retention_days": 4,
         "window_epsilon_cap": None,
         "lifetime_epsilon_cap": None,
+        "window_filter_epsilon": None,
+        "window_filter_delta": None,
+        "lifetime_filter_epsilon": None,
+        "lifetime_filter_delta": None,
         "group_size": 1,
         "budget_group": None,
     }
@@ -119,12 +126,12 @@ class LedgerMachine(RuleBasedStateMachine):
         window = sum(c.eps for c in mine if day - retention < c.day <= day and self._held(c))
         return len(today), sum(today), window, sum(c.eps for c in mine)
 
-    def _expected(self, device: str, name: str) -> str:
+    def _expected(self, device: str, name: str) -> str | None:
+        """The reason the gate must give (``None``: a filter's boundary, either answer)."""
         p = self.policies[name]
         eps = to_micro(p["epsilon_per_report"])
-        reports, _, window, life = self._spend(
-            device, self._members(self._budget(name)), self.day, p["retention_days"]
-        )
+        members = self._members(self._budget(name))
+        reports, _, window, life = self._spend(device, members, self.day, p["retention_days"])
         if reports >= p["max_reports_per_day"]:
             return "daily_cap"
         if p["window_epsilon_cap"] is not None and window + eps > to_micro(p["window_epsilon_cap"]):
@@ -133,6 +140,16 @@ class LedgerMachine(RuleBasedStateMachine):
             p["lifetime_epsilon_cap"]
         ):
             return "lifetime_cap"
+        mine = [c for c in self.log if c.device == device and c.use_case in members]
+        recent = [c for c in mine if self.day - p["retention_days"] < c.day and self._held(c)]
+        for kind, counted in (("window", recent), ("lifetime", mine)):
+            target, delta = p[f"{kind}_filter_epsilon"], p[f"{kind}_filter_delta"]
+            if target is None:
+                continue
+            weights = [c.eps * c.group for c in counted] + [eps * p["group_size"]]
+            verdict = theorem_admits(weights, target, delta)
+            if not verdict:
+                return None if verdict is None else f"{kind}_filter"
         return "accepted"
 
     def _write(self, name: str, fields: dict[str, Any], *, create: bool = False) -> None:
@@ -143,8 +160,8 @@ class LedgerMachine(RuleBasedStateMachine):
             else:
                 change = {k: v for k, v in fields.items() if k != "name"}
                 self.ledger.policies.update(name, PolicyUpdate.model_validate(change))
-        except PolicyConflict:
-            return  # a group's members would disagree: refused, nothing stored
+        except (PolicyConflict, ValueError):
+            return  # a group's members would disagree, or a filter below a report: not stored
         self.policies[name] = dict(fields)
         self.active[name] = True
         self.longest[name] = max(self.longest.get(name, 0), fields["retention_days"])
@@ -163,7 +180,10 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         expected = self._expected(device, name)
         decision = self.ledger.charge(device, name, now=self.now)
-        assert decision.reason == expected
+        if expected is None:
+            assert decision.reason in ("accepted", "window_filter", "lifetime_filter")
+        else:
+            assert decision.reason == expected
         if decision.accepted:
             p = self.policies[name]
             eps = to_micro(p["epsilon_per_report"])
@@ -190,6 +210,26 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def set_caps(self, name: str, window: float | None, lifetime: float | None) -> None:
         self._edit(name, window_epsilon_cap=window, lifetime_epsilon_cap=lifetime)
+
+    @rule(
+        name=st.sampled_from(NAMES),
+        window=st.sampled_from([None, (3.0, 1e-6), (6.0, 0.05)]),
+        lifetime=st.sampled_from([None, (6.0, 1e-9), (9.0, 1e-3)]),
+    )
+    def set_filters(
+        self,
+        name: str,
+        window: tuple[float, float] | None,
+        lifetime: tuple[float, float] | None,
+    ) -> None:
+        w, life = window or (None, None), lifetime or (None, None)
+        self._edit(
+            name,
+            window_filter_epsilon=w[0],
+            window_filter_delta=w[1],
+            lifetime_filter_epsilon=life[0],
+            lifetime_filter_delta=life[1],
+        )
 
     @rule(name=st.sampled_from(NAMES), retention=st.sampled_from([2, 7]))
     def set_retention(self, name: str, retention: int) -> None:
@@ -241,7 +281,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def device_loss_agrees(self) -> None:
         for device in DEVICES:
-            loss = self.ledger.device_loss(device, now=self.now)
+            loss = device_loss(self.ledger, device, now=self.now)
             window: dict[str, int] = defaultdict(int)
             lifetime: dict[str, int] = defaultdict(int)
             for c in self.log:
@@ -260,7 +300,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule()
     def report_agrees_with_its_export(self) -> None:
-        live = self.ledger.effective_epsilon(now=self.now)
+        live = effective_epsilon(self.ledger, now=self.now)
         path = self.dir / "ledger.jsonl"
         with path.open("w", encoding="utf-8") as out:
             export_ledger(self.ledger, out, fmt="jsonl", now=self.now)

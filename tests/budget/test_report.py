@@ -12,6 +12,12 @@ from budget import Ledger
 from budget.accountant import Accountant
 from budget.batch import BatchItem, charge_batch
 from budget.reporting.export import export_ledger, read_export, report_from_export
+from budget.reporting.loss import (
+    device_loss,
+    effective_epsilon,
+    effective_epsilon_basis,
+    population_window_loss,
+)
 from budget.reporting.report import finish_report, render_text
 from policies import PolicyCreate, PolicyUpdate
 
@@ -30,7 +36,7 @@ def seed(ledger: Ledger) -> None:
 
 
 def test_policy_figures_for_apples_defaults(ledger: Ledger) -> None:
-    report = ledger.effective_epsilon(now=NOW)
+    report = effective_epsilon(ledger, now=NOW)
     lines = {line.use_case: line for line in report.use_cases}
     emoji, quicktype = lines["emoji"], lines["quicktype"]
     assert (emoji.epsilon_per_day, emoji.epsilon_per_window, emoji.epsilon_per_year) == (
@@ -66,7 +72,7 @@ def test_caps_bound_the_figures_and_say_so(ledger: Ledger) -> None:
             }
         )
     )
-    lines = {line.use_case: line for line in ledger.effective_epsilon(now=NOW).use_cases}
+    lines = {line.use_case: line for line in effective_epsilon(ledger, now=NOW).use_cases}
     assert lines["emoji"].epsilon_per_window == 100.0
     # 25 reports a window, front-loaded: 4 full windows and the year's last 5 days (not 5 x 25)
     assert lines["emoji"].epsilon_per_year == 4.0 * (4 * 25 + 5)
@@ -78,7 +84,7 @@ def test_caps_bound_the_figures_and_say_so(ledger: Ledger) -> None:
 
 def test_spend_spreads_over_devices(ledger: Ledger) -> None:
     seed(ledger)
-    report = ledger.effective_epsilon(now=NOW)
+    report = effective_epsilon(ledger, now=NOW)
     lines = {line.use_case: line for line in report.use_cases}
     emoji = lines["emoji"]
     assert emoji.spent_window.devices == 30
@@ -99,7 +105,7 @@ def test_spend_spreads_over_devices(ledger: Ledger) -> None:
 def test_the_report_recomputes_from_an_export(ledger: Ledger, fmt: str, tmp_path: Path) -> None:
     seed(ledger)
     ledger.policies.update("emoji", PolicyUpdate(window_epsilon_cap=200.0))
-    live = ledger.effective_epsilon(now=NOW).to_dict()
+    live = effective_epsilon(ledger, now=NOW).to_dict()
     buffer = io.StringIO()
     n = export_ledger(ledger, buffer, fmt=fmt, now=NOW)  # type: ignore[arg-type]
     path = tmp_path / f"ledger.{fmt}"
@@ -142,7 +148,7 @@ def _policy(name: str, **fields: object) -> PolicyCreate:
 def test_budget_group_members_count_with_their_own_epsilon(ledger: Ledger) -> None:
     # the example: safari-energy-domains at epsilon 8 in the shared Safari budget
     ledger.policies.update("safari-energy-domains", PolicyUpdate(epsilon_per_report=8.0))
-    report = ledger.effective_epsilon(now=NOW)
+    report = effective_epsilon(ledger, now=NOW)
     # quicktype 16, emoji 4, lookup-hints 8, Safari 2 x 8, autoplay 16, health 2 (not 54)
     assert report.totals.allowed_per_day.epsilon_basic == 62.0
     assert report.totals.allowed_per_window.epsilon_basic == 62.0 * 90
@@ -155,7 +161,7 @@ def test_the_population_tight_figure_is_each_devices_own(ledger: Ledger) -> None
     ledger.policies.create(_policy("tiny", epsilon_per_report=0.05, max_reports_per_day=400))
     charge_batch(ledger.gate, [BatchItem("A", "tiny") for _ in range(400)], now=NOW)
     charge_batch(ledger.gate, [BatchItem("B", "quicktype") for _ in range(2)], now=NOW)
-    report = ledger.effective_epsilon(now=NOW)
+    report = effective_epsilon(ledger, now=NOW)
     tight = report.totals.device_bound_window
     assert tight is not None and tight.devices == 2 and tight.distinct_ledgers == 2
     a = Accountant().loss({0.05: 400}, delta=1e-9)
@@ -168,7 +174,7 @@ def test_the_population_tight_figure_is_each_devices_own(ledger: Ledger) -> None
 
 def test_every_figure_names_what_it_is_and_none_says_tight(ledger: Ledger) -> None:
     seed(ledger)
-    report = ledger.effective_epsilon(now=NOW)
+    report = effective_epsilon(ledger, now=NOW)
     t = report.totals
     # per window the PLD bound is no smaller than the sum: the figure is the basic sum
     assert t.allowed_per_window.bound == "basic sum" and t.allowed_per_window.epsilon == 4860.0
@@ -180,19 +186,19 @@ def test_every_figure_names_what_it_is_and_none_says_tight(ledger: Ledger) -> No
     text = render_text(report)
     assert "tight" not in text
     assert "allowed per window: basic sum 4,860 [fixed schedule]" in text
-    device = ledger.device_loss("d0", now=NOW)
+    device = device_loss(ledger, "d0", now=NOW)
     assert device.window_total is not None and device.window_total.kind == "running total"
     assert "adaptively" in device.window_total.note or device.window_total.bound == "basic sum"
     assert all(loss.kind == "running total" for loss in device.lifetime.values())
-    population = ledger.population_window_loss(now=NOW, use_case="emoji")
+    population = population_window_loss(ledger, now=NOW, use_case="emoji")
     assert {loss.kind for loss in population.values()} == {"running total"}
 
 
 def test_a_retired_use_case_still_counts_in_the_population(ledger: Ledger) -> None:
     seed(ledger)
-    before = ledger.effective_epsilon(now=NOW).totals
+    before = effective_epsilon(ledger, now=NOW).totals
     ledger.policies.delete("quicktype")
-    after = ledger.effective_epsilon(now=NOW)
+    after = effective_epsilon(ledger, now=NOW)
     assert "quicktype" not in {line.use_case for line in after.use_cases}
     assert after.totals.spent_lifetime == before.spent_lifetime
     assert after.totals.spent_window == before.spent_window
@@ -204,9 +210,9 @@ def test_a_group_size_that_overflows_exp_gives_finite_figures(ledger: Ledger) ->
     ledger.policies.update("emoji", PolicyUpdate(group_size=89, epsilon_per_report=8.0))
     ledger.charge("d0", "emoji", now=NOW)
     ledger.charge("d0", "quicktype", now=NOW)
-    report = ledger.effective_epsilon(now=NOW, delta=1e-12)
+    report = effective_epsilon(ledger, now=NOW, delta=1e-12)
     assert report.totals.allowed_per_year.epsilon_basic > 0
-    loss = ledger.device_loss("d0", now=NOW)
+    loss = device_loss(ledger, "d0", now=NOW)
     assert loss.lifetime_total is not None and loss.lifetime_total.epsilon_basic == 712.0 + 8.0
     assert render_text(report)
 
@@ -217,7 +223,7 @@ def test_the_export_carries_group_sizes_horizons_and_retired_use_cases(
 ) -> None:
     seed(ledger)
     ledger.policies.delete("quicktype")
-    live = ledger.effective_epsilon(now=NOW).to_dict()
+    live = effective_epsilon(ledger, now=NOW).to_dict()
     buffer = io.StringIO()
     export_ledger(ledger, buffer, fmt=fmt, now=NOW)  # type: ignore[arg-type]
     path = tmp_path / f"ledger.{fmt}"
@@ -253,7 +259,7 @@ def test_a_v1_export_is_read_with_the_group_sizes_it_was_computed_with(tmp_path:
 
 def test_the_report_is_the_same_from_its_basis_at_any_delta(ledger: Ledger) -> None:
     seed(ledger)
-    basis = ledger.effective_epsilon_basis(now=NOW)
+    basis = effective_epsilon_basis(ledger, now=NOW)
     for delta in (1e-9, 1e-3, 0.9999999999999999):
-        direct = ledger.effective_epsilon(now=NOW, delta=delta).to_dict()
+        direct = effective_epsilon(ledger, now=NOW, delta=delta).to_dict()
         assert finish_report(basis, accountant=Accountant(), delta=delta).to_dict() == direct

@@ -77,7 +77,7 @@ TABLES = [
     "job_leases",
 ]
 
-# Columns a later revision replaced: 0005 folds whole batch parts (``batch_parts.folded``).
+# Columns a later revision replaced: 0006 folds whole batch parts (``batch_parts.folded``).
 REMOVED = {"reports": ("folded",)}
 
 
@@ -212,3 +212,32 @@ def test_the_migration_history_is_one_line() -> None:
     script = ScriptDirectory.from_config(alembic_config())
     revisions = [r.revision for r in script.walk_revisions()]
     assert revisions[-1] == "0001" and script.get_heads() == [revisions[0]]
+
+
+def test_revision_0005_keeps_the_device_wide_lifetime_filter(empty_url: str) -> None:
+    from alembic import command
+
+    from budget.storage.db import writer
+    from budget.storage.schema import alembic_config
+    from policies.device import device_budget_versions
+
+    engine = create_db_engine(empty_url)
+    try:
+        with writer(engine).begin() as conn:
+            command.upgrade(alembic_config(conn), "0004")
+            conn.execute(
+                text(
+                    "INSERT INTO device_budgets (version, lifetime_epsilon, filter_epsilon,"
+                    " filter_delta, quotas, created_at, actor)"
+                    " VALUES (1, 50.0, 8.0, 1e-9, '{}', :at, 'admin')"
+                ),
+                {"at": NOW},
+            )
+        init_db(engine)
+        with engine.connect() as conn:
+            (kept,) = device_budget_versions(conn)
+        assert (kept.lifetime_epsilon, kept.lifetime_filter_epsilon) == (50.0, 8.0)
+        assert (kept.lifetime_filter_delta, kept.window_filter_epsilon) == (1e-9, None)
+        assert _drift(engine) == []
+    finally:
+        engine.dispose()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from budget import Ledger
 from budget.reporting.export import export_ledger, read_export, report_from_export
+from budget.reporting.loss import device_loss, effective_epsilon
 from policies import PolicyBase, PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
@@ -107,7 +108,7 @@ def test_raising_retention_past_its_longest_cannot_recall_deleted_days(ledger: L
     ledger.purge(now=end)  # deletes days up to end - 5
     ledger.policies.update("brief", PolicyUpdate(retention_days=30))
     assert _status(ledger, "dev", "brief", end).epsilon_window == 5.0  # type: ignore[attr-defined]
-    assert ledger.device_loss("dev", now=end).window["brief"].epsilon_basic == 5.0
+    assert device_loss(ledger, "dev", now=end).window["brief"].epsilon_basic == 5.0
 
 
 def test_each_charge_counts_at_the_group_size_it_was_made_with(ledger: Ledger) -> None:
@@ -115,7 +116,7 @@ def test_each_charge_counts_at_the_group_size_it_was_made_with(ledger: Ledger) -
     assert ledger.charge("dev", "emoji", now=NOW).accepted
     ledger.policies.update("emoji", PolicyUpdate(group_size=1))
     assert ledger.charge("dev", "emoji", now=NOW + timedelta(days=1)).accepted
-    loss = ledger.device_loss("dev", now=NOW + timedelta(days=1))
+    loss = device_loss(ledger, "dev", now=NOW + timedelta(days=1))
     assert loss.lifetime["emoji"].epsilon_basic == 24.0  # 4 x 5 + 4 x 1
 
 
@@ -125,9 +126,9 @@ def test_retiring_a_use_case_never_lowers_a_population_lifetime_figure(
     for device in ("a", "b"):
         assert ledger.charge(device, "quicktype", now=NOW).accepted
     assert ledger.charge("a", "emoji", now=NOW).accepted
-    before = ledger.effective_epsilon(now=NOW).totals
+    before = effective_epsilon(ledger, now=NOW).totals
     ledger.policies.delete("quicktype")
-    after = ledger.effective_epsilon(now=NOW)
+    after = effective_epsilon(ledger, now=NOW)
     assert after.totals.spent_lifetime == before.spent_lifetime
     assert after.totals.spent_window == before.spent_window
     path = tmp_path / "ledger.jsonl"

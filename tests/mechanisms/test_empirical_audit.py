@@ -101,3 +101,21 @@ def test_hcms_ignoring_the_hash_row_is_caught() -> None:
         privatize=row_zero,
     )
     assert not result.reaches and not result.passed, result
+
+
+def test_samples_are_drawn_a_chunk_at_a_time_and_reported() -> None:
+    calls: list[tuple[int, int]] = []
+    result = audit(
+        _emoji(),
+        "a",
+        "b",
+        epsilon=4.0,
+        samples=1000,
+        rng=np.random.default_rng(3),
+        chunk=300,
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    assert calls == [(n, 2000) for n in (300, 600, 900, 1000, 1300, 1600, 1900, 2000)]
+    assert result.samples == 1000 and all(0 <= h <= 1000 for h in result.hits)
+    with pytest.raises(ValueError, match="chunk"):
+        audit(_emoji(), "a", "b", epsilon=4.0, samples=10, rng=np.random.default_rng(), chunk=0)

@@ -95,7 +95,7 @@ def test_hcms_single_reports_match_the_enumerated_distribution() -> None:
 
 
 def test_flip_probabilities_are_exact() -> None:
-    # MECHANISMS.md section 9 table.
+    # Flip probabilities 1/(1+e^(eps/2)) and 1/(1+e^eps), to 10 digits.
     table = {
         1: (0.3775406688, 0.2689414214),
         2: (0.2689414214, 0.1192029220),

@@ -131,7 +131,8 @@ def test_deployment_sizes_error_and_calibrated_intervals(
 ) -> None:
     n = 1_000_000
     err, exact, stderr = _deployment_errors(mech, d, n, seed=d)
-    # The exact variance at small counts reproduces MECHANISMS.md section 6's sd.
+    # The exact variance at small counts gives the deployment's standard deviation (Appendices A
+    # and B of Apple's paper at its deployed parameters: 427 for Emoji, 1,037 for Safari).
     assert np.sqrt(np.median(exact)) == pytest.approx(sd_expected, rel=0.01)
     # Sum of squared standardized errors is chi-square with d degrees of freedom.
     chi2 = float((err**2 / exact).sum())

@@ -65,6 +65,21 @@ BASE: dict[str, Any] = {
         ({"window_epsilon_cap": 1.0}, "`window_epsilon_cap` must be at least"),
         ({"lifetime_epsilon_cap": 3.0}, "`lifetime_epsilon_cap` must be at least"),
         ({"k_fragment": 16}, "`k_fragment` is only for mechanism sfp"),
+        ({"window_filter_epsilon": 8.0}, "`window_filter_epsilon` and `window_filter_delta`"),
+        ({"lifetime_filter_delta": 1e-9}, "`lifetime_filter_epsilon` and `lifetime_filter_delta`"),
+        ({"window_filter_epsilon": 8.0, "window_filter_delta": 0.0}, "window_filter_delta"),
+        ({"lifetime_filter_epsilon": 8.0, "lifetime_filter_delta": 1.0}, "lifetime_filter_delta"),
+        ({"window_filter_epsilon": 0.0, "window_filter_delta": 1e-9}, "window_filter_epsilon"),
+        ({"lifetime_filter_epsilon": -1.0, "lifetime_filter_delta": 1e-9}, "lifetime_filter_eps"),
+        ({"window_filter_epsilon": 8.0000001, "window_filter_delta": 1e-9}, "window_filter_eps"),
+        (
+            {"lifetime_filter_epsilon": 3.0, "lifetime_filter_delta": 1e-9},
+            "`lifetime_filter_epsilon` must be at least `epsilon_per_report` x `group_size`",
+        ),
+        (
+            {"window_filter_epsilon": 6.0, "window_filter_delta": 1e-9, "group_size": 2},
+            "`window_filter_epsilon` must be at least `epsilon_per_report` x `group_size`",
+        ),
         ({"mechanism": "sfp"}, "`k_fragment` is required"),
     ],
 )
@@ -198,6 +213,30 @@ def test_files_round_trip(tmp_path: Path, fmt: str) -> None:
     path.write_text(dump_policies(default_policies(), fmt), encoding="utf-8")
     loaded = load_policies(path)
     assert [p.model_dump() for p in loaded] == [p.model_dump() for p in default_policies()]
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "toml"])
+def test_filter_targets_round_trip_through_files(tmp_path: Path, fmt: str) -> None:
+    policy = PolicyCreate.model_validate(
+        {
+            **BASE,
+            "epsilon_per_report": 0.05,
+            "window_filter_epsilon": 4.0,
+            "window_filter_delta": 1e-9,
+            "lifetime_filter_epsilon": 40.0,
+            "lifetime_filter_delta": 1e-6,
+        }
+    )
+    path = tmp_path / f"policies.{fmt}"
+    path.write_text(dump_policies([policy], fmt), encoding="utf-8")
+    assert load_policies(path) == [policy]
+    # a file must state every field: one without the filter targets is incomplete
+    text = path.read_text(encoding="utf-8")
+    path.write_text(
+        "\n".join(x for x in text.splitlines() if "window_filter_delta" not in x), "utf-8"
+    )
+    with pytest.raises(PolicyFileError, match="window_filter_delta`: missing"):
+        load_policies(path)
 
 
 @pytest.mark.parametrize(

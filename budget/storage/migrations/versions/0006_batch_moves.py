@@ -6,8 +6,8 @@ folded (``batch_parts.folded``) instead of marking each report. Reports stored b
 revision become two batches per use case, the folded ones and the others, with their parts;
 ``reports.folded`` and its index go.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import secrets
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005"
-down_revision: str | None = "0004"
+revision = "0006"
+down_revision: str | None = "0005"
 branch_labels = None
 depends_on = None
 

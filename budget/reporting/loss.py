@@ -1,0 +1,266 @@
+"""Privacy loss on the live ledger: per device, per population, and the effective-epsilon report.
+
+Every figure is read from the accounts (:meth:`budget.ledger.Ledger.accounts`) under the policy
+book (:meth:`budget.ledger.Ledger.book`): a use case's window is its latest version's
+``retention_days`` (retired use cases included), days on or before its retention horizon count
+nowhere, and each charge counts at the group size in force when it was made (a pure
+epsilon-DP report is ``g x epsilon``-DP for groups of ``g``). Losses of what devices actually
+sent are running totals (labelled ``kind="running total"``): their basic sum is a guarantee and
+what the gate enforces; their (epsilon, delta) bound is not, against an adaptively chosen
+sequence (docs/accounting.md).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from budget.accountant import Accountant, PrivacyLoss
+from budget.book import PolicyBook
+from budget.central import central_figures
+from budget.clock import utc_day
+from budget.errors import InvalidRequest, UnknownUseCase
+from budget.ledger import Ledger
+from budget.reporting.report import (
+    EffectiveEpsilonReport,
+    ReportBasis,
+    Row,
+    finish_report,
+    prepare_report,
+)
+from budget.state import AccountState, Slot, lifetime_counts, window_counts
+from policies.model import Policy, from_micro
+
+__all__ = [
+    "DeviceLoss",
+    "device_loss",
+    "devices_loss",
+    "effective_epsilon",
+    "effective_epsilon_basis",
+    "lifetime_rows",
+    "population_lifetime_loss",
+    "population_window_loss",
+    "spend_rows",
+    "window_rows",
+    "window_totals",
+]
+
+Events = tuple[tuple[float, int], ...]  # (group-scaled epsilon, count), by epsilon
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLoss:
+    """One device's cumulative loss per use case and in total, over the window and lifetime.
+
+    Every figure is a running total (``kind``) of what the device actually sent: its basic sum
+    is a guarantee (and what the gate enforces); its (epsilon, delta) bound is not, against an
+    adaptively chosen sequence (see docs/accounting.md).
+    """
+
+    window: dict[str, PrivacyLoss] = field(default_factory=dict)
+    lifetime: dict[str, PrivacyLoss] = field(default_factory=dict)
+    window_total: PrivacyLoss | None = None
+    lifetime_total: PrivacyLoss | None = None
+
+
+def _scaled(rows: Iterable[tuple[int, int, int]]) -> Events:
+    """``(micro-epsilon, group size, count)`` rows as pure events at their group's epsilon.
+
+    >>> _scaled([(2_000_000, 1, 3), (1_000_000, 2, 1)])
+    ((2.0, 4),)
+    """
+    merged: dict[int, int] = defaultdict(int)
+    for eps, group, count in rows:
+        merged[int(eps) * int(group)] += int(count)
+    return tuple((from_micro(e), n) for e, n in sorted(merged.items()))
+
+
+def _rows(dk: str, counts: dict[Slot, int]) -> Iterator[Row]:
+    for (uc, e, g), n in sorted(counts.items()):
+        yield dk, uc, e, g, n
+
+
+def _window_counts(
+    ledger: Ledger, day: int, book: PolicyBook, names: Iterable[str] | None = None
+) -> Iterator[tuple[str, dict[Slot, int]]]:
+    """Per device, ``{(use case, micro-epsilon, group): reports}`` in each use case's window.
+
+    Every use case ever defined counts (retired ones in their last version's window), or
+    only ``names``.
+    """
+    retention = book.retention()
+    if names is not None:
+        wanted = set(names)
+        retention = {n: r for n, r in retention.items() if n in wanted}
+    for dk, state in ledger.accounts():
+        counts = window_counts(state, day, retention, book.horizons)
+        if counts:
+            yield dk, counts
+
+
+def window_rows(ledger: Ledger, *, now: datetime, use_case: str | None = None) -> Iterator[Row]:
+    """Each use case's charges in its own window: ``(device, use case, eps, group, n)``."""
+    names = None if use_case is None else [use_case]
+    for dk, counts in _window_counts(ledger, utc_day(now), ledger.book(), names):
+        yield from _rows(dk, counts)
+
+
+def lifetime_rows(ledger: Ledger, use_case: str | None = None) -> Iterator[Row]:
+    """The lifetime multiset: ``(device key, use case, micro-epsilon, group size, count)``."""
+    for dk, state in ledger.accounts():
+        for row in _rows(dk, lifetime_counts(state)):
+            if use_case is None or row[1] == use_case:
+                yield row
+
+
+def spend_rows(ledger: Ledger, *, now: datetime) -> tuple[list[Row], list[Row]]:
+    """:func:`window_rows` and :func:`lifetime_rows` of every use case, from one scan."""
+    book, day = ledger.book(), utc_day(now)
+    retention = book.retention()
+    window: list[Row] = []
+    lifetime: list[Row] = []
+    for dk, state in ledger.accounts():
+        window.extend(_rows(dk, window_counts(state, day, retention, book.horizons)))
+        lifetime.extend(_rows(dk, lifetime_counts(state)))
+    return window, lifetime
+
+
+def effective_epsilon_basis(ledger: Ledger, *, now: datetime) -> ReportBasis:
+    """The delta-free part of the effective-epsilon report: one scan of the accounts.
+
+    With the central figures of the shuffled batches published (:mod:`budget.central`, each
+    at its policy's delta).
+    """
+    book, day = ledger.book(), utc_day(now)
+    window, lifetime = spend_rows(ledger, now=now)
+    basis = prepare_report(list(book.latest.values()), day, window, lifetime)
+    return replace(basis, central=central_figures(ledger.engine, book.versions, day))
+
+
+def effective_epsilon(
+    ledger: Ledger, *, now: datetime, delta: float | None = None
+) -> EffectiveEpsilonReport:
+    """The effective-epsilon report (:mod:`budget.reporting.report`) on the live ledger.
+
+    ``delta`` defaults to the smallest active policy delta.
+    """
+    basis = effective_epsilon_basis(ledger, now=now)
+    return finish_report(basis, accountant=ledger.accountant, delta=delta)
+
+
+def _compose(
+    accountant: Accountant,
+    rows: dict[str, list[tuple[int, int, int]]],
+    policies: dict[str, Policy],
+    delta: float | None,
+    total_delta: float,
+) -> tuple[dict[str, PrivacyLoss], PrivacyLoss]:
+    """Per-use-case losses and the total over use cases (each event at its group size)."""
+    per_use_case: dict[str, PrivacyLoss] = {}
+    merged: dict[float, int] = defaultdict(int)
+    for use_case, events in rows.items():
+        p = policies[use_case]
+        scaled = _scaled(events)
+        per_use_case[use_case] = accountant.loss(
+            scaled, delta=delta if delta is not None else p.delta, kind="running total"
+        )
+        for eps, count in scaled:
+            merged[eps] += count
+    return per_use_case, accountant.loss(merged, delta=total_delta, kind="running total")
+
+
+def device_loss(
+    ledger: Ledger, device_id: str, *, now: datetime, delta: float | None = None
+) -> DeviceLoss:
+    """Window and lifetime loss per use case and in total (basic sum and bound, group-scaled).
+
+    The total composes every use case's events at ``delta``, by default the smallest delta
+    among the device's use cases.
+    """
+    if not isinstance(device_id, str) or not device_id:
+        raise InvalidRequest("device_id", "must be a non-empty string")
+    dk = ledger.device_key(device_id)
+    day = utc_day(now)
+    with ledger.engine.connect() as conn:
+        book = ledger.gate.book(conn)
+        state = ledger.state_of(conn, dk) or AccountState()
+    policies = book.latest
+    window: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    lifetime: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for (uc, e, g), n in window_counts(state, day, book.retention(), book.horizons).items():
+        window[uc].append((e, g, n))
+    for (uc, e, g), n in lifetime_counts(state).items():
+        lifetime[uc].append((e, g, n))
+    used = [policies[u] for u in set(window) | set(lifetime) if u in policies]
+    total_delta = delta if delta is not None else min((p.delta for p in used), default=1e-9)
+    accountant = ledger.accountant
+    per_window, window_total = _compose(accountant, window, policies, delta, total_delta)
+    per_life, lifetime_total = _compose(accountant, lifetime, policies, delta, total_delta)
+    return DeviceLoss(per_window, per_life, window_total, lifetime_total)
+
+
+def devices_loss(
+    ledger: Ledger, device_ids: list[str], *, now: datetime, delta: float | None = None
+) -> dict[str, DeviceLoss]:
+    """:func:`device_loss` for a set of devices, keyed by the ids given."""
+    return {d: device_loss(ledger, d, now=now, delta=delta) for d in device_ids}
+
+
+def window_totals(
+    ledger: Ledger, *, now: datetime, use_case: str | None = None
+) -> dict[str, float]:
+    """Basic window epsilon per device key (one scan of the accounts), for a use case or all.
+
+    With ``use_case=None`` each use case's own retention window applies.
+    """
+    book = ledger.book()
+    if use_case is not None and use_case not in book.latest:
+        raise UnknownUseCase(use_case)
+    names = None if use_case is None else [use_case]
+    totals: dict[str, int] = {}
+    for dk, counts in _window_counts(ledger, utc_day(now), book, names):
+        totals[dk] = sum(e * n for (_, e, _), n in counts.items())
+    return {dk: from_micro(v) for dk, v in totals.items()}
+
+
+def population_window_loss(
+    ledger: Ledger, *, now: datetime, use_case: str
+) -> dict[str, PrivacyLoss]:
+    """Tight window loss of every device of a use case (memoized by ledger multiset).
+
+    Running totals (labelled so): see :class:`DeviceLoss`.
+    """
+    book = ledger.book()
+    policy = book.latest.get(use_case)
+    if policy is None:
+        raise UnknownUseCase(use_case)
+    return {
+        dk: ledger.accountant.loss(
+            _scaled((e, g, n) for (_, e, g), n in counts.items()),
+            delta=policy.delta,
+            kind="running total",
+        )
+        for dk, counts in _window_counts(ledger, utc_day(now), book, [use_case])
+    }
+
+
+def population_lifetime_loss(ledger: Ledger, *, use_case: str) -> dict[str, PrivacyLoss]:
+    """Tight lifetime loss of every device of a use case (memoized by ledger multiset).
+
+    Running totals (labelled so): see :class:`DeviceLoss`.
+    """
+    policy = ledger.book().latest.get(use_case)
+    if policy is None:
+        raise UnknownUseCase(use_case)
+    out: dict[str, PrivacyLoss] = {}
+    for dk, state in ledger.accounts():
+        mine = {s: n for s, n in lifetime_counts(state).items() if s[0] == use_case}
+        if mine:
+            out[dk] = ledger.accountant.loss(
+                _scaled((e, g, n) for (_, e, g), n in mine.items()),
+                delta=policy.delta,
+                kind="running total",
+            )
+    return out

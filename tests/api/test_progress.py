@@ -1,0 +1,83 @@
+"""The command line's progress: a bar on a terminal, a line per tenth in a log (injected clock)."""
+
+from __future__ import annotations
+
+import io
+
+from api.cli.common import Progress
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_log_gets_a_line_per_tenth_and_the_final_count() -> None:
+    log = io.StringIO()
+    with Progress("job", "reports", stream=log, clock=Clock()) as progress:
+        for done in range(0, 1001):
+            progress(done, 1000)
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "job: 0 of 1,000 reports (0%)"
+    assert lines[-1] == "job: 1,000 of 1,000 reports (100%)" and len(lines) == 11
+
+
+def test_a_slow_tenth_still_shows_a_line_every_interval() -> None:
+    log, clock = io.StringIO(), Clock()
+    with Progress("slow", "files", stream=log, clock=clock, interval=10) as progress:
+        progress(1, 1000)
+        clock.now = 5.0
+        progress(2, 1000)  # neither a new tenth nor 10 s since the last line
+        clock.now = 10.5
+        progress(3, 1000)
+    assert log.getvalue().splitlines() == [
+        "slow: 1 of 1,000 files (0%)",
+        "slow: 3 of 1,000 files (0%)",  # also the final count: not written twice
+    ]
+
+
+def test_an_unknown_total_shows_counts_by_interval_and_at_the_end() -> None:
+    log, clock = io.StringIO(), Clock()
+    with Progress("export", "lines", stream=log, clock=clock, interval=10) as progress:
+        for done in range(1, 150):
+            clock.now = done / 10
+            progress(done)
+    assert log.getvalue().splitlines() == ["export: 100 lines", "export: 149 lines"]
+
+
+def test_steps_each_count_under_their_own_name() -> None:
+    log = io.StringIO()
+    progress = Progress("jobs run aggregate", "reports", stream=log, clock=Clock())
+    progress.step("flush")(4, 4)
+    progress.step("fold")(0, 4)
+    progress.step("fold")(4, 4)
+    progress.close()
+    assert log.getvalue().splitlines() == [
+        "flush: 4 of 4 reports (100%)",
+        "fold: 0 of 4 reports (0%)",
+        "fold: 4 of 4 reports (100%)",
+    ]
+
+
+def test_a_terminal_gets_one_bar_redrawn_in_place() -> None:
+    screen, clock = Terminal(), Clock()
+    with Progress("demo", "reports", stream=screen, clock=clock) as progress:
+        for done in range(0, 101, 10):
+            clock.now += 1
+            progress(done, 100)
+    text = screen.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one line, ended once
+    last = text.rstrip("\n").rsplit("\r", 1)[-1]
+    assert last == "demo [" + "#" * 30 + "] 100 of 100 reports (100%)\x1b[K"
