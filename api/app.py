@@ -103,15 +103,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("loaded %d default policies into an empty database", len(loaded))
     ingestor = Ingestor(ledger, secret, require_family=settings.require_report_family)
     key = uuid.uuid4().hex
-    RUNTIMES[key] = Runtime(
-        ledger,
-        ingestor,
-        clock,
-        settings.shuffle_batch,
-        min_batch=settings.flush_min_batch,
-        lease_seconds=settings.job_lease_seconds,
-        checkpoint_file=settings.checkpoint_file,
-    )
+    RUNTIMES[key] = Runtime.configured(ledger, ingestor, clock, settings)
     app.state.ledger = ledger
     app.state.ingestor = ingestor
     app.state.runtime_key = key

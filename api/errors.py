@@ -31,6 +31,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "NOT_FOUND",
     "REFUSED",
+    "SERVICE_UNAVAILABLE",
     "TOO_LARGE",
     "UNAUTHORIZED",
     "HttpError",
@@ -50,6 +51,7 @@ CONFLICT = 409  # an idempotency key reused, a policy conflict, a job held by an
 TOO_LARGE = 413  # a body or batch over its limit
 INVALID = 422  # a request or report that names the field at fault
 REFUSED = 429  # a report refused at a cap (a decision, not an error), or a rate limit
+SERVICE_UNAVAILABLE = 503  # a job stopped by a database still locked after its busy timeout
 MAX_JSON_DEPTH = 16  # deeper JSON bodies are refused with 422 on `body`
 
 

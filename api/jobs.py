@@ -1,6 +1,6 @@
 """Scheduled jobs, declared once: ids, textual references, leases.
 
-APScheduler 3 runs ``api.jobs:run_job`` by textual reference with primitive arguments (the job
+APScheduler 3 runs ``api.jobs:run_scheduled`` by textual reference with primitive arguments (the job
 name and the runtime's registry key); each run first takes a database lease, so however many
 processes schedule a job, one runs it at a time. ``flush-inbox`` and ``aggregate`` both move
 the inbox, so they share one lease. Leases are short (``lease_seconds``, a minute by default)
@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from api.ingestion.ingest import Ingestor
 from api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
@@ -40,11 +40,15 @@ from api.ingestion.tables import JobLease
 from api.logs import log_fields
 from budget import Clock, Ledger
 from budget.audit_log import write_checkpoints
-from budget.storage.db import writer
+from budget.storage.db import is_busy, writer
+
+if TYPE_CHECKING:
+    from api.settings import Settings
 
 __all__ = [
     "JOBS",
     "LEASES",
+    "JobBusy",
     "Runtime",
     "acquire_lease",
     "lease_holder",
@@ -52,6 +56,7 @@ __all__ = [
     "release_job",
     "release_lease",
     "run_job",
+    "run_scheduled",
     "start_scheduler",
 ]
 
@@ -79,6 +84,27 @@ class Runtime:
     holder: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
+
+    @classmethod
+    def configured(
+        cls,
+        ledger: Ledger,
+        ingestor: Ingestor,
+        clock: Clock,
+        settings: Settings,
+        progress: Callable[[str], Callable[[int, int], None]] | None = None,
+    ) -> Runtime:
+        """The runtime the service's settings describe (``dpgov serve`` and ``dpgov jobs``)."""
+        return cls(
+            ledger,
+            ingestor,
+            clock,
+            settings.shuffle_batch,
+            min_batch=settings.flush_min_batch,
+            lease_seconds=settings.job_lease_seconds,
+            checkpoint_file=settings.checkpoint_file,
+            progress=progress,
+        )
 
     def step(self, name: str) -> Callable[[int, int], None] | None:
         """The progress callback of one step of a job, if anyone asked for progress."""
@@ -211,8 +237,11 @@ def _heartbeat(engine: Engine, lease: str, holder: str, ttl: float) -> Iterator[
             try:
                 if not acquire_lease(engine, lease, holder, ttl):
                     log.warning("lease %s was taken over while its job ran (forced)", lease)
-            except Exception:  # a busy or lost database: the next beat tries again
-                log.exception("lease %s: renewal failed", lease)
+            except DBAPIError as exc:  # a busy or lost database: the next beat tries again
+                if not is_busy(exc):
+                    log.exception("lease %s: renewal failed", lease)
+                else:
+                    log.warning("lease %s: not renewed, the database is busy; retrying", lease)
 
     thread = threading.Thread(target=beat, name=f"lease-{lease}", daemon=True)
     thread.start()
@@ -221,6 +250,22 @@ def _heartbeat(engine: Engine, lease: str, holder: str, ttl: float) -> Iterator[
     finally:
         stop.set()
         thread.join()
+
+
+class JobBusy(RuntimeError):
+    """A job stopped because the database stayed locked past its busy timeout.
+
+    Everything it committed before stays committed, and its next run resumes the work;
+    ``cause`` is the database's own message.
+    """
+
+    def __init__(self, job: str, cause: str) -> None:
+        self.job = job
+        self.cause = cause
+        super().__init__(
+            f"job {job!r} stopped: the database stayed busy ({cause}); its work so far is kept"
+            " and its next run resumes it"
+        )
 
 
 def run_job(
@@ -241,10 +286,46 @@ def run_job(
     processes schedule the same job, one of them runs it per interval; a run that crashed took
     no slot, so the next process's run goes ahead. ``force`` takes the run lease from whoever
     holds it (an operator's override after a crash).
+
+    A database still locked after its busy timeout (SQLite: another process's long write)
+    stops the job with one log line (``outcome`` ``busy``) and :class:`JobBusy`; each of the
+    job's transactions is short and complete, so the next run resumes where it stopped.
     """
     if name not in JOBS:
         raise KeyError(name)
-    rt = RUNTIMES[runtime_key]
+    started = time.monotonic()
+    try:
+        return _run(name, RUNTIMES[runtime_key], slot_seconds, wait_seconds, force=force)
+    except DBAPIError as exc:
+        if not is_busy(exc):
+            raise
+        ms = round((time.monotonic() - started) * 1000, 1)
+        cause = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+        fields = log_fields(job=name, outcome="busy", duration_ms=ms, error=cause)
+        log.warning(
+            "job %s stopped after %.0f ms: the database stayed busy (%s); the next run resumes",
+            name,
+            ms,
+            cause,
+            extra=fields,
+        )
+        raise JobBusy(name, cause) from None
+
+
+def run_scheduled(
+    name: str, runtime_key: str, slot_seconds: float = 0.0, wait_seconds: float = 0.0
+) -> dict[str, Any] | None:
+    """The scheduler's entry point: :func:`run_job`, a busy database being a logged outcome."""
+    try:
+        return run_job(name, runtime_key, slot_seconds, wait_seconds)
+    except JobBusy:
+        return None  # logged once by run_job; the next scheduled run resumes
+
+
+def _run(
+    name: str, rt: Runtime, slot_seconds: float, wait_seconds: float, *, force: bool
+) -> dict[str, Any] | None:
+    """:func:`run_job` once the job is known: lease, slot, heartbeat, run, log."""
     engine = rt.ledger.engine
     lease = lease_of(name)
     deadline = time.monotonic() + wait_seconds
@@ -266,6 +347,8 @@ def run_job(
             with _heartbeat(engine, lease, rt.holder, rt.lease_seconds):
                 result = JOBS[name][0](rt)
         except Exception as exc:
+            if is_busy(exc):
+                raise  # one line, by run_job
             ms = round((time.monotonic() - started) * 1000, 1)
             fields = log_fields(
                 job=name, outcome="failed", duration_ms=ms, error=type(exc).__name__
@@ -294,7 +377,7 @@ def start_scheduler(
             options["seconds"] = intervals[name]
         period = float(options.get("seconds", 86_400))
         scheduler.add_job(
-            "api.jobs:run_job",
+            "api.jobs:run_scheduled",
             id=name,
             name=name,
             args=[name, runtime_key, 0.9 * period, min(0.5 * period, 600.0)],

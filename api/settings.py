@@ -135,10 +135,10 @@ class Settings(BaseSettings):
         default=300, ge=1, description="Interval of the `aggregate` job (reports into sketches)."
     )
     shuffle_batch: int = Field(
-        default=10_000,
+        default=500,
         ge=1,
-        description="Most reports one statement of `flush-inbox` deletes or stores (a use"
-        " case's batch moves in one transaction).",
+        description="Most reports one transaction of `flush-inbox` moves (a use case's batch"
+        " moves in several and is published by the last).",
     )
     flush_min_batch: int = Field(
         default=100,

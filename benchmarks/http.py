@@ -57,11 +57,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(
-    url: str, workers: int, tmp: Path, batch_items: int
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    env = {
+def server_env(url: str, tmp: Path, batch_items: int = 5000) -> dict[str, str]:
+    """The environment of a benchmark's ``dpgov`` processes: keys in ``tmp``, no scheduler."""
+    return {
         **os.environ,
         "DPGOV_DATABASE_URL": url,
         "DPGOV_SECRET_FILE": str(tmp / "secret"),
@@ -71,9 +69,16 @@ def _start(
         "DPGOV_MAX_BATCH_ITEMS": str(batch_items),
         "DPGOV_MAX_BODY_BYTES": str(64 << 20),
     }
+
+
+def start_server(
+    url: str, workers: int, tmp: Path, batch_items: int
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``dpgov serve`` process on ``url`` (in ``tmp``), once it answers: (process, base URL)."""
+    port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--workers", str(workers)],
-        env=env,
+        env=server_env(url, tmp, batch_items),
         cwd=tmp,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -87,6 +92,18 @@ def _start(
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("the server did not start")
+
+
+def report_bodies(base: str) -> list[dict[str, int]]:
+    """2,000 Safari HCMS report bodies built from the policy the server publishes."""
+    policy = httpx.get(base + "/v1/use-cases/safari-energy-domains").json()
+    fields = {k: v for k, v in policy.items() if k in PolicyCreate.model_fields}
+    mech = mechanism_for(PolicyCreate.model_validate(fields))
+    assert isinstance(mech, HCMS)
+    bodies: list[dict[str, int]] = mech.privatize(
+        [f"d{i}.example" for i in range(2000)], rng=np.random.default_rng(1)
+    ).to_dicts()
+    return bodies
 
 
 def _stat(pid: int | str) -> list[str] | None:
@@ -309,15 +326,9 @@ def run(
 ) -> list[str]:
     """Benchmark one configuration; returns table rows (two relay connections per worker)."""
     relay_connections = relay_connections or 2 * workers
-    proc, base = _start(url, workers, tmp, size)
+    proc, base = start_server(url, workers, tmp, size)
     try:
-        policy = httpx.get(base + "/v1/use-cases/safari-energy-domains").json()
-        fields = {k: v for k, v in policy.items() if k in PolicyCreate.model_fields}
-        mech = mechanism_for(PolicyCreate.model_validate(fields))
-        assert isinstance(mech, HCMS)
-        bodies = mech.privatize(
-            [f"d{i}.example" for i in range(2000)], rng=np.random.default_rng(1)
-        ).to_dicts()
+        bodies = report_bodies(base)
         cpu = ServerCpu(proc)
         wrk = _wrk(base, bodies[0], seconds, clients, tmp) if "singles" in loads else None
         wrk_cpu = cpu.summary(wrk[0] if wrk else 0)

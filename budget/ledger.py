@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, select
+from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, func, select
 
 from budget.accountant import Accountant
 from budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
@@ -24,9 +24,10 @@ from budget.integrity import StateCheck, StateReplay
 from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
 from budget.rule import Decision
 from budget.state import AccountState, decode
-from budget.storage.db import placeholder, writer
+from budget.storage.db import delete_keys, placeholder, write_step
 from budget.storage.partitions import (
     DAYS_AHEAD,
+    DroppedDays,
     drop_days_through,
     ensure_partitions,
     is_partitioned,
@@ -83,6 +84,22 @@ class PurgeResult:
     charges: int
     daily_spend: int
     idempotency: int
+
+
+def _raises(book: PolicyBook, day: int) -> dict[str, tuple[int, int]]:
+    """The horizons a purge on ``day`` raises: ``(current, new)`` by use case."""
+    spans = {
+        n: (book.horizon(n), kept.spend_through) for n, kept in book.purge_through(day).items()
+    }
+    return {n: span for n, span in spans.items() if span[1] > span[0]}
+
+
+def _passed(conn: Connection, use_case: str, old: int, new: int) -> int:
+    """The charges of a use case on the days a horizon raised from ``old`` to ``new`` passes."""
+    span = [_CHARGES.c.use_case == use_case, _CHARGES.c.day <= new]
+    if old != NO_HORIZON:
+        span.append(_CHARGES.c.day > old)
+    return int(conn.execute(select(func.count()).where(and_(*span))).scalar_one())
 
 
 def _policy_json(policy: Policy) -> dict[str, Any]:
@@ -326,27 +343,37 @@ class Ledger:
                     if int(r[5]) > horizons.get(str(r[1]), NO_HORIZON):
                         yield str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5])
 
-    def purge(self, *, now: datetime) -> PurgeResult:
-        """Apply retention to the spend records at ``now``: raise each horizon, delete below it.
+    def purge(self, *, now: datetime, rows: int = 5_000) -> PurgeResult:
+        """Apply retention at ``now``: raise each use case's horizon, delete what it passed.
 
         Each use case's horizon (retired ones included) rises to its ``spend_through``
         (:meth:`budget.book.PolicyBook.purge_through`: the longest retention it ever had, at
         least the longest device-wide window), so that lowering then raising
-        ``retention_days`` loses nothing, and days once deleted never count again. In one
-        transaction: the horizons, the charges on or before them, the idempotency records
-        older than the retry window (``idempotency_days``), and the audit entry that counts
-        everything; then the account days are cleared in short transactions of their own
-        (every reader already ignores them). On a partitioned PostgreSQL ledger, days past
-        every horizon are dropped as partitions, and the partitions of the coming days are
-        created.
+        ``retention_days`` loses nothing, and days once deleted never count again. The
+        horizons rise in one short transaction with the audit entry that records them and
+        counts the charges they passed (read before: those days are over, so no charge joins
+        them) and the idempotency records deleted before it (older than the retry window,
+        ``idempotency_days``). From then on every reader ignores what the horizons passed, so
+        the charges and the account days go afterwards, ``rows`` a transaction; a purge that
+        stops midway leaves nothing anyone counts, and the next one deletes the rest. On a
+        partitioned PostgreSQL ledger, days past every horizon are dropped as partitions in
+        the first transaction, and the partitions of the coming days are created.
         """
         day = utc_day(now)
-        charges = idem = 0
-        dropped: list[int] = []
-        with writer(self.engine).begin() as conn:
+        idem = self._delete_all(
+            _IDEM,
+            (_IDEM.c.device_key, _IDEM.c.key),
+            _IDEM.c.day <= day - self.idempotency_days,
+            rows,
+        )
+        with self.engine.connect() as conn:
+            planned = _raises(self.gate.book(conn), day)
+            passed = {n: _passed(conn, n, old, new) for n, (old, new) in planned.items()}
+        dropped = DroppedDays([], 0)
+        with write_step(self.engine) as conn:
             book = self.gate.book(conn)
-            through = {n: kept.spend_through for n, kept in book.purge_through(day).items()}
-            raised = {n: d for n, d in through.items() if d > book.horizon(n)}
+            raises = _raises(book, day)
+            raised = {n: new for n, (_, new) in raises.items()}
             horizons = {**book.horizons, **raised}
             if raised:
                 conn.execute(_HORIZONS.delete().where(_HORIZONS.c.use_case.in_(list(raised))))
@@ -354,30 +381,50 @@ class Ledger:
                     _HORIZONS.insert(),
                     [{"use_case": n, "through_day": d} for n, d in sorted(raised.items())],
                 )
+            through = {n: kept.spend_through for n, kept in book.purge_through(day).items()}
             if through and is_partitioned(conn):
                 # whole days past every horizon go as partitions; rows only where they differ
-                gone = drop_days_through(conn, min(through.values()))
-                charges, dropped = gone.charges, gone.days
-            for name, cutoff in sorted(horizons.items()):
-                charges += conn.execute(
-                    delete(_CHARGES).where(
-                        and_(_CHARGES.c.use_case == name, _CHARGES.c.day <= cutoff)
-                    )
-                ).rowcount
-            idem = conn.execute(
-                delete(_IDEM).where(_IDEM.c.day <= day - self.idempotency_days)
-            ).rowcount
+                dropped = drop_days_through(conn, min(through.values()))
+            charges = sum(  # a purge that ran meanwhile raised differently: counted again here
+                passed[n] if planned.get(n) == span else _passed(conn, n, *span)
+                for n, span in raises.items()
+            )
             data: dict[str, Any] = {"day": day, "charges": charges, "idempotency": idem}
             if raised:
                 data["horizons"] = dict(sorted(raised.items()))
-            if dropped:
-                data["partitions_dropped"] = dropped
+            if dropped.days:
+                data["partitions_dropped"] = dropped.days
             self.audit.append(conn, [Entry("job:purge", "purge.ledger", data)], now=now)
-        days = self._prune_days(horizons)
+        deleted = dropped.charges
+        for name, cutoff in sorted(horizons.items()):
+            past = and_(_CHARGES.c.use_case == name, _CHARGES.c.day <= cutoff)
+            deleted += self._delete_all(_CHARGES, (_CHARGES.c.id,), past, rows)
+        days = self._prune_days(horizons, rows)
         ensure_partitions(self.engine, day, day + DAYS_AHEAD)  # the days ahead, daily
-        return PurgeResult(charges, days, idem)
+        return PurgeResult(deleted, days, idem)
 
-    def _prune_days(self, horizons: dict[str, int], chunk: int = 5_000) -> int:
+    def _delete_all(
+        self,
+        table: Table,
+        key: tuple[ColumnElement[Any], ...],
+        where: ColumnElement[bool],
+        rows: int,
+    ) -> int:
+        """Delete the rows ``where`` selects, ``rows`` a transaction; how many went.
+
+        The keys are read first, outside any write transaction, so each write is a delete by
+        primary key, however many other rows the condition's index range holds.
+        """
+        with self.engine.connect() as conn:
+            found = conn.execute(select(*key).where(where))
+            keys = [tuple(r) for r in found] if len(key) > 1 else list(found.scalars())
+        deleted = 0
+        for start in range(0, len(keys), rows):
+            with write_step(self.engine) as conn:
+                deleted += delete_keys(conn, table, key, keys[start : start + rows])
+        return deleted
+
+    def _prune_days(self, horizons: dict[str, int], chunk: int) -> int:
         """Clear the account days on or before their use case's horizon; the counts cleared.
 
         Each write is a compare-and-set on the count read: a row charged meanwhile was pruned
@@ -395,7 +442,7 @@ class Ledger:
 
         def flush() -> int:
             done = 0
-            with writer(self.engine).begin() as conn:
+            with write_step(self.engine) as conn:
                 cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
                 cursor.executemany(sql, [params for params, _ in pending])  # one round trip
                 if cursor.rowcount == len(pending):

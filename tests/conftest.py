@@ -56,6 +56,17 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     yield from make_engine(request.param, tmp_path)
 
 
+@pytest.fixture(params=BACKENDS)
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database's URL: a new SQLite file, or a new PostgreSQL schema (then dropped)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.sqlite'}"
+        return
+    assert PG_URL is not None
+    with scratch_schema(PG_URL, "e") as url:
+        yield url
+
+
 @pytest.fixture
 def ledger(engine: Engine) -> Ledger:
     led = Ledger(engine, SECRET)

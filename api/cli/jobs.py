@@ -32,7 +32,7 @@ def jobs_run(
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
     from api.ingestion.ingest import Ingestor
-    from api.jobs import JOBS, RUNTIMES, Runtime, lease_holder, lease_of, run_job
+    from api.jobs import JOBS, RUNTIMES, JobBusy, Runtime, lease_holder, lease_of, run_job
     from budget import SystemClock
 
     if name not in JOBS:
@@ -42,20 +42,20 @@ def jobs_run(
     ledger, keys = open_service(settings, Access.WRITE)
     key = f"cli-{name}"
     progress = Progress(f"jobs run {name}", "reports")
-    RUNTIMES[key] = Runtime(
+    RUNTIMES[key] = Runtime.configured(
         ledger,
         Ingestor(ledger, keys.device_key_secret),
         SystemClock(),
-        settings.shuffle_batch,
-        min_batch=settings.flush_min_batch,
-        lease_seconds=settings.job_lease_seconds,
-        checkpoint_file=settings.checkpoint_file,
+        settings,
         progress=lambda step: progress.step(f"jobs run {name}: {step}"),
     )
     try:
         with progress:
             result = run_job(name, key, force=force)
         held = None if result is not None else lease_holder(ledger.engine, lease_of(name))
+    except JobBusy as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from None
     finally:
         RUNTIMES.pop(key, None)
         ledger.engine.dispose()

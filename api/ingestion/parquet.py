@@ -19,11 +19,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import Engine, and_, func, select
+from sqlalchemy import Engine
 
 from api.ingestion.ingest import Mechanism, params_hash
-from api.ingestion.pipeline import decode_payloads
-from api.ingestion.tables import StoredReport
+from api.ingestion.pipeline import decode_payloads, part_payloads, published_parts
 from mechanisms import CMS, HCMS, CmsReports, HcmsReports, SfpReports
 
 __all__ = [
@@ -38,7 +37,6 @@ __all__ = [
 ]
 
 Reports = CmsReports | HcmsReports | SfpReports
-_REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
 _META_PARAMS = b"dpgov.params"
 _READ_CHUNK = 50_000
 
@@ -174,30 +172,12 @@ class ExportResult:
     partitions: dict[tuple[int, str], int]
 
 
-def _chunks(
-    engine: Engine, use_case: str, day: int, params: str, chunk: int
+def _pages(
+    engine: Engine, batches: list[int], day: int, params: str, chunk: int
 ) -> Iterator[list[str]]:
-    """Payloads of one partition, by keyset pages over the random report ids."""
-    last = ""
-    while True:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                select(_REPORTS.c.id, _REPORTS.c.payload)
-                .where(
-                    and_(
-                        _REPORTS.c.use_case == use_case,
-                        _REPORTS.c.day == day,
-                        _REPORTS.c.params == params,
-                        _REPORTS.c.id > last,
-                    )
-                )
-                .order_by(_REPORTS.c.id)
-                .limit(chunk)
-            ).all()
-        if not rows:
-            return
-        last = rows[-1].id
-        yield [r.payload for r in rows]
+    """Payloads of one partition: its published batch parts, ``chunk`` at a time."""
+    for batch in batches:
+        yield from part_payloads(engine, batch, params, day, chunk)
 
 
 def _write_partition(
@@ -238,8 +218,9 @@ def export_reports(
     rows_per_file: int = 1_000_000,
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
-    """Export a use case's stored reports of ``first_day..last_day`` to ``root``.
+    """Export a use case's published reports of ``first_day..last_day`` to ``root``.
 
+    A batch still being moved into the store is not published yet: the next export has it.
     Each partition is written to a temporary directory and renamed into place, so a partition is
     either the previous export or the complete new one; re-exporting replaces it. Reports whose
     parameter hash is not in ``mechanisms`` are skipped (they cannot be decoded). ``progress``
@@ -248,21 +229,12 @@ def export_reports(
     if rows_per_file < 1:
         raise ValueError("rows_per_file must be positive")
     with engine.connect() as conn:
-        groups = conn.execute(
-            select(_REPORTS.c.day, _REPORTS.c.params, func.count())
-            .where(
-                and_(
-                    _REPORTS.c.use_case == use_case,
-                    _REPORTS.c.day >= first_day,
-                    _REPORTS.c.day <= last_day,
-                )
-            )
-            .group_by(_REPORTS.c.day, _REPORTS.c.params)
-            .order_by(_REPORTS.c.day, _REPORTS.c.params)
-        ).all()
+        groups = published_parts(conn, use_case, first_day, last_day)
     files: list[Path] = []
     partitions: dict[tuple[int, str], int] = {}
-    total = sum(int(n) for _, params, n in groups if params in mechanisms)
+    total = sum(
+        n for (_, params), parts in groups.items() if params in mechanisms for _, n in parts
+    )
     read = 0
 
     def counted(pages: Iterator[list[str]]) -> Iterator[list[str]]:
@@ -273,15 +245,16 @@ def export_reports(
                 progress(read, total)
             yield page
 
-    for day, params, _ in groups:
+    for (day, params), parts in groups.items():
         mechanism = mechanisms.get(params)
         if mechanism is None:
             continue
-        final = partition_dir(root, use_case, int(day), params)
+        final = partition_dir(root, use_case, day, params)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".export-", dir=final.parent))
         try:
-            pages = counted(_chunks(engine, use_case, int(day), params, _READ_CHUNK))
+            batches = [batch for batch, _ in parts]
+            pages = counted(_pages(engine, batches, day, params, _READ_CHUNK))
             written, rows = _write_partition(staging, mechanism, pages, rows_per_file)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # the previous export stays as it was
@@ -290,5 +263,5 @@ def export_reports(
             shutil.rmtree(final)
         staging.rename(final)
         files.extend(final / p.name for p in written)
-        partitions[(int(day), params)] = rows
+        partitions[(day, params)] = rows
     return ExportResult(sum(partitions.values()), files, partitions)

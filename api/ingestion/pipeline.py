@@ -1,9 +1,22 @@
 """The private pipeline's jobs: shuffle the inbox into the store, fold sketches, apply retention.
 
-Every job is idempotent and safe to run concurrently with itself: ``flush_inbox`` stores only
-the rows its own ``DELETE ... RETURNING`` took, in the same transaction; ``aggregate`` marks the
-reports it folds in the same transaction as the sketch it writes, under a per-sketch lock; and
-``purge`` deletes by day. Running one twice, or in two processes, does no harm beyond the work.
+Every job writes in short transactions (at most ``STEP_ROWS`` rows each, and for the fold one
+sketch), does its reading, shuffling and sketch arithmetic outside them, and can stop between
+any two of them: the next run takes over where it stopped. Each is safe to run concurrently
+with itself (two processes, or a scheduled run beside ``dpgov jobs run``):
+
+- ``flush_inbox`` reads a use case's inbox, checks the batch's minimums and shuffles it outside
+  any write transaction, then claims the batch in one small transaction (``inbox_moves``: its
+  inbox ids in shuffled order and its figures), which succeeds only if no other batch and no
+  purge moved the inbox since it was read. It then moves the batch a chunk per transaction with
+  ``DELETE ... RETURNING``, storing exactly the rows each delete returned; the transaction that
+  moves its last report publishes it (its record in ``shuffled_batches``, its parts in
+  ``batch_parts``) and clears the claim. A flush that finds a batch being moved carries on
+  with it, whoever started it.
+- ``aggregate`` reads a sketch and the reports of its unfolded batch parts outside any write
+  transaction and adds them, then writes the sketch and marks the parts folded in one
+  transaction, only if the sketch is still the one it read (its count unchanged).
+- ``purge`` deletes past each use case's window a chunk per transaction, part by part.
 """
 
 from __future__ import annotations
@@ -14,23 +27,24 @@ import io
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import Engine, and_, delete, func, select, update
+from sqlalchemy import Connection, Engine, and_, delete, func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from api.ingestion.ingest import Ingestor, Mechanism, params_hash
-from api.ingestion.tables import InboxRow, SketchRow, StoredReport
+from api.ingestion.tables import BatchPart, InboxMove, InboxRow, SketchRow, StoredReport
 from budget import Ledger, utc_day
 from budget.audit_log import Entry
 from budget.book import PolicyBook
 from budget.central import batch_layers
-from budget.gate import load_book
-from budget.storage.db import writer
+from budget.gate import InternalError, load_book
+from budget.storage.db import placeholder, write_step
 from budget.storage.tables import ShuffledBatch
 from mechanisms import (
     CMS,
@@ -48,11 +62,14 @@ from policies.repository import lock_names
 
 __all__ = [
     "DEFAULT_MIN_BATCH",
+    "STEP_ROWS",
     "AggregateResult",
     "aggregate",
     "decode_payloads",
     "flush_inbox",
     "load_sketch",
+    "part_payloads",
+    "published_parts",
     "purge",
     "sketch_arrays",
     "sketch_digest",
@@ -62,17 +79,22 @@ __all__ = [
 ]
 
 _INBOX = InboxRow.__table__  # type: ignore[attr-defined]
+_MOVES = InboxMove.__table__  # type: ignore[attr-defined]
 _REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
+_PARTS = BatchPart.__table__  # type: ignore[attr-defined]
 _SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
 _BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
 Sketch = CmsSketch | HcmsSketch | SfpSketch
-_FOLD_CHUNK = 50_000
+STEP_ROWS = 500  # rows one job transaction writes at most (milliseconds on SQLite)
 DEFAULT_MIN_BATCH = 100
+_FOLD_ROUND = 1_000_000  # reports one sketch write adds at most (a part is never split)
+_FOLD_ATTEMPTS = 3
+_READ_PAGE = 20_000
 log = logging.getLogger("dpgov.pipeline")
 
 
-class _ShortBatch(Exception):
-    """Rolls a flush's transaction back: what it took is below the batch's minimum."""
+class _Stale(Exception):
+    """Rolls a fold's write back: the sketch or its parts changed since they were read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +120,19 @@ def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """A claimed batch: its number, its inbox ids in shuffled order, its figures (JSON-ready)."""
+
+    batch: int
+    ids: np.ndarray  # int64
+    record: dict[str, Any]
+
+
 def flush_inbox(
     engine: Engine,
     *,
-    batch: int = 10_000,
+    batch: int = STEP_ROWS,
     min_batch: int = DEFAULT_MIN_BATCH,
     now: datetime | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -111,109 +142,226 @@ def flush_inbox(
     A use case's batch is every report pending in its inbox; it is published once it holds at
     least ``min_batch`` reports from at least the policy's ``min_batch_devices`` distinct
     devices (counted by the inbox's per-use-case pseudonyms), and otherwise waits, a day's tail
-    included, for the next flush. Publishing is one transaction per batch, under a lock on the
-    use case: the rows are taken with ``DELETE ... RETURNING`` (``batch`` ids a statement),
-    counted again (a concurrent flush or purge may have taken some; then nothing is
-    published), CSPRNG-shuffled, stored under new random ids without their pseudonyms, and
-    the batch's sizes recorded in ``shuffled_batches`` (:mod:`budget.central`). Returns how
-    many reports moved. ``progress`` is called with the pending reports handled so far and
-    those found pending, after each use case.
+    included, for the next flush. The batch is CSPRNG-shuffled and claimed, then moved
+    ``batch`` reports a transaction, in the shuffled order, under new random ids and without
+    their pseudonyms; the transaction that moves its last report records it in
+    ``shuffled_batches`` (:mod:`budget.central`) and publishes its parts to the fold. A batch
+    left half moved (a crash, a stopped job) is carried on first. Returns how many reports this
+    call moved. ``progress`` is called with the pending reports handled so far and those found
+    pending, after each use case.
     """
     if batch < 1 or min_batch < 1:
         raise ValueError(f"`batch` and `min_batch` must be at least 1, got {batch}, {min_batch}")
-    rng = secrets.SystemRandom()
+    today = utc_day(now if now is not None else datetime.now(UTC))
     with engine.connect() as conn:
         pending = conn.execute(
             select(_INBOX.c.use_case, func.count()).group_by(_INBOX.c.use_case)
         ).all()
-    counts = {str(use_case): int(count) for use_case, count in pending if count >= min_batch}
-    ready = set(counts)
+        moving = conn.execute(
+            select(_MOVES.c.use_case, _MOVES.c.batch, _MOVES.c.manifest, _MOVES.c.record).where(
+                _MOVES.c.batch.is_not(None)
+            )
+        ).all()
+    carried = {str(row.use_case) for row in moving}
+    counts = {str(u): int(n) for u, n in pending if n >= min_batch or str(u) in carried}
+    moved = handled = 0
+
+    def done(use_case: str) -> None:
+        nonlocal handled
+        handled += counts.get(use_case, 0)
+        if progress is not None:
+            progress(handled, sum(counts.values()))
+
+    for row in moving:
+        claim = _Move(
+            int(row.batch), np.frombuffer(row.manifest, np.int64), orjson.loads(row.record)
+        )
+        moved += _carry(engine, str(row.use_case), claim, batch, today)
+        done(str(row.use_case))
+    ready = set(counts) - carried
     if not ready:
-        return 0
+        return moved
     with engine.connect() as conn:
         # read afresh each flush (milliseconds for the default policies): a process may flush
         # several databases whose use cases share names and versions
         terms = _terms(load_book(conn), ready)
-    today = utc_day(now if now is not None else datetime.now(UTC))
-    moved = handled = 0
+    rng = secrets.SystemRandom()
     for use_case in sorted(ready):
-        found = terms.get(use_case)
-        try:
-            if found is not None:  # else no policy of that name: left for inspection
-                moved += _publish(engine, use_case, found, batch, min_batch, today, rng)
-        except _ShortBatch:
-            pass
-        handled += counts[use_case]
-        if progress is not None:
-            progress(handled, sum(counts.values()))
+        found = terms.get(use_case)  # none: no policy of that name, left for inspection
+        claimed = None if found is None else _claim(engine, use_case, found, min_batch, rng)
+        if claimed is not None:
+            moved += _carry(engine, use_case, claimed, batch, today)
+        done(use_case)
     return moved
 
 
-def _publish(
-    engine: Engine,
-    use_case: str,
-    terms: _Terms,
-    batch: int,
-    min_batch: int,
-    today: int,
-    rng: secrets.SystemRandom,
-) -> int:
-    """Publish one use case's pending reports as one batch (see :func:`flush_inbox`)."""
-    need_devices = terms.min_devices if terms.min_devices > 1 else 0
-    with writer(engine).begin() as conn:
-        lock_names(conn, [f"flush:{use_case}"])
+def _claim(
+    engine: Engine, use_case: str, terms: _Terms, min_batch: int, rng: secrets.SystemRandom
+) -> _Move | None:
+    """Plan a use case's batch from its inbox and claim it; ``None``: too small, or not ours.
+
+    The inbox is read after the claim's generation, so a batch or purge that removed inbox
+    rows in between has raised it and the claim fails (the next flush plans again).
+    """
+    with engine.connect() as conn:
+        seen = conn.execute(
+            select(_MOVES.c.generation, _MOVES.c.batch).where(_MOVES.c.use_case == use_case)
+        ).first()
+        if seen is not None and seen.batch is not None:
+            return None  # claimed since the flush looked: its claimer moves it
         rows = conn.execute(
-            select(_INBOX.c.id, _INBOX.c.device_tag).where(_INBOX.c.use_case == use_case)
+            select(_INBOX.c.id, _INBOX.c.device_tag, _INBOX.c.params, _INBOX.c.day).where(
+                _INBOX.c.use_case == use_case
+            )
         ).all()
-        if len(rows) < min_batch or len({r.device_tag for r in rows} - {None}) < need_devices:
-            return 0
-        ids = [r.id for r in rows]
-        taken: list[Any] = []
-        for start in range(0, len(ids), batch):
-            query = delete(_INBOX).where(_INBOX.c.id.in_(ids[start : start + batch]))
-            taken += conn.execute(
-                query.returning(
-                    _INBOX.c.params, _INBOX.c.day, _INBOX.c.payload, _INBOX.c.device_tag
+    per_device = Counter(r.device_tag for r in rows if r.device_tag is not None)
+    need_devices = terms.min_devices if terms.min_devices > 1 else 0
+    if len(rows) < min_batch or len(per_device) < need_devices:
+        return None
+    ids = [int(r.id) for r in rows]
+    rng.shuffle(ids)
+    move = _Move(
+        secrets.randbits(63), np.asarray(ids, dtype=np.int64), _figures(rows, per_device, terms)
+    )
+    values = {
+        "batch": move.batch,
+        "manifest": move.ids.tobytes(),
+        "moved": 0,
+        "record": orjson.dumps(move.record).decode(),
+    }
+    with write_step(engine) as conn:
+        if seen is None:  # the use case's first batch: whoever inserts first claims
+            try:
+                with conn.begin_nested():
+                    conn.execute(_MOVES.insert().values(use_case=use_case, generation=1, **values))
+            except IntegrityError:
+                return None
+            return move
+        claimed = conn.execute(
+            update(_MOVES)
+            .where(
+                and_(
+                    _MOVES.c.use_case == use_case,
+                    _MOVES.c.generation == seen.generation,
+                    _MOVES.c.batch.is_(None),
                 )
             )
-        per_device = Counter(r.device_tag for r in taken if r.device_tag is not None)
-        if len(taken) < max(min_batch, 1) or len(per_device) < need_devices:
-            raise _ShortBatch(use_case)  # rolls back: the rows stay in the inbox
-        rng.shuffle(taken)  # RETURNING follows the table's order, not the shuffled ids
-        for start in range(0, len(taken), batch):
-            conn.execute(
-                _REPORTS.insert(),
-                [
-                    {
-                        "id": secrets.token_hex(16),
-                        "use_case": use_case,
-                        "params": r.params,
-                        "day": r.day,
-                        "payload": r.payload,
-                        "folded": False,
-                    }
-                    for r in taken[start : start + batch]
-                ],
+            .values(generation=_MOVES.c.generation + 1, **values)
+        ).rowcount
+    return move if claimed else None
+
+
+def _figures(rows: Sequence[Any], per_device: Counter[int], terms: _Terms) -> dict[str, Any]:
+    """A planned batch's record (``shuffled_batches`` but the day published) and its parts."""
+    parts = Counter((str(r.params), int(r.day)) for r in rows)
+    return {
+        "first_day": min(day for _, day in parts),
+        "last_day": max(day for _, day in parts),
+        "devices": len(per_device),
+        "reports": len(rows),
+        "max_per_device": max(per_device.values(), default=0),  # 0: not counted
+        "layers": batch_layers(per_device.values()),
+        "untagged": len(rows) - sum(per_device.values()),
+        "epsilon_micro": max(
+            terms.epsilon_micro.get(params, terms.max_epsilon_micro) for params, _ in parts
+        ),
+        "min_batch_devices": terms.min_devices,
+        "parts": [[params, day, n] for (params, day), n in sorted(parts.items())],
+    }
+
+
+def _carry(engine: Engine, use_case: str, move: _Move, rows: int, today: int) -> int:
+    """Move a claimed batch ``rows`` reports a transaction; the last one publishes it.
+
+    Every chunk of the manifest is tried, also those another flush may have moved already
+    (its delete then returns nothing), so after one pass every report of the batch has been
+    moved by some committed transaction, and the batch is published, unless reports of it
+    were deleted from the inbox by something other than the pipeline.
+    """
+    moved = 0
+    for start in range(0, len(move.ids), rows):
+        with write_step(engine) as conn:
+            moved += _move_chunk(conn, use_case, move, move.ids[start : start + rows], today)
+    with engine.connect() as conn:
+        left = conn.execute(
+            select(_MOVES.c.moved).where(
+                and_(_MOVES.c.use_case == use_case, _MOVES.c.batch == move.batch)
             )
-        layers = batch_layers(per_device.values())
-        untagged = len(taken) - sum(per_device.values())
-        eps = max(terms.epsilon_micro.get(r.params, terms.max_epsilon_micro) for r in taken)
-        conn.execute(
-            _BATCHES.insert().values(
-                use_case=use_case,
-                day=today,
-                first_day=min(r.day for r in taken),
-                last_day=max(r.day for r in taken),
-                devices=len(per_device),
-                reports=len(taken),
-                max_per_device=max(per_device.values(), default=0),  # 0: not counted
-                layers=orjson.dumps(layers).decode(),
-                untagged=untagged,
-                epsilon_micro=eps,
-                min_batch_devices=terms.min_devices,
-            )
+        ).scalar_one_or_none()
+    if left is not None:
+        log.error(
+            "flush of %s: %d of the batch's %d reports are missing from the inbox (deleted"
+            " outside the service?); the batch stays unpublished and the use case's next"
+            " batches wait: restore the database from its backup",
+            use_case,
+            len(move.ids) - int(left),
+            len(move.ids),
         )
+    return moved
+
+
+def _move_chunk(conn: Connection, use_case: str, move: _Move, chunk: np.ndarray, today: int) -> int:
+    """Move one chunk of a batch in ``conn``'s transaction; publish the batch if it was the last."""
+    ids = chunk.tolist()
+    returning = (_INBOX.c.id, _INBOX.c.params, _INBOX.c.day, _INBOX.c.payload)
+    taken = list(conn.execute(delete(_INBOX).where(_INBOX.c.id.in_(ids)).returning(*returning)))
+    if not taken:
+        return 0
+    position = {inbox_id: i for i, inbox_id in enumerate(ids)}
+    taken.sort(key=lambda r: position[r.id])  # RETURNING follows the table's order, not ours
+    new_ids = secrets.token_bytes(16 * len(taken)).hex()
+    ph = placeholder(conn.engine)
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    cursor.executemany(
+        "INSERT INTO reports (id, use_case, params, day, payload, batch)"
+        f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})",
+        [
+            (new_ids[32 * i : 32 * i + 32], use_case, r.params, r.day, r.payload, move.batch)
+            for i, r in enumerate(taken)
+        ],
+    )
+    count = conn.execute(
+        update(_MOVES)
+        .where(and_(_MOVES.c.use_case == use_case, _MOVES.c.batch == move.batch))
+        .values(moved=_MOVES.c.moved + len(taken))
+        .returning(_MOVES.c.moved)
+    ).scalar_one_or_none()
+    if count is None:
+        raise InternalError(f"a batch of {use_case!r} was published with reports still to move")
+    if count == len(move.ids):
+        _publish(conn, use_case, move, today)
     return len(taken)
+
+
+def _publish(conn: Connection, use_case: str, move: _Move, today: int) -> None:
+    """Record the batch, hand its parts to the fold and clear the claim (and its order)."""
+    figures = {k: v for k, v in move.record.items() if k != "parts"}
+    conn.execute(
+        _BATCHES.insert().values(
+            use_case=use_case,
+            day=today,
+            **{**figures, "layers": orjson.dumps(figures["layers"]).decode()},
+        )
+    )
+    conn.execute(
+        _PARTS.insert(),
+        [
+            {
+                "batch": move.batch,
+                "params": p,
+                "day": d,
+                "use_case": use_case,
+                "reports": n,
+                "folded": False,
+            }
+            for p, d, n in move.record["parts"]
+        ],
+    )
+    conn.execute(
+        update(_MOVES)
+        .where(and_(_MOVES.c.use_case == use_case, _MOVES.c.batch == move.batch))
+        .values(batch=None, manifest=None, record=None, moved=0)
+    )
 
 
 def sketch_arrays(sketch: Sketch) -> dict[str, np.ndarray]:
@@ -304,6 +452,35 @@ def mechanisms_by_params(ledger: Ledger, use_case: str) -> dict[str, Mechanism]:
     return out
 
 
+def published_parts(
+    conn: Connection, use_case: str, first_day: int, last_day: int
+) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """A use case's published batch parts by (day, parameter hash): ``(batch, reports)`` each."""
+    rows = conn.execute(
+        select(_PARTS.c.day, _PARTS.c.params, _PARTS.c.batch, _PARTS.c.reports)
+        .where(
+            and_(_PARTS.c.use_case == use_case, _PARTS.c.day >= first_day, _PARTS.c.day <= last_day)
+        )
+        .order_by(_PARTS.c.day, _PARTS.c.params, _PARTS.c.batch)
+    )
+    out: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for day, params, batch, reports in rows:
+        out.setdefault((int(day), str(params)), []).append((int(batch), int(reports)))
+    return out
+
+
+def part_payloads(
+    engine: Engine, batch: int, params: str, day: int, page: int = _READ_PAGE
+) -> Iterator[list[str]]:
+    """The stored payloads of one batch part, ``page`` at a time (one read transaction)."""
+    query = select(_REPORTS.c.payload).where(
+        and_(_REPORTS.c.batch == batch, _REPORTS.c.params == params, _REPORTS.c.day == day)
+    )
+    with engine.connect() as conn, conn.execution_options(yield_per=page).execute(query) as result:
+        for rows in result.partitions():
+            yield [r[0] for r in rows]
+
+
 @dataclass(frozen=True, slots=True)
 class AggregateResult:
     """Reports folded into sketches by one ``aggregate`` run, and the use cases that failed.
@@ -320,7 +497,7 @@ class AggregateResult:
 def aggregate(
     ledger: Ledger, *, progress: Callable[[int, int], None] | None = None
 ) -> AggregateResult:
-    """Fold every unfolded stored report into its (use case, parameters, day) sketch.
+    """Fold every unfolded published batch part into its (use case, parameters, day) sketch.
 
     Each group is folded on its own: an error in one (a sketch too large for memory, a
     corrupt report) is logged and reported in the result, and the other groups go on.
@@ -329,20 +506,28 @@ def aggregate(
     """
     engine = ledger.engine
     with engine.connect() as conn:
-        groups = conn.execute(
-            select(_REPORTS.c.use_case, _REPORTS.c.params, _REPORTS.c.day, func.count())
-            .where(_REPORTS.c.folded.is_(False))
-            .group_by(_REPORTS.c.use_case, _REPORTS.c.params, _REPORTS.c.day)
+        rows = conn.execute(
+            select(
+                _PARTS.c.use_case, _PARTS.c.params, _PARTS.c.day, _PARTS.c.batch, _PARTS.c.reports
+            )
+            .where(_PARTS.c.folded.is_(False))
+            .order_by(_PARTS.c.use_case, _PARTS.c.params, _PARTS.c.day, _PARTS.c.batch)
         ).all()
+    groups: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+    for r in rows:
+        groups.setdefault((str(r.use_case), str(r.params), int(r.day)), []).append(
+            (int(r.batch), int(r.reports))
+        )
     folded = 0
-    touched = set()
+    touched = 0
     failed: dict[str, str] = {}
     known: dict[str, dict[str, Mechanism]] = {}
-    total, handled = sum(int(n) for *_, n in groups), 0
-    for use_case, params, day, count in groups:
+    total, handled = sum(n for parts in groups.values() for _, n in parts), 0
+    for group, parts in groups.items():
         if progress is not None:  # before each group, and once all are done
             progress(handled, total)
-        handled += int(count)
+        handled += sum(n for _, n in parts)
+        use_case, params, day = group
         if use_case in failed:
             continue
         try:
@@ -351,68 +536,141 @@ def aggregate(
             mechanism = known[use_case].get(params)
             if mechanism is None:
                 continue  # parameters of no known version: leave the reports for inspection
-            n = _fold_group(engine, mechanism, use_case, params, day)
+            n = sum(_fold_round(engine, mechanism, group, r) for r in _rounds(parts))
         except Exception as exc:  # one use case's failure never stops the others
             log.exception("aggregate: folding %s (day %d) failed", use_case, day)
             failed[use_case] = f"{type(exc).__name__}: {exc}"
             continue
         folded += n
-        if n:
-            touched.add((use_case, params, day))
+        touched += n > 0
     if progress is not None:
         progress(total, total)
-    return AggregateResult(folded, len(touched), failed)
+    return AggregateResult(folded, touched, failed)
 
 
-def _fold_group(engine: Engine, mechanism: Mechanism, use_case: str, params: str, day: int) -> int:
-    """Fold one group's unfolded reports, a chunk per transaction; how many were folded.
+def _rounds(parts: list[tuple[int, int]]) -> Iterator[list[int]]:
+    """The parts' batches in rounds of about ``_FOLD_ROUND`` reports (whole parts, at least one)."""
+    current: list[int] = []
+    size = 0
+    for batch, reports in parts:
+        if current and size + reports > _FOLD_ROUND:
+            yield current
+            current, size = [], 0
+        current.append(batch)
+        size += reports
+    if current:
+        yield current
 
-    On PostgreSQL each transaction first takes an advisory lock on the group, so a concurrent
-    fold of the same group waits, then reads the reports the first one left unfolded (READ
-    COMMITTED: statements after the lock see what it committed); SQLite's write transactions
-    are serial already. Reports are marked folded in the transaction that writes the sketch.
+
+def _fold_round(
+    engine: Engine, mechanism: Mechanism, group: tuple[str, str, int], batches: list[int]
+) -> int:
+    """Add some parts of a group to its sketch; how many reports (0 if they changed meanwhile).
+
+    The sketch and the parts' reports are read and added outside any write transaction; the
+    write (:func:`_write_sketch`) goes through only if neither changed, else this tries again
+    with what is then left to fold, a few times, and leaves the rest to the next run.
     """
-    where_group = and_(
+    use_case, params, day = group
+    for _ in range(_FOLD_ATTEMPTS):
+        with engine.connect() as conn:
+            batches = [
+                int(b)
+                for b in conn.execute(
+                    select(_PARTS.c.batch).where(
+                        and_(
+                            _PARTS.c.batch.in_(batches),
+                            _PARTS.c.params == params,
+                            _PARTS.c.day == day,
+                            _PARTS.c.folded.is_(False),
+                        )
+                    )
+                ).scalars()
+            ]
+            if not batches:
+                return 0
+            existing = conn.execute(
+                select(_SKETCHES.c.n, _SKETCHES.c.state).where(_group(use_case, params, day))
+            ).first()
+        sketch: Any = (
+            sketch_from_bytes(mechanism, existing.state) if existing else mechanism.sketch()
+        )
+        for batch in batches:
+            for payloads in part_payloads(engine, batch, params, day):
+                sketch.add(decode_payloads(mechanism, payloads))
+        before = None if existing is None else int(existing.n)
+        if _write_sketch(engine, group, before, sketch, batches):
+            return int(sketch.n) - (before or 0)
+    log.warning(
+        "aggregate: the sketch of %s (day %d) changed under the fold %d times; its reports"
+        " wait for the next run",
+        use_case,
+        day,
+        _FOLD_ATTEMPTS,
+    )
+    return 0
+
+
+def _group(use_case: str, params: str, day: int) -> Any:
+    """The condition selecting one (use case, parameters, day) sketch."""
+    return and_(
         _SKETCHES.c.use_case == use_case, _SKETCHES.c.params == params, _SKETCHES.c.day == day
     )
-    folded = 0
-    while True:
-        with writer(engine).begin() as conn:
+
+
+def _write_sketch(
+    engine: Engine,
+    group: tuple[str, str, int],
+    before: int | None,
+    sketch: Sketch,
+    batches: list[int],
+) -> bool:
+    """Write the sketch and mark its parts folded, if the sketch still counts ``before``.
+
+    One transaction under the group's lock (PostgreSQL; SQLite's writers are serial): the count
+    read must be the one the sketch was built from (``None``: no sketch yet), and every part
+    must still be unfolded (a concurrent fold or purge changes one or the other); otherwise
+    nothing is written. The counts only grow, so an unchanged count is an unchanged sketch.
+    """
+    use_case, params, day = group
+    state = sketch_to_bytes(sketch)  # compressed before the transaction
+    try:
+        with write_step(engine) as conn:
             lock_names(conn, [f"sketch:{use_case}:{params}:{day}"])
-            rows = conn.execute(
-                select(_REPORTS.c.id, _REPORTS.c.payload)
+            current = conn.execute(
+                select(_SKETCHES.c.n).where(_group(use_case, params, day))
+            ).scalar_one_or_none()
+            if current != before:
+                raise _Stale
+            flipped = conn.execute(
+                update(_PARTS)
                 .where(
                     and_(
-                        _REPORTS.c.use_case == use_case,
-                        _REPORTS.c.params == params,
-                        _REPORTS.c.day == day,
-                        _REPORTS.c.folded.is_(False),
+                        _PARTS.c.batch.in_(batches),
+                        _PARTS.c.params == params,
+                        _PARTS.c.day == day,
+                        _PARTS.c.folded.is_(False),
                     )
                 )
-                .limit(_FOLD_CHUNK)
-            ).all()
-            if not rows:
-                return folded
-            existing = conn.execute(select(_SKETCHES.c.state).where(where_group)).first()
-            sketch: Any = (
-                sketch_from_bytes(mechanism, existing[0]) if existing else mechanism.sketch()
-            )
-            sketch.add(decode_payloads(mechanism, (r.payload for r in rows)))
-            state = sketch_to_bytes(sketch)
-            if existing:
-                conn.execute(update(_SKETCHES).where(where_group).values(n=sketch.n, state=state))
-            else:
+                .values(folded=True)
+            ).rowcount
+            if flipped != len(batches):
+                raise _Stale
+            if current is None:
                 conn.execute(
                     _SKETCHES.insert().values(
                         use_case=use_case, params=params, day=day, n=sketch.n, state=state
                     )
                 )
-            ids = [r.id for r in rows]
-            for s in range(0, len(ids), 500):
+            else:
                 conn.execute(
-                    update(_REPORTS).where(_REPORTS.c.id.in_(ids[s : s + 500])).values(folded=True)
+                    update(_SKETCHES)
+                    .where(_group(use_case, params, day))
+                    .values(n=sketch.n, state=state)
                 )
-            folded += len(rows)
+    except _Stale:
+        return False
+    return True
 
 
 def load_sketch(
@@ -441,34 +699,38 @@ def load_sketch(
     return merged, days
 
 
-def purge(ledger: Ledger, *, now: datetime) -> dict[str, int]:
+def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, int]:
     """Retention: the ledger's purge of the spend records, then of the reports themselves.
 
     Both follow the book's one rule (:meth:`budget.book.PolicyBook.purge_through`) over every
     use case ever defined, retired ones included: the ledger keeps spend records for the
     longest retention ever, the inbox rows, stored reports and sketches go at the latest
-    version's retention (``data_through``; docs/decisions/retention.md).
+    version's retention (``data_through``; docs/decisions/retention.md). Deletes go ``rows`` a
+    transaction; a use case's inbox is left alone while a batch of it is being moved (the next
+    purge takes those rows), and its stored reports go part by part, each part's row with its
+    last reports. The audit entry counts what this run deleted.
     """
-    result = ledger.purge(now=now)
+    result = ledger.purge(now=now, rows=rows)
+    engine = ledger.engine
     day = utc_day(now)
     reports = sketches = inbox = 0
-    with writer(ledger.engine).begin() as conn:
-        for name, kept in ledger.gate.book(conn).purge_through(day).items():
-            cutoff = kept.data_through
-            inbox += conn.execute(
-                delete(_INBOX).where(and_(_INBOX.c.use_case == name, _INBOX.c.day <= cutoff))
-            ).rowcount
-            reports += conn.execute(
-                delete(_REPORTS).where(and_(_REPORTS.c.use_case == name, _REPORTS.c.day <= cutoff))
-            ).rowcount
+    with engine.connect() as conn:
+        kept = ledger.gate.book(conn).purge_through(day)
+    for name, retention in kept.items():
+        cutoff = retention.data_through
+        inbox += _purge_inbox(engine, name, cutoff, rows)
+        reports += _purge_reports(engine, name, cutoff, rows)
+        with write_step(engine) as conn:
             sketches += conn.execute(
                 delete(_SKETCHES).where(
                     and_(_SKETCHES.c.use_case == name, _SKETCHES.c.day <= cutoff)
                 )
             ).rowcount
-        inbox_depth = conn.execute(select(func.count()).select_from(_INBOX)).scalar_one()
+    with write_step(engine) as conn:
         data = {"day": day, "reports": reports, "sketches": sketches, "inbox": inbox}
         ledger.audit.append(conn, [Entry("job:purge", "purge.reports", data)], now=now)
+    with engine.connect() as conn:
+        inbox_depth = conn.execute(select(func.count()).select_from(_INBOX)).scalar_one()
     return {
         "charges": result.charges,
         "daily_spend": result.daily_spend,
@@ -478,3 +740,87 @@ def purge(ledger: Ledger, *, now: datetime) -> dict[str, int]:
         "inbox": inbox,
         "inbox_depth": int(inbox_depth),
     }
+
+
+def _purge_inbox(engine: Engine, use_case: str, cutoff: int, rows: int) -> int:
+    """Delete a use case's inbox rows on or before ``cutoff``, unless a batch of it is moving.
+
+    Each transaction raises the use case's generation (:class:`InboxMove`), so a flush that
+    read these rows before plans its batch again instead of claiming rows that are gone.
+    """
+    with engine.connect() as conn:
+        ids = (
+            conn.execute(
+                select(_INBOX.c.id).where(
+                    and_(_INBOX.c.use_case == use_case, _INBOX.c.day <= cutoff)
+                )
+            )
+            .scalars()
+            .all()
+        )
+    deleted = 0
+    for start in range(0, len(ids), rows):
+        with write_step(engine) as conn:
+            if not _next_generation(conn, use_case):
+                return deleted  # a batch is being moved: its rows are the next purge's
+            deleted += conn.execute(
+                delete(_INBOX).where(_INBOX.c.id.in_(ids[start : start + rows]))
+            ).rowcount
+    return deleted
+
+
+def _next_generation(conn: Connection, use_case: str) -> bool:
+    """Raise a use case's inbox generation in ``conn``; ``False`` while a batch is moving."""
+    raised = conn.execute(
+        update(_MOVES)
+        .where(and_(_MOVES.c.use_case == use_case, _MOVES.c.batch.is_(None)))
+        .values(generation=_MOVES.c.generation + 1)
+    ).rowcount
+    if raised:
+        return True
+    if conn.execute(select(_MOVES.c.use_case).where(_MOVES.c.use_case == use_case)).first():
+        return False
+    try:
+        with conn.begin_nested():
+            conn.execute(_MOVES.insert().values(use_case=use_case, generation=1, moved=0))
+    except IntegrityError:  # a flush claimed the use case's first batch meanwhile
+        return False
+    return True
+
+
+def _purge_reports(engine: Engine, use_case: str, cutoff: int, rows: int) -> int:
+    """Delete a use case's stored reports on or before ``cutoff``, part by part."""
+    with engine.connect() as conn:
+        parts = conn.execute(
+            select(_PARTS.c.batch, _PARTS.c.params, _PARTS.c.day).where(
+                and_(_PARTS.c.use_case == use_case, _PARTS.c.day <= cutoff)
+            )
+        ).all()
+    deleted = 0
+    for part in parts:
+        in_part = and_(
+            _REPORTS.c.batch == part.batch,
+            _REPORTS.c.params == part.params,
+            _REPORTS.c.day == part.day,
+        )
+        while True:
+            with write_step(engine) as conn:
+                n = conn.execute(
+                    delete(_REPORTS).where(
+                        _REPORTS.c.id.in_(select(_REPORTS.c.id).where(in_part).limit(rows))
+                    )
+                ).rowcount
+                if n < rows:  # the part's last reports: the part goes with them
+                    conn.execute(
+                        delete(_PARTS).where(
+                            and_(
+                                _PARTS.c.batch == part.batch,
+                                _PARTS.c.params == part.params,
+                                _PARTS.c.day == part.day,
+                            )
+                        )
+                    )
+            deleted += n
+            if n < rows:
+                break
+    return deleted

@@ -1,4 +1,4 @@
-"""The private ingestion pipeline's tables: inbox, report store, sketches, job leases.
+"""The private pipeline's tables: inbox, moves, report store, batch parts, sketches, leases.
 
 Trust boundary: none of these has a device column, a timestamp finer than the UTC day, or a
 key shared with the ledger; the inbox alone holds a per-use-case device pseudonym under a key of
@@ -6,15 +6,17 @@ its own (so the flush can count distinct devices), which the flush drops. The in
 written in the charge's transaction (so there is never a charge without its report) under a
 random id (a sequential one would pair with the charge's id); the ``flush-inbox`` job moves a
 use case's inbox rows to ``reports`` as one CSPRNG-shuffled batch with random ids once enough
-are pending, so storage order and ids are unlinked from submission.
+are pending, so storage order and ids are unlinked from submission. A batch is moved in short
+transactions and published by the one that moves its last report (``inbox_moves``); the fold
+adds whole published batch parts to the sketches (``batch_parts``).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, Text
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, LargeBinary, Text
 from sqlmodel import Field, SQLModel
 
-__all__ = ["InboxRow", "JobLease", "SketchRow", "StoredReport"]
+__all__ = ["BatchPart", "InboxMove", "InboxRow", "JobLease", "SketchRow", "StoredReport"]
 
 
 class InboxRow(SQLModel, table=True):
@@ -42,18 +44,63 @@ class InboxRow(SQLModel, table=True):
     )
 
 
+class InboxMove(SQLModel, table=True):
+    """A use case's batch being moved out of the inbox, if any, and a count of the inbox's moves.
+
+    ``generation`` rises whenever a batch is planned or the purge deletes inbox rows, so a
+    flush that read the inbox before either plans again. While ``batch`` is set, ``manifest``
+    lists the batch's inbox ids in their shuffled order (int64) and ``record`` its figures
+    (JSON); the transaction that moves the last of them publishes the batch and clears all
+    three, so the order stored outlives no move.
+    """
+
+    __tablename__ = "inbox_moves"
+
+    use_case: str = Field(primary_key=True, max_length=63)
+    generation: int = Field(sa_column=Column(BigInteger, nullable=False))
+    batch: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    manifest: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
+    moved: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    record: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
 class StoredReport(SQLModel, table=True):
-    """A report in the store: random id, use case, day, payload; nothing that links a device."""
+    """A report in the store: random id, use case, day, payload, the batch it was moved in.
+
+    ``batch`` is a random 63-bit number shared by the reports of one shuffled batch (which the
+    order they were stored in reveals anyway), and nothing that links a device. A batch's
+    reports are visible to the fold, the export and the purge only through its
+    :class:`BatchPart` rows, written when the batch is published.
+    """
 
     __tablename__ = "reports"
-    __table_args__ = (Index("ix_reports_fold", "use_case", "params", "day", "folded"),)
+    __table_args__ = (Index("ix_reports_batch", "batch"),)
 
     id: str = Field(primary_key=True, max_length=32)
     use_case: str = Field(max_length=63)
     params: str = Field(max_length=64)
     day: int
     payload: str = Field(sa_column=Column(Text, nullable=False))
-    folded: bool = Field(default=False)
+    batch: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class BatchPart(SQLModel, table=True):
+    """A published batch's reports of one parameter set and day: what the fold adds at once."""
+
+    __tablename__ = "batch_parts"
+    __table_args__ = (
+        Index("ix_batch_parts_folded", "folded"),
+        Index("ix_batch_parts_use_case_day", "use_case", "day"),
+    )
+
+    batch: int = Field(
+        sa_column=Column(BigInteger, primary_key=True, autoincrement=False, nullable=False)
+    )
+    params: str = Field(primary_key=True, max_length=64)
+    day: int = Field(primary_key=True)
+    use_case: str = Field(max_length=63)
+    reports: int = Field(sa_column=Column(BigInteger, nullable=False))
+    folded: bool = Field(sa_column=Column(Boolean, nullable=False))
 
 
 class SketchRow(SQLModel, table=True):

@@ -10,9 +10,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
 from api.deps import AdminDep, LedgerDep, MetricsDep
-from api.errors import CONFLICT, NOT_FOUND, HttpError
+from api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
 from api.ingestion.tables import InboxRow
-from api.jobs import JOBS, lease_of, release_job, run_job
+from api.jobs import JOBS, JobBusy, lease_of, release_job, run_job
 
 __all__ = ["router"]
 
@@ -56,7 +56,10 @@ def run_job_now(
     """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``, ``checkpoint``)."""
     if job not in JOBS:
         raise HttpError(NOT_FOUND, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
-    result = run_job(job, request.app.state.runtime_key, force=force)
+    try:
+        result = run_job(job, request.app.state.runtime_key, force=force)
+    except JobBusy as exc:
+        raise HttpError(SERVICE_UNAVAILABLE, str(exc)) from None
     if result is None:
         raise HttpError(
             CONFLICT, f"job {job!r} is running in another process; force=true takes its lease"

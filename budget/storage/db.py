@@ -1,10 +1,10 @@
 """Engines for the embedded SQLite default and for PostgreSQL, with the settings the gate needs.
 
 SQLite: WAL journal (readers never block the writer), ``synchronous=NORMAL`` (a commit is durable
-at the next checkpoint; the database is never corrupted), a 30 s busy timeout, and write
-transactions (through :func:`writer`) opened with ``BEGIN IMMEDIATE`` so that writers serialize
-at the start instead of failing on a lock upgrade; pysqlite's own transaction handling is
-switched off so that SAVEPOINTs work (the SQLAlchemy recipe). PostgreSQL: psycopg 3, READ
+at the next checkpoint; the database is never corrupted), a busy timeout (30 s by default), and
+write transactions (through :func:`writer`) opened with ``BEGIN IMMEDIATE`` so that writers
+serialize at the start instead of failing on a lock upgrade; pysqlite's own transaction handling
+is switched off so that SAVEPOINTs work (the SQLAlchemy recipe). PostgreSQL: psycopg 3, READ
 COMMITTED; the gate's ``INSERT ... ON CONFLICT DO UPDATE`` takes the row locks that serialize
 one device's charges.
 """
@@ -12,25 +12,45 @@ one device's charges.
 from __future__ import annotations
 
 import hmac
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Column, Engine, String, Table, event, inspect, make_url, select, text
+from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Connection,
+    Engine,
+    String,
+    Table,
+    delete,
+    event,
+    inspect,
+    make_url,
+    select,
+    text,
+    tuple_,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import SQLModel, create_engine
 
 __all__ = [
     "META_TABLE",
+    "PAUSE_FACTOR",
     "WRITE_OPTION",
     "create_db_engine",
+    "delete_keys",
+    "is_busy",
     "key_fingerprint",
     "placeholder",
     "record_fingerprints",
     "scratch_schema",
     "stored_fingerprints",
+    "write_step",
     "writer",
 ]
 
@@ -57,22 +77,82 @@ def writer(engine: Engine) -> Engine:
     return engine.execution_options(**{WRITE_OPTION: True})
 
 
+_BUSY_SQLSTATES = frozenset({"55P03", "40P01", "40001"})  # lock timeout, deadlock, serialization
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database was busy (a lock not granted in time), not broken.
+
+    SQLite: ``SQLITE_BUSY`` or ``SQLITE_LOCKED`` ("database is locked") after the busy timeout.
+    PostgreSQL: a lock timeout, a deadlock or a serialization failure. Such a transaction wrote
+    nothing and may simply be run again.
+    """
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    return getattr(orig, "sqlstate", None) in _BUSY_SQLSTATES
+
+
+def delete_keys(
+    conn: Connection, table: Table, key: Sequence[ColumnElement[Any]], keys: Sequence[Any]
+) -> int:
+    """Delete ``table``'s rows whose ``key`` columns hold one of ``keys``; how many went.
+
+    ``keys`` are values of the one column, or tuples of the columns' values.
+    """
+    if not keys:
+        return 0
+    match = key[0].in_(keys) if len(key) == 1 else tuple_(*key).in_(keys)
+    return int(conn.execute(delete(table).where(match)).rowcount)
+
+
+# A job pauses this many times as long as each of its write transactions held SQLite's lock.
+PAUSE_FACTOR = 2.0
+
+
+@contextmanager
+def write_step(engine: Engine) -> Iterator[Connection]:
+    """One short write transaction of a job's many, then (SQLite) a pause twice as long.
+
+    SQLite gives its write lock to whichever connection asks once it is free, and a writer
+    that found it taken polls (its busy handler sleeps 1, 2, 5, 10, ... up to 100 ms): a job
+    that began its next transaction at once would take the lock back before a waiting request
+    polls again, however short each transaction. Pausing twice as long as the transaction
+    lasted (:data:`PAUSE_FACTOR`) leaves the lock free two thirds of the time, so a waiting
+    writer gets it within about one of the job's transactions. PostgreSQL locks rows, not the
+    database: no pause.
+    """
+    started = time.monotonic()
+    with writer(engine).begin() as conn:
+        yield conn
+    if engine.dialect.name == "sqlite":
+        time.sleep(PAUSE_FACTOR * (time.monotonic() - started))
+
+
 def placeholder(engine: Engine) -> str:
     """The driver's parameter marker for raw SQL: ``?`` for sqlite3, ``%s`` for psycopg."""
     return "?" if engine.dialect.paramstyle == "qmark" else "%s"
 
 
-def create_db_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Engine:
-    """An engine for ``url`` (``sqlite:///path`` or ``postgresql+psycopg://...``)."""
+def create_db_engine(
+    url: str, *, pool_size: int = 10, echo: bool = False, busy_seconds: float = 30.0
+) -> Engine:
+    """An engine for ``url`` (``sqlite:///path`` or ``postgresql+psycopg://...``).
+
+    ``busy_seconds`` (SQLite) is how long a statement waits for a lock another connection
+    holds before it fails with "database is locked".
+    """
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
             echo=echo,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": busy_seconds},
             pool_size=pool_size,
             max_overflow=2 * pool_size,
         )
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, busy_seconds)
         return engine
     if url.startswith("postgresql"):
         return create_engine(
@@ -81,14 +161,14 @@ def create_db_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> En
     raise ValueError(f"`database_url` must be a sqlite:// or postgresql:// URL, got {url!r}")
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, busy_seconds: float) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={round(busy_seconds * 1000)}")
         cursor.execute("PRAGMA cache_size=-32768")  # 32 MiB of pages per connection
         cursor.execute("PRAGMA mmap_size=268435456")  # read through a 256 MiB memory map
         cursor.execute("PRAGMA foreign_keys=ON")

@@ -9,17 +9,28 @@ from __future__ import annotations
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
+from alembic import command
 from sqlalchemy import Engine, inspect, text
 
 from api.database import init_service_db
-from api.ingestion.ingest import Ingestor, SubmitRequest
-from api.ingestion.pipeline import flush_inbox
+from api.ingestion.ingest import Ingestor, SubmitRequest, params_hash
+from api.ingestion.pipeline import (
+    aggregate,
+    decode_payloads,
+    flush_inbox,
+    sketch_digest,
+    sketch_from_bytes,
+    sketch_to_bytes,
+)
 from budget import Decision, Ledger, create_db_engine, init_db, utc_day
 from budget.central import central_figures
+from budget.storage.db import writer
+from budget.storage.schema import alembic_config
 from policies import PolicyCreate, mechanism_for
 
 SECRET = b"batch-secret-batch-secret-batch-secret"
@@ -157,3 +168,51 @@ def test_columns_added_to_an_earlier_database(tmp_path: Path) -> None:
 def test_min_batch_devices_is_validated(value: object) -> None:
     with pytest.raises(ValueError, match="min_batch_devices"):
         PolicyCreate.model_validate({**_policy("x", 1).model_dump(), "min_batch_devices": value})
+
+
+def test_reports_stored_before_batch_parts_are_folded_once_after_the_upgrade(
+    empty_url: str,
+) -> None:
+    """Revision 0006 turns the reports a database holds into batches: folded ones stay folded."""
+    engine = create_db_engine(empty_url)
+    with writer(engine).begin() as conn:
+        command.upgrade(alembic_config(conn), "0005")  # the layout of the release before
+    policy = _policy("legacy", 1)
+    mech = mechanism_for(policy)
+    params, day = params_hash(mech), utc_day(NOW)
+    bodies = mech.privatize(["a", "b", "c"] * 10, rng=np.random.default_rng(5)).to_dicts()
+    payloads = [orjson.dumps(b).decode() for b in bodies]
+    folded: Any = mech.sketch()
+    folded.add(decode_payloads(mech, payloads[:10]))
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO reports (id, use_case, params, day, payload, folded)"
+                " VALUES (:id, 'legacy', :params, :day, :payload, :folded)"
+            ),
+            [
+                {"id": f"r{i}", "params": params, "day": day, "payload": p, "folded": i < 10}
+                for i, p in enumerate(payloads)
+            ],
+        )
+        conn.execute(
+            text(
+                "INSERT INTO sketches (use_case, params, day, n, state)"
+                " VALUES ('legacy', :params, :day, 10, :state)"
+            ),
+            {"params": params, "day": day, "state": sketch_to_bytes(folded)},
+        )
+    init_db(engine)
+    ledger = Ledger(engine, SECRET)
+    ledger.policies.create(policy)
+    with engine.connect() as conn:
+        parts = conn.execute(text("SELECT reports, folded FROM batch_parts ORDER BY reports"))
+        assert [(int(n), bool(f)) for n, f in parts] == [(10, True), (20, False)]
+    assert aggregate(ledger).reports == 20
+    assert aggregate(ledger).reports == 0
+    everything: Any = mech.sketch()
+    everything.add(decode_payloads(mech, payloads))
+    with engine.connect() as conn:
+        state = conn.execute(text("SELECT state FROM sketches")).scalar_one()
+    assert sketch_digest(sketch_from_bytes(mech, state)) == sketch_digest(everything)
+    engine.dispose()

@@ -28,10 +28,9 @@ from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.jobs import lease_of
 from api.settings import Settings, service_keys
 from budget import Decision, Ledger, create_db_engine
-from budget.storage.db import scratch_schema, writer
+from budget.storage.db import writer
 from policies import PolicyCreate, mechanism_for
 
-PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
 TOKEN = "job-crash-admin-token-job-crash-admin-token"
 NOW = datetime.now(UTC)  # the CLI's jobs run on the system clock
 POLICY = PolicyCreate.model_validate(
@@ -45,24 +44,6 @@ POLICY = PolicyCreate.model_validate(
     }
 )
 LEASE = lease_of("aggregate")
-
-
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param(
-            "postgresql",
-            marks=pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is not set"),
-        ),
-    ]
-)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'jobs.sqlite'}"
-        return
-    assert PG_URL is not None
-    with scratch_schema(PG_URL, "jobcrash") as url:
-        yield url
 
 
 class Pipeline:
@@ -133,7 +114,12 @@ class Pipeline:
                 yield conn
             return
         with self.engine.begin() as conn:
-            conn.execute(text("LOCK TABLE job_leases, inbox, reports, sketches IN EXCLUSIVE MODE"))
+            conn.execute(
+                text(
+                    "LOCK TABLE job_leases, inbox, inbox_moves, reports, batch_parts, sketches"
+                    " IN EXCLUSIVE MODE"
+                )
+            )
             yield conn
 
     def count(self, sql: str) -> int:
@@ -167,7 +153,7 @@ class Pipeline:
                 left = conn.execute(
                     text(
                         "SELECT (SELECT COUNT(*) FROM inbox)"
-                        " + (SELECT COUNT(*) FROM reports WHERE NOT folded)"
+                        " + (SELECT COALESCE(SUM(reports), 0) FROM batch_parts WHERE NOT folded)"
                     )
                 ).scalar_one()
                 caught = row is not None and holder in row[0] and row[1] > 0 and left > 0
@@ -184,13 +170,15 @@ class Pipeline:
         assert charges == self.submitted
         assert self.count("SELECT COUNT(*) FROM inbox") == 0
         assert self.count("SELECT COUNT(*) FROM reports") == charges
-        assert self.count("SELECT COUNT(*) FROM reports WHERE folded") == charges
+        assert self.count("SELECT COUNT(*) FROM inbox_moves WHERE batch IS NOT NULL") == 0
+        assert self.count("SELECT SUM(reports) FROM batch_parts WHERE folded") == charges
+        assert self.count("SELECT COUNT(*) FROM batch_parts WHERE NOT folded") == 0
         assert self.count("SELECT COALESCE(SUM(n), 0) FROM sketches") == charges
 
 
 @pytest.fixture
-def pipeline(database_url: str, tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(database_url, tmp_path)
+def pipeline(empty_url: str, tmp_path: Path) -> Iterator[Pipeline]:
+    p = Pipeline(empty_url, tmp_path)
     yield p
     p.engine.dispose()
 

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 
 from api.database import init_service_db
-from api.ingestion.ingest import Ingestor
+from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.jobs import (
     JOBS,
     RUNTIMES,
+    JobBusy,
     Runtime,
     _heartbeat,
     acquire_lease,
@@ -24,10 +28,14 @@ from api.jobs import (
     release_job,
     release_lease,
     run_job,
+    run_scheduled,
 )
-from budget import FixedClock, Ledger
+from budget import Decision, FixedClock, Ledger, create_db_engine
+from budget.storage.db import WRITE_OPTION, writer
+from policies import PolicyCreate, mechanism_for
 
 SECRET = b"jobs-secret-jobs-secret-jobs-secret!"
+NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -131,3 +139,70 @@ def _until(engine: Engine, job: str) -> float:
 def test_unknown_job() -> None:
     with pytest.raises(KeyError):
         run_job("nope", "none")
+
+
+TINY = PolicyCreate.model_validate(
+    {
+        "name": "tiny",
+        "mechanism": "cms",
+        "k": 16,
+        "m": 64,
+        "epsilon_per_report": 1.0,
+        "max_reports_per_day": 5,
+    }
+)
+
+
+def test_a_busy_database_stops_a_job_in_one_line_and_the_next_run_resumes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job that cannot get SQLite's write lock stops in one line; the next run resumes.
+
+    Another process holds the lock from the job's fourth write on (its second chunk of the
+    batch): the job stops with one log line and no traceback, the scheduled entry point
+    returns, and once the lock is free the next run finishes the batch and folds it once.
+    """
+    url = f"sqlite:///{tmp_path / 'busy.sqlite'}"
+    engine = create_db_engine(url, busy_seconds=0.2)
+    other = create_db_engine(url)  # another process's connection
+    init_service_db(engine)
+    ledger = Ledger(engine, SECRET)
+    ledger.policies.create(TINY)
+    ingestor = Ingestor(ledger, SECRET)
+    bodies = mechanism_for(TINY).privatize(["a"] * 300, rng=np.random.default_rng(3)).to_dicts()
+    requests = [SubmitRequest("tiny", f"dev-{i}", b) for i, b in enumerate(bodies)]
+    assert all(isinstance(r, Decision) for r in ingestor.submit_group(requests, now=NOW))
+    RUNTIMES["busy"] = Runtime(ledger, ingestor, FixedClock(NOW), shuffle_batch=100, min_batch=1)
+    writes = 0
+    held = writer(other).connect()
+
+    def lock_from_the_fourth_write(conn: Any) -> None:
+        nonlocal writes
+        writes += conn.get_execution_options().get(WRITE_OPTION, False)
+        if writes == 4 and not held.in_transaction():
+            held.begin()  # BEGIN IMMEDIATE: the write lock, until released below
+
+    event.listen(engine, "engine_connect", lock_from_the_fourth_write)
+    try:
+        with caplog.at_level(logging.INFO, logger="dpgov"):
+            with pytest.raises(JobBusy, match="database is locked"):
+                run_job("aggregate", "busy")
+            assert run_scheduled("aggregate", "busy") is None  # the scheduler's entry point
+        lines = [r for r in caplog.records if r.name == "dpgov.jobs"]
+        assert len(lines) == 2 and all(r.levelno == logging.WARNING for r in lines), lines
+        assert all(r.exc_info is None and "busy" in r.getMessage() for r in lines)
+        assert all(getattr(r, "fields", {}).get("outcome") == "busy" for r in lines)
+        with engine.connect() as conn:
+            stored = conn.execute(text("SELECT COUNT(*) FROM reports")).scalar_one()
+        assert stored == 100  # the first chunk is kept
+        held.rollback()
+        event.remove(engine, "engine_connect", lock_from_the_fourth_write)
+        result = run_job("aggregate", "busy")
+        assert result is not None and (result["moved"], result["folded"]) == (200, 300)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT SUM(n) FROM sketches")).scalar_one() == 300
+    finally:
+        held.close()
+        RUNTIMES.pop("busy", None)
+        other.dispose()
+        engine.dispose()

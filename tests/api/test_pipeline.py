@@ -6,6 +6,7 @@ flushes or folds in two connections really overlap.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
@@ -77,7 +78,7 @@ def _count(engine: Engine, sql: str) -> int:
 
 
 def test_concurrent_flushes_and_aggregates_store_and_fold_each_report_once(
-    ledger: Ledger,
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Four threads flush and fold while reports arrive: charges = stored = folded, per use case.
 
@@ -115,13 +116,15 @@ def test_concurrent_flushes_and_aggregates_store_and_fold_each_report_once(
             errors.append(exc)
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    start.wait(timeout=60)
-    submitter()
-    for t in threads:
-        t.join(timeout=600)
+    with caplog.at_level(logging.WARNING, logger="dpgov"):
+        for t in threads:
+            t.start()
+        start.wait(timeout=60)
+        submitter()
+        for t in threads:
+            t.join(timeout=600)
     assert not errors, errors
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     flush_inbox(engine, min_batch=1)  # what arrived after the last flush started
     aggregate(ledger)
 
@@ -129,7 +132,9 @@ def test_concurrent_flushes_and_aggregates_store_and_fold_each_report_once(
     assert charges == len(work) * 400
     assert _count(engine, "SELECT COUNT(*) FROM inbox") == 0
     assert _count(engine, "SELECT COUNT(*) FROM reports") == charges
-    assert _count(engine, "SELECT COUNT(*) FROM reports WHERE folded") == charges
+    assert _count(engine, "SELECT SUM(reports) FROM batch_parts WHERE folded") == charges
+    assert _count(engine, "SELECT COUNT(*) FROM batch_parts WHERE NOT folded") == 0
+    assert _count(engine, "SELECT COUNT(*) FROM inbox_moves WHERE batch IS NOT NULL") == 0
     assert _count(engine, "SELECT COALESCE(SUM(n), 0) FROM sketches") == charges
     with engine.connect() as conn:
         per_case: dict[str, int] = dict(

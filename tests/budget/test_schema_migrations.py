@@ -13,7 +13,6 @@ import io
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,9 +24,8 @@ from sqlmodel import SQLModel
 
 import api.ingestion.tables  # noqa: F401 - registers the pipeline tables the migrations create too
 from budget import Ledger, create_db_engine, init_db
-from budget.storage.db import scratch_schema
 from budget.storage.schema import SchemaOutdated, head_revision, schema_revision, upgrade_db
-from tests.conftest import BACKENDS, PG_URL, SECRET
+from tests.conftest import SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS = "ed8e891"
@@ -78,6 +76,9 @@ TABLES = [
     "sketches",
     "job_leases",
 ]
+
+# Columns a later revision replaced: 0006 folds whole batch parts (``batch_parts.folded``).
+REMOVED = {"reports": ("folded",)}
 
 
 def _previous_release_ledger(url: str, tmp_path: Path) -> None:
@@ -153,21 +154,16 @@ def _drift(engine: Engine) -> list[object]:
         return list(compare_metadata(context, SQLModel.metadata))
 
 
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-        return
-    assert PG_URL is not None
-    with scratch_schema(PG_URL, "mig") as scoped:
-        yield scoped
-
-
-def test_a_ledger_of_the_previous_release_upgrades_losing_nothing(url: str, tmp_path: Path) -> None:
+def test_a_ledger_of_the_previous_release_upgrades_losing_nothing(
+    empty_url: str, tmp_path: Path
+) -> None:
+    url = empty_url
     _previous_release_ledger(url, tmp_path)
     engine = create_db_engine(url)
     try:
-        before, columns = _snapshot(engine)
+        found = _snapshot(engine)[1]
+        columns = {t: [c for c in cols if c not in REMOVED.get(t, ())] for t, cols in found.items()}
+        before = _snapshot(engine, columns)[0]
         with engine.connect() as conn:
             assert schema_revision(conn) is None  # made before migrations
         with pytest.raises(SchemaOutdated, match="dpgov db upgrade"):
@@ -193,8 +189,8 @@ def test_a_ledger_of_the_previous_release_upgrades_losing_nothing(url: str, tmp_
         engine.dispose()
 
 
-def test_the_migrations_make_exactly_the_models_schema(url: str) -> None:
-    engine = create_db_engine(url)
+def test_the_migrations_make_exactly_the_models_schema(empty_url: str) -> None:
+    engine = create_db_engine(empty_url)
     try:
         init_db(engine)
         init_db(engine)  # at head: nothing to run
@@ -218,14 +214,14 @@ def test_the_migration_history_is_one_line() -> None:
     assert revisions[-1] == "0001" and script.get_heads() == [revisions[0]]
 
 
-def test_revision_0005_keeps_the_device_wide_lifetime_filter(url: str) -> None:
+def test_revision_0005_keeps_the_device_wide_lifetime_filter(empty_url: str) -> None:
     from alembic import command
 
     from budget.storage.db import writer
     from budget.storage.schema import alembic_config
     from policies.device import device_budget_versions
 
-    engine = create_db_engine(url)
+    engine = create_db_engine(empty_url)
     try:
         with writer(engine).begin() as conn:
             command.upgrade(alembic_config(conn), "0004")

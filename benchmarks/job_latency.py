@@ -1,0 +1,264 @@
+"""Single-report latency while each scheduled job runs against a live server; a Markdown table.
+
+Usage: ``python -m benchmarks.job_latency [--reports 100000] [--interval-ms 10]
+[--baseline-seconds 5] [--batch-items 5000] [--postgres URL]``.
+
+A ``dpgov serve`` process (scheduler off) runs on a temporary SQLite file, or in a scratch
+PostgreSQL schema with ``--postgres``. This process sends single Safari HCMS reports over HTTP,
+one every ``--interval-ms`` on a fixed schedule (a new device each), first with no job running
+(the baseline), then while each job runs in a separate process, as ``dpgov jobs run NAME``
+would: ``flush-inbox`` after the relay filled the inbox with ``--reports`` reports,
+``aggregate`` after it filled the inbox again (it flushes, then folds both lots),
+``checkpoint``, and ``purge`` run with its clock ten years ahead (every retention window has
+passed: it deletes everything). Each row gives the job's own run time (without the process's
+start-up), what it handled, and the latency of the single reports sent while it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+from sqlalchemy import Connection, Engine, event
+
+from benchmarks.http import TOKEN, report_bodies, server_env, start_server
+from budget.storage.db import WRITE_OPTION, scratch_schema
+
+USE_CASE = "safari-energy-domains"
+JOBS = ("flush-inbox", "aggregate", "checkpoint", "purge")
+AHEAD_DAYS = 3651  # beyond the longest retention a policy may set (3,650 days)
+HEADER = (
+    "| backend | job | rows handled | job s | write transactions | single reports"
+    " | p50 ms | p99 ms | max ms |\n|---|---|---|---:|---:|---:|---:|---:|---:|"
+)
+
+
+class Probe:
+    """Single reports on a fixed schedule in a thread; the latency of each, in seconds."""
+
+    def __init__(self, base: str, bodies: list[dict[str, int]], interval: float) -> None:
+        self.base = base
+        self.bodies = bodies
+        self.interval = interval
+        self.latencies: list[float] = []
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="probe", daemon=True)
+
+    def __enter__(self) -> Probe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        run = uuid.uuid4().hex[:12]
+        start = time.monotonic()
+        with httpx.Client(base_url=self.base, timeout=120) as client:
+            i = 0
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                r = client.post(
+                    f"/v1/use-cases/{USE_CASE}/reports",
+                    json=self.bodies[i % len(self.bodies)],
+                    headers={"X-Device-Id": f"probe-{run}-{i}"},
+                )
+                self.latencies.append(time.perf_counter() - t0)
+                self.failed += r.status_code != 202
+                i += 1
+                # the next slot of the schedule; one already missed is taken at once
+                self._stop.wait(max(0.0, start + i * self.interval - time.monotonic()))
+
+
+def fill(base: str, bodies: list[dict[str, int]], reports: int, batch_items: int) -> None:
+    """``reports`` accepted reports through the relay endpoint, a new device each."""
+    run = uuid.uuid4().hex[:12]
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    with httpx.Client(base_url=base, timeout=600, headers=headers) as client:
+        for start in range(0, reports, batch_items):
+            items = [
+                {"device_id": f"fill-{run}-{i}", "report": bodies[i % len(bodies)]}
+                for i in range(start, min(reports, start + batch_items))
+            ]
+            r = client.post(
+                f"/v1/use-cases/{USE_CASE}/reports:batch", content=orjson.dumps({"items": items})
+            )
+            r.raise_for_status()
+            assert r.json()["accepted"] == len(items), r.text
+
+
+def handled(result: dict[str, Any] | None) -> str:
+    """A job's counts as one cell: ``100,000 moved, 200,000 folded`` (nonzero counts only)."""
+    if not result:
+        return "nothing"
+    counts = [
+        f"{v:,} {k}" for k, v in result.items() if isinstance(v, int) and v and k != "inbox_depth"
+    ]
+    if isinstance(result.get("signed"), dict):
+        counts.append(f"checkpoint at entry {result['signed']['seq']:,}")
+    return ", ".join(counts) or "nothing"
+
+
+def row(backend: str, job: str, run: dict[str, Any] | None, probe: Probe) -> str:
+    """One table row: the job, its work, run time and writes; the probes' count and latency."""
+    work = " | | "
+    if run is not None:
+        writes = f"{run['writes']:,}, longest {run['longest']:.1f} ms"
+        work = f"{handled(run['result'])} | {run['seconds']:.2f} | {writes}"
+    sent = f"{len(probe.latencies):,}" + (f" ({probe.failed} failed)" if probe.failed else "")
+    figures = "- | - | -"  # the job was over before the first report was sent
+    if probe.latencies:
+        ms = np.asarray(probe.latencies) * 1000
+        p50, p99 = np.percentile(ms, [50, 99])
+        figures = f"{p50:.1f} | {p99:.1f} | {ms.max():.1f}"
+    return f"| {backend} | {job} | {work} | {sent} | {figures} |"
+
+
+def run_job_process(name: str, env: dict[str, str], tmp: Path, probe: Probe) -> dict[str, Any]:
+    """Run one job in a new process (:func:`job_main`), probing while it runs; what it printed.
+
+    That is the job's result, its run time in seconds, and its write transactions: how many,
+    and the longest in ms (the longest it held SQLite's write lock).
+
+    The probe starts when the process says its job is starting (after its imports) and stops
+    when it prints the job's result.
+    """
+    ahead = AHEAD_DAYS if name == "purge" else 0
+    root = str(Path(__file__).resolve().parents[1])  # this checkout, whatever the folder
+    path = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    command = ["-m", "benchmarks.job_latency", "--run-job", name, "--ahead", str(ahead)]
+    with subprocess.Popen(
+        [sys.executable, *command],
+        env={**env, "PYTHONPATH": path},
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        started = proc.stdout.readline()
+        with probe if started == "starting\n" else ExitStack():
+            out = proc.stdout.readline()  # the result, once the job is done
+        err = proc.communicate()[1]
+    if proc.returncode != 0 or not out.strip():
+        raise SystemExit(f"job {name} failed: {err.strip()}")
+    done: dict[str, Any] = json.loads(out)
+    return done
+
+
+class WriteTimes:
+    """How long each write transaction on ``engine`` held it (ms): SQLite's write lock."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.ms: list[float] = []
+        self._began: dict[int, float] = {}
+        event.listen(engine, "begin", self._begin)
+        event.listen(engine, "commit", self._end)
+        event.listen(engine, "rollback", self._end)
+
+    def _begin(self, conn: Connection) -> None:
+        if conn.get_execution_options().get(WRITE_OPTION, False):
+            self._began[id(conn)] = time.perf_counter()
+
+    def _end(self, conn: Connection) -> None:
+        began = self._began.pop(id(conn), None)
+        if began is not None:
+            self.ms.append((time.perf_counter() - began) * 1000)
+
+
+def job_main(name: str, ahead_days: int) -> None:
+    """The job process: the job run once as ``dpgov jobs run`` runs it, its clock moved ahead."""
+    from api.cli.common import Access, load_settings, open_service
+    from api.ingestion.ingest import Ingestor
+    from api.jobs import RUNTIMES, Runtime, run_job
+    from budget import FixedClock
+
+    settings = load_settings(None)
+    ledger, keys = open_service(settings, Access.WRITE)
+    clock = FixedClock(datetime.now(UTC) + timedelta(days=ahead_days))
+    ingestor = Ingestor(ledger, keys.device_key_secret)
+    RUNTIMES["bench"] = Runtime.configured(ledger, ingestor, clock, settings)
+    held = WriteTimes(ledger.engine)
+    print("starting", flush=True)
+    started = time.perf_counter()
+    result = run_job(name, "bench", force=True)
+    seconds = time.perf_counter() - started
+    out = {"result": result, "seconds": seconds, "writes": len(held.ms), "longest": max(held.ms)}
+    print(json.dumps(out), flush=True)
+    ledger.engine.dispose()
+
+
+def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str]:
+    """The baseline and one row per job against one database."""
+    proc, base = start_server(url, 1, tmp, args.batch_items)
+    env = server_env(url, tmp, args.batch_items)
+    interval = args.interval_ms / 1000
+    rows = []
+    try:
+        bodies = report_bodies(base)
+        with Probe(base, bodies, interval) as probe:
+            time.sleep(args.baseline_seconds)
+        rows.append(row(backend, "none (baseline)", None, probe))
+        for name in JOBS:
+            if name in ("flush-inbox", "aggregate"):
+                fill(base, bodies, args.reports, args.batch_items)
+            probe = Probe(base, bodies, interval)
+            rows.append(row(backend, name, run_job_process(name, env, tmp, probe), probe))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, run on SQLite (and PostgreSQL), print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reports", type=int, default=100_000, help="reports a fill")
+    parser.add_argument(
+        "--interval-ms", type=float, default=10.0, help="one single report every this many ms"
+    )
+    parser.add_argument(
+        "--baseline-seconds", type=float, default=5.0, help="probing with no job running"
+    )
+    parser.add_argument("--batch-items", type=int, default=5000, help="relay batch size")
+    parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
+    parser.add_argument("--run-job", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--ahead", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run_job is not None:
+        job_main(args.run_job, args.ahead)
+        return
+    if args.reports < 1 or args.interval_ms <= 0 or args.baseline_seconds <= 0:
+        parser.error("--reports, --interval-ms and --baseline-seconds must be positive")
+    configs = [("sqlite", None)] + ([("postgresql", args.postgres)] if args.postgres else [])
+    print(HEADER, flush=True)
+    for label, pg_url in configs:
+        with ExitStack() as stack:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            url = (
+                stack.enter_context(scratch_schema(pg_url, "joblat"))
+                if pg_url
+                else f"sqlite:///{tmp / 'bench.sqlite'}"
+            )
+            for line in run(label, url, tmp, args):
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
