@@ -140,6 +140,16 @@ class Settings(BaseSettings):
         description="Most reports one transaction of `flush-inbox` moves (a use case's batch"
         " moves in several and is published by the last).",
     )
+    job_pause: float = Field(
+        default=2.0,
+        ge=0,
+        le=100,
+        description="SQLite: how long a job (flush, aggregate, purge) pauses after each of its"
+        " short write transactions, as a multiple of the transaction's time, so that reports"
+        " arriving meanwhile get the database's one write lock (2: free two thirds of the time,"
+        " the job takes about three times as long; 0: no pause, for a database nothing else"
+        " writes to while jobs run). No effect on PostgreSQL.",
+    )
     flush_min_batch: int = Field(
         default=100,
         ge=1,

@@ -1,13 +1,15 @@
 """The inbox flush (shuffle into the report store): reports moved a second; prints a Markdown table.
 
 Usage: ``python -m benchmarks.flush [--reports 20000 100000] [--rounds 3] [--min-devices 1]
-[--postgres URL]``.
+[--pause 2 0] [--postgres URL]``.
 
 Each round fills the inbox through the real ingest path (one report from each of ``reports``
 devices, one small CMS use case, not timed) and times one ``flush_inbox`` that moves them all;
 the table gives the median round. ``--min-devices`` sets the policy's ``min_batch_devices``
 (2 or more: every report carries a device pseudonym, and the flush counts distinct devices).
-SQLite on a temporary file; PostgreSQL in a scratch schema when ``--postgres`` names a server.
+SQLite on a temporary file, once per ``--pause`` (the jobs' pause after each write
+transaction, ``DPGOV_JOB_PAUSE``); PostgreSQL in a scratch schema when ``--postgres`` names a
+server.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.ingestion.pipeline import flush_inbox
 from budget import Ledger, create_db_engine
-from budget.storage.db import scratch_schema
+from budget.storage.db import PAUSE_FACTOR, scratch_schema
 from policies import PolicyCreate, mechanism_for
 
 SECRET = b"flush-bench-secret-flush-bench-secret"
@@ -83,21 +85,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-devices", type=int, default=1)
     parser.add_argument("--postgres", default=None)
+    parser.add_argument(
+        "--pause",
+        type=float,
+        nargs="+",
+        default=[PAUSE_FACTOR, 0.0],
+        help="SQLite job pauses to measure (DPGOV_JOB_PAUSE; default: the default and 0)",
+    )
     args = parser.parse_args(argv)
-    print("| backend | reports a flush | reports moved/s |")
-    print("|---|---:|---:|")
+    print("| backend | job pause | reports a flush | reports moved/s |")
+    print("|---|---:|---:|---:|")
     for reports in args.reports:
-        with tempfile.TemporaryDirectory() as tmp:
-            engine = create_db_engine(f"sqlite:///{Path(tmp) / 'flush.sqlite'}")
-            rate = run(engine, reports, args.rounds, args.min_devices)
-            engine.dispose()
-        print(f"| sqlite | {reports:,} | {rate:,.0f} |", flush=True)
+        for pause in args.pause:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "flush.sqlite"
+                engine = create_db_engine(f"sqlite:///{path}", job_pause=pause)
+                rate = run(engine, reports, args.rounds, args.min_devices)
+                engine.dispose()
+            print(f"| sqlite | {pause:g} | {reports:,} | {rate:,.0f} |", flush=True)
         if args.postgres:
             with scratch_schema(args.postgres, "bflush") as url:
                 engine = create_db_engine(url)
                 rate = run(engine, reports, args.rounds, args.min_devices)
                 engine.dispose()
-            print(f"| postgresql | {reports:,} | {rate:,.0f} |", flush=True)
+            print(f"| postgresql | none | {reports:,} | {rate:,.0f} |", flush=True)
 
 
 if __name__ == "__main__":

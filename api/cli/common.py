@@ -142,7 +142,7 @@ def open_service(
         else existing_database(settings.database_url)
     )
     try:
-        engine = create_db_engine(url)
+        engine = create_db_engine(url, job_pause=settings.job_pause)
     except ValueError as exc:
         refuse(_database_problem(settings.database_url, exc) or str(exc))
     try:

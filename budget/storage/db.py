@@ -39,6 +39,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import SQLModel, create_engine
 
 __all__ = [
+    "JOB_PAUSE_OPTION",
     "META_TABLE",
     "PAUSE_FACTOR",
     "WRITE_OPTION",
@@ -108,8 +109,10 @@ def delete_keys(
     return int(conn.execute(delete(table).where(match)).rowcount)
 
 
-# A job pauses this many times as long as each of its write transactions held SQLite's lock.
+# By default a job pauses this many times as long as each of its write transactions held
+# SQLite's lock (the engine's ``JOB_PAUSE_OPTION`` execution option overrides it).
 PAUSE_FACTOR = 2.0
+JOB_PAUSE_OPTION = "dpgov_job_pause"
 
 
 @contextmanager
@@ -121,14 +124,18 @@ def write_step(engine: Engine) -> Iterator[Connection]:
     that began its next transaction at once would take the lock back before a waiting request
     polls again, however short each transaction. Pausing twice as long as the transaction
     lasted (:data:`PAUSE_FACTOR`) leaves the lock free two thirds of the time, so a waiting
-    writer gets it within about one of the job's transactions. PostgreSQL locks rows, not the
-    database: no pause.
+    writer gets it within about one of the job's transactions; the price is a job that takes
+    about three times as long. ``create_db_engine(job_pause=...)`` sets another factor (0: no
+    pause, for a database nothing else writes to while jobs run). PostgreSQL locks rows, not
+    the database: no pause.
     """
     started = time.monotonic()
     with writer(engine).begin() as conn:
         yield conn
     if engine.dialect.name == "sqlite":
-        time.sleep(PAUSE_FACTOR * (time.monotonic() - started))
+        factor = engine.get_execution_options().get(JOB_PAUSE_OPTION, PAUSE_FACTOR)
+        if factor:
+            time.sleep(factor * (time.monotonic() - started))
 
 
 def placeholder(engine: Engine) -> str:
@@ -137,13 +144,21 @@ def placeholder(engine: Engine) -> str:
 
 
 def create_db_engine(
-    url: str, *, pool_size: int = 10, echo: bool = False, busy_seconds: float = 30.0
+    url: str,
+    *,
+    pool_size: int = 10,
+    echo: bool = False,
+    busy_seconds: float = 30.0,
+    job_pause: float = PAUSE_FACTOR,
 ) -> Engine:
     """An engine for ``url`` (``sqlite:///path`` or ``postgresql+psycopg://...``).
 
     ``busy_seconds`` (SQLite) is how long a statement waits for a lock another connection
-    holds before it fails with "database is locked".
+    holds before it fails with "database is locked"; ``job_pause`` (SQLite) how long a job
+    pauses after each of its write transactions, as a multiple of its time (:func:`write_step`).
     """
+    if job_pause < 0 or job_pause != job_pause:
+        raise ValueError(f"`job_pause` must be a number >= 0, got {job_pause!r}")
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
@@ -151,6 +166,7 @@ def create_db_engine(
             connect_args={"check_same_thread": False, "timeout": busy_seconds},
             pool_size=pool_size,
             max_overflow=2 * pool_size,
+            execution_options={JOB_PAUSE_OPTION: float(job_pause)},
         )
         _configure_sqlite(engine, busy_seconds)
         return engine
