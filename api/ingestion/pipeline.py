@@ -38,7 +38,14 @@ from sqlalchemy import Connection, Engine, and_, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from api.ingestion.ingest import Ingestor, Mechanism, params_hash
-from api.ingestion.tables import BatchPart, InboxMove, InboxRow, SketchRow, StoredReport
+from api.ingestion.tables import (
+    BatchPart,
+    InboxMove,
+    InboxOrder,
+    InboxRow,
+    SketchRow,
+    StoredReport,
+)
 from budget import Ledger, utc_day
 from budget.audit_log import Entry
 from budget.book import PolicyBook
@@ -80,6 +87,7 @@ __all__ = [
 
 _INBOX = InboxRow.__table__  # type: ignore[attr-defined]
 _MOVES = InboxMove.__table__  # type: ignore[attr-defined]
+_ORDERS = InboxOrder.__table__  # type: ignore[attr-defined]
 _REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
 _PARTS = BatchPart.__table__  # type: ignore[attr-defined]
 _SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
@@ -142,9 +150,10 @@ def flush_inbox(
     A use case's batch is every report pending in its inbox; it is published once it holds at
     least ``min_batch`` reports from at least the policy's ``min_batch_devices`` distinct
     devices (counted by the inbox's per-use-case pseudonyms), and otherwise waits, a day's tail
-    included, for the next flush. The batch is CSPRNG-shuffled and claimed, then moved
-    ``batch`` reports a transaction, in the shuffled order, under new random ids and without
-    their pseudonyms; the transaction that moves its last report records it in
+    included, for the next flush. The batch is claimed, then moved ``batch`` reports a
+    transaction in the order of the reports' random inbox ids (a CSPRNG permutation drawn when
+    they were queued), each step's reports stored in a fresh CSPRNG shuffle, under new random
+    ids and without their pseudonyms; the transaction that moves its last report records it in
     ``shuffled_batches`` (:mod:`budget.central`) and publishes its parts to the fold. A batch
     left half moved (a crash, a stopped job) is carried on first. Returns how many reports this
     call moved. ``progress`` is called with the pending reports handled so far and those found
@@ -158,9 +167,9 @@ def flush_inbox(
             select(_INBOX.c.use_case, func.count()).group_by(_INBOX.c.use_case)
         ).all()
         moving = conn.execute(
-            select(_MOVES.c.use_case, _MOVES.c.batch, _MOVES.c.manifest, _MOVES.c.record).where(
-                _MOVES.c.batch.is_not(None)
-            )
+            select(_MOVES.c.use_case, _MOVES.c.batch, _ORDERS.c.manifest, _ORDERS.c.record)
+            .join(_ORDERS, _ORDERS.c.batch == _MOVES.c.batch)
+            .where(_MOVES.c.batch.is_not(None))
         ).all()
     carried = {str(row.use_case) for row in moving}
     counts = {str(u): int(n) for u, n in pending if n >= min_batch or str(u) in carried}
@@ -185,19 +194,16 @@ def flush_inbox(
         # read afresh each flush (milliseconds for the default policies): a process may flush
         # several databases whose use cases share names and versions
         terms = _terms(load_book(conn), ready)
-    rng = secrets.SystemRandom()
     for use_case in sorted(ready):
         found = terms.get(use_case)  # none: no policy of that name, left for inspection
-        claimed = None if found is None else _claim(engine, use_case, found, min_batch, rng)
+        claimed = None if found is None else _claim(engine, use_case, found, min_batch)
         if claimed is not None:
             moved += _carry(engine, use_case, claimed, batch, today)
         done(use_case)
     return moved
 
 
-def _claim(
-    engine: Engine, use_case: str, terms: _Terms, min_batch: int, rng: secrets.SystemRandom
-) -> _Move | None:
+def _claim(engine: Engine, use_case: str, terms: _Terms, min_batch: int) -> _Move | None:
     """Plan a use case's batch from its inbox and claim it; ``None``: too small, or not ours.
 
     The inbox is read after the claim's generation, so a batch or purge that removed inbox
@@ -219,25 +225,31 @@ def _claim(
     if len(rows) < min_batch or len(per_device) < need_devices:
         return None
     ids = [int(r.id) for r in rows]
-    rng.shuffle(ids)
+    # The order of the random inbox ids is a CSPRNG permutation of the batch, drawn when each
+    # report was queued and independent of arrival: the chunks follow it, so each chunk's
+    # reports sit together in the inbox's B-tree (a step writes a few pages, not one a report),
+    # and each chunk is shuffled again as it is stored (_move_chunk).
+    ids.sort()
     move = _Move(
         secrets.randbits(63), np.asarray(ids, dtype=np.int64), _figures(rows, per_device, terms)
     )
-    values = {
+    order = {
         "batch": move.batch,
         "manifest": move.ids.tobytes(),
-        "moved": 0,
         "record": orjson.dumps(move.record).decode(),
     }
     with write_step(engine) as conn:
         if seen is None:  # the use case's first batch: whoever inserts first claims
             try:
                 with conn.begin_nested():
-                    conn.execute(_MOVES.insert().values(use_case=use_case, generation=1, **values))
+                    conn.execute(
+                        _MOVES.insert().values(
+                            use_case=use_case, generation=1, batch=move.batch, moved=0
+                        )
+                    )
             except IntegrityError:
                 return None
-            return move
-        claimed = conn.execute(
+        elif not conn.execute(
             update(_MOVES)
             .where(
                 and_(
@@ -246,9 +258,11 @@ def _claim(
                     _MOVES.c.batch.is_(None),
                 )
             )
-            .values(generation=_MOVES.c.generation + 1, **values)
-        ).rowcount
-    return move if claimed else None
+            .values(generation=_MOVES.c.generation + 1, batch=move.batch, moved=0)
+        ).rowcount:
+            return None
+        conn.execute(_ORDERS.insert().values(**order))
+    return move
 
 
 def _figures(rows: Sequence[Any], per_device: Counter[int], terms: _Terms) -> dict[str, Any]:
@@ -303,22 +317,27 @@ def _carry(engine: Engine, use_case: str, move: _Move, rows: int, today: int) ->
 def _move_chunk(conn: Connection, use_case: str, move: _Move, chunk: np.ndarray, today: int) -> int:
     """Move one chunk of a batch in ``conn``'s transaction; publish the batch if it was the last."""
     ids = chunk.tolist()
-    returning = (_INBOX.c.id, _INBOX.c.params, _INBOX.c.day, _INBOX.c.payload)
-    taken = list(conn.execute(delete(_INBOX).where(_INBOX.c.id.in_(ids)).returning(*returning)))
+    ph = placeholder(conn.engine)
+    matches = f"IN ({', '.join([ph] * len(ids))})" if ph == "?" else f"= ANY({ph})"
+    taken = conn.exec_driver_sql(  # no SQL compiled per step: the statement is the driver's
+        f"DELETE FROM inbox WHERE id {matches} RETURNING params, day, payload",
+        tuple(ids) if ph == "?" else (ids,),
+    ).all()
     if not taken:
         return 0
-    position = {inbox_id: i for i, inbox_id in enumerate(ids)}
-    taken.sort(key=lambda r: position[r.id])  # RETURNING follows the table's order, not ours
-    new_ids = secrets.token_bytes(16 * len(taken)).hex()
-    ph = placeholder(conn.engine)
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    # 128-bit ids: a random 64-bit prefix for the step, then the report's place in the step's
+    # CSPRNG order. They say no more than the store's own order (which step, which place), and
+    # consecutive ids keep the step's inserts together in the id index (a few pages, not one a
+    # report), as in the inbox.
+    prefix = secrets.token_hex(8)
     cursor.executemany(
         "INSERT INTO reports (id, use_case, params, day, payload, batch)"
         f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})",
         [
-            (new_ids[32 * i : 32 * i + 32], use_case, r.params, r.day, r.payload, move.batch)
-            for i, r in enumerate(taken)
-        ],
+            (f"{prefix}{i:016x}", use_case, *taken[k], move.batch)
+            for i, k in enumerate(_csprng_order(len(taken)).tolist())
+        ],  # stored in a CSPRNG order, not the table's
     )
     count = conn.execute(
         update(_MOVES)
@@ -331,6 +350,19 @@ def _move_chunk(conn: Connection, use_case: str, move: _Move, chunk: np.ndarray,
     if count == len(move.ids):
         _publish(conn, use_case, move, today)
     return len(taken)
+
+
+def _csprng_order(n: int) -> np.ndarray:
+    """A uniformly random permutation of ``range(n)`` from the OS CSPRNG.
+
+    The order of ``n`` independent 64-bit CSPRNG keys (a tie, probability below ``n^2 / 2^65``,
+    keeps index order).
+
+    >>> sorted(_csprng_order(5).tolist())
+    [0, 1, 2, 3, 4]
+    """
+    keys = np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64)
+    return np.argsort(keys, kind="stable")
 
 
 def _publish(conn: Connection, use_case: str, move: _Move, today: int) -> None:
@@ -360,8 +392,9 @@ def _publish(conn: Connection, use_case: str, move: _Move, today: int) -> None:
     conn.execute(
         update(_MOVES)
         .where(and_(_MOVES.c.use_case == use_case, _MOVES.c.batch == move.batch))
-        .values(batch=None, manifest=None, record=None, moved=0)
+        .values(batch=None, moved=0)
     )
+    conn.execute(delete(_ORDERS).where(_ORDERS.c.batch == move.batch))
 
 
 def sketch_arrays(sketch: Sketch) -> dict[str, np.ndarray]:

@@ -7,7 +7,8 @@ written in the charge's transaction (so there is never a charge without its repo
 random id (a sequential one would pair with the charge's id); the ``flush-inbox`` job moves a
 use case's inbox rows to ``reports`` as one CSPRNG-shuffled batch with random ids once enough
 are pending, so storage order and ids are unlinked from submission. A batch is moved in short
-transactions and published by the one that moves its last report (``inbox_moves``); the fold
+transactions and published by the one that moves its last report (``inbox_moves``, its plan in
+``inbox_orders``); the fold
 adds whole published batch parts to the sketches (``batch_parts``).
 """
 
@@ -16,7 +17,15 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, LargeBinary, Text
 from sqlmodel import Field, SQLModel
 
-__all__ = ["BatchPart", "InboxMove", "InboxRow", "JobLease", "SketchRow", "StoredReport"]
+__all__ = [
+    "BatchPart",
+    "InboxMove",
+    "InboxOrder",
+    "InboxRow",
+    "JobLease",
+    "SketchRow",
+    "StoredReport",
+]
 
 
 class InboxRow(SQLModel, table=True):
@@ -48,10 +57,10 @@ class InboxMove(SQLModel, table=True):
     """A use case's batch being moved out of the inbox, if any, and a count of the inbox's moves.
 
     ``generation`` rises whenever a batch is planned or the purge deletes inbox rows, so a
-    flush that read the inbox before either plans again. While ``batch`` is set, ``manifest``
-    lists the batch's inbox ids in their shuffled order (int64) and ``record`` its figures
-    (JSON); the transaction that moves the last of them publishes the batch and clears all
-    three, so the order stored outlives no move.
+    flush that read the inbox before either plans again. While ``batch`` is set, ``moved``
+    counts its reports moved so far, and its :class:`InboxOrder` row holds the order; the
+    transaction that moves the last of them publishes the batch and clears both. This row is
+    small on purpose: every step of the move updates it.
     """
 
     __tablename__ = "inbox_moves"
@@ -59,9 +68,25 @@ class InboxMove(SQLModel, table=True):
     use_case: str = Field(primary_key=True, max_length=63)
     generation: int = Field(sa_column=Column(BigInteger, nullable=False))
     batch: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
-    manifest: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
     moved: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
-    record: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class InboxOrder(SQLModel, table=True):
+    """A claimed batch's plan, written once by its claim and deleted when it is published.
+
+    ``manifest`` lists the batch's inbox ids in their shuffled order (int64) and ``record`` its
+    figures (JSON), so a flush that stops half way is finished by the next, and the order
+    stored outlives no move. Apart from :class:`InboxMove`, which each step updates: a
+    database rewrites a whole row on update, and the manifest is 8 bytes a report.
+    """
+
+    __tablename__ = "inbox_orders"
+
+    batch: int = Field(
+        sa_column=Column(BigInteger, primary_key=True, autoincrement=False, nullable=False)
+    )
+    manifest: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    record: str = Field(sa_column=Column(Text, nullable=False))
 
 
 class StoredReport(SQLModel, table=True):

@@ -1,6 +1,7 @@
-"""Short job transactions: batches moved in steps (``inbox_moves``), folded by ``batch_parts``.
+"""Short job transactions: batches moved in steps, folded by part.
 
-Every stored report gets the batch it was moved in (``reports.batch``), and every batch its
+A batch is moved in steps (``inbox_moves``, its plan in ``inbox_orders``). Every stored report
+gets the batch it was moved in (``reports.batch``), and every batch its
 parts, one per parameter set and day, which the fold adds to the sketches at once and marks
 folded (``batch_parts.folded``) instead of marking each report. Reports stored before this
 revision become two batches per use case, the folded ones and the others, with their parts;
@@ -24,7 +25,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """Create ``inbox_moves`` and ``batch_parts``; give every stored report its batch."""
+    """Create ``inbox_moves``, ``inbox_orders`` and ``batch_parts``; give reports their batch."""
     bind = op.get_bind()
     inspector = sa.inspect(bind)
     if not inspector.has_table("inbox_moves"):
@@ -33,9 +34,14 @@ def upgrade() -> None:
             sa.Column("use_case", sa.String(63), primary_key=True),
             sa.Column("generation", sa.BigInteger(), nullable=False),
             sa.Column("batch", sa.BigInteger(), nullable=True),
-            sa.Column("manifest", sa.LargeBinary(), nullable=True),
             sa.Column("moved", sa.BigInteger(), nullable=False),
-            sa.Column("record", sa.Text(), nullable=True),
+        )
+    if not inspector.has_table("inbox_orders"):
+        op.create_table(
+            "inbox_orders",
+            sa.Column("batch", sa.BigInteger(), primary_key=True, autoincrement=False),
+            sa.Column("manifest", sa.LargeBinary(), nullable=False),
+            sa.Column("record", sa.Text(), nullable=False),
         )
     if not inspector.has_table("batch_parts"):
         op.create_table(
