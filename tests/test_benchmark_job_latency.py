@@ -21,8 +21,8 @@ def test_the_job_latency_benchmark_prints_a_row_per_job(capsys: pytest.CaptureFi
     work = {r[1]: r[2] for r in rows}
     assert "moved" in work["flush-inbox"] and "folded" in work["aggregate"]
     assert "charges" in work["purge"] and "reports" in work["purge"]
-    for r in rows[1:]:  # each job: its run time, its write transactions
-        assert float(r[3]) > 0 and re.fullmatch(r"[\d,]+, longest [\d.]+ ms", r[4]), r
+    for r in rows[1:]:  # each job: its run time (a fast checkpoint rounds to 0.00), its writes
+        assert float(r[3]) >= 0 and re.fullmatch(r"[\d,]+, longest [\d.]+ ms", r[4]), r
     for r in rows:  # the single reports sent meanwhile, all accepted, and their latency
         assert re.fullmatch(r"[\d,]+", r[5]), r
         assert all(c == "-" or float(c) > 0 for c in r[6:9]), r
