@@ -168,6 +168,7 @@ IdempotencyKeyHeader = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
+        min_length=1,
         max_length=255,
         description="A key the device chooses per report: a retry with the same key and body"
         " replays the first answer and charges nothing; the same key with another body is 409.",

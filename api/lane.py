@@ -82,7 +82,7 @@ class ReportLane:
             is_json
             and device is not None
             and 1 <= len(device) <= 256
-            and (idem is None or len(idem) <= 255)
+            and (idem is None or 1 <= len(idem) <= 255)
         )
         body: Any = None
         if is_json:

@@ -114,6 +114,15 @@ def test_idempotency_key(client: TestClient) -> None:
     assert count(client, "charges") == 1 and count(client, "inbox") == 1
 
 
+@pytest.mark.parametrize("key", ["", "k" * 256])
+def test_an_empty_or_overlong_idempotency_key_is_422(client: TestClient, key: str) -> None:
+    body = mech(client, "emoji").privatize_one("😂").to_dict()
+    h = {"X-Device-Id": "d", "Idempotency-Key": key}
+    refused = client.post("/v1/use-cases/emoji/reports", json=body, headers=h)
+    assert refused.status_code == 422 and "Idempotency-Key" in refused.text
+    assert count(client, "charges") == 0 and count(client, "inbox") == 0
+
+
 GOOD_HCMS = {"j": 1, "l": 2, "bit": 1}
 
 
