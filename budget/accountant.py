@@ -267,11 +267,6 @@ class Accountant:
         self._memo: OrderedDict[tuple[object, ...], PrivacyLoss] = OrderedDict()
         self._memo_size = memo_size
         self._lock = threading.Lock()
-        # composed PLDs do not depend on delta: a few are kept (bounded in buckets), so another
-        # delta costs one epsilon-for-delta search instead of the composition
-        self._plds: OrderedDict[
-            tuple[tuple[float, int], ...], tuple[pld.PrivacyLossDistribution, int]
-        ] = OrderedDict()
         self.hits = 0
         self.misses = 0
         self.name = f"dp-governor optimal-rr / dp-accounting {version('dp-accounting')}"
@@ -352,23 +347,46 @@ class Accountant:
     def _pld(
         self, ledger: tuple[tuple[float, int], ...], grid: tuple[float, int]
     ) -> pld.PrivacyLossDistribution:
-        """The composed PLD of a non-empty ledger on ``grid``, from a small LRU of recent ones.
+        """The composed PLD of a non-empty ledger on ``grid`` (from the process's cache)."""
+        return _PLDS.get(ledger, grid)
 
-        The LRU holds at most :data:`PLD_CACHE_BUCKETS` discretization buckets in all.
-        """
-        with self._lock:
-            found = self._plds.get(ledger)
-            if found is not None:
-                self._plds.move_to_end(ledger)
-                return found[0]
+
+class _PldCache:
+    """The process's composed PLDs, least recently used first, at most PLD_CACHE_BUCKETS buckets.
+
+    A composed PLD does not depend on delta, nor on which accountant asked: another delta, or
+    another accountant of the same process (a command run in-process, a what-if), costs one
+    epsilon-for-delta search instead of the composition. One cache a process also bounds the
+    memory of all of them together.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._plds: OrderedDict[
+            tuple[tuple[tuple[float, int], ...], float], tuple[pld.PrivacyLossDistribution, int]
+        ] = OrderedDict()
+
+    def get(
+        self, ledger: tuple[tuple[float, int], ...], grid: tuple[float, int]
+    ) -> pld.PrivacyLossDistribution:
+        """The PLD of ``ledger`` on ``grid``: cached, or composed and cached."""
         discretization, buckets = grid
+        key = (ledger, discretization)
+        with self._lock:
+            found = self._plds.get(key)
+            if found is not None:
+                self._plds.move_to_end(key)
+                return found[0]
         composed = composed_pld(ledger, discretization)
         assert composed is not None
         with self._lock:
-            self._plds[ledger] = (composed, buckets)
+            self._plds[key] = (composed, buckets)
             while sum(b for _, b in self._plds.values()) > PLD_CACHE_BUCKETS:
                 self._plds.popitem(last=False)
         return composed
+
+
+_PLDS = _PldCache()
 
 
 # Memory: dp-accounting's FFT convolution of an array of ``b`` buckets holds about 64 bytes a

@@ -10,6 +10,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -83,16 +84,26 @@ def test_fleet_caps_estimates_and_unlinkability(server: tuple[str, Path]) -> Non
         reports = mech.privatize([domains[i] for i in index], rng=rng).to_dicts()
         submitted: list[dict[str, int]] = []
 
-        def device(i: int) -> list[int]:
-            with Client(base) as c:
-                a = c.submit("safari-energy-domains", f"dev-{i}", reports[i])
-                b = c.submit("safari-crash-domains", f"dev-{i}", reports[i])
-                refused = c.submit("safari-energy-domains", f"dev-{i}", reports[i])
-                assert isinstance(refused, Refusal) and refused.retry_at is not None
-                return [int(a.accepted), int(b.accepted)]
+        local = threading.local()  # a client per thread: devices differ by id, not connection
+        clients: list[Client] = []
 
-        with ThreadPoolExecutor(8) as pool:
-            statuses = [s for pair in pool.map(device, range(devices)) for s in pair]
+        def device(i: int) -> list[int]:
+            c = getattr(local, "client", None)
+            if c is None:
+                c = local.client = Client(base)
+                clients.append(c)
+            a = c.submit("safari-energy-domains", f"dev-{i}", reports[i])
+            b = c.submit("safari-crash-domains", f"dev-{i}", reports[i])
+            refused = c.submit("safari-energy-domains", f"dev-{i}", reports[i])
+            assert isinstance(refused, Refusal) and refused.retry_at is not None
+            return [int(a.accepted), int(b.accepted)]
+
+        try:
+            with ThreadPoolExecutor(8) as pool:
+                statuses = [s for pair in pool.map(device, range(devices)) for s in pair]
+        finally:
+            for c in clients:
+                c.close()
         assert sum(statuses) == 2 * devices
         submitted = reports
         budget = admin.budget("dev-7", as_device=False)

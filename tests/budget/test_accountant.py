@@ -121,6 +121,16 @@ def test_group_privacy() -> None:
         group_privacy(1.0, 0.0, 0)
 
 
+def test_accountants_of_one_process_share_composed_plds() -> None:
+    ledger = ((0.2, 1500), (0.3, 1500))  # 1501 x 1501 support points: past the exact method
+    grid = pld_grid(ledger, 1e-3)
+    assert grid is not None
+    first, second = Accountant(), Accountant()
+    assert first._pld(ledger, grid) is second._pld(ledger, grid)
+    one, two = first.loss(ledger, delta=1e-6), second.loss(ledger, delta=1e-9)
+    assert one.method == two.method == "pld" and two.epsilon > one.epsilon
+
+
 def test_memo_by_multiset() -> None:
     acc = Accountant()
     a = acc.loss({4.0: 90}, delta=1e-6)

@@ -280,7 +280,7 @@ def _run(server: str, examples: int) -> None:
 
 def test_the_gate_agrees_with_the_device_budget_model_on_sqlite() -> None:
     SEEN.clear()
-    _run("", 100)
+    _run("", 60)
     # the runs reached device-wide refusals; which kinds depends on the sequences drawn, so
     # each kind of refusal has its own focused test below
     assert {who for who, _ in SEEN} & {"device", "quota"}, SEEN

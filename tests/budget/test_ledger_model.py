@@ -328,7 +328,7 @@ def _run(server: str, examples: int) -> None:
 
 
 def test_the_ledger_agrees_with_its_model_on_sqlite() -> None:
-    _run("", 80)
+    _run("", 50)
 
 
 @pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is not set")
