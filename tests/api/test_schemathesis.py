@@ -1,7 +1,7 @@
 """schemathesis against the app's own OpenAPI schema, over real HTTP: no 5xx, answers conform.
 
-Every operation gets positive and negative data ("mode = all"): 200 examples each with admin
-and device credentials, 50 more with device credentials only, and a stateful run that chains
+Every operation gets positive and negative data ("mode = all"): 100 examples each with admin
+and device credentials, 30 more with device credentials only, and a stateful run that chains
 operations through the links schemathesis infers. Cross-field rules a JSON schema cannot state
 (an SFP policy's second epsilon, a budget group's shared caps) answer 422 to data the schema
 allows, hence 422 among the statuses accepted for positive data; a batch over the item limit
@@ -95,8 +95,8 @@ def _schema(examples: int, *, admin: bool) -> Any:
     return schemathesis.openapi.from_url(f"{BASE}/openapi.json", config=config)
 
 
-admin_schema = _schema(200, admin=True)
-device_schema = _schema(50, admin=False)
+admin_schema = _schema(100, admin=True)
+device_schema = _schema(30, admin=False)
 
 
 @admin_schema.parametrize()  # type: ignore[untyped-decorator]
@@ -109,7 +109,7 @@ def test_every_operation_with_device_credentials_only(case: Any) -> None:
     case.call_and_validate(headers=DEVICE)
 
 
-Workflow = _schema(50, admin=True).as_state_machine()
+Workflow = _schema(30, admin=True).as_state_machine()
 
 
 class TestStateful(Workflow.TestCase):  # type: ignore[name-defined,misc]

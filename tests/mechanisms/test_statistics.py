@@ -72,7 +72,7 @@ def test_unbiased_with_the_exact_variance_over_random_families(
     mechanism: type[CMS] | type[HCMS], variance: object
 ) -> None:
     # A fresh family per trial: the paper's expectation is over the coins and the family.
-    trials = 20_000
+    trials = 10_000
     rng = np.random.default_rng(11)
     watched = [0, 9]  # f = 400 and f = 10
     samples = np.empty((trials, len(watched)))
@@ -94,7 +94,7 @@ def test_fixed_family_mean_and_variance(mechanism: type[CMS] | type[HCMS]) -> No
     mean = fixed_family_mean(TOY_F, h, 8)
     var = fixed_family_variance(mech.name, 2.0, TOY_F, h, 8)
     assert np.max(np.abs(mean - TOY_F)) > 10  # the bias is real at this size
-    trials = 20_000
+    trials = 10_000
     rng = np.random.default_rng(5)
     samples = np.empty((trials, TOY_F.size))
     for t in range(trials):
