@@ -1,11 +1,11 @@
 """Crash safety: SIGKILL a real ``dpgov serve`` under load, restart, and audit.
 
-SQLite: five kills; PostgreSQL with two workers: three. 2,000 submissions from 100 devices,
-each with an ``Idempotency-Key``; clients retry through the crashes until they get an answer,
-as real devices would. Afterwards: every 202 has its charge and, after the inbox is flushed,
-its stored report; charges equal reports per (use case, day); no device is over its daily cap;
-SQLite's ``integrity_check`` is ok; the audit chain verifies. A restart with reports in the
-inbox loses none and aggregates none twice.
+SQLite: 2,000 submissions and five kills; PostgreSQL with two workers: 1,000 and three. The
+submissions come from 100 devices, each with an ``Idempotency-Key``; clients retry through the
+crashes until they get an answer, as real devices would. Afterwards: every 202 has its charge and,
+after the inbox is flushed, its stored report; charges equal reports per (use case, day); no device
+is over its daily cap; SQLite's ``integrity_check`` is ok; the audit chain verifies. A restart with
+reports in the inbox loses none and aggregates none twice.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ class Server:
         )
 
 
-def _workload() -> list[tuple[str, str, dict[str, object], str]]:
-    """(device, use case, body, idempotency key) x 2,000 over 100 devices."""
+def _workload(submissions: int) -> list[tuple[str, str, dict[str, object], str]]:
+    """(device, use case, body, idempotency key) x ``submissions`` over 100 devices."""
     rng = np.random.default_rng(7)
     policies = {p.name: p for p in default_policies()}
     cases = ["safari-energy-domains", "safari-crash-domains", "lookup-hints"]
@@ -123,7 +123,7 @@ def _workload() -> list[tuple[str, str, dict[str, object], str]]:
         for name in cases
     }
     out: list[tuple[str, str, dict[str, object], str]] = []
-    for i in range(2000):
+    for i in range(submissions):
         name = cases[i % 3]
         out.append((f"device-{i % 100}", name, bodies[name][i % 50], f"key-{i}"))
     return out
@@ -145,7 +145,7 @@ def test_sigkill_with_two_workers_on_postgresql(tmp_path: Path) -> None:
     assert PG_URL is not None
     with scratch_schema(PG_URL, "crash") as url:
         server = Server(tmp_path, url, workers=2)
-        accepted = _chaos(server, kills=3)
+        accepted = _chaos(server, kills=3, submissions=1000)
         engine = create_db_engine(url)
         try:
             with engine.connect() as conn:
@@ -154,13 +154,13 @@ def test_sigkill_with_two_workers_on_postgresql(tmp_path: Path) -> None:
             engine.dispose()
 
 
-def _chaos(server: Server, kills: int = 5) -> list[dict[str, object]]:
+def _chaos(server: Server, kills: int = 5, submissions: int = 2000) -> list[dict[str, object]]:
     """Load, ``kills`` SIGKILLs and restarts, a restart with a full inbox, flush and fold.
 
     Returns the bodies of the 202 answers.
     """
     server.start()
-    work = _workload()
+    work = _workload(submissions)
     answers: dict[str, tuple[int, dict[str, object]]] = {}
     lock = threading.Lock()
     next_item = iter(range(len(work)))
