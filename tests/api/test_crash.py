@@ -111,7 +111,7 @@ class Server:
         )
 
 
-def _workload(submissions: int) -> list[tuple[str, str, dict[str, object], str]]:
+def _workload(submissions: int = 2000) -> list[tuple[str, str, dict[str, object], str]]:
     """(device, use case, body, idempotency key) x ``submissions`` over 100 devices."""
     rng = np.random.default_rng(7)
     policies = {p.name: p for p in default_policies()}
