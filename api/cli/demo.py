@@ -9,6 +9,11 @@ import typer
 from api.cli.common import Progress, load_settings, refuse
 
 
+def _cap(value: float | None) -> str:
+    """A cap as the demo prints it: its value, or ``none``."""
+    return "none" if value is None else f"{value:g}"
+
+
 def demo(
     devices: Annotated[
         int, typer.Option(min=100, max=1_000_000, help="Simulated devices.")
@@ -69,7 +74,7 @@ def demo(
             + (
                 "no window or lifetime cap: unbounded over time"
                 if row["window_cap"] is None and row["lifetime_cap"] is None
-                else f"caps: window {row['window_cap']}, lifetime {row['lifetime_cap']}"
+                else f"caps: window {_cap(row['window_cap'])}, lifetime {_cap(row['lifetime_cap'])}"
             )
         )
     report = TypeAdapter(EffectiveEpsilonReport).validate_python(result.effective_epsilon)
