@@ -327,7 +327,7 @@ class Accountant:
             if points <= self.max_exact_points:
                 tight, method = optimal_epsilon(scaled, delta), "optimal-rr"
             elif (grid := pld_grid(scaled, self.pld_discretization)) is not None:
-                tight, method = float(self._pld(scaled, grid).get_epsilon_for_delta(delta)), "pld"
+                tight, method = float(_PLDS.get(scaled, grid).get_epsilon_for_delta(delta)), "pld"
             if not math.isfinite(tight) or tight >= basic:
                 tight, method = basic, "basic"
         bound = BOUNDS[method]  # type: ignore[index]
@@ -343,12 +343,6 @@ class Accountant:
             kind,
             NOTES[(kind, bound)],
         )
-
-    def _pld(
-        self, ledger: tuple[tuple[float, int], ...], grid: tuple[float, int]
-    ) -> pld.PrivacyLossDistribution:
-        """The composed PLD of a non-empty ledger on ``grid`` (from the process's cache)."""
-        return _PLDS.get(ledger, grid)
 
 
 class _PldCache:

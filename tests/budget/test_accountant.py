@@ -11,6 +11,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budget import accountant as accountant_module
 from budget.accountant import (
     PLD_MAX_BUCKETS,
     Accountant,
@@ -121,14 +122,19 @@ def test_group_privacy() -> None:
         group_privacy(1.0, 0.0, 0)
 
 
-def test_accountants_of_one_process_share_composed_plds() -> None:
-    ledger = ((0.2, 1500), (0.3, 1500))  # 1501 x 1501 support points: past the exact method
-    grid = pld_grid(ledger, 1e-3)
-    assert grid is not None
-    first, second = Accountant(), Accountant()
-    assert first._pld(ledger, grid) is second._pld(ledger, grid)
-    one, two = first.loss(ledger, delta=1e-6), second.loss(ledger, delta=1e-9)
+def test_accountants_of_one_process_share_composed_plds(monkeypatch: pytest.MonkeyPatch) -> None:
+    composed: list[object] = []
+
+    def counted(events: object, discretization: float = 1e-3) -> object:
+        composed.append(events)
+        return composed_pld(events, discretization)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(accountant_module, "composed_pld", counted)
+    ledger = ((0.2, 1501), (0.3, 1499))  # 1502 x 1500 support points: past the exact method
+    one, two = Accountant().loss(ledger, delta=1e-6), Accountant().loss(ledger, delta=1e-9)
     assert one.method == two.method == "pld" and two.epsilon > one.epsilon
+    assert Accountant().loss(ledger, delta=1e-9) == two
+    assert composed == [ledger]  # once, for three accountants and two deltas
 
 
 def test_memo_by_multiset() -> None:
