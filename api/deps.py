@@ -9,7 +9,7 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Request, Security
+from fastapi import Depends, Header, Path, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.caches import Caches
@@ -24,10 +24,12 @@ __all__ = [
     "ADMIN_BEARER",
     "AdminCredential",
     "AdminDep",
+    "AllowLoosen",
     "CachesDep",
     "ClockDep",
     "DeviceHeader",
     "DevicePath",
+    "GroupName",
     "IdempotencyKeyHeader",
     "IngestorDep",
     "LedgerDep",
@@ -181,6 +183,24 @@ UseCaseName = Annotated[
         max_length=63,
         pattern=r"^[a-z0-9][a-z0-9-]*$",
         description="The use case (a slug, as in `GET /v1/use-cases`).",
+    ),
+]
+AllowLoosen = Annotated[
+    bool,
+    Query(
+        description="Write a change that loosens a policy (lets some device spend more than the"
+        " policies before it: a larger epsilon, cap, delta or filter target, a smaller group or"
+        " batch, or caps that stop counting spend they counted). Without it such a change is"
+        " refused with 409 naming `allow_loosen` and listing what loosens.",
+    ),
+]
+GroupName = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="The budget group (a policy's `budget_group`).",
     ),
 ]
 DevicePath = Annotated[

@@ -21,6 +21,7 @@ from api.errors import (
 from budget import BudgetStatus
 from budget.reporting.device import DeviceOdometer, DeviceWide
 from policies import DEFAULT_POLICIES, Policy, PolicyPublic, publish
+from policies.model import GroupTerms
 
 __all__ = [
     "ERROR_RESPONSES",
@@ -29,6 +30,7 @@ __all__ = [
     "AuditVerification",
     "BatchItemResult",
     "BatchResult",
+    "BudgetGroupPublic",
     "CmsReportBody",
     "DeviceBudget",
     "Discoveries",
@@ -51,6 +53,14 @@ _FAMILY = PydField(
     description="The randomizer's `family_id` from the policy; a report under another family is"
     " refused with 422 (required when the server sets `DPGOV_REQUIRE_REPORT_FAMILY`).",
 )
+
+
+class BudgetGroupPublic(BaseModel):
+    """A budget group: its active members and the terms they share."""
+
+    name: str
+    members: list[str] = PydField(description="The active use cases drawing from the group.")
+    terms: GroupTerms = PydField(description="The caps, filters and retention they share.")
 
 
 class CmsRow(BaseModel):

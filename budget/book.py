@@ -5,18 +5,23 @@ today's grouping. The accounts therefore hold one row per device with a slot per
 epsilon, group size) (:mod:`budget.state`), and the book says, under the policies now in force,
 which use cases each budget's caps count:
 
-- **Members.** A budget's members are the use cases whose *latest* version (active or retired)
-  draws from it. A group's caps count all its members' history; a use case that leaves a group
-  takes its own history along; retiring a use case keeps its spend in the budget it last drew
-  from, and re-creating it brings that history back. No group move, merge, split, rename,
-  retirement or re-creation frees budget.
-- **Retention.** The ledger keeps a use case's days for the *longest* retention any of its
-  versions ever had (lowering then raising ``retention_days`` gets the true window back), and
-  the purge records, per use case, the last day it deleted (``retention_horizons``): nothing on
-  or before that day is counted anywhere again, whatever the accounts still physically hold.
-  Raising retention beyond the longest it ever was cannot recall days already deleted. The
-  reports themselves go sooner, at the latest version's retention (:class:`Retention`, one
-  rule for both purges).
+- **What a budget counts.** Every charge records the budget it was charged under (its slot's
+  budget, :mod:`budget.state`). A budget's caps and filters count (:meth:`AccountState.counted`)
+  the whole history of its *members*, the use cases whose latest version (active or retired)
+  draws from it now, and every charge made under it, whatever its use case did since (left the
+  group, moved to another, was retired and re-created elsewhere). So spend charged under a
+  budget counts against that budget for as long as its terms count it, and against the budget
+  its use case is in now: a charge may count twice, never nowhere. Charges made before budgets
+  were recorded count under every budget their use case ever drew from (``ever_members``).
+- **Retention.** The ledger keeps a use case's days for the longest retention of any use case
+  that ever shared a budget with it (so no budget's window loses a day it counts, whoever
+  decides on it), and at least the longest device-wide window. The purge records, per use
+  case, the last day it deleted (``retention_horizons``): nothing on or before that day is
+  held anywhere again. A window that reaches back past a horizon (retention raised beyond what
+  was kept, or a budget whose window is longer than a joining member's history) counts the
+  spend it can no longer date as if it all fell inside, an upper bound
+  (:meth:`budget.state.AccountState.unheld`). The reports themselves go sooner, at the latest
+  version's retention (:class:`Retention`, one rule for both purges).
 
 Pure code: built from the ``policies`` rows and the horizons, cached by the gate per revision.
 """
@@ -40,12 +45,13 @@ NO_HORIZON = -(1 << 62)  # "nothing deleted": below every day
 class Terms:
     """The figures of one policy version the gate decides on, as plain integers.
 
-    ``members`` are the use cases whose history the budget's caps and filters count (this one
-    included); ``filters`` the budget's window and lifetime ``(epsilon, delta)`` filters
-    (``None``: neither); ``horizons`` every use case's last deleted day (absent: none), shared
-    by all terms; ``device`` the device-wide budget in force (``None``: none), shared by all
-    terms. A policy is a database model whose every attribute read goes through SQLAlchemy's
-    instrumentation; the hot paths read these.
+    ``members`` are the use cases whose whole history the budget's caps and filters count (this
+    one included); ``ever_members`` every use case that ever drew from the budget (whose charges
+    under it, or before budgets were recorded, it also counts); ``filters`` the budget's window
+    and lifetime ``(epsilon, delta)`` filters (``None``: neither); ``horizons`` every use case's
+    last deleted day (absent: none), shared by all terms; ``device`` the device-wide budget in
+    force (``None``: none), shared by all terms. A policy is a database model whose every
+    attribute read goes through SQLAlchemy's instrumentation; the hot paths read these.
     """
 
     name: str
@@ -62,6 +68,7 @@ class Terms:
     members: frozenset[str] = frozenset()
     horizons: Mapping[str, int] = field(default_factory=dict)
     device: DeviceLimits | None = None
+    ever_members: frozenset[str] = frozenset()
 
     @classmethod
     def of(
@@ -70,6 +77,7 @@ class Terms:
         members: Iterable[str] = (),
         horizons: Mapping[str, int] | None = None,
         device: DeviceLimits | None = None,
+        ever_members: Iterable[str] = (),
     ) -> Terms:
         """The snapshot of ``policy``; ``members`` default to the use case alone."""
         window, lifetime = policy.window_epsilon_cap, policy.lifetime_epsilon_cap
@@ -95,6 +103,7 @@ class Terms:
             members=names,
             horizons={} if horizons is None else horizons,
             device=device,
+            ever_members=frozenset(ever_members) | names,
         )
 
 
@@ -107,10 +116,11 @@ class Retention:
     """The last day of each kind of record the purge deletes for one use case, and why.
 
     - ``spend_through``: spend records (the charges and the accounts' days). Kept for the
-      longest ``retention_days`` the use case ever had, and at least the longest device-wide
-      window ever set (which counts every use case's days); never below the horizon already
-      reached. Privacy accounting: a window lowered then raised (90 -> 30 -> 90) reads the
-      device's true spend again, and no cap is ever checked against a window missing days.
+      longest ``retention_days`` any use case that ever shared a budget with this one had
+      (every window that counts these days), and at least the longest device-wide window ever
+      set (which counts every use case's days); never below the horizon already reached.
+      Privacy accounting: a window lowered then raised (90 -> 30 -> 90) reads the device's
+      true spend again, and no cap is ever checked against a window missing days.
     - ``data_through``: what the devices sent (the inbox, the report store, the sketches).
       Deleted at the retention of the use case's latest version, retired or not. Data
       minimisation: a policy's retention is the promise of how long reports are kept, and
@@ -143,6 +153,8 @@ class PolicyBook:
     versions: tuple[Policy, ...] = ()
     device: DeviceLimits | None = None
     device_window: int = 0
+    ever_members: dict[str, frozenset[str]] = field(default_factory=dict)
+    spend_keep: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -170,14 +182,30 @@ class PolicyBook:
         for name, p in latest.items():
             grouped[budget_key(p)].add(name)
         members = {b: frozenset(names) for b, names in grouped.items()}
+        ever: dict[str, set[str]] = defaultdict(set)
+        for p in every:
+            ever[budget_key(p)].add(p.name)
+        ever_members = {b: frozenset(names) for b, names in ever.items()}
         held = {n: int(d) for n, d in horizons.items()}
         terms = {
-            name: Terms.of(p, members[budget_key(p)], held, device)
+            name: Terms.of(p, members[budget_key(p)], held, device, ever_members[budget_key(p)])
             for name, p in latest.items()
             if p.active
         }
         window = max(device_window, device.longest_window if device else 0)
-        return cls(latest, members, longest, held, terms, group_sizes, every, device, window)
+        keep = {
+            name: max(
+                longest[other]
+                for b in ever_members
+                if name in ever_members[b]
+                for other in ever_members[b]
+            )
+            for name in latest
+        }
+        return cls(
+            latest, members, longest, held, terms, group_sizes, every, device, window,
+            ever_members, keep,
+        )  # fmt: skip
 
     def with_policy(self, proposed: Policy) -> PolicyBook:
         """The book as it would be with ``proposed`` as its use case's next version."""
@@ -207,7 +235,7 @@ class PolicyBook:
         """
         out = {}
         for name, policy in sorted(self.latest.items()):
-            keep = max(self.longest_retention.get(name, 0), self.device_window)
+            keep = max(self.spend_keep.get(name, 0), self.device_window)
             spend = max(day - keep, self.horizon(name))
             out[name] = Retention(spend, max(day - policy.retention_days, spend))
         return out

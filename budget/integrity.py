@@ -13,9 +13,13 @@ edit the database but not read the audit key cannot make an edited table match.
 What is compared, per use case and day after its retention horizon (what is on or before it is
 deleted by definition, as for every reader, and may wait for the purge's later transactions):
 every charge (id, device, use case, version, epsilon, day); every account day count per slot
-(device, use case, epsilon, group size, day); and, for all time, every account's lifetime count
-per slot. An edited epsilon, a deleted or added charge, an account reset, a policy row edited in
-place, a horizon moved: each makes the check fail and says which table disagrees.
+(device, use case, epsilon, group size, budget, day); and, for all time, every account's
+lifetime count per slot. A charge's budget is its entry's; charges recorded before slots held
+their budget (entries up to ``slot_budgets.since_seq``) are replayed into slots of
+:data:`budget.state.ANY_BUDGET`, which count under every budget their use case ever had (moving
+that mark can only make slots count under more budgets, never fewer). An edited epsilon, a
+deleted or added charge, an account reset, a policy row edited in place, a horizon moved: each
+makes the check fail and says which table disagrees.
 
 The tables are read here as raw rows, not through the policy book (:mod:`budget.book`) that
 every other reader uses: the book is built from these rows, so it is what is being verified.
@@ -31,15 +35,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, inspect, select
+from sqlalchemy import Engine, inspect, select, text
 
 from budget.book import NO_HORIZON
 from budget.keyed import KeyedHash
-from budget.state import decode
+from budget.state import ANY_BUDGET, decode
 from budget.storage.tables import Account, Charge, RetentionHorizon
 from policies.model import Policy
 
-__all__ = ["StateCheck", "StateReplay"]
+__all__ = ["StateCheck", "StateReplay", "budgets_since"]
 
 _MOD = 1 << 256
 _POLICY_ACTIONS = ("policy.create", "policy.update", "policy.delete")
@@ -58,8 +62,9 @@ class StateCheck:
 class StateReplay:
     """Replays verified audit entries into the digests the tables must match."""
 
-    def __init__(self, audit_key: bytes) -> None:
+    def __init__(self, audit_key: bytes, *, budgets_since: int = 0) -> None:
         self._keyed = KeyedHash(hmac.digest(audit_key, b"dp-governor/state-digest/v1", "sha256"))
+        self.budgets_since = budgets_since
         self.policies: dict[tuple[str, int], dict[str, Any]] = {}
         self.horizons: dict[str, int] = {}
         self.legacy: str | None = None
@@ -78,7 +83,8 @@ class StateReplay:
         if action == "charge":
             data = orjson.loads(body)["data"]
             if data["accepted"]:
-                self._charge(actor.removeprefix("device:"), data)
+                budget = ANY_BUDGET if seq <= self.budgets_since else str(data["budget"])
+                self._charge(actor.removeprefix("device:"), data, budget)
         elif action in _POLICY_ACTIONS:
             new = orjson.loads(body)["data"]["new"]
             self.policies[(str(new["name"]), int(new["version"]))] = new
@@ -89,7 +95,7 @@ class StateReplay:
             for name, day in data.get("horizons", {}).items():
                 self.horizons[name] = max(self.horizons.get(name, NO_HORIZON), int(day))
 
-    def _charge(self, dk: str, data: dict[str, Any]) -> None:
+    def _charge(self, dk: str, data: dict[str, Any], budget: str) -> None:
         uc, version = data["use_case"], data["policy_version"]
         eps, day = data["epsilon_micro"], data["day"]
         policy = self.policies.get((uc, int(version)))
@@ -97,9 +103,9 @@ class StateReplay:
         key = (str(uc), int(day))
         charge = self.h("c", data["charge_id"], dk, uc, version, eps, day)
         self.charges[key] = (self.charges[key] + charge) % _MOD
-        self.days[key] = (self.days[key] + self.h("d", dk, uc, eps, group, day)) % _MOD
+        self.days[key] = (self.days[key] + self.h("d", dk, uc, eps, group, budget, day)) % _MOD
         self.accepted[key] += 1
-        self.lifetime = (self.lifetime + self.h("l", dk, uc, eps, group)) % _MOD
+        self.lifetime = (self.lifetime + self.h("l", dk, uc, eps, group, budget)) % _MOD
 
     def compare(self, engine: Engine) -> StateCheck:
         """Read the tables and compare them with the replay."""
@@ -178,19 +184,29 @@ class StateReplay:
             state = decode(count, eps_total, days_text, lifetime_text)
             if sum(int(s[3]) for s in state.slots) != state.count:
                 return f"the account of device {dk} does not add up (count edited)"
-            for uc, eps, group, n in state.slots:
-                lifetime = (lifetime + int(n) * self.h("l", dk, uc, eps, group)) % _MOD
+            for uc, eps, group, n, b in state.slots:
+                lifetime = (lifetime + int(n) * self.h("l", dk, uc, eps, group, b)) % _MOD
             for entry in state.days:
                 d = entry[0]
                 for i, n in enumerate(entry[1:]):
                     if n:
-                        uc, eps, group, _ = state.slots[i]
+                        uc, eps, group, _, b = state.slots[i]
                         if d > self.horizons.get(str(uc), NO_HORIZON):
                             k = (str(uc), d)
-                            days[k] = (days[k] + n * self.h("d", dk, uc, eps, group, d)) % _MOD
+                            digest = self.h("d", dk, uc, eps, group, b, d)
+                            days[k] = (days[k] + n * digest) % _MOD
         if lifetime != self.lifetime:
             return "accounts' lifetime counts disagree with the charges recorded"
         return _first_difference("accounts' days", self._held(self.days), self._held(days))
+
+
+def budgets_since(engine: Engine) -> int:
+    """The audit sequence number after which charges' slots hold their budget (0: all do)."""
+    with engine.connect() as conn:
+        if not inspect(conn).has_table("slot_budgets"):
+            return 0
+        found = conn.execute(text("SELECT max(since_seq) FROM slot_budgets")).scalar()
+    return int(found or 0)
 
 
 def _first_difference(

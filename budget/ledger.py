@@ -19,8 +19,9 @@ from budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_a
 from budget.batch import BatchItem, OnAccept, charge_batch
 from budget.book import NO_HORIZON, PolicyBook
 from budget.clock import day_start, utc_day
-from budget.gate import Gate
-from budget.integrity import StateCheck, StateReplay
+from budget.gate import Gate, load_book
+from budget.integrity import StateCheck, StateReplay, budgets_since
+from budget.loosening import loosenings
 from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
 from budget.rule import Decision
 from budget.state import AccountState, decode
@@ -34,6 +35,7 @@ from budget.storage.partitions import (
 )
 from budget.storage.tables import Account, Charge, IdempotencyRecord, RetentionHorizon
 from policies.device import DeviceBudgetCreate, DeviceBudgetVersion, write_device_budget
+from policies.errors import PolicyLoosens
 from policies.model import Policy, from_micro
 from policies.repository import PolicyStore
 
@@ -102,6 +104,14 @@ def _passed(conn: Connection, use_case: str, old: int, new: int) -> int:
     return int(conn.execute(select(func.count()).where(and_(*span))).scalar_one())
 
 
+def _loosenings(before: PolicyBook, new: Sequence[Policy]) -> list[str]:
+    """What adding the versions ``new`` to the book ``before`` loosens."""
+    after = PolicyBook.build(
+        [*before.versions, *new], before.horizons, before.device, before.device_window
+    )
+    return loosenings(before, after)
+
+
 def _policy_json(policy: Policy) -> dict[str, Any]:
     """A policy version as audit data."""
     data: dict[str, Any] = policy.model_dump(mode="json")
@@ -127,7 +137,9 @@ class Ledger:
         self._audit_key = audit_key or derive_audit_key(secret)
         self.audit = AuditLog(engine, self._audit_key)
         self.gate = Gate(engine, secret, self.audit)
-        self.policies = PolicyStore(engine, on_change=self._policy_changed)
+        self.policies = PolicyStore(
+            engine, on_change=self._policy_changed, review=self._review_policies
+        )
         self.accountant = accountant or Accountant()
 
     def _policy_changed(self, conn: Connection, old: Policy | None, new: Policy) -> None:
@@ -141,6 +153,22 @@ class Ledger:
             "new": _policy_json(new),
         }
         self.audit.append(conn, [Entry(new.actor, action, data)], now=new.created_at)
+
+    @staticmethod
+    def _review_policies(
+        conn: Connection, stored: list[Policy], new: list[Policy], allow_loosen: bool
+    ) -> None:
+        """Refuse a loosening policy write (:func:`budget.loosening.loosenings`) unless allowed."""
+        if allow_loosen:
+            return
+        found = _loosenings(load_book(conn), new)
+        if found:
+            raise PolicyLoosens(found)
+
+    def loosenings(self, proposed: Sequence[Policy]) -> list[str]:
+        """What writing ``proposed`` (next versions, :meth:`PolicyStore.proposed`) would loosen."""
+        with self.engine.connect() as conn:
+            return _loosenings(load_book(conn), proposed)
 
     def set_device_budget(
         self, body: DeviceBudgetCreate, *, actor: str = "admin"
@@ -170,7 +198,7 @@ class Ledger:
         caught). The state check (:mod:`budget.integrity`) runs only on a chain that verifies;
         its problem, if any, becomes the verification's.
         """
-        replay = StateReplay(self._audit_key)
+        replay = StateReplay(self._audit_key, budgets_since=budgets_since(self.engine))
         chain = self.audit.verify(external=kept, observe=replay)
         if not chain.ok:
             return chain, StateCheck(False, note="the chain failed: the state was not checked")
@@ -258,7 +286,7 @@ class Ledger:
             state = self.state_of(conn, dk) or AccountState()
         for policy in book.active:
             terms = book.terms[policy.name]
-            idx = state.members(terms.members)
+            idx = state.counted(terms)
             count, eps_today = state.today(day, idx)
             window = state.window_spend(day, terms.retention_days, idx, book.horizons)
             life = state.lifetime_spend(idx)

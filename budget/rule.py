@@ -72,11 +72,11 @@ class Decision(NamedTuple):
 def check(terms: Terms, day: int, state: AccountState, charge_id: int | None = None) -> Decision:
     """The verdict on one more report of ``terms`` on ``day``; ``state`` is not changed.
 
-    The budget's caps and filters count the slots of its members (``terms.members``),
-    whatever budget they were charged under; ``charge_id`` goes into an acceptance. The charge
-    transaction and what-if both decide here.
+    The budget's caps and filters count the slots it counts (:meth:`AccountState.counted`:
+    its members' whole history and every charge made under it); ``charge_id`` goes into an
+    acceptance. The charge transaction and what-if both decide here.
     """
-    idx = state.members(terms.members)
+    idx = state.counted(terms)
     reports = state.reports_on(day, idx)
     if reports >= terms.max_reports_per_day:
         return _refused(terms, day, Refusal("daily_cap", day + 1))
@@ -126,7 +126,7 @@ def decide_on(
     """
     decision = check(terms, day, state, charge_id)
     if decision.accepted:
-        state.charge(terms.name, day, terms.eps_micro, terms.group_size)
+        state.charge(terms.name, day, terms.eps_micro, terms.group_size, 1, terms.budget)
         state.prune(terms.horizons)
     return decision
 

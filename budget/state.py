@@ -3,18 +3,19 @@
 The gate reads and writes one row per device and report: the lifetime totals, what each recent
 day spent per slot (for the daily and window caps, and the window accounting) and the lifetime
 multiset per slot (for the accountant). A slot is a (use case, micro-epsilon per report, group
-size) the device was ever charged at: the terms in force when each charge was made, so that a
-later policy edit never changes what an earlier charge counts for. Which slots a budget's caps
-count is the policy book's business (:mod:`budget.book`), not the row's: a group move changes
-no row. Separate tables per concern would be separate random-key B-trees, and at a production
-ledger's size every report would dirty one page of each; one row is one page. Pure code, no
-I/O.
+size, budget) the device was ever charged at: the terms in force when each charge was made and
+the budget it was charged under, so that a later policy edit never changes what an earlier
+charge counts for. Which slots a budget's caps count is the policy book's business
+(:mod:`budget.book`), not the row's: a group move changes no row. Separate tables per concern
+would be separate random-key B-trees, and at a production ledger's size every report would dirty
+one page of each; one row is one page. Pure code, no I/O.
 
 Packing (compact JSON, readable in ``sqlite3`` and ``psql``):
 
-- ``lifetime``: the slots ``[[use_case, micro-epsilon, group size, reports], ...]`` in the
-  order they were first charged, with their lifetime count. No timestamps; it survives
-  retention.
+- ``lifetime``: the slots ``[[use_case, micro-epsilon, group size, reports, budget], ...]`` in
+  the order they were first charged, with their lifetime count. No timestamps; it survives
+  retention. Rows written before budgets were recorded hold four-element slots: they decode
+  with the budget :data:`ANY_BUDGET`, which every budget their use case ever drew from counts.
 - ``days``: ``[[day, n_0, n_1, ...], ...]`` in ascending day order, ``n_i`` the reports of slot
   ``i`` that day (trailing zeros left out); the first entry's day is absolute, every later one
   is the difference to the entry before it. A slot's days on or before its use case's
@@ -26,13 +27,39 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import orjson
 
-__all__ = ["AccountState", "Slot", "decode", "lifetime_counts", "window_counts"]
+__all__ = [
+    "ANY_BUDGET",
+    "AccountState",
+    "Counted",
+    "Slot",
+    "decode",
+    "lifetime_counts",
+    "window_counts",
+]
 
-Slot = tuple[str, int, int]  # use case, micro-epsilon per report, group size
+Slot = tuple[str, int, int, str]  # use case, micro-epsilon per report, group size, budget
+ANY_BUDGET = ""  # a slot charged before budgets were recorded: counted by all its use case had
 _NONE = -(1 << 62)
+
+
+class Counted(Protocol):
+    """Which slots a budget counts (:class:`budget.book.Terms` is one)."""
+
+    @property
+    def budget(self) -> str:
+        """The budget's name (a charge records it)."""
+
+    @property
+    def members(self) -> frozenset[str]:
+        """The use cases that draw from the budget now (their whole history counts)."""
+
+    @property
+    def ever_members(self) -> frozenset[str]:
+        """Every use case that ever drew from the budget."""
 
 
 @dataclass(slots=True)
@@ -45,8 +72,30 @@ class AccountState:
     slots: list[list[str | int]] = field(default_factory=list)
 
     def members(self, use_cases: frozenset[str]) -> list[int]:
-        """The indices of the slots of ``use_cases`` (a budget's members)."""
+        """The indices of the slots of ``use_cases``, whatever budget they were charged under."""
         return [i for i, slot in enumerate(self.slots) if slot[0] in use_cases]
+
+    def counted(self, terms: Counted) -> list[int]:
+        """The indices of the slots a budget's caps and filters count.
+
+        A slot counts if its use case draws from the budget now (``members``: its whole
+        history goes with it), or if it was charged under the budget (whatever its use case
+        did since), or if it predates recorded budgets and its use case ever drew from it.
+
+        >>> from types import SimpleNamespace as T
+        >>> slots = [["a", 1, 1, 1, "g"], ["a", 1, 1, 1, "a"], ["b", 1, 1, 1, ""]]
+        >>> group = T(budget="g", members=frozenset(), ever_members=frozenset({"a", "b"}))
+        >>> AccountState(slots=slots).counted(group)
+        [0, 2]
+        """
+        members, budget, ever = terms.members, terms.budget, terms.ever_members
+        return [
+            i
+            for i, slot in enumerate(self.slots)
+            if slot[0] in members
+            or slot[4] == budget
+            or (slot[4] == ANY_BUDGET and slot[0] in ever)
+        ]
 
     def reports_on(self, day: int, idx: list[int]) -> int:
         """The reports of slots ``idx`` on ``day`` (the daily cap)."""
@@ -74,7 +123,10 @@ class AccountState:
     ) -> list[tuple[int, int]]:
         """``(day, micro-epsilon)`` of slots ``idx`` on days ``day - retention + 1 .. day``.
 
-        A slot's days on or before its use case's horizon (deleted by retention) count nowhere.
+        A slot's days on or before its use case's horizon (deleted by retention) are not held.
+        Where the window reaches back past the horizon, the deleted days' spend is unknown: it
+        counts as all the slot's spend not held (its lifetime count less its held days), on the
+        horizon's day, an upper bound (:meth:`unheld`).
         """
         low = day - retention
         slots = self.slots
@@ -92,6 +144,37 @@ class AccountState:
                 )
                 if spent:
                     out.append((d, spent))
+        if any(lo > low for lo in lows):
+            out.extend(
+                (h, n * int(slots[i][1])) for h, i, n in self.unheld(day, low, idx, horizons)
+            )
+        return out
+
+    def unheld(
+        self, day: int, low: int, idx: list[int], horizons: Mapping[str, int]
+    ) -> list[tuple[int, int, int]]:
+        """``(horizon, slot, reports)``: spend a window after ``low`` may hold but no day does.
+
+        A purge deletes a use case's days through its horizon. A window that reaches back past
+        the horizon (``low < horizon``: retention raised beyond what was kept, or a budget
+        whose window is longer than a member's history) cannot know how much of the deleted
+        spend fell inside it; all of it may have, so each such slot's reports not held on any
+        day after the horizon are returned, dated on the horizon (the last day they can be on,
+        so they leave the window last). A true upper bound, exact when nothing was deleted.
+
+        >>> state = AccountState(days=[[9, 1]], slots=[["a", 5, 1, 4, "a"]])
+        >>> state.unheld(10, 2, [0], {"a": 6})
+        [(6, 0, 3)]
+        """
+        out = []
+        for i in idx:
+            horizon = horizons.get(str(self.slots[i][0]), _NONE)
+            if not low < horizon <= day:
+                continue
+            held = sum(e[i + 1] for e in self.days if e[0] > horizon and i + 1 < len(e))
+            missing = int(self.slots[i][3]) - held
+            if missing > 0:
+                out.append((horizon, i, missing))
         return out
 
     def window_spend(
@@ -112,7 +195,8 @@ class AccountState:
 
         Group-scaled: a report of ``e`` micro-epsilon at group size ``g`` adds ``g e`` to
         ``S1`` and ``(g e)^2`` to ``S2`` (what the device-wide budget and the filters count).
-        A slot's days on or before its use case's horizon count nowhere.
+        A slot's days on or before its use case's horizon are not held; a window reaching past
+        the horizon counts the slot's unheld reports on the horizon's day (:meth:`unheld`).
         """
         low = day - window
         weights = [(i, int(self.slots[i][1]) * int(self.slots[i][2])) for i in idx]
@@ -130,6 +214,10 @@ class AccountState:
                     s2 += n * w * w
             if s1:
                 out.append((d, s1, s2))
+        if any(lo > low for lo in lows):
+            for h, i, n in self.unheld(day, low, idx, horizons):
+                w = int(self.slots[i][1]) * int(self.slots[i][2])
+                out.append((h, n * w, n * w * w))
         return out
 
     def scaled_lifetime(self, idx: list[int]) -> tuple[int, int, int]:
@@ -138,12 +226,13 @@ class AccountState:
         The slots' lifetime counts are a sufficient statistic: ``S1 = sum n_i g_i e_i`` and
         ``S2 = sum n_i (g_i e_i)^2`` over slots, exact integers whatever their size.
 
-        >>> AccountState(slots=[["a", 50_000, 1, 3], ["b", 100_000, 2, 1]]).scaled_lifetime([0, 1])
+        >>> slots = [["a", 50_000, 1, 3, "a"], ["b", 100_000, 2, 1, "b"]]
+        >>> AccountState(slots=slots).scaled_lifetime([0, 1])
         (4, 350000, 47500000000)
         """
         n = s1 = s2 = 0
         for i in idx:
-            _, eps, group, count = self.slots[i]
+            _, eps, group, count, _ = self.slots[i]
             w = int(eps) * int(group)
             n += int(count)
             s1 += int(count) * w
@@ -161,12 +250,12 @@ class AccountState:
                     out[use_case][entry[0]] = (count + n, total + n * eps)
         return dict(out)
 
-    def slot(self, use_case: str, eps: int, group_size: int = 1) -> int:
-        """The index of the (use case, epsilon, group size) slot, added if new."""
-        for i, (uc, e, g, _) in enumerate(self.slots):
-            if e == eps and uc == use_case and g == group_size:
+    def slot(self, use_case: str, eps: int, group_size: int = 1, budget: str = ANY_BUDGET) -> int:
+        """The index of the (use case, epsilon, group size, budget) slot, added if new."""
+        for i, (uc, e, g, _, b) in enumerate(self.slots):
+            if e == eps and uc == use_case and g == group_size and b == budget:
                 return i
-        self.slots.append([use_case, eps, group_size, 0])
+        self.slots.append([use_case, eps, group_size, 0, budget])
         return len(self.slots) - 1
 
     def _day(self, day: int) -> list[int]:
@@ -183,9 +272,17 @@ class AccountState:
             days.sort()
         return entry
 
-    def add(self, use_case: str, day: int, eps: int, group_size: int = 1, reports: int = 1) -> int:
+    def add(
+        self,
+        use_case: str,
+        day: int,
+        eps: int,
+        group_size: int = 1,
+        reports: int = 1,
+        budget: str = ANY_BUDGET,
+    ) -> int:
         """Count ``reports`` on ``day`` in the day entries only; the slot's index."""
-        i = self.slot(use_case, eps, group_size)
+        i = self.slot(use_case, eps, group_size, budget)
         entry = self._day(day)
         if len(entry) <= i + 1:
             entry.extend([0] * (i + 2 - len(entry)))
@@ -193,12 +290,18 @@ class AccountState:
         return i
 
     def charge(
-        self, use_case: str, day: int, eps: int, group_size: int = 1, reports: int = 1
+        self,
+        use_case: str,
+        day: int,
+        eps: int,
+        group_size: int = 1,
+        reports: int = 1,
+        budget: str = ANY_BUDGET,
     ) -> None:
-        """Count ``reports`` of ``eps`` (at ``group_size``) for ``use_case`` on ``day``."""
+        """Count ``reports`` of ``eps`` (at ``group_size``, under ``budget``) on ``day``."""
         self.count += reports
         self.epsilon_micro += eps * reports
-        slot = self.slots[self.add(use_case, day, eps, group_size, reports)]
+        slot = self.slots[self.add(use_case, day, eps, group_size, reports, budget)]
         slot[3] = int(slot[3]) + reports
 
     def prune(self, through: Mapping[str, int]) -> int:
@@ -253,24 +356,34 @@ def decode(count: int, epsilon_micro: int, days: str, lifetime: str) -> AccountS
     for entry in orjson.loads(days):
         day += entry[0]
         absolute.append([day, *entry[1:]])
-    return AccountState(int(count), int(epsilon_micro), absolute, orjson.loads(lifetime))
+    slots: list[list[str | int]] = orjson.loads(lifetime)
+    for slot in slots:
+        if len(slot) == 4:  # written before budgets were recorded
+            slot.append(ANY_BUDGET)
+    return AccountState(int(count), int(epsilon_micro), absolute, slots)
 
 
 def window_counts(
     state: AccountState, day: int, retention: Mapping[str, int], horizons: Mapping[str, int]
 ) -> dict[Slot, int]:
-    """``{(use case, micro-epsilon, group size): reports}`` in each use case's own window.
+    """``{(use case, micro-epsilon, group size, budget): reports}`` in each use case's window.
 
     Only use cases in ``retention`` count; a slot's days on or before its use case's horizon
-    count nowhere. One pass over the days (the population reports call this once per device).
+    are not held, and a window reaching back past the horizon counts the slot's unheld
+    reports (:meth:`AccountState.unheld`, an upper bound). One pass over the days (the
+    population reports call this once per device).
     """
     counts: dict[Slot, int] = {}
     keys: list[Slot | None] = []
     lows: list[int] = []
-    for use_case, eps, group, _ in state.slots:
+    past: list[int] = []  # slots whose window reaches back past their horizon
+    for i, (use_case, eps, group, _, budget) in enumerate(state.slots):
         keep = retention.get(str(use_case))
-        keys.append(None if keep is None else (str(use_case), int(eps), int(group)))
-        lows.append(max(day - (keep or 0), horizons.get(str(use_case), _NONE)))
+        keys.append(None if keep is None else (str(use_case), int(eps), int(group), str(budget)))
+        horizon = horizons.get(str(use_case), _NONE)
+        lows.append(max(day - (keep or 0), horizon))
+        if keep is not None and day - keep < horizon:
+            past.append(i)
     for entry in state.days:
         d = entry[0]
         if d > day:
@@ -279,15 +392,21 @@ def window_counts(
             key = keys[i]
             if n and key is not None and d > lows[i]:
                 counts[key] = counts.get(key, 0) + n
+    for i in past:
+        key = keys[i]
+        assert key is not None
+        low = day - retention[key[0]]
+        for _, _, n in state.unheld(day, low, [i], horizons):
+            counts[key] = counts.get(key, 0) + n
     return counts
 
 
 def lifetime_counts(state: AccountState) -> dict[Slot, int]:
-    """``{(use case, micro-epsilon, group size): reports}`` over the device's lifetime."""
+    """``{(use case, micro-epsilon, group size, budget): reports}`` over the device's lifetime."""
     counts: dict[Slot, int] = defaultdict(int)
-    for use_case, eps, group, n in state.slots:
+    for use_case, eps, group, n, budget in state.slots:
         if n:
-            counts[(str(use_case), int(eps), int(group))] += int(n)
+            counts[(str(use_case), int(eps), int(group), str(budget))] += int(n)
     return dict(counts)
 
 

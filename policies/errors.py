@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["PolicyConflict", "PolicyError", "UnknownUseCase"]
+__all__ = ["PolicyConflict", "PolicyError", "PolicyLoosens", "UnknownUseCase"]
 
 
 class PolicyError(Exception):
@@ -24,3 +24,18 @@ class PolicyConflict(PolicyError, ValueError):
         super().__init__(f"`{field}` {reason}")
         self.field = field
         self.reason = reason
+
+
+class PolicyLoosens(PolicyConflict):
+    """A policy change would let some device spend more than the policies before it.
+
+    ``loosenings`` says what, one phrase each; the change is written only when the caller
+    allows loosening explicitly (``allow_loosen``, ``--allow-loosen``).
+    """
+
+    def __init__(self, loosenings: list[str]) -> None:
+        super().__init__(
+            "allow_loosen",
+            "must be set to write a change that loosens a policy: " + "; ".join(loosenings),
+        )
+        self.loosenings = list(loosenings)

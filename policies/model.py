@@ -32,6 +32,7 @@ __all__ = [
     "MAX_SKETCH_BYTES",
     "MICRO",
     "SKETCH_CELL_BYTES",
+    "GroupTerms",
     "Mechanism",
     "Policy",
     "PolicyBase",
@@ -254,6 +255,26 @@ class PolicyCreate(PolicyBase):
                     f" {self.epsilon_per_report} x {self.group_size}): one report alone would"
                     " exceed the target"
                 )
+
+
+class GroupTerms(SQLModel):
+    """A budget group's shared terms, as submitted: every field given (``null`` for none).
+
+    The members of a group share one budget, so they share these; a group's terms change for
+    all its members at once (:meth:`policies.repository.PolicyStore.update_group`), each
+    member's result validated as a ``PolicyCreate``.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid")  # type: ignore[assignment]
+
+    max_reports_per_day: int = Field(ge=1, le=1000)
+    retention_days: int = Field(ge=1, le=3650)
+    window_epsilon_cap: float | None = Field(gt=0, le=1e9)
+    lifetime_epsilon_cap: float | None = Field(gt=0, le=1e9)
+    window_filter_epsilon: float | None = Field(gt=0, le=1e9)
+    window_filter_delta: float | None = Field(gt=0, lt=1)
+    lifetime_filter_epsilon: float | None = Field(gt=0, le=1e9)
+    lifetime_filter_delta: float | None = Field(gt=0, lt=1)
 
 
 class PolicyUpdate(SQLModel):

@@ -4,27 +4,38 @@ from __future__ import annotations
 
 import builtins
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import Connection, Engine, Select, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
 from policies.errors import PolicyConflict, UnknownUseCase
-from policies.model import FILTER_FIELDS, Policy, PolicyBase, PolicyCreate, PolicyUpdate
+from policies.model import (
+    GroupTerms,
+    Policy,
+    PolicyBase,
+    PolicyCreate,
+    PolicyUpdate,
+)
 
-__all__ = ["GROUP_FIELDS", "PolicyStore", "advisory_key", "lock_names"]
+__all__ = [
+    "BOOK_LOCK_KEY",
+    "GROUP_FIELDS",
+    "Change",
+    "PolicyStore",
+    "Review",
+    "advisory_key",
+    "check_groups",
+    "check_names",
+    "lock_book",
+    "lock_names",
+]
 
 # Use cases sharing a budget group share one account: these fields must agree across them.
-GROUP_FIELDS = (
-    "max_reports_per_day",
-    "retention_days",
-    "window_epsilon_cap",
-    "lifetime_epsilon_cap",
-    *FILTER_FIELDS,
-)
+GROUP_FIELDS = tuple(GroupTerms.model_fields)
 
 _TABLE = Policy.__table__  # type: ignore[attr-defined]
 
@@ -41,6 +52,9 @@ def _latest_versions() -> Select[Any]:
 
 
 OnChange = Callable[[Connection, Policy | None, Policy], None]
+BOOK_LOCK_KEY = int.from_bytes(
+    hashlib.sha256(b"dpgov:policy-book").digest()[:8], "big", signed=True
+)
 
 
 def advisory_key(name: str) -> int:
@@ -69,12 +83,16 @@ class PolicyStore:
     """Reads and writes policy versions through an engine (one transaction per call).
 
     ``on_change(conn, old, new)`` runs inside each write's transaction (the ledger's audit
-    entry: the old version, or ``None`` for a new use case, and the new one).
+    entry: the old version, or ``None`` for a new use case, and the new one); ``review(conn,
+    stored, new, allow_loosen)`` before anything is written (the ledger's loosening check).
     """
 
-    def __init__(self, engine: Engine, *, on_change: OnChange | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, on_change: OnChange | None = None, review: Review | None = None
+    ) -> None:
         self.engine = engine
         self._on_change = on_change
+        self._review = review
         # the ledger's write option (budget.storage.db.writer): BEGIN IMMEDIATE on SQLite
         self._writer = engine.execution_options(dpgov_write=True)
 
@@ -155,98 +173,233 @@ class PolicyStore:
 
         if not self.is_empty():
             return []
-        return [self.create(p, actor="system") for p in default_policies()]
+        return self.write_all(default_policies(), actor="system")
 
-    def create(self, policy: PolicyCreate, *, actor: str = "admin") -> Policy:
+    def create(
+        self, policy: PolicyCreate, *, actor: str = "admin", allow_loosen: bool = False
+    ) -> Policy:
         """Store version 1 of a new use case (or revive a deleted one as its next version)."""
-        return self._write(policy, actor=actor, must_exist=False)
+        (row,) = self._write([Change(policy, "create")], actor, allow_loosen)
+        return row
 
-    def update(self, name: str, change: PolicyUpdate, *, actor: str = "admin") -> Policy:
+    def update(
+        self, name: str, change: PolicyUpdate, *, actor: str = "admin", allow_loosen: bool = False
+    ) -> Policy:
         """Store a new version of ``name`` with ``change`` applied."""
         current = self.get(name)
-        return self._write(change.apply_to(current), actor=actor, must_exist=True)
+        (row,) = self._write([Change(change.apply_to(current), "update")], actor, allow_loosen)
+        return row
 
-    def apply(self, policy: PolicyCreate, *, actor: str = "admin") -> Policy:
+    def apply(
+        self, policy: PolicyCreate, *, actor: str = "admin", allow_loosen: bool = False
+    ) -> Policy:
         """Create or replace: a new version unless the stored one is identical."""
-        try:
-            current = self.get(policy.name)
-        except UnknownUseCase:
-            return self.create(policy, actor=actor)
-        if _same(current, policy):
-            return current
-        return self._write(policy, actor=actor, must_exist=True)
+        (row,) = self.write_all([policy], actor=actor, allow_loosen=allow_loosen) or [
+            self.get(policy.name)
+        ]
+        return row
+
+    def write_all(
+        self,
+        policies: Sequence[PolicyCreate],
+        *,
+        actor: str = "admin",
+        allow_loosen: bool = False,
+    ) -> builtins.list[Policy]:
+        """Create or replace every policy of ``policies`` in one transaction; the rows written.
+
+        Policies identical to their stored version are left alone. The whole set is checked
+        as one change (a budget group's members may change their shared terms together), and
+        nothing is written unless every check passes.
+        """
+        return self._write([Change(p, "apply") for p in policies], actor, allow_loosen)
+
+    def update_group(
+        self,
+        group: str,
+        terms: GroupTerms,
+        *,
+        actor: str = "admin",
+        allow_loosen: bool = False,
+    ) -> builtins.list[Policy]:
+        """Give every active member of budget group ``group`` the shared ``terms``, at once.
+
+        One new version per member whose terms change, in one transaction: the members of a
+        group share its caps, filters and retention, so they change together.
+        """
+        with self.engine.connect() as conn:
+            members = self.group_members_in(conn, group)
+        if not members:
+            raise UnknownUseCase(f"budget group {group!r}")
+        shared = terms.model_dump()
+        changes = []
+        for member in members:
+            data = member.model_dump(include=set(PolicyBase.model_fields))
+            changes.append(Change(PolicyCreate.model_validate({**data, **shared}), "group"))
+        return self._write(changes, actor, allow_loosen)
 
     def delete(self, name: str, *, actor: str = "admin") -> Policy:
         """Retire a use case: a new, inactive version. Its charges and history stay."""
         current = self.get(name)
         data = PolicyCreate.model_validate(current.model_dump(include=set(PolicyBase.model_fields)))
-        return self._write(data, actor=actor, must_exist=True, active=False)
-
-    def _write(
-        self, policy: PolicyCreate, *, actor: str, must_exist: bool, active: bool = True
-    ) -> Policy:
-        with self._writer.begin() as conn:
-            # One writer at a time per use case and per budget group: the group check below
-            # reads the other members, so two writes to one group must not both pass it.
-            names = [f"policy:{policy.name}"]
-            if policy.budget_group:
-                names.append(f"policy-group:{policy.budget_group}")
-            lock_names(conn, names)
-            latest = conn.execute(
-                select(_TABLE.c.version, _TABLE.c.active)
-                .where(_TABLE.c.name == policy.name)
-                .order_by(_TABLE.c.version.desc())
-                .limit(1)
-            ).first()
-            exists = latest is not None and latest.active
-            if must_exist and not exists:
-                raise UnknownUseCase(policy.name)
-            if not must_exist and exists:
-                raise PolicyConflict("name", f"use case {policy.name!r} already exists")
-            if active and policy.budget_group:
-                self.check_group(conn, policy)
-            version = 1 if latest is None else latest.version + 1
-            row = Policy(
-                **policy.model_dump(),
-                version=version,
-                active=active,
-                created_at=datetime.now(UTC),
-                actor=actor,
-            )
-            try:
-                conn.execute(_TABLE.insert().values(**row.model_dump()))
-            except IntegrityError:
-                raise PolicyConflict(
-                    "version", f"a concurrent change to {policy.name!r} won; retry"
-                ) from None
-            if self._on_change is not None:
-                old = None
-                if latest is not None:
-                    found = conn.execute(
-                        select(_TABLE).where(
-                            (_TABLE.c.name == policy.name) & (_TABLE.c.version == latest.version)
-                        )
-                    ).one()
-                    old = Policy.model_validate(found._asdict())
-                self._on_change(conn, old, row)
+        (row,) = self._write([Change(data, "retire")], actor, allow_loosen=False)
         return row
 
-    def check_group(self, conn: Connection, policy: PolicyCreate) -> None:
-        """Refuse ``policy`` if it disagrees with another member of its budget group.
+    def _write(
+        self, changes: Sequence[Change], actor: str, allow_loosen: bool
+    ) -> builtins.list[Policy]:
+        """Check ``changes`` as one against every stored version, then store them, audited.
 
-        Raises :class:`PolicyConflict` naming the first shared field that differs.
+        One policy writer at a time (PostgreSQL: the book's advisory lock, which the gate's
+        charge transaction holds shared, so no charge decides on a book that changes before it
+        commits; SQLite: its write lock). The checks, in order: each change's existence rule,
+        the names of budgets (:func:`check_names`), every touched group's shared terms
+        (:func:`check_groups`), then the review hook (the ledger's: loosening).
         """
-        if policy.budget_group is None:
-            return
-        for other in self.group_members_in(conn, policy.budget_group):
-            if other.name == policy.name:
-                continue
+        names = [c.policy.name for c in changes]
+        if len(set(names)) != len(names):
+            raise PolicyConflict("name", "each use case may appear once in one change")
+        with self._writer.begin() as conn:
+            lock_book(conn)
+            stored = self.all_versions_in(conn)
+            latest = {p.name: p for p in stored}  # sorted by name, version: the last wins
+            now = datetime.now(UTC)
+            rows: builtins.list[tuple[Policy | None, Policy]] = []
+            for change in changes:
+                policy, old = change.policy, latest.get(change.policy.name)
+                exists = old is not None and old.active
+                if change.kind in ("update", "group", "retire") and not exists:
+                    raise UnknownUseCase(policy.name)
+                if change.kind == "create" and exists:
+                    raise PolicyConflict("name", f"use case {policy.name!r} already exists")
+                if change.kind in ("apply", "group") and exists:
+                    assert old is not None
+                    if _same(old, policy):
+                        continue
+                row = Policy(
+                    **policy.model_dump(),
+                    version=1 if old is None else old.version + 1,
+                    active=change.kind != "retire",
+                    created_at=now,
+                    actor=actor,
+                )
+                rows.append((old, row))
+            if not rows:
+                return []
+            new = [row for _, row in rows]
+            check_names(stored, new)
+            check_groups([*stored, *new], new)
+            if self._review is not None:
+                self._review(conn, stored, new, allow_loosen)
+            for old, row in rows:
+                try:
+                    conn.execute(_TABLE.insert().values(**row.model_dump()))
+                except IntegrityError:
+                    raise PolicyConflict(
+                        "version", f"a concurrent change to {row.name!r} won; retry"
+                    ) from None
+                if self._on_change is not None:
+                    self._on_change(conn, old, row)
+        return new
+
+    def proposed(self, conn: Connection, policies: Sequence[PolicyCreate]) -> builtins.list[Policy]:
+        """``policies`` as the next versions of their use cases, checked as one write would be.
+
+        The same checks as a write (:func:`check_names`, :func:`check_groups`); raises
+        :class:`PolicyConflict` naming the field at fault. Nothing is written: the rows are for
+        a what-if or a review.
+        """
+        stored = self.all_versions_in(conn)
+        latest = {p.name: p for p in stored}
+        now = datetime.now(UTC)
+        rows = []
+        for policy in policies:
+            old = latest.get(policy.name)
+            version = 1 if old is None else old.version + 1
+            rows.append(Policy(**policy.model_dump(), version=version, active=True, created_at=now))
+        check_names(stored, rows)
+        check_groups([*stored, *rows], rows)
+        return rows
+
+
+class Change(NamedTuple):
+    """One use case's part of a policy write: its new terms and what kind of write it is.
+
+    ``create`` needs no active version; ``update``, ``group`` and ``retire`` need one;
+    ``apply`` creates or replaces. ``apply`` and ``group`` leave an identical policy alone.
+    """
+
+    policy: PolicyCreate
+    kind: Literal["create", "update", "apply", "group", "retire"]
+
+
+Review = Callable[[Connection, builtins.list[Policy], builtins.list[Policy], bool], None]
+"""``review(conn, stored, new, allow_loosen)``: runs in a write's transaction before it writes."""
+
+
+def lock_book(conn: Connection) -> None:
+    """Hold the policy book's PostgreSQL advisory lock, exclusively, until the transaction ends.
+
+    Every write of a policy or of the device-wide budget takes it; the gate's charge
+    transaction takes it shared (:data:`BOOK_LOCK_SHARED`), so a charge decides and commits on
+    one book. SQLite needs none: its write transactions already run one at a time.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": BOOK_LOCK_KEY})
+
+
+def check_names(stored: Sequence[Policy], new: Sequence[Policy]) -> None:
+    """Refuse a new version whose budget would take the name of another budget.
+
+    A use case draws from its group's budget or from its own, named like the use case; a
+    charge records the budget's name. So a group's name is never a use case's (not even a
+    retired one's, nor its own: leave ``budget_group`` empty for the use case's own budget),
+    and a use case's name is never a group's that any version ever named: otherwise a use
+    case would join another's budget unchecked, under terms its members never agreed on.
+    """
+    names = {p.name for p in [*stored, *new]}
+    groups: dict[str, str] = {}
+    for p in [*stored, *new]:
+        if p.budget_group is not None:
+            groups.setdefault(p.budget_group, p.name)
+    for p in new:
+        if p.budget_group is not None and p.budget_group in names:
+            raise PolicyConflict(
+                "budget_group",
+                f"must not name a use case, got {p.budget_group!r} (the use case"
+                f" {p.budget_group!r} has a budget of that name; leave `budget_group` empty to"
+                " draw from the use case's own budget)",
+            )
+        if p.name in groups:
+            raise PolicyConflict(
+                "name",
+                f"{p.name!r} is the name of a budget group (of {groups[p.name]!r}): a use case"
+                " may not take a budget's name",
+            )
+
+
+def check_groups(versions: Sequence[Policy], new: Sequence[Policy]) -> None:
+    """Refuse a write after which the active members of a touched group disagree.
+
+    ``versions`` are every version after the write; the groups checked are those the new
+    versions draw from. Members share one budget, so they share ``GROUP_FIELDS``.
+    """
+    latest: dict[str, Policy] = {}
+    for p in sorted(versions, key=lambda p: (p.name, p.version)):
+        latest[p.name] = p
+    for group in sorted({p.budget_group for p in new if p.budget_group and p.active}):
+        members = [p for p in latest.values() if p.active and p.budget_group == group]
+        members.sort(key=lambda p: (p not in new, p.name))  # a new version is the one at fault
+        first = members[-1]
+        for other in members:
             for field in GROUP_FIELDS:
-                if getattr(other, field) != getattr(policy, field):
+                if getattr(other, field) != getattr(first, field):
                     raise PolicyConflict(
                         field,
-                        f"must equal {getattr(other, field)!r} as in {other.name!r}: use cases of"
-                        f" budget group {policy.budget_group!r} share one budget",
+                        f"must equal {getattr(first, field)!r} as in {first.name!r}: use cases of"
+                        f" budget group {group!r} share one budget (change a group's shared"
+                        " terms for every member at once: PUT /v1/budget-groups/{name}, or"
+                        " every member in one policy file)",
                     )
 
 

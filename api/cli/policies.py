@@ -10,7 +10,7 @@ import typer
 
 if TYPE_CHECKING:
     from budget import Ledger
-    from policies import Policy, PolicyBase, PolicyCreate
+    from policies import Policy, PolicyCreate
     from policies.device import DeviceBudgetCreate
 
 from api.cli.common import Access, DatabaseOption, load_settings, open_ledger, refuse
@@ -61,17 +61,19 @@ def policies_apply(
         bool,
         typer.Option(
             "--allow-loosen",
-            help="Allow raising or removing a cap or a filter target, raising epsilon or"
-            " shortening retention.",
+            help="Allow a change that lets some device spend more than the policies before it.",
         ),
     ] = False,
     database_url: DatabaseOption = None,
 ) -> None:
-    """Create or update every policy of a complete file; print each change and its what-if first.
+    """Create or update every policy of a complete file, as one change; review it first.
 
-    Loosening (a daily, window or lifetime cap or a filter target raised or removed, an epsilon
-    raised, retention shortened) needs --allow-loosen. Nothing is written unless every check
-    passes; --dry-run runs them all and writes nothing.
+    Prints each policy's diff and what-if, and what the change loosens: a change that lets
+    some device spend more than the policies before it (a larger epsilon, delta, cap or filter
+    target, a smaller group or batch, caps that stop counting spend they counted, a group's
+    shared terms raised) needs --allow-loosen. The file is written in one transaction, so a
+    budget group's members may change their shared terms together; nothing is written unless
+    every check passes, and --dry-run runs them all and writes nothing.
     """
     from budget import PolicyConflict, SystemClock
     from policies import PolicyFileError, load_device_budget, load_policies
@@ -88,10 +90,12 @@ def policies_apply(
         device_changed = device is not None and _review_device_budget(
             ledger, device, loosening, now=now
         )
+        if loosening:
+            print("this change loosens:")
+            for item in loosening:
+                print(f"  {item}")
         if loosening and not allow_loosen:  # reported with every other problem, at once
-            problems.append(
-                f"these changes loosen a policy and need --allow-loosen: {'; '.join(loosening)}"
-            )
+            problems.append(f"{len(loosening)} loosening(s) above need --allow-loosen")
         if problems:
             refuse("; ".join(problems), 1)
         if dry_run or not (changed or device_changed):
@@ -101,12 +105,12 @@ def policies_apply(
         if device is not None and device_changed:
             version = ledger.set_device_budget(device, actor="cli")
             print(f"device_budget: version {version.version} written")
-        for policy in changed:
-            try:
-                stored = ledger.policies.apply(policy, actor="cli")
-            except PolicyConflict as exc:  # a concurrent change since the review
-                refuse(f"{policy.name}: {exc}", 1)
-            print(f"{stored.name}: version {stored.version} written")
+        try:
+            stored = ledger.policies.write_all(changed, actor="cli", allow_loosen=allow_loosen)
+        except PolicyConflict as exc:  # a concurrent change since the review
+            refuse(str(exc), 1)
+        for row in stored:
+            print(f"{row.name}: version {row.version} written")
     finally:
         ledger.engine.dispose()
 
@@ -137,47 +141,55 @@ def _review_device_budget(
 def _review(
     ledger: Ledger, policies: list[PolicyCreate], *, now: datetime
 ) -> tuple[list[str], list[str], list[PolicyCreate]]:
-    """Print each policy's diff and what-if; return the problems, the loosenings and the changes."""
+    """Print each policy's diff and what-if; return the problems, the loosenings and the changes.
+
+    The file's changed policies are checked and compared as one change (the write's own
+    checks, :meth:`policies.repository.PolicyStore.proposed`, and its loosening review,
+    :meth:`budget.ledger.Ledger.loosenings`).
+    """
     from budget import InvalidRequest, PolicyConflict, UnknownUseCase
     from budget.reporting.views import what_if
     from policies import PolicyBase
 
     problems: list[str] = []
-    loosening: list[str] = []
     changed: list[PolicyCreate] = []
+    current: dict[str, Policy] = {}
     for policy in policies:
         try:
-            current: Policy | None = ledger.policies.get(policy.name)
+            current[policy.name] = ledger.policies.get(policy.name)
         except UnknownUseCase:
-            current = None
-        if current is None:
+            changed.append(policy)
+            continue
+        if any(
+            getattr(current[policy.name], f) != getattr(policy, f) for f in PolicyBase.model_fields
+        ):
+            changed.append(policy)
+    try:
+        with ledger.engine.connect() as conn:
+            rows = ledger.policies.proposed(conn, changed)
+    except PolicyConflict as exc:
+        return [str(exc)], [], changed
+    loosening = ledger.loosenings(rows)
+    for policy in policies:
+        old = current.get(policy.name)
+        if old is None:
             print(f"{policy.name}: new use case")
             for field in PolicyBase.model_fields:
                 print(f"  {field}: {_shown(getattr(policy, field))}")
-            try:
-                with ledger.engine.connect() as conn:
-                    ledger.policies.check_group(conn, policy)
-            except PolicyConflict as exc:
-                problems.append(f"{policy.name}: {exc}")
-            changed.append(policy)
             continue
         diff = [
-            (field, getattr(current, field), getattr(policy, field))
+            (field, getattr(old, field), getattr(policy, field))
             for field in PolicyBase.model_fields
-            if getattr(current, field) != getattr(policy, field)
+            if getattr(old, field) != getattr(policy, field)
         ]
         if not diff:
-            print(f"{policy.name}: unchanged (version {current.version})")
+            print(f"{policy.name}: unchanged (version {old.version})")
             continue
-        changed.append(policy)
-        looser = _loosening(current, policy)
-        loosening.extend(f"{policy.name}: {x}" for x in looser.values())
-        print(f"{policy.name}: version {current.version} -> {current.version + 1}")
-        for field, old, new in diff:
-            mark = "   (loosens)" if field in looser else ""
-            print(f"  {field}: {_shown(old)} -> {_shown(new)}{mark}")
+        print(f"{policy.name}: version {old.version} -> {old.version + 1}")
+        for field, was, now_value in diff:
+            print(f"  {field}: {_shown(was)} -> {_shown(now_value)}")
         try:
-            result = what_if(ledger, policy.name, policy, now=now)
+            result = what_if(ledger, policy.name, policy, now=now, alongside=changed)
         except (PolicyConflict, InvalidRequest) as exc:
             problems.append(f"{policy.name}: {exc}")
             continue
@@ -185,35 +197,6 @@ def _review(
         for line in _what_if_lines(result.to_dict()):
             print(f"    {line}")
     return problems, loosening, changed
-
-
-def _loosening(old: PolicyBase, new: PolicyBase) -> dict[str, str]:
-    """The changes from ``old`` to ``new`` that let a device spend more, by field.
-
-    Removing or raising a cap or a filter target's epsilon or delta loosens.
-    """
-    from policies.model import FILTER_FIELDS
-
-    out: dict[str, str] = {}
-    if new.max_reports_per_day > old.max_reports_per_day:
-        out["max_reports_per_day"] = (
-            f"daily cap raised from {old.max_reports_per_day} to {new.max_reports_per_day} reports"
-        )
-    for cap in ("window_epsilon_cap", "lifetime_epsilon_cap", *FILTER_FIELDS):
-        was, now = getattr(old, cap), getattr(new, cap)
-        if was is not None and now is None:
-            out[cap] = f"`{cap}` removed (was {was:g})"
-        elif was is not None and now > was:
-            out[cap] = f"`{cap}` raised from {was:g} to {now:g}"
-    for eps in ("epsilon_per_report", "epsilon_word", "epsilon_fragment"):
-        was, now = getattr(old, eps), getattr(new, eps)
-        if was is not None and now is not None and now > was:
-            out[eps] = f"`{eps}` raised from {was:g} to {now:g}"
-    if new.retention_days < old.retention_days:
-        out["retention_days"] = (
-            f"retention shortened from {old.retention_days} to {new.retention_days} days"
-        )
-    return out
 
 
 def _what_if_lines(result: dict[str, Any], prefix: str = "") -> list[str]:

@@ -1,4 +1,9 @@
-"""Use cases: their policies (list, read, history, create or replace, retire) and what-if."""
+"""Use cases and budget groups: policies (list, read, history, create or replace, retire), what-if.
+
+A write that loosens a policy (:func:`budget.loosening.loosenings`) is refused with 409 naming
+``allow_loosen`` unless the request sets it; a budget group's shared terms change for all its
+members at once (``PUT /v1/budget-groups/{group}``).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
-from api.deps import AdminDep, ClockDep, LedgerDep, UseCaseName
-from api.schemas import POLICY_EXAMPLES, public_policy
-from budget import InvalidRequest
+from api.deps import AdminDep, AllowLoosen, ClockDep, GroupName, LedgerDep, UseCaseName
+from api.schemas import POLICY_EXAMPLES, BudgetGroupPublic, public_policy
+from budget import InvalidRequest, UnknownUseCase
 from budget.reporting.views import WhatIf, what_if
 from policies import PolicyBase, PolicyCreate, PolicyPublic
+from policies.model import GroupTerms
+from policies.repository import GROUP_FIELDS
 
 __all__ = ["router"]
 
@@ -46,14 +53,20 @@ def put_use_case(
         ),
     ],
     ledger: LedgerDep,
+    allow_loosen: AllowLoosen = False,
     _admin: None = AdminDep,
 ) -> PolicyPublic:
-    """Create or replace a use case's policy (a new version; spent budget is kept)."""
+    """Create or replace a use case's policy (a new version; spent budget is kept).
+
+    A change that loosens the policy needs `allow_loosen=true` (409 without it, listing what
+    loosens). A budget group's shared terms change for every member at once: `PUT
+    /v1/budget-groups/{group}`.
+    """
     data = dict(body)
     if data.setdefault("name", name) != name:
         raise InvalidRequest("name", f"must equal the path's use case {name!r}")
     policy = PolicyCreate.model_validate(data)
-    return public_policy(ledger.policies.apply(policy, actor="admin"))
+    return public_policy(ledger.policies.apply(policy, actor="admin", allow_loosen=allow_loosen))
 
 
 @router.delete("/v1/use-cases/{name}", response_model=PolicyPublic)
@@ -90,3 +103,35 @@ def what_if_route(
         raise InvalidRequest("name", f"must equal the path's use case {name!r}")
     data.update(body)
     return what_if(ledger, name, PolicyCreate.model_validate(data), now=clock.now())
+
+
+def _group(ledger: LedgerDep, group: str) -> BudgetGroupPublic:
+    members = [p for p in ledger.policies.list() if p.budget_group == group]
+    if not members:
+        raise UnknownUseCase(f"budget group {group!r}")
+    terms = GroupTerms.model_validate(members[0].model_dump(include=set(GROUP_FIELDS)))
+    return BudgetGroupPublic(name=group, members=[p.name for p in members], terms=terms)
+
+
+@router.get("/v1/budget-groups/{group}", response_model=BudgetGroupPublic)
+def get_budget_group(group: GroupName, ledger: LedgerDep) -> BudgetGroupPublic:
+    """A budget group's active members and the terms they share."""
+    return _group(ledger, group)
+
+
+@router.put("/v1/budget-groups/{group}", response_model=BudgetGroupPublic)
+def put_budget_group(
+    group: GroupName,
+    terms: GroupTerms,
+    ledger: LedgerDep,
+    allow_loosen: AllowLoosen = False,
+    _admin: None = AdminDep,
+) -> BudgetGroupPublic:
+    """Set a budget group's shared terms: a new version of every member, in one transaction.
+
+    Every shared field is given (`null` for none). Tightening applies at once; a change that
+    loosens needs `allow_loosen=true`. A member whose policy would no longer validate (a cap
+    below its epsilon per report) refuses the whole change with 422 naming the field.
+    """
+    ledger.policies.update_group(group, terms, actor="admin", allow_loosen=allow_loosen)
+    return _group(ledger, group)

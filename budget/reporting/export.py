@@ -1,24 +1,27 @@
 """Export the ledger (JSON Lines or CSV) so that its report can be recomputed offline.
 
-One record per line, each with a ``kind``: ``meta`` (format, as-of day, the audit head),
-``policy`` (every version), ``charge`` (every charge still held: device key, use case, budget,
-policy version, micro-epsilon, UTC day), ``lifetime`` (the purge-proof lifetime multiset, with
-the group size each count was charged under) and ``horizon`` (per use case, the last day a
-retention purge removed: a charge on or before it no longer counts in any window).
-Device keys are the ledger's pseudonyms; no device id or report is exported. CSV carries the
-same records with one column per field (``json`` holds meta and policy records).
+One record per line, each with a ``kind``: ``meta`` (format, as-of day, the audit head), ``policy``
+(every version), ``charge`` (every charge still held: device key, use case, budget, policy version,
+micro-epsilon, UTC day), ``lifetime`` (the purge-proof lifetime multiset, with the group size and
+budget each count was charged under) and ``horizon`` (per use case, the last day a retention purge
+removed: a charge on or before it no longer counts in any window). Device keys are the ledger's
+pseudonyms; no device id or report is exported. CSV carries the same records with one column per
+field (``json`` holds meta and policy records).
 
 :func:`report_from_export` reads an export back and runs
 :func:`budget.reporting.report.build_report` on it, exactly as
 :func:`budget.reporting.loss.effective_epsilon` does on the live tables: a charge counts in its use
 case's window when ``horizon < day`` and ``as_of - retention < day <= as_of`` (the retention of the
-use case's latest version), with the group size of the policy version it was charged under; retired
-use cases count in the device totals.
+use case's latest version), with the group size of the policy version it was charged under; a
+window that reaches back past its use case's horizon also counts what the lifetime multiset
+holds and no charge does (:meth:`budget.state.AccountState.unheld`); retired use cases count in
+the device totals.
 """
 
 from __future__ import annotations
 
 import csv
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,17 +31,20 @@ from typing import Any, Literal, TextIO
 import orjson
 
 from budget.accountant import Accountant
+from budget.book import NO_HORIZON, PolicyBook
 from budget.clock import utc_day
 from budget.reporting.loss import lifetime_rows
 from budget.reporting.report import EffectiveEpsilonReport, Row, build_report
+from budget.state import ANY_BUDGET
 from policies.model import Policy
 
 __all__ = ["FORMAT", "LedgerExport", "export_ledger", "read_export", "report_from_export"]
 
-FORMAT = "dp-governor ledger export v2"
+FORMAT = "dp-governor ledger export v3"
 # v1 lifetime records had no group size: read back with their use case's latest one, as v1's
-# report counted them
-READABLE = (FORMAT, "dp-governor ledger export v1")
+# report counted them; v1 and v2 lifetime records had no budget: every budget their use case
+# ever drew from counts them, as the ledger's slots of that time
+READABLE = (FORMAT, "dp-governor ledger export v2", "dp-governor ledger export v1")
 Format = Literal["jsonl", "csv"]
 CSV_FIELDS = [
     "kind",
@@ -77,7 +83,7 @@ def records(ledger: Any, *, now: datetime) -> Iterator[dict[str, Any]]:
             "epsilon_micro": eps,
             "day": day,
         }
-    for dk, use_case, eps, group_size, count in lifetime_rows(ledger):
+    for dk, use_case, eps, group_size, count, budget in lifetime_rows(ledger):
         yield {
             "kind": "lifetime",
             "device_key": dk,
@@ -85,6 +91,7 @@ def records(ledger: Any, *, now: datetime) -> Iterator[dict[str, Any]]:
             "epsilon_micro": eps,
             "group_size": group_size,
             "count": count,
+            "budget": budget,
         }
     for use_case, through_day in sorted(ledger.book().horizons.items()):  # as of the end
         yield {"kind": "horizon", "use_case": use_case, "through_day": through_day}
@@ -117,8 +124,8 @@ class LedgerExport:
 
     meta: dict[str, Any]
     policies: list[Policy] = field(default_factory=list)
-    # device key, use case, policy version, micro-epsilon, day
-    charges: list[tuple[str, str, int, int, int]] = field(default_factory=list)
+    # device key, use case, policy version, micro-epsilon, day, budget
+    charges: list[tuple[str, str, int, int, int, str]] = field(default_factory=list)
     lifetime: list[Row] = field(default_factory=list)
     horizons: dict[str, int] = field(default_factory=dict)  # use case -> last purged day
 
@@ -168,6 +175,7 @@ def read_export(path: Path) -> LedgerExport:
                         int(record["policy_version"]),
                         int(record["epsilon_micro"]),
                         int(record["day"]),
+                        str(record.get("budget", ANY_BUDGET)),
                     )
                 )
             elif kind == "lifetime":
@@ -178,6 +186,7 @@ def read_export(path: Path) -> LedgerExport:
                         int(record["epsilon_micro"]),
                         int(record.get("group_size", 0)),  # 0: v1, filled in below
                         int(record["count"]),
+                        str(record.get("budget", ANY_BUDGET)),
                     )
                 )
             elif kind == "horizon":
@@ -189,12 +198,12 @@ def read_export(path: Path) -> LedgerExport:
     if export is None:
         raise ValueError(f"{path}: empty export")
     if any(row[3] == 0 for row in export.lifetime):
-        if export.meta["format"] == FORMAT:
+        if export.meta["format"] != READABLE[-1]:  # only v1 records lack it
             raise ValueError(f"{path}: a lifetime record has no group_size")
         latest = {p.name: p.group_size for p in export.current_policies()}
         export.lifetime = [
-            (dk, uc, eps, group or latest.get(uc, 1), n)
-            for dk, uc, eps, group, n in export.lifetime
+            (dk, uc, eps, group or latest.get(uc, 1), n, b)
+            for dk, uc, eps, group, n, b in export.lifetime
         ]
     return export
 
@@ -207,27 +216,38 @@ def report_from_export(
     Raises ``ValueError`` naming a charge whose policy version the export does not hold.
     """
     day = int(export.meta["as_of_day"])
-    policies = export.current_policies()
-    retention = {p.name: p.retention_days for p in policies}
+    book = PolicyBook.build(export.policies, export.horizons)
+    retention = book.retention()
     group_size = {(p.name, p.version): p.group_size for p in export.policies}
-    window: dict[tuple[str, str, int, int], int] = {}
-    for dk, use_case, policy_version, eps, charge_day in export.charges:
+    window: dict[tuple[str, str, int, int, str], int] = defaultdict(int)
+    held: dict[tuple[str, str, int, int], int] = defaultdict(int)
+    for dk, use_case, policy_version, eps, charge_day, budget in export.charges:
         group = group_size.get((use_case, policy_version))
         if group is None:
             raise ValueError(
                 f"charge of {use_case!r} under policy version {policy_version}: the export"
                 " holds no such policy version"
             )
-        if charge_day <= export.horizons.get(use_case, charge_day - 1):
+        if charge_day <= export.horizons.get(use_case, NO_HORIZON):
             continue  # purged from the live ledger's windows
+        held[(dk, use_case, eps, group)] += 1
         if day - retention[use_case] < charge_day <= day:
-            key = (dk, use_case, eps, group)
-            window[key] = window.get(key, 0) + 1
+            window[(dk, use_case, eps, group, budget)] += 1
+    ever: dict[tuple[str, str, int, int], int] = defaultdict(int)
+    for dk, use_case, eps, group, n, _ in export.lifetime:
+        ever[(dk, use_case, eps, group)] += n
+    for (dk, use_case, eps, group), n in ever.items():
+        horizon = export.horizons.get(use_case, NO_HORIZON)
+        if use_case in retention and day - retention[use_case] < horizon <= day:
+            missing = n - held.get((dk, use_case, eps, group), 0)
+            if missing > 0:  # the window reaches back past the horizon: undated spend
+                window[(dk, use_case, eps, group, ANY_BUDGET)] += missing
     return build_report(
-        policies,
+        book,
         day,
-        ((dk, uc, eps, g, n) for (dk, uc, eps, g), n in sorted(window.items())),
+        ((dk, uc, eps, g, n, b) for (dk, uc, eps, g, b), n in sorted(window.items())),
         export.lifetime,
         accountant=accountant or Accountant(),
         delta=delta,
+        computed_at=export.meta.get("as_of"),
     )

@@ -78,14 +78,14 @@ def _scaled(rows: Iterable[tuple[int, int, int]]) -> Events:
 
 
 def _rows(dk: str, counts: dict[Slot, int]) -> Iterator[Row]:
-    for (uc, e, g), n in sorted(counts.items()):
-        yield dk, uc, e, g, n
+    for (uc, e, g, b), n in sorted(counts.items()):
+        yield dk, uc, e, g, n, b
 
 
 def _window_counts(
     ledger: Ledger, day: int, book: PolicyBook, names: Iterable[str] | None = None
 ) -> Iterator[tuple[str, dict[Slot, int]]]:
-    """Per device, ``{(use case, micro-epsilon, group): reports}`` in each use case's window.
+    """Per device, ``{(use case, micro-epsilon, group, budget): reports}`` in each window.
 
     Every use case ever defined counts (retired ones in their last version's window), or
     only ``names``.
@@ -101,14 +101,14 @@ def _window_counts(
 
 
 def window_rows(ledger: Ledger, *, now: datetime, use_case: str | None = None) -> Iterator[Row]:
-    """Each use case's charges in its own window: ``(device, use case, eps, group, n)``."""
+    """Each use case's charges in its own window: ``(device, use case, eps, group, n, budget)``."""
     names = None if use_case is None else [use_case]
     for dk, counts in _window_counts(ledger, utc_day(now), ledger.book(), names):
         yield from _rows(dk, counts)
 
 
 def lifetime_rows(ledger: Ledger, use_case: str | None = None) -> Iterator[Row]:
-    """The lifetime multiset: ``(device key, use case, micro-epsilon, group size, count)``."""
+    """The lifetime multiset: ``(device, use case, micro-epsilon, group size, count, budget)``."""
     for dk, state in ledger.accounts():
         for row in _rows(dk, lifetime_counts(state)):
             if use_case is None or row[1] == use_case:
@@ -135,7 +135,7 @@ def effective_epsilon_basis(ledger: Ledger, *, now: datetime) -> ReportBasis:
     """
     book, day = ledger.book(), utc_day(now)
     window, lifetime = spend_rows(ledger, now=now)
-    basis = prepare_report(list(book.latest.values()), day, window, lifetime)
+    basis = prepare_report(book, day, window, lifetime, computed_at=now.isoformat())
     return replace(basis, central=central_figures(ledger.engine, book.versions, day))
 
 
@@ -189,9 +189,9 @@ def device_loss(
     policies = book.latest
     window: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     lifetime: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-    for (uc, e, g), n in window_counts(state, day, book.retention(), book.horizons).items():
+    for (uc, e, g, _), n in window_counts(state, day, book.retention(), book.horizons).items():
         window[uc].append((e, g, n))
-    for (uc, e, g), n in lifetime_counts(state).items():
+    for (uc, e, g, _), n in lifetime_counts(state).items():
         lifetime[uc].append((e, g, n))
     used = [policies[u] for u in set(window) | set(lifetime) if u in policies]
     total_delta = delta if delta is not None else min((p.delta for p in used), default=1e-9)
@@ -221,7 +221,7 @@ def window_totals(
     names = None if use_case is None else [use_case]
     totals: dict[str, int] = {}
     for dk, counts in _window_counts(ledger, utc_day(now), book, names):
-        totals[dk] = sum(e * n for (_, e, _), n in counts.items())
+        totals[dk] = sum(e * n for (_, e, _, _), n in counts.items())
     return {dk: from_micro(v) for dk, v in totals.items()}
 
 
@@ -238,7 +238,7 @@ def population_window_loss(
         raise UnknownUseCase(use_case)
     return {
         dk: ledger.accountant.loss(
-            _scaled((e, g, n) for (_, e, g), n in counts.items()),
+            _scaled((e, g, n) for (_, e, g, _), n in counts.items()),
             delta=policy.delta,
             kind="running total",
         )
@@ -259,7 +259,7 @@ def population_lifetime_loss(ledger: Ledger, *, use_case: str) -> dict[str, Priv
         mine = {s: n for s, n in lifetime_counts(state).items() if s[0] == use_case}
         if mine:
             out[dk] = ledger.accountant.loss(
-                _scaled((e, g, n) for (_, e, g), n in mine.items()),
+                _scaled((e, g, n) for (_, e, g, _), n in mine.items()),
                 delta=policy.delta,
                 kind="running total",
             )

@@ -32,9 +32,12 @@ from importlib.metadata import version
 from typing import Any, Final
 
 from budget.accountant import NOTES, Accountant, Bound, Kind, PrivacyLoss
+from budget.book import PolicyBook
 from budget.central import CentralLine, render_central
 from budget.clock import day_date
+from budget.display import fmt_up
 from budget.reporting.allowance import Caps, allowance, max_reports
+from budget.state import ANY_BUDGET
 from policies.model import Policy, budget_key, from_micro, to_micro
 
 __all__ = [
@@ -49,7 +52,7 @@ __all__ = [
     "render_text",
 ]
 
-Row = tuple[str, str, int, int, int]  # device key, use case, micro-epsilon, group size, count
+Row = tuple[str, str, int, int, int, str]  # device, use case, micro-eps, group, count, budget
 DAYS_PER_YEAR: Final = 365
 Ledger = tuple[tuple[float, int], ...]
 DOMINATED: Final[Bound] = "upper bound (dominating schedule)"
@@ -111,9 +114,12 @@ class UseCaseLine:
     window_cap: float | None
     lifetime_cap: float | None
     lifetime_bounded: bool
+    lifetime_bound: float | None
     lifetime_note: str
     spent_window: Spread
     spent_lifetime: Spread
+    spent_budget_lifetime_max: float = 0.0
+    devices_over_lifetime_cap: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +141,14 @@ class DeviceTotals:
 
 @dataclass(frozen=True, slots=True)
 class EffectiveEpsilonReport:
-    """The whole report, with how every figure was computed."""
+    """The whole report, with how every figure was computed and when (``computed_at``)."""
 
     as_of: str
     use_cases: list[UseCaseLine]
     totals: DeviceTotals
     provenance: dict[str, Any]
     central: list[CentralLine] = field(default_factory=list)
+    computed_at: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
@@ -183,6 +190,7 @@ class ReportBasis:
     lifetime_ledgers: tuple[tuple[Ledger, int], ...]
     provenance: dict[str, Any]
     central: list[CentralLine] = field(default_factory=list)
+    computed_at: str = ""
 
 
 def _quantiles(pairs: Iterable[tuple[float, int]]) -> tuple[int, float, float, float]:
@@ -255,7 +263,7 @@ def _allowed(budgets: Sequence[Sequence[Policy]], days: int) -> Allowed:
 def _device_ledgers(rows: Iterable[Row]) -> tuple[dict[str, int], Counter[Ledger]]:
     """Per device its group-scaled micro-epsilon sum, and the histogram of its multisets."""
     events: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    for dk, _, eps_micro, group, count in rows:
+    for dk, _, eps_micro, group, count, _ in rows:
         events[dk][eps_micro * group] += count
     totals = {dk: sum(e * n for e, n in ev.items()) for dk, ev in events.items()}
     histogram = Counter(
@@ -264,21 +272,78 @@ def _device_ledgers(rows: Iterable[Row]) -> tuple[dict[str, int], Counter[Ledger
     return totals, histogram
 
 
+def _budget_spend(book: PolicyBook, rows: Sequence[Row]) -> dict[str, dict[str, int]]:
+    """Per active budget and device, what the device spent on what the budget's caps count.
+
+    The same slots the gate counts (:meth:`budget.state.AccountState.counted`): its members'
+    whole history and every charge made under it.
+    """
+    budgets = {t.budget: t for t in book.terms.values()}
+    per_device: dict[tuple[str, str], int] = defaultdict(int)
+    for dk, use_case, eps_micro, _, count, charged in rows:
+        for name, t in budgets.items():
+            if (
+                use_case in t.members
+                or charged == name
+                or (charged == ANY_BUDGET and use_case in t.ever_members)
+            ):
+                per_device[(name, dk)] += eps_micro * count
+    out: dict[str, dict[str, int]] = defaultdict(dict)
+    for (name, dk), spent in per_device.items():
+        out[name][dk] = spent
+    return dict(out)
+
+
+def _lifetime_statement(p: Policy, spent: dict[str, int]) -> tuple[bool, float | None, str, int]:
+    """``(bounded, bound, note, devices over)`` of a use case's lifetime, checked against spend.
+
+    A lifetime cap bounds what its budget may still admit; a device that spent more before
+    the cap was lowered keeps what it spent, so the bound stated is the larger of the two.
+    """
+    cap = p.lifetime_epsilon_cap
+    if cap is None:
+        if p.window_epsilon_cap is not None:
+            note = (
+                f"nothing bounds the lifetime loss: the window cap of {p.window_epsilon_cap:g}"
+                f" renews every {p.retention_days} days"
+            )
+        else:
+            note = "nothing bounds the lifetime loss: the daily allowance renews every day"
+        return False, None, note, 0
+    over = sum(1 for v in spent.values() if v > to_micro(cap))
+    if not over:
+        return True, cap, f"the lifetime cap bounds the loss at {cap:g}", 0
+    top = from_micro(max(spent.values()))
+    return (
+        True,
+        top,
+        f"the lifetime cap bounds the loss at {fmt_up(top)}: the cap of {cap:g} admits nothing"
+        f" more to the {over} device(s) that spent more before it was lowered (up to"
+        f" {fmt_up(top)})",
+        over,
+    )
+
+
 def prepare_report(
-    policies: Sequence[Policy],
+    book: PolicyBook,
     day: int,
     window_rows: Iterable[Row],
     lifetime_rows: Iterable[Row],
+    *,
+    computed_at: str | None = None,
 ) -> ReportBasis:
     """Read the rows once into the delta-free part of the report (see the module docstring).
 
-    ``policies`` are the latest version of every use case (retired ones have ``active=False``);
-    ``window_rows`` are each use case's charges in its own window (days ``day - retention + 1
-    .. day``), with the group size each charge was made under.
+    ``book`` holds every policy version (retired use cases have ``active=False``) and the
+    retention horizons; ``window_rows`` are each use case's charges in its own window (days
+    ``day - retention + 1 .. day``, and the spend a window reaching back past a horizon can no
+    longer date: :meth:`budget.state.AccountState.unheld`), with the group size and budget
+    each charge was made under. ``computed_at`` is the instant the rows were read (ISO 8601;
+    default: the day's start).
     """
     window_rows = list(window_rows)
     lifetime_rows = list(lifetime_rows)
-    active = sorted((p for p in policies if p.active), key=lambda p: p.name)
+    active = book.active
     by_budget: dict[str, list[Policy]] = defaultdict(list)
     for p in active:
         by_budget[budget_key(p)].append(p)
@@ -286,25 +351,18 @@ def prepare_report(
 
     def per_use_case(rows: Iterable[Row]) -> dict[str, dict[str, int]]:
         spent: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for dk, use_case, eps_micro, _, count in rows:
+        for dk, use_case, eps_micro, _, count, _ in rows:
             spent[use_case][dk] += eps_micro * count
         return spent
 
     window_spent = per_use_case(window_rows)
     lifetime_spent = per_use_case(lifetime_rows)
+    budget_spend = _budget_spend(book, lifetime_rows)
     lines = []
     for p in active:
         budget = budget_key(p)
-        bounded = p.lifetime_epsilon_cap is not None
-        if bounded:
-            note = f"the lifetime cap bounds the loss at {p.lifetime_epsilon_cap:g}"
-        elif p.window_epsilon_cap is not None:
-            note = (
-                f"nothing bounds the lifetime loss: the window cap of {p.window_epsilon_cap:g}"
-                f" renews every {p.retention_days} days"
-            )
-        else:
-            note = "nothing bounds the lifetime loss: the daily allowance renews every day"
+        spent = budget_spend.get(budget, {})
+        bounded, bound, note, over = _lifetime_statement(p, spent)
         per_day = _allowed_alone(p, 1)
         lines.append(
             UseCaseLine(
@@ -324,9 +382,12 @@ def prepare_report(
                 window_cap=p.window_epsilon_cap,
                 lifetime_cap=p.lifetime_epsilon_cap,
                 lifetime_bounded=bounded,
+                lifetime_bound=bound,
                 lifetime_note=note,
                 spent_window=_spread(window_spent[p.name].values()),
                 spent_lifetime=_spread(lifetime_spent[p.name].values()),
+                spent_budget_lifetime_max=from_micro(max(spent.values(), default=0)),
+                devices_over_lifetime_cap=over,
             )
         )
     max_retention = max((p.retention_days for p in active), default=1)
@@ -350,6 +411,7 @@ def prepare_report(
     }
     return ReportBasis(
         as_of=day_date(day).isoformat(),
+        computed_at=computed_at or f"{day_date(day).isoformat()}T00:00:00+00:00",
         default_delta=min((p.delta for p in active), default=1e-9),
         lines=lines,
         allowed_per_day=_allowed(budgets, 1),
@@ -438,35 +500,38 @@ def finish_report(
         "max_exact_points": accountant.max_exact_points,
         **basis.provenance,
     }
-    return EffectiveEpsilonReport(basis.as_of, basis.lines, totals, provenance, basis.central)
+    return EffectiveEpsilonReport(
+        basis.as_of, basis.lines, totals, provenance, basis.central, basis.computed_at
+    )
 
 
 def build_report(
-    policies: Sequence[Policy],
+    book: PolicyBook,
     day: int,
     window_rows: Iterable[Row],
     lifetime_rows: Iterable[Row],
     *,
     accountant: Accountant,
     delta: float | None = None,
+    computed_at: str | None = None,
 ) -> EffectiveEpsilonReport:
-    """The report for ``policies`` as of UTC ``day`` (see the module docstring).
+    """The report for ``book`` as of UTC ``day`` (see the module docstring).
 
     ``delta`` defaults to the smallest active policy delta.
     """
-    basis = prepare_report(policies, day, window_rows, lifetime_rows)
+    basis = prepare_report(book, day, window_rows, lifetime_rows, computed_at=computed_at)
     return finish_report(basis, accountant=accountant, delta=delta)
 
 
 def _fmt(value: float) -> str:
-    return f"{value:,.6g}"
+    return fmt_up(value)
 
 
 def render_text(report: EffectiveEpsilonReport) -> str:
     """The report as a plain-text table (the CLI's and the demo's)."""
     out = [
         f"Effective epsilon as of {report.as_of} (Tang et al. 2017: per report, per day,"
-        " per window, per year, and what devices spent)",
+        f" per window, per year, and what devices spent); computed at {report.computed_at}",
         "",
         f"{'use case':<22} {'eps':>5} {'/day':>4} {'eps/day':>8} {'eps/window':>10}"
         f" {'eps/year':>9} {'group':>5}  {'spent in window max/p99/median':>31}"

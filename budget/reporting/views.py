@@ -8,6 +8,7 @@ lifetime line as a starting value, so the cumulative curve ends at the true life
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from budget.accountant import PrivacyLoss
-from budget.book import Terms
+from budget.book import PolicyBook, Terms
 from budget.central import DAYS_PER_YEAR, CentralLine, central_line, read_batches
 from budget.clock import day_date, utc_day
 from budget.errors import InvalidRequest
@@ -93,7 +94,7 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
                 if book.horizon(use_case) < day <= today:
                     per_day[use_case][day][0] += n
                     per_day[use_case][day][1] += eps
-    for (use_case, eps, _), n in lifetime_counts(state).items():
+    for (use_case, eps, _, _), n in lifetime_counts(state).items():
         lifetime[use_case] += eps * n
         sent[use_case] += n
     first = min((d for days in per_day.values() for d in days), default=today)
@@ -189,7 +190,7 @@ def _spends(ledger: Ledger, use_case: str, scope: str, now: datetime) -> dict[st
         rows = window_rows(ledger, now=now, use_case=use_case)
     else:
         rows = lifetime_rows(ledger, use_case)
-    for dk, _, eps, _, n in rows:
+    for dk, _, eps, _, n, _ in rows:
         out[dk] += eps * n
     return out
 
@@ -250,7 +251,7 @@ class _Side:
     def count(self, state: AccountState, day: int) -> None:
         """Count one device that has history on this side's budget."""
         t = self.terms
-        idx = state.members(t.members)
+        idx = state.counted(t)
         if not idx:
             return
         window = state.window_spend(day, t.retention_days, idx, t.horizons)
@@ -261,44 +262,48 @@ class _Side:
         self.over_lifetime += int(t.lifetime_cap_micro is not None and life > t.lifetime_cap_micro)
 
 
-def what_if(ledger: Ledger, use_case: str, proposed: PolicyCreate, *, now: datetime) -> WhatIf:
+def what_if(
+    ledger: Ledger,
+    use_case: str,
+    proposed: PolicyCreate,
+    *,
+    now: datetime,
+    alongside: Sequence[PolicyCreate] = (),
+) -> WhatIf:
     """Compare the current policy of ``use_case`` with ``proposed`` on today's ledger.
 
-    Each side decides every device's next report through the gate's own rule
-    (:func:`budget.rule.check`) on the budget it would draw from, with that budget's members
-    as they would be; a proposal that the group's other members would refuse raises
+    ``alongside`` are other policies proposed in the same change (a policy file's, or the
+    other members of a group whose shared terms change together). Each side decides every
+    device's next report through the gate's own rule (:func:`budget.rule.check`) on the
+    budget it would draw from, with that budget's members as they would be; a change that a
+    write would refuse (:meth:`policies.repository.PolicyStore.proposed`) raises
     :class:`PolicyConflict` as applying it would.
     """
     current = ledger.policies.get(use_case)
     if proposed.name != use_case:
         raise InvalidRequest("name", f"must be {use_case!r}, the use case asked about")
     day = utc_day(now)
+    together = [proposed, *(p for p in alongside if p.name != use_case)]
     with ledger.engine.connect() as conn:
-        ledger.policies.check_group(conn, proposed)
-    candidate = Policy(
-        **proposed.model_dump(),
-        version=current.version + 1,
-        active=True,
-        created_at=now,
-        actor="what-if",
-    )
+        rows = ledger.policies.proposed(conn, together)
     book = ledger.book()
-    after_book = book.with_policy(candidate)
+    after_book = PolicyBook.build(
+        [*book.versions, *rows], book.horizons, book.device, book.device_window
+    )
     cur, new = _Side(book.terms[use_case]), _Side(after_book.terms[use_case])
     for _, state in ledger.accounts():
         cur.count(state, day)
         new.count(state, day)
 
-    policies = list(book.latest.values())
     window, lifetime = spend_rows(ledger, now=now)
 
-    def line_and_total(ps: list[Policy]) -> tuple[UseCaseLine, PrivacyLoss]:
-        report = build_report(ps, day, window, lifetime, accountant=ledger.accountant)
+    def line_and_total(b: PolicyBook) -> tuple[UseCaseLine, PrivacyLoss]:
+        report = build_report(b, day, window, lifetime, accountant=ledger.accountant)
         line = next(x for x in report.use_cases if x.use_case == use_case)
         return line, report.totals.allowed_per_day
 
-    before, before_total = line_and_total(policies)
-    after, after_total = line_and_total([candidate if p.name == use_case else p for p in policies])
+    before, before_total = line_and_total(book)
+    after, after_total = line_and_total(after_book)
     keys = ("epsilon_per_day", "epsilon_per_window", "epsilon_per_year", "lifetime_bounded")
     return WhatIf(
         use_case=use_case,

@@ -5,13 +5,15 @@
   the export carries; purged after the retention window. Appended only: nothing on the gate's
   path reads it, and the window accounting reads the accounts.
 - ``accounts``: per device key one row with everything the gate decides on: the lifetime
-  count and micro-epsilon, the spend of each day still held, and the lifetime multiset per
-  (use case, epsilon, group size) slot (packed, :mod:`budget.state`). Which slots a budget's
+  count and micro-epsilon, the spend of each day still held, and the lifetime multiset per (use
+  case, epsilon, group size, budget) slot (packed, :mod:`budget.state`). Which slots a budget's
   caps count is decided by the policies in force (:mod:`budget.book`), so no policy edit
-  rewrites a row. Its row lock serializes every charge of one device; the lifetime part has
-  no timestamps and survives the purge, which prunes only the days.
+  rewrites a row. Its row lock serializes every charge of one device; the lifetime part has no
+  timestamps and survives the purge, which prunes only the days.
 - ``retention_horizons``: per use case, the last day the purge deleted; nothing on or before
-  it counts anywhere again.
+  it is held anywhere again.
+- ``slot_budgets``: the audit log's last entry when slots began to record their budget (0 for
+  a ledger that always did); the state check replays earlier charges into budget-less slots.
 - ``idempotency``: the first decision for each (device key, idempotency key).
 - ``audit_log``, ``audit_head``, ``audit_checkpoints``: the hash-chained audit log
   (:mod:`budget.audit_log`), its head (one row, starting at :data:`GENESIS`) and its signed
@@ -41,6 +43,7 @@ __all__ = [
     "IdempotencyRecord",
     "RetentionHorizon",
     "ShuffledBatch",
+    "SlotBudgets",
 ]
 
 GENESIS = "0" * 64
@@ -110,6 +113,14 @@ class RetentionHorizon(SQLModel, table=True):
 
     use_case: str = Field(primary_key=True, max_length=63)
     through_day: int
+
+
+class SlotBudgets(SQLModel, table=True):
+    """One row: the audit sequence number after which every charge's slot records its budget."""
+
+    __tablename__ = "slot_budgets"
+
+    since_seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
 
 
 class AuditEntry(SQLModel, table=True):

@@ -230,7 +230,9 @@ def test_admin_auth_matrix(client: TestClient, headers: dict[str, str], status: 
     body = client.get("/v1/use-cases/emoji").json()
     policy = {k: v for k, v in body.items() if k in PolicyCreate.model_fields}
     policy["max_reports_per_day"] = 3
-    r = client.put("/v1/use-cases/emoji", json=policy, headers=headers)
+    r = client.put(
+        "/v1/use-cases/emoji", json=policy, params={"allow_loosen": "true"}, headers=headers
+    )
     assert r.status_code == status, r.text
     assert client.post("/v1/admin/jobs/purge:run", headers=headers).status_code == status
 
@@ -255,8 +257,12 @@ def test_budget_auth_matrix(client: TestClient, headers: dict[str, str], status:
 def test_policy_lifecycle_over_http(client: TestClient) -> None:
     body = client.get("/v1/use-cases/emoji").json()
     policy = {k: v for k, v in body.items() if k in PolicyCreate.model_fields}
+    looser = {**policy, "max_reports_per_day": 2}
+    refused = client.put("/v1/use-cases/emoji", json=looser, headers=ADMIN)
+    assert refused.status_code == 409 and refused.json()["field"] == "allow_loosen"
+    assert "emoji: what one device may spend on budget 'emoji' rises" in refused.json()["detail"]
     updated = client.put(
-        "/v1/use-cases/emoji", json={**policy, "max_reports_per_day": 2}, headers=ADMIN
+        "/v1/use-cases/emoji", json=looser, params={"allow_loosen": "true"}, headers=ADMIN
     )
     assert updated.status_code == 200 and updated.json()["version"] == 2
     bad = client.put(
@@ -285,6 +291,21 @@ def test_policy_lifecycle_over_http(client: TestClient) -> None:
         headers=ADMIN,
     )
     assert group.status_code == 409 and group.json()["field"] == "max_reports_per_day"
+    assert "PUT /v1/budget-groups/{name}" in group.json()["detail"]
+    terms = client.get("/v1/budget-groups/safari-domains").json()
+    assert terms["members"] == ["safari-crash-domains", "safari-energy-domains"]
+    tighter = {**terms["terms"], "max_reports_per_day": 1}
+    both = client.put("/v1/budget-groups/safari-domains", json=tighter, headers=ADMIN)
+    assert both.status_code == 200 and both.json()["terms"]["max_reports_per_day"] == 1
+    for member in terms["members"]:
+        assert client.get(f"/v1/use-cases/{member}").json()["max_reports_per_day"] == 1
+    back = client.put("/v1/budget-groups/safari-domains", json=terms["terms"], headers=ADMIN)
+    assert back.status_code == 409 and back.json()["field"] == "allow_loosen"
+    partial = client.put(
+        "/v1/budget-groups/safari-domains", json={"max_reports_per_day": 1}, headers=ADMIN
+    )
+    assert partial.status_code == 422
+    assert client.get("/v1/budget-groups/nobody").status_code == 404
     versions = client.get("/v1/use-cases/emoji/versions").json()
     assert [v["version"] for v in versions] == [1, 2]
     assert client.delete("/v1/use-cases/emoji", headers=ADMIN).json()["active"] is False

@@ -143,13 +143,18 @@ def test_apply_prints_the_diff_and_the_what_if_and_dry_run_writes_nothing(db: Da
     assert "emoji: unchanged (version 3)" in again.stdout and "nothing written" in again.stdout
 
 
+SPEND = "what one device may spend on budget 'emoji' rises: "
 LOOSENINGS = [
-    ({"max_reports_per_day": 2}, "daily cap raised from 1 to 2 reports"),
-    ({"window_epsilon_cap": 200.0}, "`window_epsilon_cap` raised from 120 to 200"),
-    ({"window_epsilon_cap": None}, "`window_epsilon_cap` removed (was 120)"),
+    ({"max_reports_per_day": 2}, SPEND + "a day 4 -> 8"),
+    ({"window_epsilon_cap": 200.0}, SPEND + "any 90 days 120 -> 200"),
+    ({"window_epsilon_cap": None}, SPEND + "any 90 days 120 -> 360"),
     ({"lifetime_epsilon_cap": None}, None),  # there was none: not a loosening
     ({"epsilon_per_report": 5.0}, "`epsilon_per_report` raised from 4 to 5"),
-    ({"retention_days": 30}, "retention shortened from 90 to 30 days"),
+    ({"retention_days": 30}, SPEND + "any 90 days 120 -> 360"),  # the window cap renews sooner
+    ({"group_size": 1}, None),  # it was 1
+    ({"min_batch_devices": 1}, None),
+    ({"delta": 1e-6}, "`delta` raised from 1e-09 to 1e-06"),
+    ({"description": "only words"}, None),
 ]
 
 
@@ -165,7 +170,7 @@ def test_loosening_needs_allow_loosen(
         return
     assert result.exit_code == 1
     assert "need --allow-loosen" in result.output and f"emoji: {named}" in result.output
-    assert "(loosens)" in result.stdout  # the diff was shown first
+    assert "this change loosens:" in result.stdout  # with the diff
     assert db.state() == before
     allowed = db.cli(["policies", "apply", "--allow-loosen", path])
     assert allowed.exit_code == 0, allowed.output
@@ -174,11 +179,14 @@ def test_loosening_needs_allow_loosen(
 
 FILTER = {"lifetime_filter_epsilon": 40.0, "lifetime_filter_delta": 1e-9}
 FILTER_LOOSENINGS = [
-    ({"lifetime_filter_epsilon": 50.0}, "`lifetime_filter_epsilon` raised from 40 to 50"),
-    ({"lifetime_filter_delta": 1e-6}, "`lifetime_filter_delta` raised from 1e-09 to 1e-06"),
+    ({"lifetime_filter_epsilon": 50.0}, "the lifetime filter's target raised from (40, 1e-09)"),
+    (
+        {"lifetime_filter_delta": 1e-6},
+        "the lifetime filter's target raised from (40, 1e-09) to (40, 1e-06)",
+    ),
     (
         {"lifetime_filter_epsilon": None, "lifetime_filter_delta": None},
-        "`lifetime_filter_epsilon` removed (was 40)",
+        "the lifetime filter removed",
     ),
     ({"lifetime_filter_epsilon": 30.0}, None),  # tightened
     ({"window_filter_epsilon": 8.0, "window_filter_delta": 1e-9}, None),  # a new target
@@ -227,8 +235,9 @@ def test_the_console_script_refuses_a_loosening_in_a_real_process(db: Database) 
         check=False,
     )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "retention_days: 90 -> 30   (loosens)" in proc.stdout
-    assert proc.stderr.strip().endswith("emoji: retention shortened from 90 to 30 days")
+    assert "retention_days: 90 -> 30\n" in proc.stdout
+    assert f"this change loosens:\n  emoji: {SPEND}any 90 days 120 -> 360" in proc.stdout
+    assert proc.stderr.strip().endswith("1 loosening(s) above need --allow-loosen")
 
 
 def test_the_device_budget_section_is_applied_and_audited(db: Database) -> None:

@@ -59,10 +59,13 @@ def _submit(base: str, device: str, use_case: str) -> int:
     return response.status_code
 
 
-def _put(base: str, use_case: str, **changes: Any) -> None:
+def _put(base: str, use_case: str, *, loosen: bool = False, **changes: Any) -> None:
     policy = httpx.get(f"{base}/v1/use-cases/{use_case}", timeout=T).json()
     body = {k: policy[k] for k in PolicyCreate.model_fields if k in policy} | changes
-    response = httpx.put(f"{base}/v1/use-cases/{use_case}", json=body, headers=ADMIN, timeout=T)
+    params = {"allow_loosen": "true"} if loosen else {}
+    response = httpx.put(
+        f"{base}/v1/use-cases/{use_case}", json=body, params=params, headers=ADMIN, timeout=T
+    )
     assert response.status_code == 200, response.text
 
 
@@ -88,7 +91,7 @@ def test_a_group_move_resets_no_cap(server: str) -> None:
 def test_group_size_edits_are_not_retroactive(server: str) -> None:
     _put(server, "emoji", group_size=5)
     assert _submit(server, "dev", "emoji") == 202
-    _put(server, "emoji", group_size=1)
+    _put(server, "emoji", group_size=1, loosen=True)
     audit = httpx.get(f"{server}/v1/audit/devices/dev", headers=ADMIN, timeout=T).json()
     assert audit["loss"]["lifetime"]["emoji"]["epsilon_basic"] == 20.0
 

@@ -50,7 +50,9 @@ def seeded(ledger: Ledger) -> None:
     for i in range(10):
         ledger.charge(f"d{i}", "emoji", now=NOW)
     ledger.charge("d0", "emoji", now=NOW)  # daily cap: refused
-    ledger.policies.update("emoji", PolicyUpdate(max_reports_per_day=2), actor="admin")
+    ledger.policies.update(
+        "emoji", PolicyUpdate(max_reports_per_day=2), actor="admin", allow_loosen=True
+    )
     items = [BatchItem(f"b{i % 5}", "lookup-hints") for i in range(15)]
     charge_batch(ledger.gate, items, now=NOW)
     ledger.purge(now=NOW + timedelta(days=100))

@@ -28,14 +28,17 @@ def _policies(ledger: Ledger) -> None:
                 "max_reports_per_day": 3,
                 "window_epsilon_cap": 4.0,
             }
-        )
+        ),
+        allow_loosen=True,
     )
     group = {"budget_group": "g", "max_reports_per_day": 2, "lifetime_epsilon_cap": 5.0}
     ledger.policies.create(
-        PolicyCreate.model_validate({**base, "name": "b", "epsilon_per_report": 1.5, **group})
+        PolicyCreate.model_validate({**base, "name": "b", "epsilon_per_report": 1.5, **group}),
+        allow_loosen=True,
     )
     ledger.policies.create(
-        PolicyCreate.model_validate({**base, "name": "c", "epsilon_per_report": 0.5, **group})
+        PolicyCreate.model_validate({**base, "name": "c", "epsilon_per_report": 0.5, **group}),
+        allow_loosen=True,
     )
 
 

@@ -199,10 +199,10 @@ def test_each_charge_records_its_policy_version_and_changes_keep_spent_budget(
 ) -> None:
     add_policy(ledger, epsilon_per_report=1.0, max_reports_per_day=3, window_epsilon_cap=5.0)
     assert ledger.charge("dev", "test-case", now=NOW).policy_version == 1
-    ledger.policies.update("test-case", PolicyUpdate(epsilon_per_report=2.0))
+    ledger.policies.update("test-case", PolicyUpdate(epsilon_per_report=2.0), allow_loosen=True)
     d = ledger.charge("dev", "test-case", now=NOW)
     assert d.policy_version == 2 and d.epsilon == 2.0
-    ledger.policies.update("test-case", PolicyUpdate(max_reports_per_day=1))
+    ledger.policies.update("test-case", PolicyUpdate(max_reports_per_day=1), allow_loosen=True)
     refused = ledger.charge("dev", "test-case", now=NOW)
     assert refused.reason == "daily_cap"  # two already spent today under the old cap
     with ledger.engine.connect() as conn:
@@ -218,7 +218,7 @@ def test_every_reader_gets_the_one_policy_book(ledger: Ledger) -> None:
     assert ledger.book() is first
     with ledger.engine.connect() as conn:
         assert ledger.gate.book(conn) is first
-    ledger.policies.update("emoji", PolicyUpdate(max_reports_per_day=3))
+    ledger.policies.update("emoji", PolicyUpdate(max_reports_per_day=3), allow_loosen=True)
     ledger.policies.delete("health-types")
     book = ledger.book()
     assert book is not first and book.terms["emoji"].max_reports_per_day == 3
@@ -269,7 +269,7 @@ def test_purge_deletes_exactly_what_left_the_window(ledger: Ledger) -> None:
     assert (result.charges, result.daily_spend, result.idempotency) == (3, 3, 3)
     assert count_rows(ledger, "charges") == 1
     assert account_days(ledger) == [day - 89]
-    lifetime = sum(n for _, _, _, _, n in lifetime_rows(ledger))
+    lifetime = sum(n for _, _, _, _, n, _ in lifetime_rows(ledger))
     assert lifetime == 4  # lifetime totals survive
     assert ledger.purge(now=NOW) == type(result)(0, 0, 0)
     assert ledger.book().horizons == dict.fromkeys(
@@ -289,8 +289,8 @@ def test_a_charge_clears_its_days_past_the_horizon(ledger: Ledger) -> None:
     ledger.charge("dev", "emoji", now=NOW)
     assert account_days(ledger) == [day - 91, day - 89, day]  # dev's were cleared on write
     assert ledger.purge(now=NOW).daily_spend == 1  # other's
-    assert sorted(e for _, _, e, _, _ in lifetime_rows(ledger)) == [4_000_000, 4_000_000]
-    assert sum(n for _, _, _, _, n in lifetime_rows(ledger)) == 5
+    assert sorted(e for _, _, e, _, _, _ in lifetime_rows(ledger)) == [4_000_000, 4_000_000]
+    assert sum(n for _, _, _, _, n, _ in lifetime_rows(ledger)) == 5
 
 
 def test_one_device_thousand_concurrent_charges_admit_exactly_the_cap(ledger: Ledger) -> None:
@@ -411,4 +411,4 @@ def test_a_purge_leaves_an_account_charged_while_it_ran(
     monkeypatch.undo()
     day = int(NOW.timestamp() // 86_400)
     assert account_days(ledger) == [day, day]  # dev-x's and the raced device's today
-    assert sum(n for _, _, _, _, n in lifetime_rows(ledger)) == 5
+    assert sum(n for _, _, _, _, n, _ in lifetime_rows(ledger)) == 5

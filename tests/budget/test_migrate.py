@@ -81,9 +81,9 @@ def test_an_old_ledger_keeps_every_device_state(ledger: Ledger) -> None:
     assert not ledger.charge("old-device", "emoji", now=NOW).accepted  # today's report counted
     assert not ledger.charge("old-device", "safari-crash-domains", now=NOW).accepted
     assert sorted(lifetime_rows(ledger)) == [
-        (dk, "emoji", 4_000_000, 1, 3),
-        (dk, "safari-crash-domains", 4_000_000, 1, 1),
-        (dk, "safari-energy-domains", 4_000_000, 1, 1),
+        (dk, "emoji", 4_000_000, 1, 3, ""),
+        (dk, "safari-crash-domains", 4_000_000, 1, 1, ""),
+        (dk, "safari-energy-domains", 4_000_000, 1, 1, ""),
     ]
     assert ledger.purge(now=NOW).daily_spend == 1  # the day 120 days ago
     tomorrow = datetime.fromtimestamp((DAY + 1) * 86_400 + 3600, UTC)
@@ -126,7 +126,7 @@ def test_per_budget_accounts_become_one_row_per_device(ledger: Ledger) -> None:
     init_db(ledger.engine)
     columns = {c["name"] for c in inspect(ledger.engine).get_columns("accounts")}
     assert "budget" not in columns
-    assert sorted(lifetime_rows(ledger)) == [(dk, "emoji", 4_000_000, 3, 3)]
+    assert sorted(lifetime_rows(ledger)) == [(dk, "emoji", 4_000_000, 3, 3, "")]
     emoji = {s.use_case: s for s in ledger.status("moved", now=NOW)}["emoji"]
     assert emoji.epsilon_lifetime == 12.0 and emoji.lifetime_remaining == 0.0
     assert emoji.reports_today == 1 and emoji.epsilon_window == 12.0

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from budget.accountant import Accountant
+from budget.book import PolicyBook
 from budget.reporting.report import Row, build_report, render_text
 from policies.model import MAX_EPSILON, MICRO, Policy, PolicyCreate, budget_key
 
@@ -63,7 +64,7 @@ def ledgers(draw: st.DrawFn) -> tuple[list[Policy], list[Row]]:
         for p in draw(st.lists(st.sampled_from(policies), max_size=3, unique_by=lambda p: p.name)):
             count = draw(st.integers(1, 2000))
             eps = round(p.epsilon_per_report * MICRO)
-            rows.append((f"dk{device}", p.name, eps, p.group_size, count))
+            rows.append((f"dk{device}", p.name, eps, p.group_size, count, budget_key(p)))
     return policies, rows
 
 
@@ -90,7 +91,8 @@ def test_every_accepted_policy_gives_a_finite_report(
     ledger: tuple[list[Policy], list[Row]], delta: float | None
 ) -> None:
     policies, rows = ledger
-    report = build_report(policies, 20_000, rows, rows, accountant=Accountant(), delta=delta)
+    book = PolicyBook.build(policies, {})
+    report = build_report(book, 20_000, rows, rows, accountant=Accountant(), delta=delta)
     data = report.to_dict()
     json.dumps(data, allow_nan=False)  # what the API sends: no inf or nan anywhere
     assert _finite(data)

@@ -54,20 +54,27 @@ def test_a_window_cap_counts_history_from_before_a_move(ledger: Ledger) -> None:
     assert accepted == 2  # the lifetime cap of 20 holds across every move: 5 reports of 4
 
 
-def test_a_use_case_leaving_a_group_takes_its_history_along(ledger: Ledger) -> None:
+def test_a_use_case_leaving_a_group_leaves_its_spend_on_the_group(ledger: Ledger) -> None:
     shared = {"budget_group": "pair", "lifetime_epsilon_cap": 8.0, "max_reports_per_day": 2}
     _clone(ledger, "emoji", name="left", **shared)
     _clone(ledger, "emoji", name="right", **shared)
     assert ledger.charge("dev", "left", now=NOW).accepted
     assert ledger.charge("dev", "right", now=NOW).accepted
     assert ledger.charge("dev", "left", now=NOW).reason == "daily_cap"
-    ledger.policies.update("right", PolicyUpdate(budget_group=None))
+    ledger.policies.update("right", PolicyUpdate(budget_group=None), allow_loosen=True)
+    # the same day: the group still holds both reports; right's own budget holds its one
+    assert ledger.charge("dev", "left", now=NOW).reason == "daily_cap"
+    assert ledger.charge("dev", "right", now=NOW).accepted
+    assert ledger.charge("dev", "right", now=NOW).reason == "daily_cap"
     later = NOW + timedelta(days=1)
-    # each budget now counts only its own members' history: 4 of 8 spent on each side
-    assert _status(ledger, "dev", "left", later).epsilon_lifetime == 4.0  # type: ignore[attr-defined]
-    assert _status(ledger, "dev", "right", later).epsilon_lifetime == 4.0  # type: ignore[attr-defined]
-    assert ledger.charge("dev", "left", now=later).accepted
+    # the group counts what was charged under it (8 of 8); right's own budget its history (8)
+    assert _status(ledger, "dev", "left", later).epsilon_lifetime == 8.0  # type: ignore[attr-defined]
+    assert _status(ledger, "dev", "right", later).epsilon_lifetime == 8.0  # type: ignore[attr-defined]
     assert ledger.charge("dev", "left", now=later).reason == "lifetime_cap"
+    assert ledger.charge("dev", "right", now=later).reason == "lifetime_cap"
+    ledger.policies.update("right", PolicyUpdate(budget_group="pair"))  # and back in
+    assert ledger.charge("dev", "right", now=later).reason == "lifetime_cap"  # 12 > 8
+    assert _status(ledger, "dev", "right", later).epsilon_lifetime == 12.0  # type: ignore[attr-defined]
 
 
 def test_renaming_a_group_or_retiring_and_recreating_frees_nothing(ledger: Ledger) -> None:
@@ -77,8 +84,11 @@ def test_renaming_a_group_or_retiring_and_recreating_frees_nothing(ledger: Ledge
     assert ledger.charge("dev", "first", now=NOW).accepted
     assert ledger.charge("dev", "second", now=NOW).accepted
     later = NOW + timedelta(days=1)
-    for name in ("first", "second"):  # the group renamed, member by member
-        ledger.policies.update(name, PolicyUpdate(budget_group="new"))
+    renamed = [
+        PolicyUpdate(budget_group="new").apply_to(ledger.policies.get(name))
+        for name in ("first", "second")
+    ]
+    ledger.policies.write_all(renamed)  # the group renamed: every member at once
     assert ledger.charge("dev", "first", now=later).reason == "lifetime_cap"
     ledger.policies.delete("first")
     assert ledger.charge("dev", "second", now=later).reason == "lifetime_cap"  # retired counts
@@ -100,21 +110,27 @@ def test_lowering_then_raising_retention_keeps_the_true_window(ledger: Ledger) -
     assert _status(ledger, "dev", "windowed", end).epsilon_window == 90.0  # type: ignore[attr-defined]
 
 
-def test_raising_retention_past_its_longest_cannot_recall_deleted_days(ledger: Ledger) -> None:
+def test_raising_retention_past_its_longest_counts_deleted_days_from_above(
+    ledger: Ledger,
+) -> None:
     _clone(ledger, "emoji", name="brief", retention_days=5, epsilon_per_report=1.0)
     for day in range(20):
         assert ledger.charge("dev", "brief", now=NOW + timedelta(days=day)).accepted
     end = NOW + timedelta(days=19)
     ledger.purge(now=end)  # deletes days up to end - 5
     ledger.policies.update("brief", PolicyUpdate(retention_days=30))
-    assert _status(ledger, "dev", "brief", end).epsilon_window == 5.0  # type: ignore[attr-defined]
-    assert device_loss(ledger, "dev", now=end).window["brief"].epsilon_basic == 5.0
+    # the 30-day window holds all 20 reports; 15 of them on days no longer held: counted
+    assert _status(ledger, "dev", "brief", end).epsilon_window == 20.0  # type: ignore[attr-defined]
+    assert device_loss(ledger, "dev", now=end).window["brief"].epsilon_basic == 20.0
+    # once the window no longer reaches the deleted days, it is exact again
+    later = end + timedelta(days=25)
+    assert _status(ledger, "dev", "brief", later).epsilon_window == 5.0  # type: ignore[attr-defined]
 
 
 def test_each_charge_counts_at_the_group_size_it_was_made_with(ledger: Ledger) -> None:
     ledger.policies.update("emoji", PolicyUpdate(group_size=5))
     assert ledger.charge("dev", "emoji", now=NOW).accepted
-    ledger.policies.update("emoji", PolicyUpdate(group_size=1))
+    ledger.policies.update("emoji", PolicyUpdate(group_size=1), allow_loosen=True)
     assert ledger.charge("dev", "emoji", now=NOW + timedelta(days=1)).accepted
     loss = device_loss(ledger, "dev", now=NOW + timedelta(days=1))
     assert loss.lifetime["emoji"].epsilon_basic == 24.0  # 4 x 5 + 4 x 1

@@ -1,0 +1,133 @@
+"""Which policy edits loosen: what some device could spend under the new book and not the old.
+
+A change of policies (one version or many at once) loosens when, for a use case active before
+and after it, the guarantee its budget states gets weaker in any of its terms:
+
+- **per report**: a larger epsilon per report (or an SFP part's), a larger delta, a smaller
+  group the figures protect (``group_size``), a smaller shuffled batch (``min_batch_devices``);
+- **what the caps allow one device** over 1 day, over the old and the new window, over a year
+  (the worst case of every schedule the budget's caps accept, for an individual:
+  :func:`budget.reporting.allowance.allowance`), and over its lifetime (the lifetime cap;
+  none is unbounded);
+- **the filters**: a window or lifetime ``(epsilon, delta)`` target removed, or admitting a
+  total it did not (a larger epsilon or ``V*``, or a shorter window);
+- **what the caps count**: a budget's caps count its members' whole history and every charge
+  made under it (:meth:`budget.state.AccountState.counted`); a change after which the use
+  case's caps no longer count something they counted (a use case leaving its group, a member
+  re-created outside it) lets some device spend again what it already spent.
+
+Each figure is computed for every state a device could be in, now or later, so the answer
+does not depend on today's ledger. Creating or re-creating a use case is not an edit of a
+policy before it; retiring one never loosens. Pure code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from budget.book import PolicyBook, Terms
+from budget.reporting.allowance import Caps, allowance
+from policies.model import Policy, budget_key, from_micro, to_micro
+
+__all__ = ["loosenings"]
+
+YEAR = 365
+
+
+def loosenings(before: PolicyBook, after: PolicyBook) -> list[str]:
+    """What the change from ``before`` to ``after`` loosens, one phrase each (empty: nothing)."""
+    out: list[str] = []
+    for name in sorted(set(before.terms) & set(after.terms)):
+        out.extend(f"{name}: {x}" for x in _weaker(before, after, name))
+    return out
+
+
+def _weaker(before: PolicyBook, after: PolicyBook, name: str) -> Iterator[str]:
+    """Every term of ``name``'s guarantee that ``after`` states more weakly than ``before``."""
+    old, new = before.latest[name], after.latest[name]
+    for field in ("epsilon_per_report", "epsilon_word", "epsilon_fragment", "delta"):
+        was, now = getattr(old, field), getattr(new, field)
+        if was is not None and now is not None and now > was:
+            yield f"`{field}` raised from {was:g} to {now:g}"
+    if new.group_size < old.group_size:
+        yield f"`group_size` lowered from {old.group_size} to {new.group_size}"
+    if new.min_batch_devices < old.min_batch_devices:
+        yield (
+            f"`min_batch_devices` lowered from {old.min_batch_devices} to"
+            f" {new.min_batch_devices} (smaller shuffled batches hide each report)"
+        )
+    horizons = sorted({1, old.retention_days, new.retention_days, YEAR})
+    rises = []
+    for days in horizons:
+        was_micro, now_micro = _allowed(before, name, days), _allowed(after, name, days)
+        if now_micro > was_micro:
+            span = "a day" if days == 1 else f"any {days} days"
+            rises.append(f"{span} {from_micro(was_micro):g} -> {from_micro(now_micro):g}")
+    if rises:
+        yield f"what one device may spend on budget {budget_key(new)!r} rises: {', '.join(rises)}"
+    was_life, now_life = old.lifetime_epsilon_cap, new.lifetime_epsilon_cap
+    if was_life is not None and (now_life is None or now_life > was_life):
+        change = "removed" if now_life is None else f"raised to {now_life:g}"
+        yield f"`lifetime_epsilon_cap` {change} (was {was_life:g})"
+    yield from _filters(before.terms[name], after.terms[name])
+    lost = _counted(before, name) - _counted(after, name)
+    covered = {(u, b) for u, b in lost if (u, "*") not in _counted(after, name)}
+    for use_case, budget in sorted(covered):
+        what = f"{use_case}'s spend" if budget == "*" else f"{use_case}'s spend under {budget!r}"
+        yield f"its caps no longer count {what}"
+
+
+def _allowed(book: PolicyBook, name: str, days: int) -> int:
+    """The most one device may spend on ``name``'s budget in ``days`` days (per individual).
+
+    Not group-scaled: a larger ``group_size`` states a guarantee for larger groups, which is
+    stronger, not looser; a smaller one is caught on its own.
+    """
+    policy = book.latest[name]
+    members = [book.latest[m] for m in sorted(book.members[budget_key(policy)])]
+    costs = tuple(
+        (to_micro(p.epsilon_per_report), to_micro(p.epsilon_per_report))
+        for p in members
+        if p.active
+    )
+    return allowance(costs, _caps(policy), days).value_micro
+
+
+def _caps(policy: Policy) -> Caps:
+    window, lifetime = policy.window_epsilon_cap, policy.lifetime_epsilon_cap
+    return Caps(
+        policy.max_reports_per_day,
+        policy.retention_days,
+        None if window is None else to_micro(window),
+        None if lifetime is None else to_micro(lifetime),
+    )
+
+
+def _filters(old: Terms, new: Terms) -> Iterator[str]:
+    """A filter removed, or admitting totals it refused (a larger target or a shorter window)."""
+    was, now = old.filters, new.filters
+    if was is None:
+        return
+    for kind in ("window", "lifetime"):
+        before = getattr(was, kind)
+        after = None if now is None else getattr(now, kind)
+        if before is None:
+            continue
+        if after is None:
+            yield f"the {kind} filter removed"
+        elif after.epsilon_micro > before.epsilon_micro or after.cap_sq > before.cap_sq:
+            yield (
+                f"the {kind} filter's target raised from ({from_micro(before.epsilon_micro):g},"
+                f" {before.delta:g}) to ({from_micro(after.epsilon_micro):g}, {after.delta:g})"
+            )
+        elif kind == "window" and now is not None and now.window_days < was.window_days:
+            yield (
+                f"the window filter's window shortened from {was.window_days} to"
+                f" {now.window_days} days"
+            )
+
+
+def _counted(book: PolicyBook, name: str) -> set[tuple[str, str]]:
+    """What ``name``'s caps count: ``(use case, "*")`` all of it, ``(use case, budget)`` part."""
+    terms = book.terms[name]
+    return {(u, "*") for u in terms.members} | {(u, terms.budget) for u in terms.ever_members}
