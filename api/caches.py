@@ -31,22 +31,24 @@ _DISCOVERIES = 16  # discoveries kept before the cache is emptied
 class Caches:
     """The effective-epsilon report, SFP discoveries, the chain's verification, the public page.
 
-    The report's delta-free basis (one scan of the ledger) is kept for ``report_cache_seconds``;
-    each delta's report is derived from it (one composition per distinct device ledger) and
-    kept in an LRU of :data:`REPORT_CACHE_ENTRIES`, emptied when the basis is renewed. The locks
-    make one thread compute while the others wait for its answer.
+    The report's delta-free basis (one scan of the ledger) is kept for ``report_cache_seconds``
+    and never past a change of the policy book it was computed from (its revision is read on
+    every request, one cheap query, so every worker sees a policy edit at once); each delta's
+    report is derived from it (one composition per distinct device ledger) and kept in an LRU of
+    :data:`REPORT_CACHE_ENTRIES`, emptied when the basis is renewed. The public page follows the
+    same rule. The locks make one thread compute while the others wait for its answer.
     """
 
     def __init__(self, settings: Settings, clock: Clock) -> None:
         self._settings = settings
         self._clock = clock
-        self._basis: list[tuple[float, ReportBasis]] = []  # at most one entry
+        self._basis: list[tuple[float, tuple[int, int], ReportBasis]] = []  # at most one entry
         self.reports: OrderedDict[float | None, EffectiveEpsilonReport] = OrderedDict()
         self._report_lock = threading.Lock()
         self._verification: dict[str, tuple[float, Verification]] = {}
         self.verified_at: datetime | None = None  # when the cached verification was computed
         self._discovered: dict[tuple[str, int, tuple[int, ...], int], list[DiscoveredWord]] = {}
-        self._page: list[tuple[float, str]] = []  # at most one entry: the page without estimates
+        self._page: list[tuple[float, tuple[int, int], str]] = []  # the page without estimates
         self._page_lock = threading.Lock()
 
     def discovery(
@@ -64,17 +66,22 @@ class Caches:
 
     def report(self, ledger: Ledger, delta: float | None) -> EffectiveEpsilonReport:
         """The report at ``delta`` (validated by the route): bounded memory, cheap per delta."""
+        revision = ledger.book_revision()
         with self._report_lock:
-            if not self._basis or time.monotonic() >= self._basis[0][0]:
+            if (
+                not self._basis
+                or time.monotonic() >= self._basis[0][0]
+                or self._basis[0][1] != revision
+            ):
                 basis = effective_epsilon_basis(ledger, now=self._clock.now())
                 expires = time.monotonic() + self._settings.report_cache_seconds
-                self._basis[:] = [(expires, basis)]
+                self._basis[:] = [(expires, revision, basis)]
                 self.reports.clear()
             found = self.reports.get(delta)
             if found is not None:
                 self.reports.move_to_end(delta)
                 return found
-            report = finish_report(self._basis[0][1], accountant=ledger.accountant, delta=delta)
+            report = finish_report(self._basis[0][2], accountant=ledger.accountant, delta=delta)
             self.reports[delta] = report
             while len(self.reports) > REPORT_CACHE_ENTRIES:
                 self.reports.popitem(last=False)
@@ -93,14 +100,17 @@ class Caches:
         self._verification["chain"] = (expires, result)
         return result
 
-    def public_page(self, render: Callable[[], str]) -> str:
+    def public_page(self, ledger: Ledger, render: Callable[[], str]) -> str:
         """The public dashboard page, rendered at most once per ``report_cache_seconds``.
 
-        One render at a time; the others wait for its page.
+        Never served past a change of the policy book. One render at a time; the others wait
+        for its page.
         """
+        revision = ledger.book_revision()
         with self._page_lock:
-            if self._page and time.monotonic() < self._page[0][0]:
-                return self._page[0][1]
+            if self._page and time.monotonic() < self._page[0][0] and self._page[0][1] == revision:
+                return self._page[0][2]
             page = render()
-            self._page[:] = [(time.monotonic() + self._settings.report_cache_seconds, page)]
+            expires = time.monotonic() + self._settings.report_cache_seconds
+            self._page[:] = [(expires, revision, page)]
             return page

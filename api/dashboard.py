@@ -20,6 +20,7 @@ from typing import Any
 
 from budget.audit_log import Verification
 from budget.central import PRECONDITIONS, CentralLine, CentralLoss
+from budget.display import fmt_up
 from budget.reporting.activity import Activity
 from budget.reporting.report import EffectiveEpsilonReport, LossSpread
 from budget.reporting.views import CumulativeSeries, Distribution
@@ -63,9 +64,10 @@ class EstimatePanel:
 
 
 def _num(value: float | None) -> str:
+    """A figure with six significant digits, rounded up (an epsilon printed is a bound)."""
     if value is None:
         return "none"
-    return f"{value:,.6g}"
+    return fmt_up(value)
 
 
 def _age(seconds: float) -> str:
@@ -338,7 +340,8 @@ def render_dashboard(
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,"><style>{_CSS}</style></head><body>
 <h1>dp-governor</h1>
-<p class="muted">Privacy accounting as of {escape(report.as_of)}.</p>
+<p class="muted">Privacy accounting as of {escape(report.as_of)},
+computed at {escape(report.computed_at)}.</p>
 {chain_panel}
 <h2>Policies</h2>
 <table id="policies"><tr><th>use case</th><th>mechanism</th><th>&#949;/report</th>

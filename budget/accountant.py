@@ -59,7 +59,11 @@ __all__ = [
 MICRO: Final = 1_000_000
 Method = Literal["basic", "optimal-rr", "pld"]
 Bound = Literal[
-    "exact optimal", "PLD upper bound", "basic sum", "upper bound (dominating schedule)"
+    "exact optimal",
+    "PLD upper bound",
+    "basic sum",
+    "upper bound (dominating schedule)",
+    "upper bound (group privacy)",
 ]
 Kind = Literal["fixed schedule", "running total"]
 BOUNDS: Final[dict[Method, Bound]] = {
@@ -82,7 +86,16 @@ NOTES: Final[dict[tuple[Kind, Bound], str]] = {
     " chosen sequence (Rogers-Roth-Ullman-Vadhan 2016); the basic sum is",
     ("running total", "basic sum"): "the sum of what the device actually sent (delta 0): a"
     " valid privacy filter for pure epsilon, and what the gate enforces",
+    ("fixed schedule", "upper bound (group privacy)"): "the optimal composition of this"
+    " schedule fixed in advance, each report at group_size x epsilon (group privacy, Dwork-Roth"
+    " Theorem 2.2, itself an upper bound for a group): an upper bound for groups, not their"
+    " exact optimum",
+    ("running total", "upper bound (group privacy)"): "a running total: the optimal composition"
+    " of what the device actually sent, each report at group_size x epsilon (group privacy, an"
+    " upper bound for a group), as if fixed in advance. Not a guarantee against an adaptively"
+    " chosen sequence (Rogers-Roth-Ullman-Vadhan 2016); the basic sum is",
 }
+GROUPED: Final = "upper bound (group privacy)"
 Ledger = Mapping[float, int]
 FloatArray = npt.NDArray[np.float64]
 
@@ -284,23 +297,27 @@ class Accountant:
         delta: float,
         group_size: int = 1,
         kind: Kind = "fixed schedule",
+        grouped: bool = False,
     ) -> PrivacyLoss:
         """The loss of a ledger of pure events for groups of ``group_size``, at ``delta``.
 
         ``kind`` says what the ledger is: a schedule fixed in advance, or a running total of
-        what a device actually sent (the figure is labelled accordingly).
+        what a device actually sent (the figure is labelled accordingly). ``grouped`` says the
+        events are already scaled by a group size above 1: an exact composition of them is
+        then an upper bound for the group, and labelled so (as with ``group_size > 1``).
         """
         if not (0.0 < delta < 1.0):
             raise ValueError(f"`delta` must be in (0, 1), got {delta!r}")
         if kind not in ("fixed schedule", "running total"):
             raise ValueError(f"`kind` must be 'fixed schedule' or 'running total', got {kind!r}")
+        grouped = grouped or group_size > 1
         if isinstance(events, tuple):  # fast path: an already sorted, merged ledger
-            found = self._memo.get((events, delta, group_size, kind))
+            found = self._memo.get((events, delta, group_size, kind, grouped))
             if found is not None:
                 self.hits += 1
                 return found
         ledger = _normalise(events)
-        key = (ledger, delta, group_size, kind)
+        key = (ledger, delta, group_size, kind, grouped)
         with self._lock:  # the memos are shared by the service's threads
             found = self._memo.get(key)
             if found is not None:
@@ -308,7 +325,7 @@ class Accountant:
                 self._memo.move_to_end(key)
                 return found
         self.misses += 1
-        result = self._compute(ledger, delta, group_size, kind)
+        result = self._compute(ledger, delta, group_size, kind, grouped)
         with self._lock:
             self._memo[key] = result
             while len(self._memo) > self._memo_size:
@@ -316,7 +333,12 @@ class Accountant:
         return result
 
     def _compute(
-        self, ledger: tuple[tuple[float, int], ...], delta: float, group_size: int, kind: Kind
+        self,
+        ledger: tuple[tuple[float, int], ...],
+        delta: float,
+        group_size: int,
+        kind: Kind,
+        grouped: bool,
     ) -> PrivacyLoss:
         scaled = tuple((group_privacy(eps, 0.0, group_size)[0], c) for eps, c in ledger)
         basic = math.fsum(e * c for e, c in scaled)
@@ -331,6 +353,8 @@ class Accountant:
             if not math.isfinite(tight) or tight >= basic:
                 tight, method = basic, "basic"
         bound = BOUNDS[method]  # type: ignore[index]
+        if grouped and bound == "exact optimal":
+            bound = GROUPED
         return PrivacyLoss(
             n,
             basic,

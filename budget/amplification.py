@@ -74,6 +74,8 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import optimize, stats
 
+from budget.display import fmt_up
+
 __all__ = [
     "CURVE_METHOD",
     "MAX_EPS0",
@@ -295,7 +297,7 @@ def _shuffle_epsilon(eps0: float, n: int, delta: float) -> AmplifiedBound:
         amplified=True,
         note=(
             f"{n} distinct devices, one {eps0:g}-LDP report each, through an honest shuffler: "
-            f"({hi:.4g}, {delta:g})-DP centrally"
+            f"({fmt_up(hi, 4)}, {delta:g})-DP centrally"
         ),
     )
 

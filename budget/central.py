@@ -36,6 +36,7 @@ import orjson
 from sqlalchemy import Engine, select
 
 from budget.clock import day_date
+from budget.display import fmt_up
 from budget.storage.tables import ShuffledBatch
 from policies.model import Policy, from_micro
 
@@ -356,7 +357,7 @@ def central_figures(engine: Engine, versions: Sequence[Policy], today: int) -> l
 
 
 def _loss(loss: CentralLoss | None) -> str:
-    return "n/a" if loss is None else f"({loss.epsilon:.4g}, {loss.delta:g})"
+    return "n/a" if loss is None else f"({fmt_up(loss.epsilon, 4)}, {loss.delta:g})"
 
 
 def render_central(lines: Sequence[CentralLine]) -> list[str]:

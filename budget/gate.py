@@ -82,16 +82,20 @@ class Gate:
         """A hot-path statement in the driver's parameter style (prepared once per gate)."""
         return self._statements[name]
 
-    def book(self, conn: Connection) -> PolicyBook:
-        """The policy book as of this transaction, rebuilt only when policies or horizons change.
+    def revision(self, conn: Connection) -> tuple[int, int]:
+        """The policy book's revision: (number of versions, sum of horizons); one cheap query.
 
         Policy and device-budget versions are only ever added and horizons only ever rise, so
-        the pair (number of versions, sum of horizons) changes with every change that matters.
+        the pair changes with every change that matters to a decision or a figure.
         """
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         cursor.execute(self.sql("revision"))
         revision = cursor.fetchone()
-        key = (int(revision[0]), int(revision[1]))
+        return int(revision[0]), int(revision[1])
+
+    def book(self, conn: Connection) -> PolicyBook:
+        """The policy book as of this transaction, rebuilt only when its :meth:`revision` moves."""
+        key = self.revision(conn)
         cached = self._book
         if cached is None or cached[0] != key:
             cached = (key, load_book(conn))

@@ -259,6 +259,11 @@ class Ledger:
         with self.engine.connect() as conn:
             return self.gate.book(conn)
 
+    def book_revision(self) -> tuple[int, int]:
+        """The policy book's revision (:meth:`budget.gate.Gate.revision`): what caches key on."""
+        with self.engine.connect() as conn:
+            return self.gate.revision(conn)
+
     def device_wide(self, device_id: str, *, now: datetime) -> DeviceWide | None:
         """The device's standing against the device-wide budget (``None``: none in force)."""
         with self.engine.connect() as conn:

@@ -50,7 +50,9 @@ def dashboard(
                 "estimates on the dashboard need `Authorization: Bearer <admin token>`,"
                 " as `GET /v1/use-cases/{name}/estimates` does",
             )
-        page = caches.public_page(lambda: render_page(ledger, ingestor, caches, clock, None, None))
+        page = caches.public_page(
+            ledger, lambda: render_page(ledger, ingestor, caches, clock, None, None)
+        )
         return HTMLResponse(page)
     return HTMLResponse(render_page(ledger, ingestor, caches, clock, estimate, candidates or []))
 

@@ -164,11 +164,17 @@ def _compose(
         p = policies[use_case]
         scaled = _scaled(events)
         per_use_case[use_case] = accountant.loss(
-            scaled, delta=delta if delta is not None else p.delta, kind="running total"
+            scaled,
+            delta=delta if delta is not None else p.delta,
+            kind="running total",
+            grouped=any(g > 1 for _, g, n in events if n),
         )
         for eps, count in scaled:
             merged[eps] += count
-    return per_use_case, accountant.loss(merged, delta=total_delta, kind="running total")
+    grouped = any(g > 1 for events in rows.values() for _, g, n in events if n)
+    return per_use_case, accountant.loss(
+        merged, delta=total_delta, kind="running total", grouped=grouped
+    )
 
 
 def device_loss(
@@ -241,6 +247,7 @@ def population_window_loss(
             _scaled((e, g, n) for (_, e, g, _), n in counts.items()),
             delta=policy.delta,
             kind="running total",
+            grouped=any(g > 1 for (_, _, g, _), n in counts.items() if n),
         )
         for dk, counts in _window_counts(ledger, utc_day(now), book, [use_case])
     }
@@ -262,5 +269,6 @@ def population_lifetime_loss(ledger: Ledger, *, use_case: str) -> dict[str, Priv
                 _scaled((e, g, n) for (_, e, g, _), n in mine.items()),
                 delta=policy.delta,
                 kind="running total",
+                grouped=any(g > 1 for (_, _, g, _) in mine),
             )
     return out

@@ -160,20 +160,23 @@ class Allowed:
     """One horizon's worst case across budgets: its exact sum and a schedule to compose.
 
     ``exact`` is False when some budget's schedule only dominates the allowed ones;
-    ``value_exact`` is False when some budget's maximum is only an upper bound.
+    ``value_exact`` is False when some budget's maximum is only an upper bound; ``grouped``
+    is True when some member's group size is above 1 (its figure is for groups).
     """
 
     value_micro: int
     schedule: dict[float, int]
     exact: bool
     value_exact: bool
+    grouped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class ReportBasis:
     """Everything of the report that does not depend on delta, read from the rows once.
 
-    ``window_ledgers`` and ``lifetime_ledgers`` are the histograms ``(ledger, devices)`` of the
+    ``window_ledgers`` and ``lifetime_ledgers`` are the histograms ``((ledger, grouped),
+    devices)`` of the
     devices' group-scaled multisets, so any delta's figures cost one composition per distinct
     ledger.
     """
@@ -186,8 +189,8 @@ class ReportBasis:
     allowed_per_year: Allowed
     spent_window: Spread
     spent_lifetime: Spread
-    window_ledgers: tuple[tuple[Ledger, int], ...]
-    lifetime_ledgers: tuple[tuple[Ledger, int], ...]
+    window_ledgers: tuple[tuple[tuple[Ledger, bool], int], ...]
+    lifetime_ledgers: tuple[tuple[tuple[Ledger, bool], int], ...]
     provenance: dict[str, Any]
     central: list[CentralLine] = field(default_factory=list)
     computed_at: str = ""
@@ -257,17 +260,27 @@ def _allowed(budgets: Sequence[Sequence[Policy]], days: int) -> Allowed:
         value_exact = value_exact and found.exact_value
         for micro, count in found.schedule:
             schedule[from_micro(micro)] += count
-    return Allowed(value, dict(schedule), exact, value_exact)
+    grouped = any(p.group_size > 1 for members in budgets for p in members)
+    return Allowed(value, dict(schedule), exact, value_exact, grouped)
 
 
-def _device_ledgers(rows: Iterable[Row]) -> tuple[dict[str, int], Counter[Ledger]]:
-    """Per device its group-scaled micro-epsilon sum, and the histogram of its multisets."""
+def _device_ledgers(
+    rows: Iterable[Row],
+) -> tuple[dict[str, int], Counter[tuple[Ledger, bool]]]:
+    """Per device its group-scaled micro-epsilon sum, and the histogram of its multisets.
+
+    A multiset is kept with whether any of its events is scaled by a group size above 1.
+    """
     events: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    grouped: set[str] = set()
     for dk, _, eps_micro, group, count, _ in rows:
         events[dk][eps_micro * group] += count
+        if group > 1 and count:
+            grouped.add(dk)
     totals = {dk: sum(e * n for e, n in ev.items()) for dk, ev in events.items()}
     histogram = Counter(
-        tuple((from_micro(e), n) for e, n in sorted(ev.items()) if n) for ev in events.values()
+        (tuple((from_micro(e), n) for e, n in sorted(ev.items()) if n), dk in grouped)
+        for dk, ev in events.items()
     )
     return totals, histogram
 
@@ -427,7 +440,7 @@ def prepare_report(
 
 def _allowed_loss(allowed: Allowed, accountant: Accountant, delta: float) -> PrivacyLoss:
     """Compose a horizon's worst-case schedule (fixed in advance), labelled for what it is."""
-    loss = accountant.loss(allowed.schedule, delta=delta)
+    loss = accountant.loss(allowed.schedule, delta=delta, grouped=allowed.grouped)
     basic = from_micro(allowed.value_micro)
     if allowed.exact:
         return loss
@@ -452,12 +465,15 @@ def _allowed_loss(allowed: Allowed, accountant: Accountant, delta: float) -> Pri
 
 
 def _loss_spread(
-    ledgers: tuple[tuple[Ledger, int], ...], accountant: Accountant, delta: float
+    ledgers: tuple[tuple[tuple[Ledger, bool], int], ...], accountant: Accountant, delta: float
 ) -> LossSpread | None:
     """Each distinct ledger's running-total bound, weighted by its devices."""
     if not ledgers:
         return None
-    losses = [(accountant.loss(ev, delta=delta, kind="running total"), n) for ev, n in ledgers]
+    losses = [
+        (accountant.loss(ev, delta=delta, kind="running total", grouped=grouped), n)
+        for (ev, grouped), n in ledgers
+    ]
     n, top, p99, median = _quantiles((loss.epsilon, k) for loss, k in losses)
     bounds: dict[str, int] = defaultdict(int)
     for loss, k in losses:

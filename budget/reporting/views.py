@@ -148,11 +148,15 @@ def _device_central(
 ) -> list[CentralLine]:
     """The central figures of each use case the device reported to, for its own report counts.
 
-    Composed over as many of the use case's smallest sub-batches as the device sent reports in
-    the window (its charges held) and over a year (at most its lifetime count).
+    A batch published in a horizon may hold reports charged before it (a report waits in the
+    inbox until its batch is full), so the device's reports that may be in a horizon's
+    batches are its charges since the first day any of those batches' reports were charged
+    on; where that day is no longer held (purged), every report it ever sent. Composed over
+    as many of the use case's smallest sub-batches.
     """
+    book = ledger.book()
     versions: dict[str, list[Policy]] = defaultdict(list)
-    for p in ledger.book().versions:
+    for p in book.versions:
         versions[p.name].append(p)
     batches = read_batches(ledger.engine, today - DAYS_PER_YEAR + 1)
     out = []
@@ -160,9 +164,22 @@ def _device_central(
         if use_case not in versions:
             continue
         policy = max(versions[use_case], key=lambda p: p.version)
-        start = today - policy.retention_days
-        window = sum(n for d, (n, _) in per_day.get(use_case, {}).items() if d > start)
-        own = (window, max(sent.get(use_case, 0), window))
+        held = per_day.get(use_case, {})
+        ever = sent.get(use_case, 0)
+
+        def since(first_published: int, use_case: str = use_case) -> int:
+            """The device's reports that may be in batches published after ``first_published``."""
+            mine = [b for b in batches if b.use_case == use_case and b.day > first_published]
+            if not mine:
+                return 0
+            first = min(b.first_day for b in mine)
+            if first <= book.horizon(use_case):
+                return ever  # charged on days no longer held: all it ever sent
+            return sum(n for d, (n, _) in held.items() if d >= first)
+
+        window = since(today - policy.retention_days)
+        year = since(today - DAYS_PER_YEAR)
+        own = (window, max(year, window))
         out.append(central_line(policy, versions[use_case], batches, today, reports=own))
     return out
 

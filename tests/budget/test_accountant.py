@@ -216,6 +216,11 @@ def test_every_loss_names_its_bound_and_kind() -> None:
     pld_bound = accountant.loss({0.1: 1000}, delta=1e-6, kind="running total")
     assert (pld_bound.bound, pld_bound.kind) == ("PLD upper bound", "running total")
     assert "adaptively" in pld_bound.note
+    grouped = accountant.loss({0.05: 5}, delta=1e-6, group_size=2)  # exact for the events,
+    assert grouped.bound == "upper bound (group privacy)"  # but group privacy is a bound
+    assert "group" in grouped.note
+    scaled = accountant.loss({0.1: 5}, delta=1e-6, grouped=True)  # already scaled
+    assert scaled.bound == "upper bound (group privacy)" and scaled.epsilon == grouped.epsilon
     basic = accountant.loss({600.0: 2}, delta=1e-9)  # too big for exact and for the PLD
     assert basic.bound == "basic sum" and basic.epsilon == 1200.0
     with pytest.raises(ValueError, match="`kind`"):
