@@ -69,6 +69,8 @@ PARAMETER_EXAMPLES: dict[str, Any] = {
     "delta": 1e-9,
     "scope": "window",
     "bins": 20,
+    "allow_loosen": False,
+    "group": "safari-domains",
 }
 
 # Operations a device (its own id in X-Device-Id) or an admin may call: the lock is optional.
@@ -173,6 +175,7 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "totals": "Across all use cases, per device.",
         "provenance": "How it was computed: accountant, library versions, delta, settings.",
         "central": "Per use case, the central epsilon of its shuffled batches.",
+        "computed_at": "When its figures were read from the ledger (UTC, ISO 8601).",
     },
     "LossSpread": {
         "devices": "Devices counted.",
@@ -230,8 +233,14 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "lifetime_cap": "The lifetime epsilon cap; null: none.",
         "lifetime_bounded": "Whether a cap bounds a device's lifetime spend.",
         "lifetime_note": "What bounds (or fails to bound) the lifetime spend, in a sentence.",
+        "lifetime_bound": "The lifetime loss bound stated: the larger of the lifetime cap and"
+        " the most any device spent on what the budget counts (null: none).",
         "spent_window": "What devices actually spent in the window.",
         "spent_lifetime": "What devices actually spent over their lifetimes.",
+        "spent_budget_lifetime_max": "The most any device spent on what its budget's caps count"
+        " (its members' history and every charge made under it).",
+        "devices_over_lifetime_cap": "Devices that spent more than the lifetime cap before it"
+        " was lowered: it admits nothing more to them.",
     },
     "WhatIf": {
         "use_case": "The use case.",
@@ -242,6 +251,7 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "over_lifetime_cap": "Devices over the lifetime cap, current and proposed.",
         "effective_epsilon": "The use case's report line, current and proposed.",
         "totals_allowed_per_day": "All use cases composed per day, current and proposed.",
+        "loosens": "What writing the proposal would loosen (it then needs `allow_loosen`).",
     },
     "PolicyPublic": {
         "description": "What the use case collects, in a sentence.",

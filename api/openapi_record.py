@@ -61,6 +61,14 @@ def _seed(client: TestClient, examples: dict[str, Any]) -> None:
     put = client.put("/v1/use-cases/emoji", json={**fields, "min_batch_devices": 2}, headers=ADMIN)
     put.raise_for_status()
     examples["responses"]["put /v1/use-cases/{name}"] = {"200": _trim(put.json())}
+    group = client.get("/v1/budget-groups/safari-domains").json()["terms"]
+    shared = client.put(
+        "/v1/budget-groups/safari-domains",
+        json={**group, "lifetime_epsilon_cap": 400.0},
+        headers=ADMIN,
+    )
+    shared.raise_for_status()
+    examples["responses"]["put /v1/budget-groups/{group}"] = {"200": _trim(shared.json())}
     mechanism = from_published(put.json()["randomizer"])
     for device in DEVICES:
         body = mechanism.privatize_one("😂").to_dict()
@@ -84,6 +92,7 @@ READS: dict[str, tuple[str, dict[str, str]]] = {
     "get /v1/use-cases/{name}/versions": ("/v1/use-cases/emoji/versions", {}),
     "get /v1/devices/{device_id}/budget": (f"/v1/devices/{DEVICE}/budget", {"X-Device-Id": DEVICE}),
     "get /v1/device-budget": ("/v1/device-budget", {}),
+    "get /v1/budget-groups/{group}": ("/v1/budget-groups/safari-domains", {}),
     "get /v1/audit/effective-epsilon": ("/v1/audit/effective-epsilon", {}),
     "get /v1/audit/devices/{device_id}": (f"/v1/audit/devices/{DEVICE}", ADMIN),
     "get /v1/audit/use-cases/{name}/distribution": (

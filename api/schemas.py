@@ -58,7 +58,7 @@ _FAMILY = PydField(
 class BudgetGroupPublic(BaseModel):
     """A budget group: its active members and the terms they share."""
 
-    name: str
+    name: str = PydField(description="The group's name (its members' `budget_group`).")
     members: list[str] = PydField(description="The active use cases drawing from the group.")
     terms: GroupTerms = PydField(description="The caps, filters and retention they share.")
 

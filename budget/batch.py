@@ -9,7 +9,9 @@ Same caps and the same decisions for one report or many, applied in order, in on
    has since expired (its ``retry_at`` passed) is decided again;
 3. lock and read the state of every device the batch touches: SQLite's ``BEGIN IMMEDIATE``
    holds the write lock; on PostgreSQL the accounts rows are created if missing and locked
-   with ``SELECT ... FOR UPDATE`` in key order (no deadlocks between batches);
+   with ``SELECT ... FOR UPDATE`` in key order (no deadlocks between batches), after the
+   policy book's advisory lock is taken shared (before the book is read): a policy write
+   takes it exclusively, so no batch decides on a book that changes before it commits;
 4. decide the items in order, in memory, by the rule (:func:`budget.rule.decide_on`);
 5. write everything with ``executemany`` (charge ids are allocated before deciding, so each
    decision is built once, complete): one ``accounts`` row per touched device, written with a
@@ -156,6 +158,8 @@ def charge_batch(
             )
     with gate.write_lock, gate.engine.connect() as conn, conn.begin():
         cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        if postgres:  # the book read below stays the book in force until this commits
+            cur.execute(gate.sql("book_lock"))
         terms: dict[str, Terms | UnknownUseCase] = {}
         for i in valid:
             name = items[i].use_case

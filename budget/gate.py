@@ -23,7 +23,7 @@ from budget.keyed import KeyedHash
 from budget.storage.db import placeholder, writer
 from budget.storage.tables import RetentionHorizon
 from policies.device import device_budget_versions, limits_of
-from policies.repository import PolicyStore
+from policies.repository import BOOK_LOCK_KEY, PolicyStore
 
 __all__ = ["Gate", "InternalError", "device_key", "load_book"]
 
@@ -59,6 +59,7 @@ class Gate:
         ph = placeholder(engine)
         self.postgres = engine.dialect.name == "postgresql"
         self._statements = {k: v.replace("?", ph) for k, v in _HOT_PATH.items()}
+        self._statements["book_lock"] = f"SELECT pg_advisory_xact_lock_shared({BOOK_LOCK_KEY})"
         self._book: tuple[tuple[int, int], PolicyBook] | None = None
         # SQLite has one writer at a time: queue this process's writers on a lock instead of
         # letting them spin in SQLite's busy handler, whose sleeps (up to 100 ms) are the tail.

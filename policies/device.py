@@ -27,6 +27,7 @@ from sqlalchemy import Column, Connection, Engine, Text, select, text
 from sqlmodel import Field, SQLModel
 
 from policies.model import MICRO, SLUG, to_micro
+from policies.repository import lock_book
 
 __all__ = [
     "DeviceBudgetCreate",
@@ -273,6 +274,7 @@ def write_device_budget(
     """
     with engine.execution_options(dpgov_write=True).begin() as conn:
         if conn.dialect.name == "postgresql":
+            lock_book(conn)  # no charge decides on the budget this replaces after it commits
             conn.execute(text("LOCK TABLE device_budgets IN EXCLUSIVE MODE"))
         versions = device_budget_versions(conn)
         if versions and versions[-1].body() == body:

@@ -265,16 +265,49 @@ class GroupTerms(SQLModel):
     member's result validated as a ``PolicyCreate``.
     """
 
-    model_config = ConfigDict(strict=True, extra="forbid")  # type: ignore[assignment]
+    model_config = ConfigDict(  # type: ignore[assignment]
+        strict=True,
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "max_reports_per_day": 2,
+                    "retention_days": 90,
+                    "window_epsilon_cap": None,
+                    "lifetime_epsilon_cap": 400.0,
+                    "window_filter_epsilon": None,
+                    "window_filter_delta": None,
+                    "lifetime_filter_epsilon": None,
+                    "lifetime_filter_delta": None,
+                }
+            ]
+        },
+    )
 
-    max_reports_per_day: int = Field(ge=1, le=1000)
-    retention_days: int = Field(ge=1, le=3650)
-    window_epsilon_cap: float | None = Field(gt=0, le=1e9)
-    lifetime_epsilon_cap: float | None = Field(gt=0, le=1e9)
-    window_filter_epsilon: float | None = Field(gt=0, le=1e9)
-    window_filter_delta: float | None = Field(gt=0, lt=1)
-    lifetime_filter_epsilon: float | None = Field(gt=0, le=1e9)
-    lifetime_filter_delta: float | None = Field(gt=0, lt=1)
+    max_reports_per_day: int = Field(
+        ge=1, le=1000, description="Reports a device may send a day, all members together."
+    )
+    retention_days: int = Field(
+        ge=1, le=3650, description="The window of the window cap and filter, in days."
+    )
+    window_epsilon_cap: float | None = Field(
+        gt=0, le=1e9, description="Epsilon per device and window, all members; null: none."
+    )
+    lifetime_epsilon_cap: float | None = Field(
+        gt=0, le=1e9, description="Epsilon per device, ever, all members; null: none."
+    )
+    window_filter_epsilon: float | None = Field(
+        gt=0, le=1e9, description=_TARGET.format("Per device and window")
+    )
+    window_filter_delta: float | None = Field(
+        gt=0, lt=1, description="Per device and window: the filter target's delta."
+    )
+    lifetime_filter_epsilon: float | None = Field(
+        gt=0, le=1e9, description=_TARGET.format("Per device, ever")
+    )
+    lifetime_filter_delta: float | None = Field(
+        gt=0, lt=1, description="Per device, ever: the filter target's delta."
+    )
 
 
 class PolicyUpdate(SQLModel):

@@ -341,8 +341,9 @@ def lock_book(conn: Connection) -> None:
     """Hold the policy book's PostgreSQL advisory lock, exclusively, until the transaction ends.
 
     Every write of a policy or of the device-wide budget takes it; the gate's charge
-    transaction takes it shared (:data:`BOOK_LOCK_SHARED`), so a charge decides and commits on
-    one book. SQLite needs none: its write transactions already run one at a time.
+    transaction takes it shared before it reads the book (``budget.batch.charge_batch``), so a
+    charge decides and commits on one book. SQLite needs none: its write transactions already
+    run one at a time.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": BOOK_LOCK_KEY})

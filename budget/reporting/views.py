@@ -21,11 +21,13 @@ from budget.central import DAYS_PER_YEAR, CentralLine, central_line, read_batche
 from budget.clock import day_date, utc_day
 from budget.errors import InvalidRequest
 from budget.ledger import Ledger
+from budget.loosening import loosenings
 from budget.reporting.device import DeviceOdometer, device_odometer
 from budget.reporting.loss import DeviceLoss, device_loss, lifetime_rows, spend_rows, window_rows
 from budget.reporting.report import UseCaseLine, build_report
 from budget.rule import check
 from budget.state import AccountState, lifetime_counts
+from budget.storage.tables import ShuffledBatch
 from policies.device import DeviceBudgetCreate, DeviceBudgetVersion, limits_of
 from policies.model import Policy, PolicyCreate, from_micro
 
@@ -165,23 +167,34 @@ def _device_central(
             continue
         policy = max(versions[use_case], key=lambda p: p.version)
         held = per_day.get(use_case, {})
-        ever = sent.get(use_case, 0)
-
-        def since(first_published: int, use_case: str = use_case) -> int:
-            """The device's reports that may be in batches published after ``first_published``."""
-            mine = [b for b in batches if b.use_case == use_case and b.day > first_published]
-            if not mine:
-                return 0
-            first = min(b.first_day for b in mine)
-            if first <= book.horizon(use_case):
-                return ever  # charged on days no longer held: all it ever sent
-            return sum(n for d, (n, _) in held.items() if d >= first)
-
-        window = since(today - policy.retention_days)
-        year = since(today - DAYS_PER_YEAR)
+        ever, horizon = sent.get(use_case, 0), book.horizon(use_case)
+        mine = [b for b in batches if b.use_case == use_case]
+        window = _reports_in(mine, today - policy.retention_days, held, ever, horizon)
+        year = _reports_in(mine, today - DAYS_PER_YEAR, held, ever, horizon)
         own = (window, max(year, window))
         out.append(central_line(policy, versions[use_case], batches, today, reports=own))
     return out
+
+
+def _reports_in(
+    batches: Sequence[ShuffledBatch],
+    after: int,
+    held: dict[int, list[int]],
+    ever: int,
+    horizon: int,
+) -> int:
+    """A device's reports that may be in ``batches`` published after day ``after``.
+
+    Its charges since the first day those batches' reports were charged on; where that day is
+    no longer held (on or before the purge's ``horizon``), every report it ever sent.
+    """
+    published = [b for b in batches if b.day > after]
+    if not published:
+        return 0
+    first = min(b.first_day for b in published)
+    if first <= horizon:
+        return ever
+    return sum(n for d, (n, _) in held.items() if d >= first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +262,7 @@ class WhatIf:
     over_lifetime_cap: dict[str, int]
     effective_epsilon: dict[str, dict[str, Any]]
     totals_allowed_per_day: dict[str, PrivacyLoss]
+    loosens: list[str] = field(default_factory=list)  # what writing it needs allow_loosen for
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
@@ -333,6 +347,7 @@ def what_if(
             k: {"current": getattr(before, k), "proposed": getattr(after, k)} for k in keys
         },
         totals_allowed_per_day={"current": before_total, "proposed": after_total},
+        loosens=loosenings(book, after_book),
     )
 
 
