@@ -280,8 +280,8 @@ class Ledger:
     def status(self, device_id: str, *, now: datetime) -> list[BudgetStatus]:
         """The device's standing against every active use case, at ``now``.
 
-        Each figure counts the device's history in every use case the budget's caps count now
-        (its members), whatever budget that history was charged under.
+        Each figure counts what the budget's caps count (:meth:`AccountState.counted`): its
+        members' whole history and every charge made under it.
         """
         dk = self.device_key(device_id)
         day = utc_day(now)
