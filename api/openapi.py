@@ -241,6 +241,12 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         " (its members' history and every charge made under it).",
         "devices_over_lifetime_cap": "Devices that spent more than the lifetime cap before it"
         " was lowered: it admits nothing more to them.",
+        "spent_budget_window_max": "The most any device holds in the window on what its"
+        " budget's caps count.",
+        "devices_over_window_cap": "Devices whose window holds more than the window cap (spent"
+        " before it was lowered): it admits nothing more to them until enough leaves.",
+        "window_note": "Empty, or why some devices hold more than the window cap, in a"
+        " sentence.",
     },
     "WhatIf": {
         "use_case": "The use case.",

@@ -69,6 +69,15 @@ def _seed(client: TestClient, examples: dict[str, Any]) -> None:
     )
     shared.raise_for_status()
     examples["responses"]["put /v1/budget-groups/{group}"] = {"200": _trim(shared.json())}
+    proposal = client.post(
+        "/v1/budget-groups/safari-domains/what-if",
+        json={**group, "lifetime_epsilon_cap": 200.0},
+        headers=ADMIN,
+    )
+    proposal.raise_for_status()
+    examples["responses"]["post /v1/budget-groups/{group}/what-if"] = {
+        "200": _trim(proposal.json())
+    }
     mechanism = from_published(put.json()["randomizer"])
     for device in DEVICES:
         body = mechanism.privatize_one("😂").to_dict()

@@ -207,6 +207,17 @@ class PolicyBook:
             ever_members, keep,
         )  # fmt: skip
 
+    def terms_of(self, name: str) -> Terms:
+        """The terms of ``name``'s latest version, retired or not (a retired one as it was)."""
+        found = self.terms.get(name)
+        if found is not None:
+            return found
+        p = self.latest[name]
+        budget = budget_key(p)
+        return Terms.of(
+            p, self.members[budget], self.horizons, self.device, self.ever_members[budget]
+        )
+
     def with_policy(self, proposed: Policy) -> PolicyBook:
         """The book as it would be with ``proposed`` as its use case's next version."""
         return PolicyBook.build(

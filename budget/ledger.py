@@ -35,7 +35,8 @@ from budget.storage.partitions import (
 )
 from budget.storage.tables import Account, Charge, IdempotencyRecord, RetentionHorizon
 from policies.device import DeviceBudgetCreate, DeviceBudgetVersion, write_device_budget
-from policies.errors import PolicyLoosens
+from policies.device import loosening as device_loosening
+from policies.errors import PolicyConflict, PolicyLoosens
 from policies.model import Policy, from_micro
 from policies.repository import PolicyStore
 
@@ -171,13 +172,27 @@ class Ledger:
             return _loosenings(load_book(conn), proposed)
 
     def set_device_budget(
-        self, body: DeviceBudgetCreate, *, actor: str = "admin"
+        self, body: DeviceBudgetCreate, *, actor: str = "admin", allow_loosen: bool = False
     ) -> DeviceBudgetVersion:
-        """Store the device-wide budget as its next version, audited in the same transaction."""
+        """Store the device-wide budget as its next version, audited in the same transaction.
+
+        Refused (nothing written) when a quota names no active use case, or when the version
+        loosens the one in force (:func:`policies.device.loosening`) and ``allow_loosen`` is
+        not set.
+        """
 
         def audited(
             conn: Connection, old: DeviceBudgetVersion | None, new: DeviceBudgetVersion
         ) -> None:
+            active = load_book(conn).terms
+            unknown = sorted(set(body.quotas) - set(active))
+            if unknown:
+                raise PolicyConflict(
+                    "quotas", f"must name active use cases, got {', '.join(map(repr, unknown))}"
+                )
+            found = device_loosening(None if old is None else old.body(), body)
+            if found and not allow_loosen:
+                raise PolicyLoosens(found)
             data = {
                 "old": None if old is None else old.body().model_dump(),
                 "new": new.body().model_dump(),

@@ -1,14 +1,18 @@
 """Which policy edits loosen: what some device could spend under the new book and not the old.
 
-A change of policies (one version or many at once) loosens when, for a use case active before
-and after it, the guarantee its budget states gets weaker in any of its terms:
+A change of policies (one version or many at once) loosens when, for a use case active after
+it and defined before it (active, or retired and now re-created: a re-creation is an edit of
+the version it had), the guarantee its budget states gets weaker in any of its terms:
 
-- **per report**: a larger epsilon per report (or an SFP part's), a larger delta, a smaller
-  group the figures protect (``group_size``), a smaller shuffled batch (``min_batch_devices``);
-- **what the caps allow one device** over 1 day, over the old and the new window, over a year
-  (the worst case of every schedule the budget's caps accept, for an individual:
-  :func:`budget.reporting.allowance.allowance`), and over its lifetime (the lifetime cap;
-  none is unbounded);
+- **per report**: a larger epsilon per report (or an SFP part's; another mechanism's report
+  protects each part at its whole epsilon), a larger delta, a smaller group the figures
+  protect (``group_size``), a smaller shuffled batch (``min_batch_devices``);
+- **what the caps allow one device** over 1 day, over the old and the new window and over a
+  year (the worst case of every schedule the budget's caps accept, for an individual:
+  :func:`budget.reporting.allowance.allowance`), and over its lifetime (the lifetime cap; none
+  is unbounded); and a window cap's window shortened at all, since spend charged before the
+  edit then stops counting in full (a device at the old cap is admitted again at once, however
+  the new cap is scaled);
 - **the filters**: a window or lifetime ``(epsilon, delta)`` target removed, or admitting a
   total it did not (a larger epsilon or ``V*``, or a shorter window);
 - **what the caps count**: a budget's caps count its members' whole history and every charge
@@ -16,9 +20,10 @@ and after it, the guarantee its budget states gets weaker in any of its terms:
   case's caps no longer count something they counted (a use case leaving its group, a member
   re-created outside it) lets some device spend again what it already spent.
 
-Each figure is computed for every state a device could be in, now or later, so the answer
-does not depend on today's ledger. Creating or re-creating a use case is not an edit of a
-policy before it; retiring one never loosens. Pure code.
+Each term holds for every state a device could be in, now or later, so the answer does not
+depend on today's ledger. Only the use cases whose terms the change can move are compared: the
+ones it writes, and the members of every budget they leave or join. Creating a use case that
+never existed is not an edit; retiring one never loosens. Pure code.
 """
 
 from __future__ import annotations
@@ -32,22 +37,38 @@ from policies.model import Policy, budget_key, from_micro, to_micro
 __all__ = ["loosenings"]
 
 YEAR = 365
+_PARTS = ("epsilon_word", "epsilon_fragment")
 
 
 def loosenings(before: PolicyBook, after: PolicyBook) -> list[str]:
     """What the change from ``before`` to ``after`` loosens, one phrase each (empty: nothing)."""
     out: list[str] = []
-    for name in sorted(set(before.terms) & set(after.terms)):
+    for name in sorted(_affected(before, after)):
         out.extend(f"{name}: {x}" for x in _weaker(before, after, name))
     return out
+
+
+def _affected(before: PolicyBook, after: PolicyBook) -> set[str]:
+    """The use cases to compare: active after, defined before, and touched by the change."""
+    written = {
+        name
+        for name, p in after.latest.items()
+        if name not in before.latest or before.latest[name].version != p.version
+    }
+    touched: set[str] = set()
+    for name in written:
+        for book in (before, after):
+            if name in book.latest:
+                touched |= book.members.get(budget_key(book.latest[name]), frozenset())
+    return {n for n in written | touched if n in after.terms and n in before.latest}
 
 
 def _weaker(before: PolicyBook, after: PolicyBook, name: str) -> Iterator[str]:
     """Every term of ``name``'s guarantee that ``after`` states more weakly than ``before``."""
     old, new = before.latest[name], after.latest[name]
-    for field in ("epsilon_per_report", "epsilon_word", "epsilon_fragment", "delta"):
-        was, now = getattr(old, field), getattr(new, field)
-        if was is not None and now is not None and now > was:
+    for field in ("epsilon_per_report", *_PARTS, "delta"):
+        was, now = _term(old, field), _term(new, field)
+        if now > was:
             yield f"`{field}` raised from {was:g} to {now:g}"
     if new.group_size < old.group_size:
         yield f"`group_size` lowered from {old.group_size} to {new.group_size}"
@@ -56,25 +77,38 @@ def _weaker(before: PolicyBook, after: PolicyBook, name: str) -> Iterator[str]:
             f"`min_batch_devices` lowered from {old.min_batch_devices} to"
             f" {new.min_batch_devices} (smaller shuffled batches hide each report)"
         )
-    horizons = sorted({1, old.retention_days, new.retention_days, YEAR})
     rises = []
-    for days in horizons:
+    for days in sorted({1, old.retention_days, new.retention_days, YEAR}):
         was_micro, now_micro = _allowed(before, name, days), _allowed(after, name, days)
         if now_micro > was_micro:
             span = "a day" if days == 1 else f"any {days} days"
             rises.append(f"{span} {from_micro(was_micro):g} -> {from_micro(now_micro):g}")
     if rises:
         yield f"what one device may spend on budget {budget_key(new)!r} rises: {', '.join(rises)}"
+    if old.window_epsilon_cap is not None and new.retention_days < old.retention_days:
+        yield (
+            f"the window cap's window shortens from {old.retention_days} to"
+            f" {new.retention_days} days (spend before the edit no longer counts in full)"
+        )
     was_life, now_life = old.lifetime_epsilon_cap, new.lifetime_epsilon_cap
     if was_life is not None and (now_life is None or now_life > was_life):
         change = "removed" if now_life is None else f"raised to {now_life:g}"
         yield f"`lifetime_epsilon_cap` {change} (was {was_life:g})"
-    yield from _filters(before.terms[name], after.terms[name])
-    lost = _counted(before, name) - _counted(after, name)
-    covered = {(u, b) for u, b in lost if (u, "*") not in _counted(after, name)}
-    for use_case, budget in sorted(covered):
+    yield from _filters(before.terms_of(name), after.terms[name])
+    counted_after = _counted(after.terms[name])
+    for use_case, budget in sorted(_counted(before.terms_of(name)) - counted_after):
+        if budget != "*" and (use_case, "*") in counted_after:
+            continue  # its whole history still counts
         what = f"{use_case}'s spend" if budget == "*" else f"{use_case}'s spend under {budget!r}"
         yield f"its caps no longer count {what}"
+
+
+def _term(policy: Policy, field: str) -> float:
+    """A per-report term; a report of another mechanism protects each SFP part at its whole."""
+    value = getattr(policy, field)
+    if value is None:  # not SFP: the word and the fragment are the whole report
+        value = policy.epsilon_per_report
+    return float(value)
 
 
 def _allowed(book: PolicyBook, name: str, days: int) -> int:
@@ -88,7 +122,7 @@ def _allowed(book: PolicyBook, name: str, days: int) -> int:
     costs = tuple(
         (to_micro(p.epsilon_per_report), to_micro(p.epsilon_per_report))
         for p in members
-        if p.active
+        if p.active or p.name == name
     )
     return allowance(costs, _caps(policy), days).value_micro
 
@@ -127,7 +161,6 @@ def _filters(old: Terms, new: Terms) -> Iterator[str]:
             )
 
 
-def _counted(book: PolicyBook, name: str) -> set[tuple[str, str]]:
-    """What ``name``'s caps count: ``(use case, "*")`` all of it, ``(use case, budget)`` part."""
-    terms = book.terms[name]
+def _counted(terms: Terms) -> set[tuple[str, str]]:
+    """What a budget's caps count: ``(use case, "*")`` all of it, ``(use case, budget)`` part."""
     return {(u, "*") for u in terms.members} | {(u, terms.budget) for u in terms.ever_members}

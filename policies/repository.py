@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
+from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, Select, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
@@ -179,15 +181,23 @@ class PolicyStore:
         self, policy: PolicyCreate, *, actor: str = "admin", allow_loosen: bool = False
     ) -> Policy:
         """Store version 1 of a new use case (or revive a deleted one as its next version)."""
-        (row,) = self._write([Change(policy, "create")], actor, allow_loosen)
+        (row,) = self._write(lambda _: [Change(policy, "create")], actor, allow_loosen)
         return row
 
     def update(
         self, name: str, change: PolicyUpdate, *, actor: str = "admin", allow_loosen: bool = False
     ) -> Policy:
-        """Store a new version of ``name`` with ``change`` applied."""
-        current = self.get(name)
-        (row,) = self._write([Change(change.apply_to(current), "update")], actor, allow_loosen)
+        """Store a new version of ``name`` with ``change`` applied to the version in force.
+
+        The version it applies to is read under the write's lock, so a concurrent change is
+        never written over with stale values.
+        """
+
+        def plan(latest: dict[str, Policy]) -> builtins.list[Change]:
+            current = _active(latest, name)
+            return [Change(change.apply_to(current), "update")]
+
+        (row,) = self._write(plan, actor, allow_loosen)
         return row
 
     def apply(
@@ -212,7 +222,8 @@ class PolicyStore:
         as one change (a budget group's members may change their shared terms together), and
         nothing is written unless every check passes.
         """
-        return self._write([Change(p, "apply") for p in policies], actor, allow_loosen)
+        changes = [Change(p, "apply") for p in policies]
+        return self._write(lambda _: changes, actor, allow_loosen)
 
     def update_group(
         self,
@@ -224,45 +235,63 @@ class PolicyStore:
     ) -> builtins.list[Policy]:
         """Give every active member of budget group ``group`` the shared ``terms``, at once.
 
-        One new version per member whose terms change, in one transaction: the members of a
-        group share its caps, filters and retention, so they change together.
+        One new version per member whose terms change, in one transaction, each built from the
+        member's version in force under the write's lock: the members of a group share its
+        caps, filters and retention, so they change together. A member whose policy would no
+        longer validate refuses the whole change (:class:`PolicyConflict` naming the field).
         """
-        with self.engine.connect() as conn:
-            members = self.group_members_in(conn, group)
-        if not members:
-            raise UnknownUseCase(f"budget group {group!r}")
         shared = terms.model_dump()
-        changes = []
-        for member in members:
-            data = member.model_dump(include=set(PolicyBase.model_fields))
-            changes.append(Change(PolicyCreate.model_validate({**data, **shared}), "group"))
-        return self._write(changes, actor, allow_loosen)
+
+        def plan(latest: dict[str, Policy]) -> builtins.list[Change]:
+            members = [p for p in latest.values() if p.active and p.budget_group == group]
+            if not members:
+                raise UnknownUseCase(f"budget group {group!r}")
+            changes = []
+            for member in members:
+                data = member.model_dump(include=set(PolicyBase.model_fields))
+                try:
+                    policy = PolicyCreate.model_validate({**data, **shared})
+                except ValidationError as exc:
+                    error = exc.errors()[0]
+                    field = ".".join(str(x) for x in error["loc"]) or _named(error["msg"])
+                    raise PolicyConflict(
+                        field, f"cannot hold for member {member.name!r}: {error['msg']}"
+                    ) from None
+                changes.append(Change(policy, "group"))
+            return changes
+
+        return self._write(plan, actor, allow_loosen)
 
     def delete(self, name: str, *, actor: str = "admin") -> Policy:
         """Retire a use case: a new, inactive version. Its charges and history stay."""
-        current = self.get(name)
-        data = PolicyCreate.model_validate(current.model_dump(include=set(PolicyBase.model_fields)))
-        (row,) = self._write([Change(data, "retire")], actor, allow_loosen=False)
+
+        def plan(latest: dict[str, Policy]) -> builtins.list[Change]:
+            current = _active(latest, name)
+            data = current.model_dump(include=set(PolicyBase.model_fields))
+            return [Change(PolicyCreate.model_validate(data), "retire")]
+
+        (row,) = self._write(plan, actor, allow_loosen=False)
         return row
 
-    def _write(
-        self, changes: Sequence[Change], actor: str, allow_loosen: bool
-    ) -> builtins.list[Policy]:
-        """Check ``changes`` as one against every stored version, then store them, audited.
+    def _write(self, plan: Plan, actor: str, allow_loosen: bool) -> builtins.list[Policy]:
+        """Check the changes ``plan`` makes as one against every stored version, then store them.
 
         One policy writer at a time (PostgreSQL: the book's advisory lock, which the gate's
         charge transaction holds shared, so no charge decides on a book that changes before it
-        commits; SQLite: its write lock). The checks, in order: each change's existence rule,
-        the names of budgets (:func:`check_names`), every touched group's shared terms
-        (:func:`check_groups`), then the review hook (the ledger's: loosening).
+        commits; SQLite: its write lock); ``plan`` gets the latest version of every use case
+        read under it. The checks, in order: each change's existence rule, the names of budgets
+        (:func:`check_names`), every touched group's shared terms (:func:`check_groups`), then
+        the review hook (the ledger's: loosening). Each written version is audited in the same
+        transaction.
         """
-        names = [c.policy.name for c in changes]
-        if len(set(names)) != len(names):
-            raise PolicyConflict("name", "each use case may appear once in one change")
         with self._writer.begin() as conn:
             lock_book(conn)
             stored = self.all_versions_in(conn)
             latest = {p.name: p for p in stored}  # sorted by name, version: the last wins
+            changes = plan(latest)
+            names = [c.policy.name for c in changes]
+            if len(set(names)) != len(names):
+                raise PolicyConflict("name", "each use case may appear once in one change")
             now = datetime.now(UTC)
             rows: builtins.list[tuple[Policy | None, Policy]] = []
             for change in changes:
@@ -287,7 +316,7 @@ class PolicyStore:
             if not rows:
                 return []
             new = [row for _, row in rows]
-            check_names(stored, new)
+            check_names(stored, [row for old, row in rows if _renames(old, row)])
             check_groups([*stored, *new], new)
             if self._review is not None:
                 self._review(conn, stored, new, allow_loosen)
@@ -333,6 +362,8 @@ class Change(NamedTuple):
     kind: Literal["create", "update", "apply", "group", "retire"]
 
 
+Plan = Callable[[dict[str, Policy]], builtins.list[Change]]
+"""``plan(latest)``: a write's changes, from every use case's latest version read under its lock."""
 Review = Callable[[Connection, builtins.list[Policy], builtins.list[Policy], bool], None]
 """``review(conn, stored, new, allow_loosen)``: runs in a write's transaction before it writes."""
 
@@ -402,6 +433,33 @@ def check_groups(versions: Sequence[Policy], new: Sequence[Policy]) -> None:
                         " terms for every member at once: PUT /v1/budget-groups/{name}, or"
                         " every member in one policy file)",
                     )
+
+
+def _renames(old: Policy | None, new: Policy) -> bool:
+    """Whether ``new`` gives its use case a budget name it did not have in force.
+
+    Only such a version is checked against the names of budgets (a ledger of an earlier
+    release may hold a collision; its use cases stay editable and retirable as they are).
+    """
+    return new.active and (old is None or not old.active or old.budget_group != new.budget_group)
+
+
+def _active(latest: dict[str, Policy], name: str) -> Policy:
+    """The version in force of ``name`` (:class:`UnknownUseCase`: none, or retired)."""
+    found = latest.get(name)
+    if found is None or not found.active:
+        raise UnknownUseCase(name)
+    return found
+
+
+def _named(message: str) -> str:
+    """The first backquoted field a validation message names (``policy``: none).
+
+    >>> _named("Value error, `window_epsilon_cap` must be at least `epsilon_per_report`")
+    'window_epsilon_cap'
+    """
+    found = re.search(r"`([a-z_]+)`", message)
+    return found.group(1) if found else "policy"
 
 
 def _same(current: Policy, policy: PolicyCreate) -> bool:

@@ -103,7 +103,7 @@ def policies_apply(
             print(f"{'dry run: ' if dry_run else ''}{count} change(s), nothing written")
             return
         if device is not None and device_changed:
-            version = ledger.set_device_budget(device, actor="cli")
+            version = ledger.set_device_budget(device, actor="cli", allow_loosen=allow_loosen)
             print(f"device_budget: version {version.version} written")
         try:
             stored = ledger.policies.write_all(changed, actor="cli", allow_loosen=allow_loosen)
@@ -213,17 +213,19 @@ def _what_if_lines(result: dict[str, Any], prefix: str = "") -> list[str]:
 
 
 def _shown(value: Any) -> str:
-    """A policy field or what-if figure as one short phrase."""
+    """A policy field or what-if figure as one short phrase (an epsilon rounded up: a bound)."""
+    from budget.display import fmt_up
+
     if value is None:
         return "none"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        return f"{value:g}"
+        return fmt_up(value, thousands=False)
     if isinstance(value, dict) and {"epsilon", "delta", "method", "epsilon_basic"} <= set(value):
         return (
-            f"{value['epsilon']:g} at delta {value['delta']:g} ({value['method']};"
-            f" sum {value['epsilon_basic']:g})"
+            f"{fmt_up(value['epsilon'], thousands=False)} at delta {value['delta']:g}"
+            f" ({value['method']}; sum {fmt_up(value['epsilon_basic'], thousands=False)})"
         )
     return str(value)
 

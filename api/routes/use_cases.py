@@ -135,3 +135,30 @@ def put_budget_group(
     """
     ledger.policies.update_group(group, terms, actor="admin", allow_loosen=allow_loosen)
     return _group(ledger, group)
+
+
+@router.post("/v1/budget-groups/{group}/what-if", response_model=list[WhatIf])
+def group_what_if(
+    group: GroupName,
+    terms: GroupTerms,
+    ledger: LedgerDep,
+    clock: ClockDep,
+    _admin: None = AdminDep,
+) -> list[WhatIf]:
+    """What new shared terms would do on today's ledger, one answer per member; nothing changes.
+
+    Each member's answer compares its current policy with the proposal, all members changed
+    together; `loosens` lists what writing it would need `allow_loosen` for.
+    """
+    members = [p for p in ledger.policies.list() if p.budget_group == group]
+    if not members:
+        raise UnknownUseCase(f"budget group {group!r}")
+    shared = terms.model_dump()
+    proposed = [
+        PolicyCreate.model_validate(
+            {**p.model_dump(include=set(PolicyBase.model_fields)), **shared}
+        )
+        for p in members
+    ]
+    now = clock.now()
+    return [what_if(ledger, p.name, p, now=now, alongside=proposed) for p in proposed]

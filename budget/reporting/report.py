@@ -120,6 +120,9 @@ class UseCaseLine:
     spent_lifetime: Spread
     spent_budget_lifetime_max: float = 0.0
     devices_over_lifetime_cap: int = 0
+    spent_budget_window_max: float = 0.0
+    devices_over_window_cap: int = 0
+    window_note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,15 +295,22 @@ def _budget_spend(book: PolicyBook, rows: Sequence[Row]) -> dict[str, dict[str, 
     whole history and every charge made under it.
     """
     budgets = {t.budget: t for t in book.terms.values()}
+    member_of: dict[str, set[str]] = defaultdict(set)  # use case -> budgets counting all of it
+    ever_in: dict[str, set[str]] = defaultdict(set)  # use case -> budgets it ever drew from
+    for name, t in budgets.items():
+        for use_case in t.members:
+            member_of[use_case].add(name)
+        for use_case in t.ever_members:
+            ever_in[use_case].add(name)
     per_device: dict[tuple[str, str], int] = defaultdict(int)
     for dk, use_case, eps_micro, _, count, charged in rows:
-        for name, t in budgets.items():
-            if (
-                use_case in t.members
-                or charged == name
-                or (charged == ANY_BUDGET and use_case in t.ever_members)
-            ):
-                per_device[(name, dk)] += eps_micro * count
+        counting = set(member_of.get(use_case, ()))
+        if charged in budgets:
+            counting.add(charged)
+        elif charged == ANY_BUDGET:
+            counting |= ever_in.get(use_case, set())
+        for name in counting:
+            per_device[(name, dk)] += eps_micro * count
     out: dict[str, dict[str, int]] = defaultdict(dict)
     for (name, dk), spent in per_device.items():
         out[name][dk] = spent
@@ -315,25 +325,50 @@ def _lifetime_statement(p: Policy, spent: dict[str, int]) -> tuple[bool, float |
     """
     cap = p.lifetime_epsilon_cap
     if cap is None:
-        if p.window_epsilon_cap is not None:
+        if p.lifetime_filter_epsilon is not None:
             note = (
-                f"nothing bounds the lifetime loss: the window cap of {p.window_epsilon_cap:g}"
-                f" renews every {p.retention_days} days"
+                "no cap bounds the lifetime's basic sum, but the lifetime filter holds the loss"
+                f" to ({fmt_up(p.lifetime_filter_epsilon)}, {p.lifetime_filter_delta:g})-DP"
+            )
+        elif p.window_epsilon_cap is not None:
+            window = fmt_up(p.window_epsilon_cap)
+            note = (
+                f"nothing bounds the lifetime loss: the window cap of {window} renews every"
+                f" {p.retention_days} days"
             )
         else:
             note = "nothing bounds the lifetime loss: the daily allowance renews every day"
         return False, None, note, 0
     over = sum(1 for v in spent.values() if v > to_micro(cap))
     if not over:
-        return True, cap, f"the lifetime cap bounds the loss at {cap:g}", 0
+        return True, cap, f"the lifetime cap bounds the loss at {fmt_up(cap)}", 0
     top = from_micro(max(spent.values()))
     return (
         True,
         top,
-        f"the lifetime cap bounds the loss at {fmt_up(top)}: the cap of {cap:g} admits nothing"
-        f" more to the {over} device(s) that spent more before it was lowered (up to"
+        f"the lifetime cap bounds the loss at {fmt_up(top)}: the cap of {fmt_up(cap)} admits"
+        f" nothing more to the {over} device(s) that spent more before it was lowered (up to"
         f" {fmt_up(top)})",
         over,
+    )
+
+
+def _window_statement(p: Policy, spent: dict[str, int]) -> tuple[int, str]:
+    """``(devices over, note)``: devices whose window holds more than the window cap.
+
+    They spent it before the cap was lowered (or the window reaches past a purge and counts
+    what it cannot date); the cap admits nothing more to them until enough leaves the window.
+    """
+    cap = p.window_epsilon_cap
+    if cap is None:
+        return 0, ""
+    over = [v for v in spent.values() if v > to_micro(cap)]
+    if not over:
+        return 0, ""
+    return len(over), (
+        f"{len(over)} device(s) hold up to {fmt_up(from_micro(max(over)))} in the window, above"
+        f" the window cap of {fmt_up(cap)}: spent before it was lowered, it admits nothing more"
+        " to them until enough leaves the window"
     )
 
 
@@ -371,11 +406,14 @@ def prepare_report(
     window_spent = per_use_case(window_rows)
     lifetime_spent = per_use_case(lifetime_rows)
     budget_spend = _budget_spend(book, lifetime_rows)
+    budget_window = _budget_spend(book, window_rows)
     lines = []
     for p in active:
         budget = budget_key(p)
         spent = budget_spend.get(budget, {})
         bounded, bound, note, over = _lifetime_statement(p, spent)
+        in_window = budget_window.get(budget, {})
+        window_over, window_note = _window_statement(p, in_window)
         per_day = _allowed_alone(p, 1)
         lines.append(
             UseCaseLine(
@@ -401,6 +439,9 @@ def prepare_report(
                 spent_lifetime=_spread(lifetime_spent[p.name].values()),
                 spent_budget_lifetime_max=from_micro(max(spent.values(), default=0)),
                 devices_over_lifetime_cap=over,
+                spent_budget_window_max=from_micro(max(in_window.values(), default=0)),
+                devices_over_window_cap=window_over,
+                window_note=window_note,
             )
         )
     max_retention = max((p.retention_days for p in active), default=1)

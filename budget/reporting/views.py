@@ -116,6 +116,13 @@ def device_timeline(ledger: Ledger, device_id: str, *, now: datetime) -> Timelin
             [np.zeros(retention, np.int64), cumulative[: len(cumulative) - retention]]
         )
         window = (cumulative - shifted)[retention - 1 :]
+        # a window reaching back past the purge's horizon holds spend no day does (an upper
+        # bound: all the use case's spend not held, as the gate counts it)
+        horizon = book.horizon(use_case)
+        undated = lifetime.get(use_case, 0) - sum(e for _, e in daily.values())
+        if undated > 0:
+            at = np.array(days, dtype=np.int64)
+            window = window + np.where((at - retention < horizon) & (horizon <= at), undated, 0)
         # the lifetime at day d: today's lifetime total less what was charged after d
         later = np.array([sum(e for x, (_, e) in daily.items() if x > d) for d in days], np.int64)
         life = lifetime.get(use_case, 0) - later
@@ -373,18 +380,28 @@ def cumulative_series(
     """How far the top devices of ``use_case`` have spent over its window, day by day.
 
     The maximum is exact (cumulative spend only grows, so each day's maximum is the larger of
-    the day before's and that day's reporters'). The p99 is over every device when
-    ``devices x days <= max_cells``, else over the devices first in pseudonym order, a uniform
-    sample since pseudonyms are HMAC outputs; ``sampled`` says how many.
+    the day before's and that day's reporters'). Where the window reaches back past the purge's
+    horizon, the spend no day holds any more counts on its first day (an upper bound). The p99
+    is over every device when ``devices x days <= max_cells``, else over the devices first in
+    pseudonym order, a uniform sample since pseudonyms are HMAC outputs; ``sampled`` says how
+    many.
     """
     policy = ledger.policies.get(use_case)
     today = utc_day(now)
     first = today - policy.retention_days + 1
     n_days = policy.retention_days
-    held = max(first, ledger.book().horizon(use_case) + 1)  # days deleted count nowhere
+    horizon = ledger.book().horizon(use_case)
+    held = max(first, horizon + 1)
     rows: list[tuple[str, int, int]] = []  # (device key, day, micro-epsilon) in device order
     for dk, state in ledger.accounts():
         spent = state.daily().get(use_case, {})
+        if horizon >= first:  # the window reaches past the purge: its undated spend, first
+            ever = sum(
+                e * n for (uc, e, _, _), n in lifetime_counts(state).items() if uc == use_case
+            )
+            undated = ever - sum(e for d, (_, e) in spent.items() if d > horizon)
+            if undated > 0:
+                rows.append((dk, first, undated))
         rows.extend((dk, d, e) for d, (_, e) in sorted(spent.items()) if held <= d <= today)
     days = [day_date(d).isoformat() for d in range(first, today + 1)]
     if not rows:

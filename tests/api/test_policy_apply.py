@@ -237,7 +237,8 @@ def test_the_console_script_refuses_a_loosening_in_a_real_process(db: Database) 
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "retention_days: 90 -> 30\n" in proc.stdout
     assert f"this change loosens:\n  emoji: {SPEND}any 90 days 120 -> 360" in proc.stdout
-    assert proc.stderr.strip().endswith("1 loosening(s) above need --allow-loosen")
+    assert "window cap's window shortens from 90 to 30 days" in proc.stdout
+    assert proc.stderr.strip().endswith("2 loosening(s) above need --allow-loosen")
 
 
 def test_the_device_budget_section_is_applied_and_audited(db: Database) -> None:
