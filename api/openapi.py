@@ -245,8 +245,7 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         " budget's caps count.",
         "devices_over_window_cap": "Devices whose window holds more than the window cap (spent"
         " before it was lowered): it admits nothing more to them until enough leaves.",
-        "window_note": "Empty, or why some devices hold more than the window cap, in a"
-        " sentence.",
+        "window_note": "Empty, or why some devices hold more than the window cap, in a sentence.",
     },
     "WhatIf": {
         "use_case": "The use case.",
