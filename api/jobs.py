@@ -39,7 +39,7 @@ from api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, pu
 from api.ingestion.tables import JobLease
 from api.logs import log_fields
 from budget import Clock, Ledger
-from budget.audit_log import write_checkpoints
+from budget.audit_log import CheckpointFileError, write_checkpoints
 from budget.storage.db import is_busy, writer
 
 if TYPE_CHECKING:
@@ -141,13 +141,23 @@ def _purge(rt: Runtime) -> dict[str, Any]:
 
 
 def _checkpoint(rt: Runtime) -> dict[str, Any]:
+    """Sign the head, then append every signed checkpoint the kept file lacks.
+
+    A kept file that cannot be read is left as it is (appending to a torn line would hide
+    the next checkpoint too); the result's ``kept`` names the problem, and so does every
+    ``verify`` until an operator repairs the file.
+    """
     point = rt.ledger.audit.checkpoint(now=rt.clock.now())
-    kept = rt.checkpoint_file
-    if kept is not None:  # every signed checkpoint, also the ones a failed append missed
-        write_checkpoints(rt.ledger.audit.checkpoints(), kept)
-    if point is None:
-        return {"signed": None}
-    return {"signed": {"seq": point.seq, "hash": point.hash, "at": point.at}}
+    signed = None if point is None else {"seq": point.seq, "hash": point.hash, "at": point.at}
+    path = rt.checkpoint_file
+    if path is None:
+        return {"signed": signed}
+    try:  # every signed checkpoint, also the ones a failed append missed
+        added = write_checkpoints(rt.ledger.audit.checkpoints(), path)
+    except CheckpointFileError as exc:
+        log.error("job checkpoint: %s; nothing was appended to it", exc)
+        return {"signed": signed, "kept": {"added": 0, "problem": str(exc)}}
+    return {"signed": signed, "kept": {"added": added, "problem": None}}
 
 
 JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {

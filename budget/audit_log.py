@@ -30,11 +30,13 @@ from sqlalchemy import Connection, Engine, select, text
 
 from budget.keyed import KeyedHash
 from budget.storage.db import placeholder, writer
+from budget.storage.files import open_private
 from budget.storage.tables import GENESIS, AuditCheckpoint, AuditEntry, AuditHead
 
 __all__ = [
     "AuditLog",
     "Checkpoint",
+    "CheckpointFileError",
     "Entry",
     "Verification",
     "chain_hash",
@@ -397,38 +399,66 @@ class AuditLog:
         return result()
 
 
+class CheckpointFileError(ValueError):
+    """The checkpoint file kept outside the database cannot be read as checkpoints.
+
+    Torn by a crash mid-append, not UTF-8, a folder, unreadable: ``verify`` fails naming it
+    (a copy that cannot be read protects nothing) and the checkpoint job appends nothing to it.
+    """
+
+    def __init__(self, path: Path, cause: str) -> None:
+        self.path = path
+        self.cause = cause
+        super().__init__(f"checkpoint file unreadable: {path}: {cause}")
+
+
 def write_checkpoints(points: Iterable[Checkpoint], path: Path) -> int:
     """Append ``points`` to ``path`` as JSON lines (a copy kept outside the database).
 
-    Points the file already holds are skipped; returns how many were added.
+    Points the file already holds are skipped; returns how many were added. The file is
+    created with mode 0600 (:func:`budget.storage.files.open_private`). Raises
+    :class:`CheckpointFileError`, appending nothing, when the file cannot be read.
     """
     held = {p.seq for p in read_checkpoints(path)} if path.exists() else set()
     added = [p for p in points if p.seq not in held]
     if added:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as out:
-            for p in sorted(added, key=lambda p: p.seq):
-                out.write(orjson.dumps(asdict(p)).decode() + "\n")
+        try:
+            with open_private(path, "a") as out:
+                for p in sorted(added, key=lambda p: p.seq):
+                    out.write(orjson.dumps(asdict(p)).decode() + "\n")
+        except OSError as exc:
+            raise CheckpointFileError(path, exc.strerror or type(exc).__name__) from None
     return len(added)
 
 
 def read_checkpoints(path: Path) -> list[Checkpoint]:
     """The checkpoints of a file written by :func:`write_checkpoints`, oldest first.
 
-    Raises ``ValueError`` naming the line that is not a checkpoint.
+    Raises :class:`CheckpointFileError` for a file that cannot be read (missing included) or
+    holds a line that is not a checkpoint (naming the line).
     """
     points: list[Checkpoint] = []
-    with path.open(encoding="utf-8") as handle:
-        for n, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = orjson.loads(line)
-                points.append(
-                    Checkpoint(
-                        int(data["seq"]), str(data["hash"]), str(data["at"]), str(data["signature"])
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for n, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    data = orjson.loads(line)
+                    points.append(
+                        Checkpoint(
+                            int(data["seq"]),
+                            str(data["hash"]),
+                            str(data["at"]),
+                            str(data["signature"]),
+                        )
                     )
-                )
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}: line {n} is not a checkpoint ({exc})") from None
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    raise CheckpointFileError(
+                        path, f"line {n} is not a checkpoint ({exc})"
+                    ) from None
+    except UnicodeDecodeError as exc:
+        raise CheckpointFileError(path, f"not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise CheckpointFileError(path, exc.strerror or type(exc).__name__) from None
     return sorted(points, key=lambda p: p.seq)

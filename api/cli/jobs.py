@@ -68,6 +68,10 @@ def jobs_run(
         )
         raise typer.Exit(1)
     typer.echo(json.dumps({"job": name, "result": result}))
+    kept = result.get("kept")
+    if isinstance(kept, dict) and kept.get("problem"):
+        typer.echo(f"Error: {kept['problem']}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("release")
