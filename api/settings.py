@@ -91,8 +91,9 @@ class Settings(BaseSettings):
         default=None,
         description="A file outside the database (another disk, host or bucket mount) that"
         " every signed checkpoint is appended to; `verify` checks the log against it, which"
-        " catches a log truncated back to an earlier checkpoint. Unset: checkpoints live only"
-        " in the database.",
+        " catches a log truncated back to an earlier checkpoint. Created 0600. Unreadable, or"
+        " missing once the database holds a checkpoint: `verify` fails naming it. Unset:"
+        " checkpoints live only in the database.",
     )
     verify_cache_seconds: float = Field(
         default=300.0, ge=0, description="How long the dashboard shows one chain verification."
