@@ -120,7 +120,8 @@ class Settings(BaseSettings):
     admin_failures_per_minute: int = Field(
         default=20,
         ge=1,
-        description="Wrong admin tokens a client may send a minute before 429.",
+        description="Wrong admin tokens a client address may send a minute before 429, counted"
+        " by each worker on its own (N workers admit up to N times as many).",
     )
     scheduler: bool = Field(default=True, description="Run the scheduled jobs in this process.")
     log_format: Literal["text", "json"] = Field(
@@ -194,7 +195,8 @@ class Settings(BaseSettings):
         default=1000,
         ge=1,
         description="Open connections plus running requests per worker before uvicorn answers"
-        " 503; keep it below the process's open-file limit.",
+        " 503; keep it below the process's open-file limit, and cap client connections at a"
+        " proxy in front (docs/operations.md#behind-a-reverse-proxy).",
     )
     rate_limit_keys: int = Field(
         default=100_000,
@@ -207,12 +209,26 @@ class Settings(BaseSettings):
     @field_validator("admin_token")
     @classmethod
     def _admin_token_is_long(cls, value: SecretStr | None) -> SecretStr | None:
-        """An empty or short token (``DPGOV_ADMIN_TOKEN=``) would make admin guessable."""
-        if value is not None and len(value.get_secret_value()) < 32:
+        """An empty or short token (``DPGOV_ADMIN_TOKEN=``) would make admin guessable.
+
+        And one no request can carry would lock every admin out while passing the length
+        check: a header value loses its whitespace at either end (a whitespace-only token is
+        empty), and control or non-ASCII characters do not survive it unchanged.
+        """
+        if value is None:
+            return None
+        token = value.get_secret_value()
+        if len(token) < 32:
             raise ValueError(
                 "must be at least 32 characters (e.g. the output of"
                 " `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`), or unset"
                 " to refuse every admin route"
+            )
+        if not all(" " <= c <= "~" for c in token) or token != token.strip():
+            raise ValueError(
+                "must be printable ASCII with no whitespace at either end (a request's"
+                " `Authorization` header could never carry it), e.g. the output of"
+                " `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
             )
         return value
 

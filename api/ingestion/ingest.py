@@ -241,9 +241,9 @@ class Ingestor:
                 text = f"{req.use_case}\n{payload}".encode()
                 request_hash = hashlib.sha256(text).hexdigest()
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
-            tag = (
+            tag = (  # a device id that is not a string is refused by the charge, unhashed
                 self.inbox_pseudonym(req.use_case, req.device_id)
-                if (req.use_case, found[2]) in self._counted
+                if (req.use_case, found[2]) in self._counted and isinstance(req.device_id, str)
                 else None
             )
             payloads.append((req.use_case, found[1], payload, tag))
