@@ -125,7 +125,8 @@ def test_a_non_string_device_id_in_a_relay_batch_is_422_under_min_batch_devices(
     assert client.put("/v1/use-cases/counted", json=policy, headers=ADMIN).status_code in (200, 201)
     mech = mechanism_for(PolicyCreate.model_validate({"name": "counted", **policy}))
     body = mech.privatize(["a"], rng=np.random.default_rng(1)).to_dicts()[0]
-    items = [{"device_id": bad, "report": body} for bad in (7, None, ["d"], {"d": 1}, 1.5)]
+    bad_ids: list[Any] = [7, None, ["d"], {"d": 1}, 1.5]
+    items: list[dict[str, Any]] = [{"device_id": bad, "report": body} for bad in bad_ids]
     items.append({"device_id": "fine", "report": body})
     r = client.post("/v1/use-cases/counted/reports:batch", json={"items": items}, headers=ADMIN)
     assert r.status_code == 200, r.text
