@@ -99,7 +99,10 @@ class Settings(BaseSettings):
         default=300.0, ge=0, description="How long the dashboard shows one chain verification."
     )
     report_cache_seconds: float = Field(
-        default=30.0, ge=0, description="How long an effective-epsilon report is served again."
+        default=30.0,
+        ge=0,
+        description="How long an effective-epsilon report, the dashboard and a use case's"
+        " public distribution are served again.",
     )
     host: str = Field(default="127.0.0.1", description="Address `dpgov serve` listens on.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port `dpgov serve` listens on.")
