@@ -155,6 +155,15 @@ class Settings(BaseSettings):
         " the job takes about three times as long; 0: no pause, for a database nothing else"
         " writes to while jobs run). No effect on PostgreSQL.",
     )
+    job_lock_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="How long a job's transaction waits for a lock before the job stops as"
+        " busy (its next run resumes): SQLite's busy timeout for job writes, PostgreSQL's"
+        " `lock_timeout` and `idle_in_transaction_session_timeout` for each job transaction,"
+        " so a job process stopped inside a transaction loses its session after as long.",
+    )
     flush_min_batch: int = Field(
         default=100,
         ge=1,

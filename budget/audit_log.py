@@ -29,7 +29,7 @@ import orjson
 from sqlalchemy import Connection, Engine, select, text
 
 from budget.keyed import KeyedHash
-from budget.storage.db import placeholder, writer
+from budget.storage.db import placeholder, write_step, writer
 from budget.storage.files import open_private
 from budget.storage.tables import GENESIS, AuditCheckpoint, AuditEntry, AuditHead
 
@@ -220,7 +220,7 @@ class AuditLog:
     def checkpoint(self, *, now: datetime) -> Checkpoint | None:
         """Sign the current head (``None`` when nothing was appended since the last one)."""
         at = timestamp(now)
-        with writer(self.engine).begin() as conn:
+        with write_step(self.engine) as conn:  # a job's transaction: bounded wait, fenced
             seq, head = conn.execute(text(self._head)).one()
             last = conn.execute(
                 select(_CHECKPOINTS).order_by(_CHECKPOINTS.c.seq.desc()).limit(1)

@@ -400,7 +400,7 @@ class Ledger:
             past = and_(_CHARGES.c.use_case == name, _CHARGES.c.day <= cutoff)
             deleted += self._delete_all(_CHARGES, (_CHARGES.c.id,), past, rows)
         days = self._prune_days(horizons, rows)
-        ensure_partitions(self.engine, day, day + DAYS_AHEAD)  # the days ahead, daily
+        ensure_partitions(self.engine, day, day + DAYS_AHEAD, job=True)  # the days ahead, daily
         return PurgeResult(deleted, days, idem)
 
     def _delete_all(

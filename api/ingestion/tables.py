@@ -141,10 +141,16 @@ class SketchRow(SQLModel, table=True):
 
 
 class JobLease(SQLModel, table=True):
-    """Which process may run a scheduled job until when (so N workers run it once)."""
+    """Which process may run a scheduled job until when (so N workers run it once).
+
+    ``token`` is the fencing token: it rises whenever another holder takes the lease (or an
+    operator forces it), and every write transaction of the running job checks it
+    (``api.jobs``), so a holder that stalled past its lease writes nothing after a takeover.
+    """
 
     __tablename__ = "job_leases"
 
     job: str = Field(primary_key=True, max_length=60)
     holder: str = Field(max_length=64)
     until: float
+    token: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))

@@ -1,0 +1,36 @@
+"""Fenced job leases: ``job_leases.token``.
+
+A lease carries a fencing token that rises at every takeover, and every job transaction checks
+it (``api.jobs``); existing leases start at 0.
+
+Revision ID: 0007
+Revises: 0006
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0007"
+down_revision: str | None = "0006"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    """Add the lease token (0 for existing leases), where missing."""
+    bind = op.get_bind()
+    inspector = sa.inspect(bind)
+    if "token" not in {c["name"] for c in inspector.get_columns("job_leases")}:
+        op.add_column(
+            "job_leases",
+            sa.Column("token", sa.BigInteger(), nullable=False, server_default="0"),
+        )
+        if bind.dialect.name == "postgresql":
+            op.alter_column("job_leases", "token", server_default=None)
+
+
+def downgrade() -> None:
+    """Not supported: a ledger is never rolled back (restore the backup taken before upgrading)."""
+    raise NotImplementedError("a ledger is not downgraded: restore the backup of the database")
