@@ -134,6 +134,7 @@ def _flush_inbox(rt: Runtime) -> int:
         min_batch=rt.min_batch,
         now=rt.clock.now(),
         progress=rt.step("flush-inbox"),
+        ledger=rt.ledger,
     )
 
 

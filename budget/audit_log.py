@@ -41,7 +41,9 @@ __all__ = [
     "Verification",
     "chain_hash",
     "derive_audit_key",
+    "idempotency_hash",
     "read_checkpoints",
+    "record_digest",
     "write_checkpoints",
 ]
 
@@ -99,12 +101,23 @@ class Verification:
         return asdict(self)
 
 
+def idempotency_hash(audit_key: bytes) -> KeyedHash:
+    """The keyed hash of idempotency records' digests (a key derived from the audit key)."""
+    return KeyedHash(hmac.digest(audit_key, _IDEMPOTENCY_LABEL, "sha256"))
+
+
+def record_digest(keyed: KeyedHash, dk: str, key: str, fingerprint: str) -> str:
+    """An idempotency record's digest (:meth:`AuditLog.idempotency_digest`), 128 bits, hex."""
+    return keyed.digest(f"{dk}\0{key}\0{fingerprint}".encode()).hex()[:32]
+
+
 def derive_audit_key(secret: bytes) -> bytes:
     """An audit key derived from the device-key secret (when no separate key is configured)."""
     return hmac.digest(secret, b"dp-governor/audit-key/v1", "sha256")
 
 
 _SORTED = orjson.OPT_SORT_KEYS
+_IDEMPOTENCY_LABEL = b"dp-governor/idempotency-record/v1"
 
 
 def chain_hash(prev_hash: str, body: str) -> str:
@@ -164,6 +177,7 @@ class AuditLog:
         self.engine = engine
         self._mac = hmac.new(key, digestmod="sha256")
         self._keyed = KeyedHash(key)  # a tag per entry: what lets verify check 1e6 in seconds
+        self._idem = idempotency_hash(key)
         self._postgres = engine.dialect.name == "postgresql"
         ph = placeholder(engine)
         self._insert = (
@@ -178,6 +192,15 @@ class AuditLog:
     def tag(self, entry_hash: str) -> str:
         """``HMAC-SHA256(audit key, hash)``, hex."""
         return self._keyed.digest(entry_hash.encode("ascii")).hex()
+
+    def idempotency_digest(self, dk: str, key: str, fingerprint: str) -> str:
+        """What a charge entry records of its idempotency record (128 bits, hex).
+
+        A keyed hash of the record's device, stored key and request fingerprint (themselves
+        keyed by the device secret), under a key derived from the audit key: ``verify`` can
+        tell the table's records from the ones the chain recorded, and the log reveals no key.
+        """
+        return record_digest(self._idem, dk, key, fingerprint)
 
     def append(self, conn: Connection, entries: Sequence[Entry], *, now: datetime) -> int:
         """Append ``entries`` in the caller's transaction, in order; returns the last seq.

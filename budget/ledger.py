@@ -22,6 +22,7 @@ from budget.clock import day_start, utc_day
 from budget.gate import Gate
 from budget.integrity import StateCheck, StateReplay
 from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
+from budget.row_tags import RowTags
 from budget.rule import Decision
 from budget.state import AccountState, decode
 from budget.storage.db import delete_keys, placeholder, write_step
@@ -126,6 +127,7 @@ class Ledger:
         self.engine = engine
         self._audit_key = audit_key or derive_audit_key(secret)
         self.audit = AuditLog(engine, self._audit_key)
+        self.row_tags = RowTags(self._audit_key)  # the reports' rows: inbox and store
         self.gate = Gate(engine, secret, self.audit)
         self.policies = PolicyStore(engine, on_change=self._policy_changed)
         self.accountant = accountant or Accountant()
@@ -389,7 +391,13 @@ class Ledger:
                 passed[n] if planned.get(n) == span else _passed(conn, n, *span)
                 for n, span in raises.items()
             )
-            data: dict[str, Any] = {"day": day, "charges": charges, "idempotency": idem}
+            data: dict[str, Any] = {
+                "day": day,
+                "charges": charges,
+                "idempotency": idem,
+                # records of this day and before may be gone (verify checks the later ones)
+                "idempotency_through": day - self.idempotency_days,
+            }
             if raised:
                 data["horizons"] = dict(sorted(raised.items()))
             if dropped.days:

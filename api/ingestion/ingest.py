@@ -101,8 +101,8 @@ class Ingestor:
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
         self._inbox_sql = (
-            "INSERT INTO inbox (id, use_case, params, day, payload, device_tag)"
-            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
+            "INSERT INTO inbox (id, use_case, params, day, payload, device_tag, tag)"
+            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
         )
 
     def _latest(self, use_case: str) -> Policy | None:
@@ -213,10 +213,13 @@ class Ingestor:
         """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
         Each row gets a random 63-bit id: sequential ids would pair one to one with the
-        charges' ids, which the same transaction allocates in the same order.
+        charges' ids, which the same transaction allocates in the same order; and its keyed
+        tag (:class:`budget.row_tags.RowTags`), which ``verify`` checks.
         """
+        tag = self.ledger.row_tags.inbox
+        ided = [(secrets.randbits(63), *row) for row in rows]
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        cursor.executemany(self._inbox_sql, [(secrets.randbits(63), *row) for row in rows])
+        cursor.executemany(self._inbox_sql, [(*row, tag(*row)) for row in ided])
 
     def submit_group(
         self, requests: list[SubmitRequest], *, now: datetime

@@ -51,6 +51,11 @@ class InboxRow(SQLModel, table=True):
         sa_column=Column(BigInteger, nullable=True),
         description="Keyed 64-bit device pseudonym for this use case.",
     )
+    tag: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Keyed tag over the row's stored bytes (budget.row_tags); verify checks it.",
+    )
 
 
 class InboxMove(SQLModel, table=True):
@@ -107,6 +112,11 @@ class StoredReport(SQLModel, table=True):
     day: int
     payload: str = Field(sa_column=Column(Text, nullable=False))
     batch: int = Field(sa_column=Column(BigInteger, nullable=False))
+    tag: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Keyed tag over the row's stored bytes (budget.row_tags); verify checks it.",
+    )
 
 
 class BatchPart(SQLModel, table=True):

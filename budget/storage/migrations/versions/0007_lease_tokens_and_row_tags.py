@@ -1,7 +1,10 @@
-"""Fenced job leases: ``job_leases.token``.
+"""Fenced job leases and keyed row tags: ``job_leases.token``, ``inbox.tag``, ``reports.tag``.
 
 A lease carries a fencing token that rises at every takeover, and every job transaction checks
-it (``api.jobs``); existing leases start at 0.
+it (``api.jobs``); existing leases start at 0. Each inbox row and stored report carries a keyed
+tag over its stored bytes (:mod:`budget.row_tags`), which ``verify`` checks; rows stored before
+this revision have none (null), and ``verify`` accepts that only for the days an earlier
+release charged (docs/audit.md).
 
 Revision ID: 0007
 Revises: 0006
@@ -19,7 +22,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """Add the lease token (0 for existing leases), where missing."""
+    """Add the lease token (0 for existing leases) and the rows' tags (null), where missing."""
     bind = op.get_bind()
     inspector = sa.inspect(bind)
     if "token" not in {c["name"] for c in inspector.get_columns("job_leases")}:
@@ -29,6 +32,9 @@ def upgrade() -> None:
         )
         if bind.dialect.name == "postgresql":
             op.alter_column("job_leases", "token", server_default=None)
+    for table in ("inbox", "reports"):
+        if "tag" not in {c["name"] for c in inspector.get_columns(table)}:
+            op.add_column(table, sa.Column("tag", sa.String(64), nullable=True))
 
 
 def downgrade() -> None:
