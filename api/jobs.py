@@ -49,7 +49,7 @@ from api.ingestion.tables import JobLease
 from api.logs import log_fields
 from budget import Clock, Ledger
 from budget.audit_log import CheckpointFileError, write_checkpoints
-from budget.storage.db import bound_lock_wait, fenced, is_busy, job_lock_seconds, writer
+from budget.storage.db import bound_lock_wait, fenced, is_busy, job_lock_seconds, job_writer
 
 if TYPE_CHECKING:
     from api.settings import Settings
@@ -209,7 +209,7 @@ def acquire_lease(
     busy database (:func:`budget.storage.db.is_busy`), as for the job's own transactions.
     """
     now = time.time()
-    with writer(engine).begin() as conn:
+    with job_writer(engine).begin() as conn:
         bound_lock_wait(conn, job_lock_seconds(engine))
         table = _LEASES
         existing = conn.execute(table.select().where(table.c.job == job)).first()
@@ -233,7 +233,7 @@ def acquire_lease(
 
 def renew_lease(engine: Engine, job: str, holder: str, token: int, ttl: float) -> bool:
     """Extend the lease ``holder`` holds under ``token``; ``False``: it was taken over."""
-    with writer(engine).begin() as conn:
+    with job_writer(engine).begin() as conn:
         bound_lock_wait(conn, job_lock_seconds(engine))
         query = _LEASES.update().where(
             (_LEASES.c.job == job) & (_LEASES.c.holder == holder) & (_LEASES.c.token == token)
@@ -247,7 +247,7 @@ def release_lease(engine: Engine, job: str, holder: str | None, token: int | Non
     With ``token``, only the lease held under that token (a holder that lost its lease never
     clears its successor's).
     """
-    with writer(engine).begin() as conn:
+    with job_writer(engine).begin() as conn:
         bound_lock_wait(conn, job_lock_seconds(engine))
         query = _LEASES.update().where((_LEASES.c.job == job) & (_LEASES.c.until > time.time()))
         if holder is not None:

@@ -59,6 +59,7 @@ __all__ = [
     "fenced",
     "is_busy",
     "job_lock_seconds",
+    "job_writer",
     "key_fingerprint",
     "placeholder",
     "record_fingerprints",
@@ -173,6 +174,14 @@ def bound_lock_wait(conn: Connection, seconds: float) -> None:
     conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
 
 
+def job_writer(engine: Engine) -> Engine:
+    """:func:`writer` for a job's transactions: SQLite waits ``job_lock_seconds`` for its lock.
+
+    On PostgreSQL the bound is set inside each transaction (:func:`bound_lock_wait`).
+    """
+    return writer(engine).execution_options(**{_JOB_WRITE_OPTION: True})
+
+
 @contextmanager
 def write_step(engine: Engine) -> Iterator[Connection]:
     """One short write transaction of a job's many, then (SQLite) a pause twice as long.
@@ -192,8 +201,7 @@ def write_step(engine: Engine) -> Iterator[Connection]:
     the database: no pause.
     """
     started = time.monotonic()
-    job = writer(engine).execution_options(**{_JOB_WRITE_OPTION: True})
-    with job.begin() as conn:
+    with job_writer(engine).begin() as conn:
         bound_lock_wait(conn, job_lock_seconds(engine))
         check = _FENCE.get()
         if check is not None:
@@ -273,11 +281,12 @@ def _configure_sqlite(engine: Engine, busy_seconds: float) -> None:
     def _on_begin(connection: Any) -> None:
         options = connection.get_execution_options()
         immediate = options.get(WRITE_OPTION, False)
-        # A job's write waits job_lock_seconds for the lock, everything else busy_seconds;
-        # the pragma is sent only when this connection's timeout must change.
+        # A job's write waits job_lock_seconds for the lock (at most busy_seconds), everything
+        # else busy_seconds; the pragma is sent only when this connection's timeout changes.
         ms = default_ms
         if immediate and options.get(_JOB_WRITE_OPTION, False):
-            ms = round(float(options.get(JOB_LOCK_OPTION, DEFAULT_JOB_LOCK_SECONDS)) * 1000)
+            job = round(float(options.get(JOB_LOCK_OPTION, DEFAULT_JOB_LOCK_SECONDS)) * 1000)
+            ms = min(ms, job)
         held = connection.connection.info
         if held.get("dpgov_busy_ms", default_ms) != ms:
             connection.connection.driver_connection.execute(f"PRAGMA busy_timeout={ms}")
