@@ -77,8 +77,8 @@ def holders(engine: Engine) -> Iterator[Ledger]:
 class Stall:
     """Holds one thread at its ``nth`` write connection (between transactions) until released.
 
-    Counts the job transactions (:func:`budget.storage.db.write_step`) that thread commits
-    after the release; giving the lease back is not one.
+    Counts the statements that thread sends after the release that write anything but its
+    lease (giving it back is not the job's work).
     """
 
     def __init__(self, engine: Engine, nth: int) -> None:
@@ -88,9 +88,9 @@ class Stall:
         self.writes = 0
         self.stalled = threading.Event()
         self.resume = threading.Event()
-        self.commits_after = 0
+        self.writes_after = 0
         event.listen(engine, "engine_connect", self._connect)
-        event.listen(engine, "commit", self._commit)
+        event.listen(engine, "before_cursor_execute", self._statement)
 
     def _mine(self) -> bool:
         return threading.current_thread() is self.thread
@@ -102,14 +102,15 @@ class Stall:
                 self.stalled.set()
                 assert self.resume.wait(WAIT)
 
-    def _commit(self, conn: Any) -> None:
-        job_write = conn.get_execution_options().get("dpgov_job_write", False)
-        if self._mine() and self.resume.is_set() and job_write:
-            self.commits_after += 1
+    def _statement(self, _conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        words = sql.lstrip().upper()
+        wrote = words.startswith(("INSERT", "UPDATE", "DELETE")) and "JOB_LEASES" not in words
+        if self._mine() and self.resume.is_set() and wrote:
+            self.writes_after += 1
 
     def remove(self) -> None:
         event.remove(self.engine, "engine_connect", self._connect)
-        event.remove(self.engine, "commit", self._commit)
+        event.remove(self.engine, "before_cursor_execute", self._statement)
 
 
 def _in_thread(job: str, key: str, outcome: list[Any]) -> threading.Thread:
@@ -148,7 +149,7 @@ def test_a_holder_resuming_after_a_takeover_writes_nothing_more(
         stall.remove()
     assert len(outcome) == 1 and isinstance(outcome[0], LeaseLost), outcome
     assert outcome[0].job == "flush-inbox" and "lost its lease" in str(outcome[0])
-    assert stall.commits_after == 0  # not one transaction of the stalled holder after it
+    assert stall.writes_after == 0  # not one write of the stalled holder after it
     assert _count(engine, "SELECT COUNT(*) FROM reports") == REPORTS
     assert _count(engine, "SELECT COUNT(*) FROM shuffled_batches") == 1
     assert _count(engine, "SELECT COUNT(*) FROM inbox") == 0
@@ -173,7 +174,7 @@ def test_a_forced_takeover_fences_the_holder_it_took_the_lease_from(holders: Led
     finally:
         stall.resume.set()
         stall.remove()
-    assert isinstance(outcome[0], LeaseLost) and stall.commits_after == 0
+    assert isinstance(outcome[0], LeaseLost) and stall.writes_after == 0
 
 
 def test_the_token_rises_at_each_takeover_and_stays_at_each_renewal(engine: Engine) -> None:
