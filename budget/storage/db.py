@@ -144,7 +144,8 @@ def fenced(check: Fence) -> Iterator[None]:
     job's lease has been taken over since it started, so a process that stalled past its
     lease writes nothing more once another holds it. A context variable rather than a
     parameter threaded through every job's functions: what a job writes is the same with or
-    without a lease (``dpgov aggregate``, tests), only who may write changes.
+    without a lease (tests and benchmarks call the pipeline's functions directly), only who
+    may write changes.
     """
     reset = _FENCE.set(check)
     try:
