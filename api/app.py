@@ -88,7 +88,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             " least 32 characters (python3 -c 'import secrets;"
             " print(secrets.token_urlsafe(32))') and restart."
         )
-    engine = create_db_engine(settings.database_url, job_pause=settings.job_pause)
+    engine = create_db_engine(
+        settings.database_url,
+        job_pause=settings.job_pause,
+        job_lock_seconds=settings.job_lock_seconds,
+    )
     try:  # the keys must be the database's (KeyRefused names the setting to provide)
         init_service_db(engine)
         keys = service_keys(settings, engine, generate=True, record=True)

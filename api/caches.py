@@ -1,4 +1,4 @@
-"""What the read routes keep between requests: reports, SFP discoveries, the chain, the page.
+"""What read routes keep between requests: reports, spreads, discoveries, the chain, the page.
 
 One :class:`Caches` per app (``app.state.caches``, reached through :func:`api.deps.get_caches`).
 Each entry lives for its setting's seconds; sizes are bounded whatever clients ask.
@@ -18,6 +18,7 @@ from budget import Clock, Ledger
 from budget.audit_log import Verification
 from budget.reporting.loss import effective_epsilon_basis
 from budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
+from budget.reporting.views import Distribution, SpendSpread, distribution_of, spend_spread
 from mechanisms import SfpSketch
 from mechanisms.sfp import DiscoveredWord
 from policies import Policy
@@ -50,6 +51,8 @@ class Caches:
         self._discovered: dict[tuple[str, int, tuple[int, ...], int], list[DiscoveredWord]] = {}
         self._page: list[tuple[float, tuple[int, int], str]] = []  # the page without estimates
         self._page_lock = threading.Lock()
+        self._spreads: dict[tuple[str, str], tuple[float, SpendSpread]] = {}
+        self._spread_lock = threading.Lock()
 
     def discovery(
         self, policy: Policy, days: Sequence[int], sketch: SfpSketch
@@ -86,6 +89,23 @@ class Caches:
             while len(self.reports) > REPORT_CACHE_ENTRIES:
                 self.reports.popitem(last=False)
             return report
+
+    def distribution(self, ledger: Ledger, use_case: str, scope: str, bins: int) -> Distribution:
+        """A use case's public distribution: the ledger read once per ``report_cache_seconds``.
+
+        One reading per (use case, scope), taken by one thread while the others wait for it
+        (one at a time, whatever the use case: a flood of callers costs one scan); any bin
+        count is then derived from it in ``O(bins log n)``. Entries are bounded by the use
+        cases that exist (an unknown one raises before anything is kept) times two scopes.
+        """
+        key = (use_case, scope)
+        with self._spread_lock:
+            found = self._spreads.get(key)
+            if found is None or time.monotonic() >= found[0]:
+                spread = spend_spread(ledger, use_case, now=self._clock.now(), scope=scope)
+                expires = time.monotonic() + self._settings.report_cache_seconds
+                found = self._spreads[key] = (expires, spread)
+        return distribution_of(found[1], bins)
 
     def verification(self, ledger: Ledger) -> Verification:
         """The chain's verification, renewed every ``verify_cache_seconds``."""

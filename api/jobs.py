@@ -11,6 +11,15 @@ blocks the job for at most that long. The same names are what ``dpgov jobs run N
 The jobs are safe to run concurrently (see :mod:`api.ingestion.pipeline`): the leases save work,
 they are not what keeps a report from being stored or folded twice.
 
+Fencing: a lease carries a token that rises whenever another holder takes it (its lease
+expired, or an operator forced it). Every write transaction of a running job first checks, in
+that transaction, that the token is still the one the job started with (PostgreSQL: ``FOR
+SHARE`` on the lease row, so a takeover waits for the transactions already checked), and the
+job stops with :class:`LeaseLost` otherwise: a process that stalled past its lease (a pause, a
+swap storm, a stopped container) writes nothing once another holds it. Each job transaction
+waits for locks at most ``job_lock_seconds`` (:func:`budget.storage.db.write_step`), so a
+holder stalled inside a transaction delays the next holder that long at most.
+
 This module sits beside the app and the CLI rather than in :mod:`api.ingestion`: it runs the
 pipeline's jobs and the audit log's checkpoints alike, for the service's scheduler, its admin
 routes and ``dpgov jobs``.
@@ -31,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from api.ingestion.ingest import Ingestor
@@ -39,8 +48,8 @@ from api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, pu
 from api.ingestion.tables import JobLease
 from api.logs import log_fields
 from budget import Clock, Ledger
-from budget.audit_log import write_checkpoints
-from budget.storage.db import is_busy, writer
+from budget.audit_log import CheckpointFileError, write_checkpoints
+from budget.storage.db import bound_lock_wait, fenced, is_busy, job_lock_seconds, job_writer
 
 if TYPE_CHECKING:
     from api.settings import Settings
@@ -49,12 +58,15 @@ __all__ = [
     "JOBS",
     "LEASES",
     "JobBusy",
+    "LeaseLost",
     "Runtime",
     "acquire_lease",
     "lease_holder",
     "lease_of",
+    "lease_token",
     "release_job",
     "release_lease",
+    "renew_lease",
     "run_job",
     "run_scheduled",
     "start_scheduler",
@@ -122,6 +134,7 @@ def _flush_inbox(rt: Runtime) -> int:
         min_batch=rt.min_batch,
         now=rt.clock.now(),
         progress=rt.step("flush-inbox"),
+        ledger=rt.ledger,
     )
 
 
@@ -141,13 +154,23 @@ def _purge(rt: Runtime) -> dict[str, Any]:
 
 
 def _checkpoint(rt: Runtime) -> dict[str, Any]:
+    """Sign the head, then append every signed checkpoint the kept file lacks.
+
+    A kept file that cannot be read is left as it is (appending to a torn line would hide
+    the next checkpoint too); the result's ``kept`` names the problem, and so does every
+    ``verify`` until an operator repairs the file.
+    """
     point = rt.ledger.audit.checkpoint(now=rt.clock.now())
-    kept = rt.checkpoint_file
-    if kept is not None:  # every signed checkpoint, also the ones a failed append missed
-        write_checkpoints(rt.ledger.audit.checkpoints(), kept)
-    if point is None:
-        return {"signed": None}
-    return {"signed": {"seq": point.seq, "hash": point.hash, "at": point.at}}
+    signed = None if point is None else {"seq": point.seq, "hash": point.hash, "at": point.at}
+    path = rt.checkpoint_file
+    if path is None:
+        return {"signed": signed}
+    try:  # every signed checkpoint, also the ones a failed append missed
+        added = write_checkpoints(rt.ledger.audit.checkpoints(), path)
+    except CheckpointFileError as exc:
+        log.error("job checkpoint: %s; nothing was appended to it", exc)
+        return {"signed": signed, "kept": {"added": 0, "problem": str(exc)}}
+    return {"signed": signed, "kept": {"added": added, "problem": None}}
 
 
 JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {
@@ -176,36 +199,101 @@ def lease_of(name: str) -> str:
 
 def acquire_lease(
     engine: Engine, job: str, holder: str, ttl: float, *, force: bool = False
-) -> bool:
+) -> int | None:
     """Take (or renew) the lease if it is free, expired or ours; ``force`` takes it regardless.
 
-    Atomic on both backends: a conditional update, or an insert that loses to a concurrent one.
+    Returns the lease's fencing token (at least 1), or ``None`` when another process holds it.
+    The token rises when the lease changes hands or is forced, and stays when its holder renews
+    it. Atomic on both backends: a conditional update, or an insert that loses to a concurrent
+    one. Its row locked past ``job_lock_seconds`` (a holder stalled inside a transaction) is a
+    busy database (:func:`budget.storage.db.is_busy`), as for the job's own transactions.
     """
     now = time.time()
-    with writer(engine).begin() as conn:
+    with job_writer(engine).begin() as conn:
+        bound_lock_wait(conn, job_lock_seconds(engine))
         table = _LEASES
         existing = conn.execute(table.select().where(table.c.job == job)).first()
         if existing is None:
             try:
                 with conn.begin_nested():
-                    conn.execute(table.insert().values(job=job, holder=holder, until=now + ttl))
-                return True
+                    conn.execute(
+                        table.insert().values(job=job, holder=holder, until=now + ttl, token=1)
+                    )
+                return 1
             except IntegrityError:  # a concurrent first insert won
-                return False
+                return None
+        token = int(existing.token) + (force or existing.holder != holder)
         query = table.update().where(table.c.job == job)
         if not force:
             query = query.where((table.c.until < now) | (table.c.holder == holder))
-        updated = conn.execute(query.values(holder=holder, until=now + ttl)).rowcount
-        return bool(updated)
+        query = query.where(table.c.token == existing.token)  # unchanged since read
+        updated = conn.execute(query.values(holder=holder, until=now + ttl, token=token))
+        return token if updated.rowcount else None
 
 
-def release_lease(engine: Engine, job: str, holder: str | None) -> bool:
-    """Give the lease back (``holder=None``: whoever holds it); whether a live one was cleared."""
-    with writer(engine).begin() as conn:
+def renew_lease(engine: Engine, job: str, holder: str, token: int, ttl: float) -> bool:
+    """Extend the lease ``holder`` holds under ``token``; ``False``: it was taken over."""
+    with job_writer(engine).begin() as conn:
+        bound_lock_wait(conn, job_lock_seconds(engine))
+        query = _LEASES.update().where(
+            (_LEASES.c.job == job) & (_LEASES.c.holder == holder) & (_LEASES.c.token == token)
+        )
+        return bool(conn.execute(query.values(until=time.time() + ttl)).rowcount)
+
+
+def release_lease(engine: Engine, job: str, holder: str | None, token: int | None = None) -> bool:
+    """Give the lease back (``holder=None``: whoever holds it); whether a live one was cleared.
+
+    With ``token``, only the lease held under that token (a holder that lost its lease never
+    clears its successor's).
+    """
+    with job_writer(engine).begin() as conn:
+        bound_lock_wait(conn, job_lock_seconds(engine))
         query = _LEASES.update().where((_LEASES.c.job == job) & (_LEASES.c.until > time.time()))
         if holder is not None:
             query = query.where(_LEASES.c.holder == holder)
+        if token is not None:
+            query = query.where(_LEASES.c.token == token)
         return bool(conn.execute(query.values(until=0.0)).rowcount)
+
+
+def lease_token(engine: Engine, job: str) -> int | None:
+    """The lease's current fencing token (``None``: never taken)."""
+    with engine.connect() as conn:
+        found = conn.execute(select(_LEASES.c.token).where(_LEASES.c.job == job)).scalar()
+    return None if found is None else int(found)
+
+
+class LeaseLost(RuntimeError):
+    """A job stopped because another process took its lease over while it ran.
+
+    What it committed before stays committed (every job transaction is complete on its own),
+    and the new holder carries the work on; nothing was written after the takeover.
+    """
+
+    def __init__(self, lease: str, token: int, current: int | None, job: str | None = None) -> None:
+        self.lease = lease
+        self.token = token
+        self.current = current
+        self.job = job
+        now = "gone" if current is None else f"now {current}"
+        who = f"job {job!r}" if job is not None else f"the job under {lease!r}"
+        super().__init__(
+            f"{who} stopped: it lost its lease {lease!r} to another process (token {token},"
+            f" {now}); its work so far is kept and the new holder carries it on"
+        )
+
+
+def _fence(lease: str, token: int) -> Callable[[Connection], None]:
+    """The check each of the job's write transactions runs first (:func:`fenced`)."""
+    query = select(_LEASES.c.token).where(_LEASES.c.job == lease).with_for_update(read=True)
+
+    def check(conn: Connection) -> None:
+        current = conn.execute(query).scalar()
+        if current is None or int(current) != token:
+            raise LeaseLost(lease, token, None if current is None else int(current))
+
+    return check
 
 
 def lease_holder(engine: Engine, job: str) -> tuple[str, float] | None:
@@ -228,15 +316,20 @@ def release_job(engine: Engine, name: str) -> bool:
 
 
 @contextmanager
-def _heartbeat(engine: Engine, lease: str, holder: str, ttl: float) -> Iterator[None]:
-    """Renew the lease every ``ttl / 3`` seconds until the block ends (a daemon thread)."""
+def _heartbeat(engine: Engine, lease: str, holder: str, ttl: float, token: int) -> Iterator[None]:
+    """Renew the lease every ``ttl / 3`` seconds until the block ends (a daemon thread).
+
+    Only under the job's own token: a lease taken over is never taken back by a late beat
+    (the job's next write stops it, :class:`LeaseLost`).
+    """
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.wait(ttl / 3):
             try:
-                if not acquire_lease(engine, lease, holder, ttl):
-                    log.warning("lease %s was taken over while its job ran (forced)", lease)
+                if not renew_lease(engine, lease, holder, token, ttl):
+                    log.warning("lease %s was taken over while its job ran", lease)
+                    return
             except DBAPIError as exc:  # a busy or lost database: the next beat tries again
                 if not is_busy(exc):
                     log.exception("lease %s: renewal failed", lease)
@@ -296,6 +389,12 @@ def run_job(
     started = time.monotonic()
     try:
         return _run(name, RUNTIMES[runtime_key], slot_seconds, wait_seconds, force=force)
+    except LeaseLost as exc:
+        ms = round((time.monotonic() - started) * 1000, 1)
+        named = LeaseLost(exc.lease, exc.token, exc.current, name)
+        lost = log_fields(job=name, outcome="lease_lost", duration_ms=ms, token=exc.token)
+        log.warning("%s", named, extra=lost)
+        raise named from None
     except DBAPIError as exc:
         if not is_busy(exc):
             raise
@@ -315,10 +414,10 @@ def run_job(
 def run_scheduled(
     name: str, runtime_key: str, slot_seconds: float = 0.0, wait_seconds: float = 0.0
 ) -> dict[str, Any] | None:
-    """The scheduler's entry point: :func:`run_job`, a busy database being a logged outcome."""
+    """The scheduler's entry point: :func:`run_job`, a busy database or a lost lease logged."""
     try:
         return run_job(name, runtime_key, slot_seconds, wait_seconds)
-    except JobBusy:
+    except (JobBusy, LeaseLost):
         return None  # logged once by run_job; the next scheduled run resumes
 
 
@@ -329,7 +428,7 @@ def _run(
     engine = rt.ledger.engine
     lease = lease_of(name)
     deadline = time.monotonic() + wait_seconds
-    while not acquire_lease(engine, lease, rt.holder, rt.lease_seconds, force=force):
+    while (token := acquire_lease(engine, lease, rt.holder, rt.lease_seconds, force=force)) is None:
         if time.monotonic() >= deadline:
             skip = log_fields(job=name, outcome="skipped", holder="another process")
             log.info("job %s skipped: another process holds %s", name, lease, extra=skip)
@@ -344,9 +443,17 @@ def _run(
             return None
         started = time.monotonic()
         try:
-            with _heartbeat(engine, lease, rt.holder, rt.lease_seconds):
+            with (
+                fenced(_fence(lease, token)),
+                _heartbeat(engine, lease, rt.holder, rt.lease_seconds, token),
+            ):
                 result = JOBS[name][0](rt)
+        except LeaseLost:
+            raise  # one line, by run_job
         except Exception as exc:
+            lost, current = _taken_over(engine, lease, token)
+            if lost:  # e.g. its session ended while it stalled inside a transaction
+                raise LeaseLost(lease, token, current) from None
             if is_busy(exc):
                 raise  # one line, by run_job
             ms = round((time.monotonic() - started) * 1000, 1)
@@ -363,7 +470,20 @@ def _run(
         log.info("job %s done in %.0f ms: %s", name, ms, result, extra=fields)
         return result
     finally:
-        release_lease(engine, lease, rt.holder)
+        try:
+            release_lease(engine, lease, rt.holder, token)
+        except DBAPIError as exc:  # it expires by itself; the job's outcome is what matters
+            if not is_busy(exc):  # a busy database is the job's outcome line already
+                log.warning("lease %s: not released (%s); it expires by itself", lease, exc)
+
+
+def _taken_over(engine: Engine, lease: str, token: int) -> tuple[bool, int | None]:
+    """Whether the lease is known to be under another token now, and that token."""
+    try:
+        current = lease_token(engine, lease)
+    except DBAPIError:  # the database cannot say: the job's own error stands
+        return False, None
+    return current != token, current
 
 
 def start_scheduler(

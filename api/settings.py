@@ -91,14 +91,18 @@ class Settings(BaseSettings):
         default=None,
         description="A file outside the database (another disk, host or bucket mount) that"
         " every signed checkpoint is appended to; `verify` checks the log against it, which"
-        " catches a log truncated back to an earlier checkpoint. Unset: checkpoints live only"
-        " in the database.",
+        " catches a log truncated back to an earlier checkpoint. Created 0600. Unreadable, or"
+        " missing once the database holds a checkpoint: `verify` fails naming it. Unset:"
+        " checkpoints live only in the database.",
     )
     verify_cache_seconds: float = Field(
         default=300.0, ge=0, description="How long the dashboard shows one chain verification."
     )
     report_cache_seconds: float = Field(
-        default=30.0, ge=0, description="How long an effective-epsilon report is served again."
+        default=30.0,
+        ge=0,
+        description="How long an effective-epsilon report, the dashboard and a use case's"
+        " public distribution are served again.",
     )
     host: str = Field(default="127.0.0.1", description="Address `dpgov serve` listens on.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port `dpgov serve` listens on.")
@@ -119,7 +123,8 @@ class Settings(BaseSettings):
     admin_failures_per_minute: int = Field(
         default=20,
         ge=1,
-        description="Wrong admin tokens a client may send a minute before 429.",
+        description="Wrong admin tokens a client address may send a minute before 429, counted"
+        " by each worker on its own (N workers admit up to N times as many).",
     )
     scheduler: bool = Field(default=True, description="Run the scheduled jobs in this process.")
     log_format: Literal["text", "json"] = Field(
@@ -149,6 +154,15 @@ class Settings(BaseSettings):
         " arriving meanwhile get the database's one write lock (2: free two thirds of the time,"
         " the job takes about three times as long; 0: no pause, for a database nothing else"
         " writes to while jobs run). No effect on PostgreSQL.",
+    )
+    job_lock_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="How long a job's transaction waits for a lock before the job stops as"
+        " busy (its next run resumes): SQLite's busy timeout for job writes, PostgreSQL's"
+        " `lock_timeout` and `idle_in_transaction_session_timeout` for each job transaction,"
+        " so a job process stopped inside a transaction loses its session after as long.",
     )
     flush_min_batch: int = Field(
         default=100,
@@ -193,7 +207,8 @@ class Settings(BaseSettings):
         default=1000,
         ge=1,
         description="Open connections plus running requests per worker before uvicorn answers"
-        " 503; keep it below the process's open-file limit.",
+        " 503; keep it below the process's open-file limit, and cap client connections at a"
+        " proxy in front (docs/operations.md#behind-a-reverse-proxy).",
     )
     rate_limit_keys: int = Field(
         default=100_000,
@@ -206,12 +221,26 @@ class Settings(BaseSettings):
     @field_validator("admin_token")
     @classmethod
     def _admin_token_is_long(cls, value: SecretStr | None) -> SecretStr | None:
-        """An empty or short token (``DPGOV_ADMIN_TOKEN=``) would make admin guessable."""
-        if value is not None and len(value.get_secret_value()) < 32:
+        """An empty or short token (``DPGOV_ADMIN_TOKEN=``) would make admin guessable.
+
+        And one no request can carry would lock every admin out while passing the length
+        check: a header value loses its whitespace at either end (a whitespace-only token is
+        empty), and control or non-ASCII characters do not survive it unchanged.
+        """
+        if value is None:
+            return None
+        token = value.get_secret_value()
+        if len(token) < 32:
             raise ValueError(
                 "must be at least 32 characters (e.g. the output of"
                 " `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`), or unset"
                 " to refuse every admin route"
+            )
+        if not all(" " <= c <= "~" for c in token) or token != token.strip():
+            raise ValueError(
+                "must be printable ASCII with no whitespace at either end (a request's"
+                " `Authorization` header could never carry it), e.g. the output of"
+                " `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
             )
         return value
 

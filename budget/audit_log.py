@@ -29,17 +29,21 @@ import orjson
 from sqlalchemy import Connection, Engine, select, text
 
 from budget.keyed import KeyedHash
-from budget.storage.db import placeholder, writer
+from budget.storage.db import placeholder, write_step, writer
+from budget.storage.files import open_private
 from budget.storage.tables import GENESIS, AuditCheckpoint, AuditEntry, AuditHead
 
 __all__ = [
     "AuditLog",
     "Checkpoint",
+    "CheckpointFileError",
     "Entry",
     "Verification",
     "chain_hash",
     "derive_audit_key",
+    "idempotency_hash",
     "read_checkpoints",
+    "record_digest",
     "write_checkpoints",
 ]
 
@@ -97,12 +101,23 @@ class Verification:
         return asdict(self)
 
 
+def idempotency_hash(audit_key: bytes) -> KeyedHash:
+    """The keyed hash of idempotency records' digests (a key derived from the audit key)."""
+    return KeyedHash(hmac.digest(audit_key, _IDEMPOTENCY_LABEL, "sha256"))
+
+
+def record_digest(keyed: KeyedHash, dk: str, key: str, fingerprint: str) -> str:
+    """An idempotency record's digest (:meth:`AuditLog.idempotency_digest`), 128 bits, hex."""
+    return keyed.digest(f"{dk}\0{key}\0{fingerprint}".encode()).hex()[:32]
+
+
 def derive_audit_key(secret: bytes) -> bytes:
     """An audit key derived from the device-key secret (when no separate key is configured)."""
     return hmac.digest(secret, b"dp-governor/audit-key/v1", "sha256")
 
 
 _SORTED = orjson.OPT_SORT_KEYS
+_IDEMPOTENCY_LABEL = b"dp-governor/idempotency-record/v1"
 
 
 def chain_hash(prev_hash: str, body: str) -> str:
@@ -162,6 +177,7 @@ class AuditLog:
         self.engine = engine
         self._mac = hmac.new(key, digestmod="sha256")
         self._keyed = KeyedHash(key)  # a tag per entry: what lets verify check 1e6 in seconds
+        self._idem = idempotency_hash(key)
         self._postgres = engine.dialect.name == "postgresql"
         ph = placeholder(engine)
         self._insert = (
@@ -176,6 +192,15 @@ class AuditLog:
     def tag(self, entry_hash: str) -> str:
         """``HMAC-SHA256(audit key, hash)``, hex."""
         return self._keyed.digest(entry_hash.encode("ascii")).hex()
+
+    def idempotency_digest(self, dk: str, key: str, fingerprint: str) -> str:
+        """What a charge entry records of its idempotency record (128 bits, hex).
+
+        A keyed hash of the record's device, stored key and request fingerprint (themselves
+        keyed by the device secret), under a key derived from the audit key: ``verify`` can
+        tell the table's records from the ones the chain recorded, and the log reveals no key.
+        """
+        return record_digest(self._idem, dk, key, fingerprint)
 
     def append(self, conn: Connection, entries: Sequence[Entry], *, now: datetime) -> int:
         """Append ``entries`` in the caller's transaction, in order; returns the last seq.
@@ -218,7 +243,7 @@ class AuditLog:
     def checkpoint(self, *, now: datetime) -> Checkpoint | None:
         """Sign the current head (``None`` when nothing was appended since the last one)."""
         at = timestamp(now)
-        with writer(self.engine).begin() as conn:
+        with write_step(self.engine) as conn:  # a job's transaction: bounded wait, fenced
             seq, head = conn.execute(text(self._head)).one()
             last = conn.execute(
                 select(_CHECKPOINTS).order_by(_CHECKPOINTS.c.seq.desc()).limit(1)
@@ -397,38 +422,66 @@ class AuditLog:
         return result()
 
 
+class CheckpointFileError(ValueError):
+    """The checkpoint file kept outside the database cannot be read as checkpoints.
+
+    Torn by a crash mid-append, not UTF-8, a folder, unreadable: ``verify`` fails naming it
+    (a copy that cannot be read protects nothing) and the checkpoint job appends nothing to it.
+    """
+
+    def __init__(self, path: Path, cause: str) -> None:
+        self.path = path
+        self.cause = cause
+        super().__init__(f"checkpoint file unreadable: {path}: {cause}")
+
+
 def write_checkpoints(points: Iterable[Checkpoint], path: Path) -> int:
     """Append ``points`` to ``path`` as JSON lines (a copy kept outside the database).
 
-    Points the file already holds are skipped; returns how many were added.
+    Points the file already holds are skipped; returns how many were added. The file is
+    created with mode 0600 (:func:`budget.storage.files.open_private`). Raises
+    :class:`CheckpointFileError`, appending nothing, when the file cannot be read.
     """
     held = {p.seq for p in read_checkpoints(path)} if path.exists() else set()
     added = [p for p in points if p.seq not in held]
     if added:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as out:
-            for p in sorted(added, key=lambda p: p.seq):
-                out.write(orjson.dumps(asdict(p)).decode() + "\n")
+        try:
+            with open_private(path, "a") as out:
+                for p in sorted(added, key=lambda p: p.seq):
+                    out.write(orjson.dumps(asdict(p)).decode() + "\n")
+        except OSError as exc:
+            raise CheckpointFileError(path, exc.strerror or type(exc).__name__) from None
     return len(added)
 
 
 def read_checkpoints(path: Path) -> list[Checkpoint]:
     """The checkpoints of a file written by :func:`write_checkpoints`, oldest first.
 
-    Raises ``ValueError`` naming the line that is not a checkpoint.
+    Raises :class:`CheckpointFileError` for a file that cannot be read (missing included) or
+    holds a line that is not a checkpoint (naming the line).
     """
     points: list[Checkpoint] = []
-    with path.open(encoding="utf-8") as handle:
-        for n, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = orjson.loads(line)
-                points.append(
-                    Checkpoint(
-                        int(data["seq"]), str(data["hash"]), str(data["at"]), str(data["signature"])
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for n, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    data = orjson.loads(line)
+                    points.append(
+                        Checkpoint(
+                            int(data["seq"]),
+                            str(data["hash"]),
+                            str(data["at"]),
+                            str(data["signature"]),
+                        )
                     )
-                )
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}: line {n} is not a checkpoint ({exc})") from None
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    raise CheckpointFileError(
+                        path, f"line {n} is not a checkpoint ({exc})"
+                    ) from None
+    except UnicodeDecodeError as exc:
+        raise CheckpointFileError(path, f"not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise CheckpointFileError(path, exc.strerror or type(exc).__name__) from None
     return sorted(points, key=lambda p: p.seq)

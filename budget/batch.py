@@ -70,19 +70,26 @@ class BatchItem(NamedTuple):
     request_hash: str | None = None
 
 
-def charge_entry(dk: str, decision: Decision, terms: Terms) -> Entry:
+def charge_entry(
+    dk: str, decision: Decision, terms: Terms, idempotency: str | None = None
+) -> Entry:
     """The audit entry of one charge decision (accepted or refused; no report payload).
 
-    Its data is formatted as canonical JSON directly (keys in sorted order; the strings
-    encoded by ``orjson``): the same text as encoding the dict, a few times cheaper.
+    ``idempotency`` is the digest of the idempotency record the decision was stored in
+    (:meth:`budget.audit_log.AuditLog.idempotency_digest`; ``null`` without a key), so
+    ``verify`` checks that table too. Its data is formatted as canonical JSON directly (keys in
+    sorted order; the strings encoded by ``orjson``): the same text as encoding the dict, a few
+    times cheaper.
     """
     d = decision
+    idem = "null" if idempotency is None else f'"{idempotency}"'
     return Entry(
         f"device:{dk}",
         "charge",
         f'{{"accepted":{"true" if d.accepted else "false"},"budget":{_json_text(d.budget)},'
         f'"charge_id":{"null" if d.charge_id is None else int(d.charge_id)},"day":{int(d.day)},'
-        f'"epsilon_micro":{int(terms.eps_micro)},"policy_version":{int(d.policy_version)},'
+        f'"epsilon_micro":{int(terms.eps_micro)},"idempotency":{idem},'
+        f'"policy_version":{int(d.policy_version)},'
         f'"reason":{_json_text(d.reason)},"use_case":{_json_text(d.use_case)}}}',
     )
 
@@ -241,7 +248,9 @@ def charge_batch(
         for i in to_decide:
             made = results[i]
             assert isinstance(made, Decision)
-            entries.append(charge_entry(keys[i], made, of[i]))
+            stored = stored_keys.get(i)  # every keyed item decided here stored its record
+            idem = None if stored is None else gate.audit.idempotency_digest(*stored)
+            entries.append(charge_entry(keys[i], made, of[i], idem))
         gate.audit.append(conn, entries, now=now)  # last: it holds the chain's head until commit
     out: list[Decision | Exception] = []
     for r in results:

@@ -17,9 +17,18 @@ every charge (id, device, use case, version, epsilon, day); every account day co
 lifetime count per slot. A charge's budget is its entry's; charges recorded before slots held
 their budget (entries up to ``slot_budgets.since_seq``) are replayed into slots of
 :data:`budget.state.ANY_BUDGET`, which count under every budget their use case ever had (moving
-that mark can only make slots count under more budgets, never fewer). An edited epsilon, a
-deleted or added charge, an account reset, a policy row edited in place, a horizon moved: each
-makes the check fail and says which table disagrees.
+that mark can only make slots count under more budgets, never fewer). Also every version of the
+device-wide budget (row by row), every idempotency record the retry window still holds (the
+chain's charge entries name their record by a keyed digest; compared per day after the last
+purge's ``idempotency_through``), and every published shuffled batch's figures (each published
+with an entry; compared per use case and day). An edited epsilon, a deleted or added charge, an
+account reset, a slot moved to another budget, a policy or device-wide budget row edited in
+place, a horizon moved, a deleted idempotency record (a retry then charged twice), an edited
+batch figure: each makes the check fail, and the problem starts with the table's name.
+
+Entries written by a release before these digests (charge entries without ``idempotency``)
+describe no idempotency record, no batch and no row tag: the days up to the last such charge
+(``legacy_through``) are not checked for those three; every later day is.
 
 The tables are read here as raw rows, not through the policy book (:mod:`budget.book`) that
 every other reader uses: the book is built from these rows, so it is what is being verified.
@@ -37,10 +46,18 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, inspect, select, text
 
+from budget.audit_log import idempotency_hash, record_digest
 from budget.book import NO_HORIZON
 from budget.keyed import KeyedHash
 from budget.state import ANY_BUDGET, decode
-from budget.storage.tables import Account, Charge, RetentionHorizon
+from budget.storage.tables import (
+    Account,
+    Charge,
+    IdempotencyRecord,
+    RetentionHorizon,
+    ShuffledBatch,
+)
+from policies.device import DeviceBudgetVersion
 from policies.model import Policy
 
 __all__ = ["StateCheck", "StateReplay", "budgets_since"]
@@ -51,12 +68,18 @@ _POLICY_ACTIONS = ("policy.create", "policy.update", "policy.delete")
 
 @dataclass(frozen=True, slots=True)
 class StateCheck:
-    """The outcome: ``problem`` names the first table that disagrees (``None``: all agree)."""
+    """The outcome: ``problem`` names the first table that disagrees (``None``: all agree).
+
+    ``accepted`` counts the accepted charges per (use case, day) after the horizons;
+    ``legacy_through`` is the last day an earlier release charged (``None``: none did), up to
+    which rows it wrote carry no tags (:mod:`budget.row_tags`).
+    """
 
     checked: bool
     problem: str | None = None
     note: str | None = None
     accepted: dict[tuple[str, int], int] = field(default_factory=dict)
+    legacy_through: int | None = None
 
 
 class StateReplay:
@@ -65,13 +88,20 @@ class StateReplay:
     def __init__(self, audit_key: bytes, *, budgets_since: int = 0) -> None:
         self._keyed = KeyedHash(hmac.digest(audit_key, b"dp-governor/state-digest/v1", "sha256"))
         self.budgets_since = budgets_since
+        self._records = idempotency_hash(audit_key)  # the charge entries' record digests
         self.policies: dict[tuple[str, int], dict[str, Any]] = {}
+        self.device_budgets: dict[int, tuple[str, str, dict[str, Any]]] = {}
         self.horizons: dict[str, int] = {}
         self.legacy: str | None = None
         self.charges: dict[tuple[str, int], int] = defaultdict(int)
         self.days: dict[tuple[str, int], int] = defaultdict(int)
         self.accepted: dict[tuple[str, int], int] = defaultdict(int)
         self.lifetime = 0
+        self.legacy_through: int | None = None  # the last day an earlier release charged
+        self.idempotency: dict[int, int] = defaultdict(int)  # final records, digest by day
+        self.refusals: dict[tuple[str, str], tuple[int, int]] = {}  # may be decided again
+        self.idempotency_through = NO_HORIZON  # records on or before may have been purged
+        self.batches: dict[tuple[str, int], int] = defaultdict(int)
 
     def h(self, *parts: object) -> int:
         """The keyed hash of a tuple, as an integer."""
@@ -82,18 +112,61 @@ class StateReplay:
         """Take one verified entry (the :meth:`budget.audit_log.AuditLog.verify` observer)."""
         if action == "charge":
             data = orjson.loads(body)["data"]
+            dk = actor.removeprefix("device:")
             if data["accepted"]:
                 budget = ANY_BUDGET if seq <= self.budgets_since else str(data["budget"])
-                self._charge(actor.removeprefix("device:"), data, budget)
+                self._charge(dk, data, budget)
+            if "idempotency" not in data:  # written by an earlier release
+                day = int(data["day"])
+                self.legacy_through = max(self.legacy_through or NO_HORIZON, day)
+            elif data["idempotency"] is not None:
+                self._record(dk, data)
         elif action in _POLICY_ACTIONS:
             new = orjson.loads(body)["data"]["new"]
             self.policies[(str(new["name"]), int(new["version"]))] = new
+        elif action == "device_budget.update":
+            entry = orjson.loads(body)
+            data = entry["data"]
+            self.device_budgets[int(data["version"])] = (actor, str(entry["at"]), data["new"])
+        elif action == "batch.publish":
+            data = orjson.loads(body)["data"]
+            key = (str(data["use_case"]), int(data["day"]))
+            self.batches[key] = (self.batches[key] + self._batch(data)) % _MOD
         elif action == "purge.ledger":
             data = orjson.loads(body)["data"]
             if "daily_spend" in data and "horizons" not in data:
                 self.legacy = f"entry {seq} is a purge by an earlier release"
             for name, day in data.get("horizons", {}).items():
                 self.horizons[name] = max(self.horizons.get(name, NO_HORIZON), int(day))
+            # an earlier release's purge kept at least the purge's day before (the retry window
+            # is at least a day)
+            through = int(data.get("idempotency_through", int(data["day"]) - 1))
+            if through > self.idempotency_through:
+                self.idempotency_through = through
+                self.refusals = {k: v for k, v in self.refusals.items() if v[0] > through}
+
+    def _record(self, dk: str, data: dict[str, Any]) -> None:
+        """The idempotency record a keyed decision stored (the latest decision of its key)."""
+        day = int(data["day"])
+        element = self.h(
+            "i", dk, data["idempotency"], day, data["use_case"], data["accepted"],
+            data["charge_id"], data["reason"], data["policy_version"],
+        )  # fmt: skip
+        key = (dk, str(data["idempotency"]))
+        self.refusals.pop(key, None)  # a refusal decided again: this decision replaced it
+        if data["accepted"]:  # final: an accepted answer is never decided again
+            self.idempotency[day] = (self.idempotency[day] + element) % _MOD
+        else:
+            self.refusals[key] = (day, element)
+
+    def _batch(self, data: dict[str, Any]) -> int:
+        """The keyed hash of a published batch's figures (a ``shuffled_batches`` row but its id)."""
+        return self.h(
+            "b", data["use_case"], data["day"], data["first_day"], data["last_day"],
+            data["devices"], data["reports"], data["max_per_device"],
+            orjson.dumps(data["layers"]).decode(), data["untagged"], data["epsilon_micro"],
+            data["min_batch_devices"],
+        )  # fmt: skip
 
     def _charge(self, dk: str, data: dict[str, Any], budget: str) -> None:
         uc, version = data["use_case"], data["policy_version"]
@@ -116,6 +189,7 @@ class StateReplay:
             )  # fmt: skip
         if self.legacy is not None:
             return StateCheck(False, note=f"{self.legacy}: the state was not checked")
+        legacy = self.legacy_through
         with engine.connect() as conn:
             stored = {
                 str(r.use_case): int(r.through_day)
@@ -128,7 +202,13 @@ class StateReplay:
                 for r in conn.execute(select(Policy.__table__))  # type: ignore[attr-defined]
             )
             if problem is not None:
-                return StateCheck(True, problem)
+                return StateCheck(True, f"policies: {problem}")
+            problem = self._compare_device_budgets(
+                DeviceBudgetVersion.model_validate(r._asdict())
+                for r in conn.execute(select(DeviceBudgetVersion.__table__))  # type: ignore[attr-defined]
+            )
+            if problem is not None:
+                return StateCheck(True, f"device_budgets: {problem}")
             t = Charge.__table__.c  # type: ignore[attr-defined]
             problem = self._compare_charges(
                 conn.execute(
@@ -140,7 +220,16 @@ class StateReplay:
             c = Account.__table__.c  # type: ignore[attr-defined]
             rows = conn.execute(select(c.device_key, c.count, c.epsilon_micro, c.days, c.lifetime))
             problem = self._compare_accounts(rows)
-        return StateCheck(True, problem, accepted=self._held(self.accepted))
+            if problem is None:
+                i = IdempotencyRecord.__table__.c  # type: ignore[attr-defined]
+                problem = self._compare_idempotency(
+                    conn.execute(select(i.device_key, i.key, i.request_hash, i.day, i.decision))
+                )
+            if problem is None:
+                problem = self._compare_batches(
+                    conn.execute(select(ShuffledBatch.__table__))  # type: ignore[attr-defined]
+                )
+        return StateCheck(True, problem, accepted=self._held(self.accepted), legacy_through=legacy)
 
     def _held(self, per_day: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """The per-(use case, day) values after each use case's horizon, zeros left out."""
@@ -168,6 +257,74 @@ class StateReplay:
             return f"policy {missing[0][0]!r} version {missing[0][1]} was deleted"
         return None
 
+    def _compare_device_budgets(self, rows: Iterable[DeviceBudgetVersion]) -> str | None:
+        seen = set()
+        for row in rows:
+            seen.add(row.version)
+            recorded = self.device_budgets.get(row.version)
+            if recorded is None:
+                return f"version {row.version} is a device-wide budget no entry records"
+            actor, at, body = recorded
+            if row.body().model_dump() != body:
+                return f"version {row.version}: its limits or quotas were edited"
+            if row.actor != actor or _instant(row.created_at) != _instant(at):
+                return f"version {row.version}: its author or time was edited"
+        missing = sorted(set(self.device_budgets) - seen)
+        if missing:
+            return f"version {missing[0]} of the device-wide budget was deleted"
+        return None
+
+    def _compare_idempotency(self, rows: Iterable[tuple[Any, ...]]) -> str | None:
+        """The records after the retry window's purge and the earlier release's days."""
+        low = max(self.idempotency_through, self.legacy_through or NO_HORIZON)
+        expected: dict[int, int] = defaultdict(int)
+        for day, total in self.idempotency.items():
+            expected[day] = total
+        for day, element in self.refusals.values():
+            expected[day] = (expected[day] + element) % _MOD
+        digests: dict[int, int] = defaultdict(int)
+        for dk, key, fingerprint, day, decision in rows:
+            if int(day) <= low:
+                continue  # the purge may have deleted it, or an earlier release wrote it
+            try:
+                made = orjson.loads(decision)
+                element = self.h(
+                    "i", dk, record_digest(self._records, str(dk), str(key), str(fingerprint)),
+                    int(day), made["use_case"], made["accepted"], made["charge_id"],
+                    made["reason"], made["policy_version"],
+                )  # fmt: skip
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                return f"idempotency: a record of day {int(day)} holds no decision"
+            digests[int(day)] = (digests[int(day)] + element) % _MOD
+        for day in sorted(set(expected) | set(digests)):
+            if day > low and expected.get(day, 0) != digests.get(day, 0):
+                return (
+                    f"idempotency: the records of day {day} disagree with the decisions"
+                    " recorded (a record deleted, added or edited: a retry would be decided"
+                    " again)"
+                )
+        return None
+
+    def _compare_batches(self, rows: Iterable[Any]) -> str | None:
+        """The published batches' figures, per use case and day after the earlier release's."""
+        low = self.legacy_through if self.legacy_through is not None else NO_HORIZON
+        digests: dict[tuple[str, int], int] = defaultdict(int)
+        for r in rows:
+            key = (str(r.use_case), int(r.day))
+            element = self.h(
+                "b", r.use_case, r.day, r.first_day, r.last_day, r.devices, r.reports,
+                r.max_per_device, r.layers, r.untagged, r.epsilon_micro, r.min_batch_devices,
+            )  # fmt: skip
+            digests[key] = (digests[key] + element) % _MOD
+        for key in sorted(set(self.batches) | set(digests)):
+            if key[1] > low and self.batches.get(key, 0) != digests.get(key, 0):
+                return (
+                    f"shuffled_batches: the batches of {key[0]!r} published on day {key[1]}"
+                    " disagree with the batches recorded (a figure edited, a batch deleted or"
+                    " added)"
+                )
+        return None
+
     def _compare_charges(self, rows: Iterable[tuple[Any, ...]]) -> str | None:
         digests: dict[tuple[str, int], int] = defaultdict(int)
         for charge_id, dk, uc, version, eps, day in rows:
@@ -183,7 +340,7 @@ class StateReplay:
         for dk, count, eps_total, days_text, lifetime_text in rows:
             state = decode(count, eps_total, days_text, lifetime_text)
             if sum(int(s[3]) for s in state.slots) != state.count:
-                return f"the account of device {dk} does not add up (count edited)"
+                return f"accounts: the account of device {dk} does not add up (count edited)"
             for uc, eps, group, n, b in state.slots:
                 lifetime = (lifetime + int(n) * self.h("l", dk, uc, eps, group, b)) % _MOD
             for entry in state.days:

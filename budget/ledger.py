@@ -23,6 +23,7 @@ from budget.gate import Gate, load_book
 from budget.integrity import StateCheck, StateReplay, budgets_since
 from budget.loosening import loosenings
 from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
+from budget.row_tags import RowTags
 from budget.rule import Decision
 from budget.state import AccountState, decode
 from budget.storage.db import delete_keys, placeholder, write_step
@@ -137,6 +138,7 @@ class Ledger:
         self.engine = engine
         self._audit_key = audit_key or derive_audit_key(secret)
         self.audit = AuditLog(engine, self._audit_key)
+        self.row_tags = RowTags(self._audit_key)  # the reports' rows: inbox and store
         self.gate = Gate(engine, secret, self.audit)
         self.policies = PolicyStore(
             engine, on_change=self._policy_changed, review=self._review_policies
@@ -437,7 +439,13 @@ class Ledger:
                 passed[n] if planned.get(n) == span else _passed(conn, n, *span)
                 for n, span in raises.items()
             )
-            data: dict[str, Any] = {"day": day, "charges": charges, "idempotency": idem}
+            data: dict[str, Any] = {
+                "day": day,
+                "charges": charges,
+                "idempotency": idem,
+                # records of this day and before may be gone (verify checks the later ones)
+                "idempotency_through": day - self.idempotency_days,
+            }
             if raised:
                 data["horizons"] = dict(sorted(raised.items()))
             if dropped.days:
@@ -448,7 +456,7 @@ class Ledger:
             past = and_(_CHARGES.c.use_case == name, _CHARGES.c.day <= cutoff)
             deleted += self._delete_all(_CHARGES, (_CHARGES.c.id,), past, rows)
         days = self._prune_days(horizons, rows)
-        ensure_partitions(self.engine, day, day + DAYS_AHEAD)  # the days ahead, daily
+        ensure_partitions(self.engine, day, day + DAYS_AHEAD, job=True)  # the days ahead, daily
         return PurgeResult(deleted, days, idem)
 
     def _delete_all(

@@ -61,6 +61,10 @@ def _read(path: str | Path) -> Any:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyFileError(f"cannot read {p}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyFileError(
+            f"cannot read {p}: not UTF-8 text (byte {exc.start}: {exc.reason})"
+        ) from None
     return _parse(text, fmt)
 
 

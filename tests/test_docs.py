@@ -92,3 +92,11 @@ def test_the_link_checker_sees_links() -> None:
     prose = _prose(text)
     assert _INLINE.findall(prose) == ["docs/a.md#x", "https://example.org"]
     assert _REFERENCE.findall(prose) == ["e.md"]
+
+
+def test_operations_says_how_a_proxy_keeps_connection_floods_off_the_service() -> None:
+    """Over ``DPGOV_LIMIT_CONCURRENCY`` open connections, requests get 503: the proxy's job."""
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    flood = text[text.index("**Connection floods.**") :]
+    for setting in ("limit_conn", "max_conns", "proxy_request_buffering", "--host"):
+        assert setting in flood, setting

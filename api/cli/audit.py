@@ -33,10 +33,7 @@ def audit_verify(
     path = checkpoints or settings.checkpoint_file
     if checkpoints is not None and not checkpoints.exists():
         refuse(f"no checkpoint file at {checkpoints}")
-    try:
-        kept = kept_checkpoints(path)
-    except ValueError as exc:
-        refuse(str(exc))
+    kept = kept_checkpoints(path)  # one it cannot read fails the verification, naming it
     ledger = open_ledger(settings)
     try:
         result = verify_service(ledger, now=datetime.now(UTC), kept=kept)
@@ -55,12 +52,17 @@ def audit_checkpoints(
     ],
     database_url: DatabaseOption = None,
 ) -> None:
-    """Copy the signed checkpoints out of the database (keep the file somewhere else)."""
-    from budget.audit_log import write_checkpoints
+    """Copy the signed checkpoints out of the database (keep the file somewhere else).
+
+    The file is created with mode 0600; one that cannot be read is left untouched (exit 1).
+    """
+    from budget.audit_log import CheckpointFileError, write_checkpoints
 
     ledger = open_ledger(load_settings(database_url))
     try:
         added = write_checkpoints(ledger.audit.checkpoints(), output)
+    except CheckpointFileError as exc:
+        refuse(str(exc), 1)
     finally:
         ledger.engine.dispose()
     typer.echo(f"{added} new checkpoint(s) appended to {output}")
@@ -99,9 +101,13 @@ def audit_export(
     fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
     database_url: DatabaseOption = None,
 ) -> None:
-    """Export the ledger (policies, charges, lifetime totals) to recompute the report offline."""
+    """Export the ledger (policies, charges, lifetime totals) to recompute the report offline.
+
+    The file is written with mode 0600 (it names every device pseudonym and its spend).
+    """
     from budget import SystemClock
     from budget.reporting.export import export_ledger
+    from budget.storage.files import open_private
 
     if fmt not in ("jsonl", "csv"):
         typer.echo(f"Error: --format must be jsonl or csv, got {fmt!r}", err=True)
@@ -109,7 +115,7 @@ def audit_export(
     ledger = open_ledger(load_settings(database_url))
     try:
         with (
-            out.open("w", encoding="utf-8", newline="") as handle,
+            open_private(out, "w") as handle,
             Progress("audit export", "lines") as progress,
         ):
             counted = cast(TextIO, _LineCounter(handle, progress))

@@ -142,7 +142,9 @@ def open_service(
         else existing_database(settings.database_url)
     )
     try:
-        engine = create_db_engine(url, job_pause=settings.job_pause)
+        engine = create_db_engine(
+            url, job_pause=settings.job_pause, job_lock_seconds=settings.job_lock_seconds
+        )
     except ValueError as exc:
         refuse(_database_problem(settings.database_url, exc) or str(exc))
     try:

@@ -32,7 +32,16 @@ def jobs_run(
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
     from api.ingestion.ingest import Ingestor
-    from api.jobs import JOBS, RUNTIMES, JobBusy, Runtime, lease_holder, lease_of, run_job
+    from api.jobs import (
+        JOBS,
+        RUNTIMES,
+        JobBusy,
+        LeaseLost,
+        Runtime,
+        lease_holder,
+        lease_of,
+        run_job,
+    )
     from budget import SystemClock
 
     if name not in JOBS:
@@ -53,7 +62,7 @@ def jobs_run(
         with progress:
             result = run_job(name, key, force=force)
         held = None if result is not None else lease_holder(ledger.engine, lease_of(name))
-    except JobBusy as exc:
+    except (JobBusy, LeaseLost) as exc:
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from None
     finally:
@@ -68,6 +77,10 @@ def jobs_run(
         )
         raise typer.Exit(1)
     typer.echo(json.dumps({"job": name, "result": result}))
+    kept = result.get("kept")
+    if isinstance(kept, dict) and kept.get("problem"):
+        typer.echo(f"Error: {kept['problem']}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("release")

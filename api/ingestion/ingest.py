@@ -20,6 +20,7 @@ from sqlalchemy import Connection
 from api.errors import ACCEPTED, INVALID, REFUSED, PolicyChanged, status_of
 from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
+from budget.book import Terms
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
 from budget.keyed import KeyedHash
 from budget.storage.db import placeholder
@@ -49,6 +50,20 @@ def params_hash(mechanism: Mechanism) -> str:
     fields["mechanism"] = mechanism.name
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+_BOOK_WIDE = frozenset({"version", "members", "horizons", "device"})
+
+
+def _own_terms(terms: Terms) -> tuple[Any, ...]:
+    """A policy version's own terms, comparable across versions (its number left out).
+
+    The budget's members, the horizons and the device-wide budget are the book's, the same
+    for every version read from it.
+    """
+    return tuple(
+        getattr(terms, f.name) for f in dataclasses.fields(terms) if f.name not in _BOOK_WIDE
+    )
 
 
 class SubmitRequest(NamedTuple):
@@ -81,12 +96,13 @@ class Ingestor:
         self._pseudonym_states: dict[str, Any] = {}  # per use case, its name already hashed
         self._counted: set[tuple[str, int]] = set()  # versions with min_batch_devices > 1
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
+        self._charging: dict[tuple[str, int], tuple[str, tuple[Any, ...]]] = {}
         self._families: dict[str, str] = {}  # parameter hash -> published family identifier
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
         self._inbox_sql = (
-            "INSERT INTO inbox (id, use_case, params, day, payload, device_tag)"
-            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
+            "INSERT INTO inbox (id, use_case, params, day, payload, device_tag, tag)"
+            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
         )
 
     def _latest(self, use_case: str) -> Policy | None:
@@ -139,9 +155,24 @@ class Ingestor:
             found = (mech, params_hash(mech))
             self._mechanisms[key] = found
             self._families[found[1]] = family_id(mech)
+            # what a report is decoded and charged by; the version number itself is neither
+            self._charging[key] = (found[1], _own_terms(Terms.of(policy)))
             if policy.min_batch_devices > 1:
                 self._counted.add(key)
         return found
+
+    def _changes_reports(self, use_case: str, validated: int, charged: Policy | None) -> bool:
+        """Whether reports validated under version ``validated`` cannot be charged as ``charged``.
+
+        Only a change of what decodes them (the mechanism's parameters and hash family) or of
+        the terms they are charged on (epsilon, caps, window, filters, group size, budget) does:
+        a description, a publication threshold, a batch minimum or the reporting delta change
+        neither, and reports in flight are charged under the new version.
+        """
+        if charged is None or not charged.active:
+            return True
+        self.mechanism(charged)
+        return self._charging[(use_case, validated)] != self._charging[(use_case, charged.version)]
 
     def wrong_family(self, use_case: str, sent: object, params: str) -> InvalidReport:
         """The error of a report whose ``family`` is not the current policy's randomizer."""
@@ -182,10 +213,13 @@ class Ingestor:
         """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
         Each row gets a random 63-bit id: sequential ids would pair one to one with the
-        charges' ids, which the same transaction allocates in the same order.
+        charges' ids, which the same transaction allocates in the same order; and its keyed
+        tag (:class:`budget.row_tags.RowTags`), which ``verify`` checks.
         """
+        tag = self.ledger.row_tags.inbox
+        ided = [(secrets.randbits(63), *row) for row in rows]
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        cursor.executemany(self._inbox_sql, [(secrets.randbits(63), *row) for row in rows])
+        cursor.executemany(self._inbox_sql, [(*row, tag(*row)) for row in ided])
 
     def submit_group(
         self, requests: list[SubmitRequest], *, now: datetime
@@ -197,8 +231,9 @@ class Ingestor:
         in order; invalid bodies and gate errors come back as exceptions for their request.
         The inbox payload is the report re-encoded canonically (sorted keys, no spaces), and an
         idempotency key is bound to the use case and that payload. A use case whose policy
-        changed between validation and charge gets :class:`PolicyChanged` for its requests
-        only.
+        changed between validation and charge, in how its reports are decoded or the terms
+        they are charged on, gets :class:`PolicyChanged` for its requests only; any other edit
+        (a description, say) is charged under the new version.
         """
         out: list[Decision | Exception | None] = [None] * len(requests)
         current: dict[str, tuple[Mechanism, str, int] | Exception] = {}
@@ -241,9 +276,9 @@ class Ingestor:
                 text = f"{req.use_case}\n{payload}".encode()
                 request_hash = hashlib.sha256(text).hexdigest()
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
-            tag = (
+            tag = (  # a device id that is not a string is refused by the charge, unhashed
                 self.inbox_pseudonym(req.use_case, req.device_id)
-                if (req.use_case, found[2]) in self._counted
+                if (req.use_case, found[2]) in self._counted and isinstance(req.device_id, str)
                 else None
             )
             payloads.append((req.use_case, found[1], payload, tag))
@@ -253,8 +288,14 @@ class Ingestor:
             stale = set()
             for _, d in accepted:
                 found = current[d.use_case]
-                if isinstance(found, Exception) or d.policy_version != found[2]:
+                if isinstance(found, Exception):
                     stale.add(d.use_case)
+                elif d.policy_version != found[2] and d.use_case not in stale:
+                    charged = self.ledger.gate.book(conn).latest.get(d.use_case)
+                    if charged is not None and charged.version != d.policy_version:
+                        charged = None
+                    if self._changes_reports(d.use_case, found[2], charged):
+                        stale.add(d.use_case)
             if stale:  # rolls the group back; it is charged again without these use cases
                 raise _StalePolicies(stale)
             rows = [

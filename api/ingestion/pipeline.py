@@ -47,10 +47,11 @@ from api.ingestion.tables import (
     StoredReport,
 )
 from budget import Ledger, utc_day
-from budget.audit_log import Entry
+from budget.audit_log import AuditLog, Entry
 from budget.book import PolicyBook
 from budget.central import batch_layers
 from budget.gate import InternalError, load_book
+from budget.row_tags import RowTags
 from budget.storage.db import placeholder, write_step
 from budget.storage.tables import ShuffledBatch
 from mechanisms import (
@@ -137,6 +138,15 @@ class _Move:
     record: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class _Evidence:
+    """What the flush leaves for ``verify``: the reports' tags and each batch's audit entry."""
+
+    tags: RowTags
+    audit: AuditLog
+    at: datetime
+
+
 def flush_inbox(
     engine: Engine,
     *,
@@ -144,6 +154,7 @@ def flush_inbox(
     min_batch: int = DEFAULT_MIN_BATCH,
     now: datetime | None = None,
     progress: Callable[[int, int], None] | None = None,
+    ledger: Ledger | None = None,
 ) -> int:
     """Publish each use case's pending reports as one shuffled batch, once it is large enough.
 
@@ -158,10 +169,19 @@ def flush_inbox(
     left half moved (a crash, a stopped job) is carried on first. Returns how many reports this
     call moved. ``progress`` is called with the pending reports handled so far and those found
     pending, after each use case.
+
+    ``ledger`` (the jobs always give it) is what leaves the evidence ``verify`` checks: each
+    stored report is tagged (:class:`budget.row_tags.RowTags`) if its inbox row's tag was
+    right, and stored untagged otherwise (a forged inbox row is never laundered into a tagged
+    report), and each published batch's figures are an audit entry (``batch.publish``).
+    Without it (tests and benchmarks that never verify), reports are stored untagged and
+    batches unrecorded, which ``verify`` reports.
     """
     if batch < 1 or min_batch < 1:
         raise ValueError(f"`batch` and `min_batch` must be at least 1, got {batch}, {min_batch}")
-    today = utc_day(now if now is not None else datetime.now(UTC))
+    at = now if now is not None else datetime.now(UTC)
+    today = utc_day(at)
+    proof = None if ledger is None else _Evidence(ledger.row_tags, ledger.audit, at)
     with engine.connect() as conn:
         pending = conn.execute(
             select(_INBOX.c.use_case, func.count()).group_by(_INBOX.c.use_case)
@@ -185,7 +205,7 @@ def flush_inbox(
         claim = _Move(
             int(row.batch), np.frombuffer(row.manifest, np.int64), orjson.loads(row.record)
         )
-        moved += _carry(engine, str(row.use_case), claim, batch, today)
+        moved += _carry(engine, str(row.use_case), claim, batch, today, proof)
         done(str(row.use_case))
     ready = set(counts) - carried
     if not ready:
@@ -198,7 +218,7 @@ def flush_inbox(
         found = terms.get(use_case)  # none: no policy of that name, left for inspection
         claimed = None if found is None else _claim(engine, use_case, found, min_batch)
         if claimed is not None:
-            moved += _carry(engine, use_case, claimed, batch, today)
+            moved += _carry(engine, use_case, claimed, batch, today, proof)
         done(use_case)
     return moved
 
@@ -284,7 +304,9 @@ def _figures(rows: Sequence[Any], per_device: Counter[int], terms: _Terms) -> di
     }
 
 
-def _carry(engine: Engine, use_case: str, move: _Move, rows: int, today: int) -> int:
+def _carry(
+    engine: Engine, use_case: str, move: _Move, rows: int, today: int, proof: _Evidence | None
+) -> int:
     """Move a claimed batch ``rows`` reports a transaction; the last one publishes it.
 
     Every chunk of the manifest is tried, also those another flush may have moved already
@@ -295,7 +317,8 @@ def _carry(engine: Engine, use_case: str, move: _Move, rows: int, today: int) ->
     moved = 0
     for start in range(0, len(move.ids), rows):
         with write_step(engine) as conn:
-            moved += _move_chunk(conn, use_case, move, move.ids[start : start + rows], today)
+            chunk = move.ids[start : start + rows]
+            moved += _move_chunk(conn, use_case, move, chunk, today, proof)
     with engine.connect() as conn:
         left = conn.execute(
             select(_MOVES.c.moved).where(
@@ -314,30 +337,43 @@ def _carry(engine: Engine, use_case: str, move: _Move, rows: int, today: int) ->
     return moved
 
 
-def _move_chunk(conn: Connection, use_case: str, move: _Move, chunk: np.ndarray, today: int) -> int:
+def _move_chunk(
+    conn: Connection,
+    use_case: str,
+    move: _Move,
+    chunk: np.ndarray,
+    today: int,
+    proof: _Evidence | None,
+) -> int:
     """Move one chunk of a batch in ``conn``'s transaction; publish the batch if it was the last."""
     ids = chunk.tolist()
     ph = placeholder(conn.engine)
     matches = f"IN ({', '.join([ph] * len(ids))})" if ph == "?" else f"= ANY({ph})"
-    taken = conn.exec_driver_sql(  # no SQL compiled per step: the statement is the driver's
-        f"DELETE FROM inbox WHERE id {matches} RETURNING params, day, payload",
+    returned = conn.exec_driver_sql(  # no SQL compiled per step: the statement is the driver's
+        f"DELETE FROM inbox WHERE id {matches} RETURNING params, day, payload, id, device_tag, tag",
         tuple(ids) if ph == "?" else (ids,),
     ).all()
-    if not taken:
+    if not returned:
         return 0
+    taken = [tuple(r[:3]) for r in returned]
+    right = [False] * len(returned) if proof is None else _tagged(proof, use_case, returned)
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     # 128-bit ids: a random 64-bit prefix for the step, then the report's place in the step's
     # CSPRNG order. They say no more than the store's own order (which step, which place), and
     # consecutive ids keep the step's inserts together in the id index (a few pages, not one a
     # report), as in the inbox.
     prefix = secrets.token_hex(8)
+    stored = [
+        (f"{prefix}{i:016x}", use_case, *taken[k], move.batch, right[k])
+        for i, k in enumerate(_csprng_order(len(taken)).tolist())
+    ]  # stored in a CSPRNG order, not the table's
     cursor.executemany(
-        "INSERT INTO reports (id, use_case, params, day, payload, batch)"
-        f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})",
+        "INSERT INTO reports (id, use_case, params, day, payload, batch, tag)"
+        f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph})",
         [
-            (f"{prefix}{i:016x}", use_case, *taken[k], move.batch)
-            for i, k in enumerate(_csprng_order(len(taken)).tolist())
-        ],  # stored in a CSPRNG order, not the table's
+            (*row[:6], proof.tags.report(*row[:6]) if proof is not None and row[6] else None)
+            for row in stored
+        ],
     )
     count = conn.execute(
         update(_MOVES)
@@ -348,8 +384,23 @@ def _move_chunk(conn: Connection, use_case: str, move: _Move, chunk: np.ndarray,
     if count is None:
         raise InternalError(f"a batch of {use_case!r} was published with reports still to move")
     if count == len(move.ids):
-        _publish(conn, use_case, move, today)
+        _publish(conn, use_case, move, today, proof)
     return len(taken)
+
+
+def _tagged(proof: _Evidence, use_case: str, rows: Sequence[Any]) -> list[bool]:
+    """Which moved inbox rows carry their own tag; the others are logged (and stay untagged)."""
+    check = proof.tags.check_inbox
+    right = [check(r[3], use_case, r[0], r[1], r[2], r[4], r[5]) for r in rows]
+    forged = sum(1 for r, ok in zip(rows, right, strict=True) if not ok and r[5] is not None)
+    if forged:
+        log.error(
+            "flush of %s: %d inbox rows carry a tag that is not theirs (edited outside the"
+            " service); they are stored untagged, and verify names them",
+            use_case,
+            forged,
+        )
+    return right
 
 
 def _csprng_order(n: int) -> np.ndarray:
@@ -365,8 +416,13 @@ def _csprng_order(n: int) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
-def _publish(conn: Connection, use_case: str, move: _Move, today: int) -> None:
-    """Record the batch, hand its parts to the fold and clear the claim (and its order)."""
+def _publish(
+    conn: Connection, use_case: str, move: _Move, today: int, proof: _Evidence | None
+) -> None:
+    """Record the batch, hand its parts to the fold and clear the claim (and its order).
+
+    With ``proof``, the batch's figures are also an audit entry, appended last.
+    """
     figures = {k: v for k, v in move.record.items() if k != "parts"}
     conn.execute(
         _BATCHES.insert().values(
@@ -395,6 +451,9 @@ def _publish(conn: Connection, use_case: str, move: _Move, today: int) -> None:
         .values(batch=None, moved=0)
     )
     conn.execute(delete(_ORDERS).where(_ORDERS.c.batch == move.batch))
+    if proof is not None:  # what verify compares shuffled_batches with
+        data = {"use_case": use_case, "day": today, **figures}
+        proof.audit.append(conn, [Entry("job:flush-inbox", "batch.publish", data)], now=proof.at)
 
 
 def sketch_arrays(sketch: Sketch) -> dict[str, np.ndarray]:

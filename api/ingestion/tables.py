@@ -51,6 +51,11 @@ class InboxRow(SQLModel, table=True):
         sa_column=Column(BigInteger, nullable=True),
         description="Keyed 64-bit device pseudonym for this use case.",
     )
+    tag: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Keyed tag over the row's stored bytes (budget.row_tags); verify checks it.",
+    )
 
 
 class InboxMove(SQLModel, table=True):
@@ -107,6 +112,11 @@ class StoredReport(SQLModel, table=True):
     day: int
     payload: str = Field(sa_column=Column(Text, nullable=False))
     batch: int = Field(sa_column=Column(BigInteger, nullable=False))
+    tag: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Keyed tag over the row's stored bytes (budget.row_tags); verify checks it.",
+    )
 
 
 class BatchPart(SQLModel, table=True):
@@ -141,10 +151,16 @@ class SketchRow(SQLModel, table=True):
 
 
 class JobLease(SQLModel, table=True):
-    """Which process may run a scheduled job until when (so N workers run it once)."""
+    """Which process may run a scheduled job until when (so N workers run it once).
+
+    ``token`` is the fencing token: it rises whenever another holder takes the lease (or an
+    operator forces it), and every write transaction of the running job checks it
+    (``api.jobs``), so a holder that stalled past its lease writes nothing after a takeover.
+    """
 
     __tablename__ = "job_leases"
 
     job: str = Field(primary_key=True, max_length=60)
     holder: str = Field(max_length=64)
     until: float
+    token: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))

@@ -18,7 +18,7 @@ from api.deps import (
 from api.integrity import kept_checkpoints, verify_service
 from api.schemas import AuditVerification
 from budget.reporting.report import EffectiveEpsilonReport
-from budget.reporting.views import Distribution, Timeline, device_timeline, distribution
+from budget.reporting.views import Distribution, Timeline, device_timeline
 
 __all__ = ["router"]
 
@@ -52,15 +52,19 @@ def audit_device(device_id: ReadableDevice, ledger: LedgerDep, clock: ClockDep) 
 def audit_distribution(
     name: UseCaseName,
     ledger: LedgerDep,
-    clock: ClockDep,
+    caches: CachesDep,
     scope: Annotated[
         Literal["window", "lifetime"],
         Query(description="`window`: epsilon in the retention window; `lifetime`: ever."),
     ] = "window",
     bins: Annotated[int, Query(ge=1, le=200, description="Histogram bins.")] = 20,
 ) -> Distribution:
-    """Histogram and quantiles of cumulative epsilon per device (public: names no device)."""
-    return distribution(ledger, name, now=clock.now(), scope=scope, bins=bins)
+    """Histogram and quantiles of cumulative epsilon per device (public: names no device).
+
+    The ledger is read at most once per ``report_cache_seconds`` for each use case and scope,
+    by one request at a time; any bin count is derived from that reading.
+    """
+    return caches.distribution(ledger, name, scope, bins)
 
 
 @router.get("/v1/audit/effective-epsilon", response_model=EffectiveEpsilonReport)

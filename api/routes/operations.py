@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from api.deps import AdminDep, LedgerDep, MetricsDep
 from api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
 from api.ingestion.tables import InboxRow
-from api.jobs import JOBS, JobBusy, lease_of, release_job, run_job
+from api.jobs import JOBS, JobBusy, LeaseLost, lease_of, release_job, run_job
 
 __all__ = ["router"]
 
@@ -60,6 +60,8 @@ def run_job_now(
         result = run_job(job, request.app.state.runtime_key, force=force)
     except JobBusy as exc:
         raise HttpError(SERVICE_UNAVAILABLE, str(exc)) from None
+    except LeaseLost as exc:
+        raise HttpError(CONFLICT, str(exc)) from None
     if result is None:
         raise HttpError(
             CONFLICT, f"job {job!r} is running in another process; force=true takes its lease"

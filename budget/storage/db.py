@@ -7,6 +7,12 @@ serialize at the start instead of failing on a lock upgrade; pysqlite's own tran
 is switched off so that SAVEPOINTs work (the SQLAlchemy recipe). PostgreSQL: psycopg 3, READ
 COMMITTED; the gate's ``INSERT ... ON CONFLICT DO UPDATE`` takes the row locks that serialize
 one device's charges.
+
+A job's write transactions (:func:`write_step`) wait for locks at most ``job_lock_seconds``
+(SQLite: the busy timeout of that transaction; PostgreSQL: ``lock_timeout``, and
+``idle_in_transaction_session_timeout`` so that a job process stopped inside a transaction
+loses its session, and its locks, after as long), and each first runs the job's fence
+(:func:`fenced`): the check that the job still holds its lease.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ from __future__ import annotations
 import hmac
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from sqlalchemy import (
@@ -39,13 +46,20 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import SQLModel, create_engine
 
 __all__ = [
+    "DEFAULT_JOB_LOCK_SECONDS",
+    "JOB_LOCK_OPTION",
     "JOB_PAUSE_OPTION",
     "META_TABLE",
     "PAUSE_FACTOR",
     "WRITE_OPTION",
+    "Fence",
+    "bound_lock_wait",
     "create_db_engine",
     "delete_keys",
+    "fenced",
     "is_busy",
+    "job_lock_seconds",
+    "job_writer",
     "key_fingerprint",
     "placeholder",
     "record_fingerprints",
@@ -113,11 +127,69 @@ def delete_keys(
 # SQLite's lock (the engine's ``JOB_PAUSE_OPTION`` execution option overrides it).
 PAUSE_FACTOR = 2.0
 JOB_PAUSE_OPTION = "dpgov_job_pause"
+# How long a job's transaction waits for a lock (the engine's ``JOB_LOCK_OPTION`` overrides it).
+DEFAULT_JOB_LOCK_SECONDS = 10.0
+JOB_LOCK_OPTION = "dpgov_job_lock"
+_JOB_WRITE_OPTION = "dpgov_job_write"  # on a job's write connection: SQLite's begin bounds its wait
+
+Fence = Callable[[Connection], None]
+_FENCE: ContextVar[Fence | None] = ContextVar("dpgov_job_fence", default=None)
+
+
+@contextmanager
+def fenced(check: Fence) -> Iterator[None]:
+    """Run ``check`` first in every :func:`write_step` of the block (this thread or task).
+
+    The job runner's fencing (``api.jobs``): ``check`` raises, in the transaction, when the
+    job's lease has been taken over since it started, so a process that stalled past its
+    lease writes nothing more once another holds it. A context variable rather than a
+    parameter threaded through every job's functions: what a job writes is the same with or
+    without a lease (tests and benchmarks call the pipeline's functions directly), only who
+    may write changes.
+    """
+    reset = _FENCE.set(check)
+    try:
+        yield
+    finally:
+        _FENCE.reset(reset)
+
+
+def job_lock_seconds(engine: Engine) -> float:
+    """How long the engine's job transactions wait for a lock (:data:`JOB_LOCK_OPTION`)."""
+    return float(engine.get_execution_options().get(JOB_LOCK_OPTION, DEFAULT_JOB_LOCK_SECONDS))
+
+
+def bound_lock_wait(conn: Connection, seconds: float) -> None:
+    """Bound how long ``conn``'s transaction waits for locks, and may sit idle (PostgreSQL).
+
+    ``SET LOCAL`` (this transaction only): ``lock_timeout`` fails a statement that waited that
+    long for a lock (SQLSTATE 55P03, :func:`is_busy`), and
+    ``idle_in_transaction_session_timeout`` ends the session of a process that stopped inside
+    the transaction (a hung job), releasing the locks it held. SQLite's bound is its busy
+    timeout, set when the transaction begins (:func:`write_step`).
+    """
+    if conn.dialect.name != "postgresql":
+        return
+    ms = max(1, round(seconds * 1000))
+    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+    conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
+
+
+def job_writer(engine: Engine) -> Engine:
+    """:func:`writer` for a job's transactions: SQLite waits ``job_lock_seconds`` for its lock.
+
+    On PostgreSQL the bound is set inside each transaction (:func:`bound_lock_wait`).
+    """
+    return writer(engine).execution_options(**{_JOB_WRITE_OPTION: True})
 
 
 @contextmanager
 def write_step(engine: Engine) -> Iterator[Connection]:
     """One short write transaction of a job's many, then (SQLite) a pause twice as long.
+
+    The transaction waits for locks at most ``job_lock_seconds`` (:func:`bound_lock_wait`;
+    then it fails as :func:`is_busy`), and runs the job's fence first if one is set
+    (:func:`fenced`).
 
     SQLite gives its write lock to whichever connection asks once it is free, and a writer
     that found it taken polls (its busy handler sleeps 1, 2, 5, 10, ... up to 100 ms): a job
@@ -130,7 +202,11 @@ def write_step(engine: Engine) -> Iterator[Connection]:
     the database: no pause.
     """
     started = time.monotonic()
-    with writer(engine).begin() as conn:
+    with job_writer(engine).begin() as conn:
+        bound_lock_wait(conn, job_lock_seconds(engine))
+        check = _FENCE.get()
+        if check is not None:
+            check(conn)
         yield conn
     if engine.dialect.name == "sqlite":
         factor = engine.get_execution_options().get(JOB_PAUSE_OPTION, PAUSE_FACTOR)
@@ -150,15 +226,20 @@ def create_db_engine(
     echo: bool = False,
     busy_seconds: float = 30.0,
     job_pause: float = PAUSE_FACTOR,
+    job_lock_seconds: float = DEFAULT_JOB_LOCK_SECONDS,
 ) -> Engine:
     """An engine for ``url`` (``sqlite:///path`` or ``postgresql+psycopg://...``).
 
     ``busy_seconds`` (SQLite) is how long a statement waits for a lock another connection
     holds before it fails with "database is locked"; ``job_pause`` (SQLite) how long a job
-    pauses after each of its write transactions, as a multiple of its time (:func:`write_step`).
+    pauses after each of its write transactions, as a multiple of its time (:func:`write_step`);
+    ``job_lock_seconds`` how long a job's transaction waits for a lock, on either backend.
     """
     if job_pause < 0 or job_pause != job_pause:
         raise ValueError(f"`job_pause` must be a number >= 0, got {job_pause!r}")
+    if not job_lock_seconds > 0:
+        raise ValueError(f"`job_lock_seconds` must be a number > 0, got {job_lock_seconds!r}")
+    options = {JOB_PAUSE_OPTION: float(job_pause), JOB_LOCK_OPTION: float(job_lock_seconds)}
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
@@ -166,13 +247,18 @@ def create_db_engine(
             connect_args={"check_same_thread": False, "timeout": busy_seconds},
             pool_size=pool_size,
             max_overflow=2 * pool_size,
-            execution_options={JOB_PAUSE_OPTION: float(job_pause)},
+            execution_options=options,
         )
         _configure_sqlite(engine, busy_seconds)
         return engine
     if url.startswith("postgresql"):
         return create_engine(
-            url, echo=echo, pool_size=pool_size, max_overflow=2 * pool_size, pool_pre_ping=True
+            url,
+            echo=echo,
+            pool_size=pool_size,
+            max_overflow=2 * pool_size,
+            pool_pre_ping=True,
+            execution_options=options,
         )
     raise ValueError(f"`database_url` must be a sqlite:// or postgresql:// URL, got {url!r}")
 
@@ -190,9 +276,22 @@ def _configure_sqlite(engine: Engine, busy_seconds: float) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
+    default_ms = round(busy_seconds * 1000)
+
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        immediate = connection.get_execution_options().get(WRITE_OPTION, False)
+        options = connection.get_execution_options()
+        immediate = options.get(WRITE_OPTION, False)
+        # A job's write waits job_lock_seconds for the lock (at most busy_seconds), everything
+        # else busy_seconds; the pragma is sent only when this connection's timeout changes.
+        ms = default_ms
+        if immediate and options.get(_JOB_WRITE_OPTION, False):
+            job = round(float(options.get(JOB_LOCK_OPTION, DEFAULT_JOB_LOCK_SECONDS)) * 1000)
+            ms = min(ms, job)
+        held = connection.connection.info
+        if held.get("dpgov_busy_ms", default_ms) != ms:
+            connection.connection.driver_connection.execute(f"PRAGMA busy_timeout={ms}")
+            held["dpgov_busy_ms"] = ms
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, text
 
+from budget.storage.db import write_step
+
 __all__ = [
     "DroppedDays",
     "create_partitioned_charges",
@@ -99,10 +101,14 @@ def _create_day(conn: Connection, day: int) -> None:
     )
 
 
-def ensure_partitions(engine: Engine, first_day: int, last_day: int) -> list[int]:
+def ensure_partitions(
+    engine: Engine, first_day: int, last_day: int, *, job: bool = False
+) -> list[int]:
     """Create the missing day partitions of ``first_day..last_day``; returns the days created.
 
-    Each day is its own short transaction. A no-op on SQLite and on unpartitioned tables.
+    Each day is its own short transaction; ``job``: a job's (the purge's), whose lock waits are
+    bounded and which its lease fences (:func:`budget.storage.db.write_step`), where a start
+    waits as long as it takes. A no-op on SQLite and on unpartitioned tables.
     """
     if engine.dialect.name != "postgresql":
         return []
@@ -114,7 +120,7 @@ def ensure_partitions(engine: Engine, first_day: int, last_day: int) -> list[int
     for day in range(first_day, last_day + 1):
         if day in have:
             continue
-        with engine.begin() as conn:
+        with write_step(engine) if job else engine.begin() as conn:
             conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('dpgov:charges-partitions'))"))
             if day in partition_days(conn):  # another process made it meanwhile
                 continue

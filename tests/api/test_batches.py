@@ -149,6 +149,7 @@ def test_columns_added_to_an_earlier_database(tmp_path: Path) -> None:
     engine.dispose()
     with sqlite3.connect(path) as db:  # the layout of the release before: revision 0002
         db.execute("ALTER TABLE inbox DROP COLUMN device_tag")
+        db.execute("ALTER TABLE inbox DROP COLUMN tag")  # added by 0008
         db.execute("ALTER TABLE policies DROP COLUMN min_batch_devices")
         db.execute("DROP TABLE shuffled_batches")
         db.execute("UPDATE alembic_version SET version_num = '0002'")

@@ -116,7 +116,7 @@ def test_a_stopped_flush_publishes_nothing_and_the_next_one_completes_the_batch(
     engine = ledger.engine
     _submit(ledger, 500)
     with stopped_at(engine, statement, nth):
-        flush_inbox(engine, batch=100, min_batch=1, now=NOW)
+        flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger)
     assert _count(engine, "SELECT COUNT(*) FROM inbox") + _count(
         engine, "SELECT COUNT(*) FROM reports"
     ) == _count(engine, "SELECT COUNT(*) FROM charges")
@@ -130,8 +130,10 @@ def test_a_stopped_flush_publishes_nothing_and_the_next_one_completes_the_batch(
 
     claimed = _count(engine, "SELECT COUNT(*) FROM inbox_moves WHERE batch IS NOT NULL")
     _submit(ledger, 50, first=500)  # arriving meanwhile: after a claim, the next batch's
-    flush_inbox(engine, batch=100, min_batch=1, now=NOW)
-    assert flush_inbox(engine, batch=100, min_batch=1, now=NOW) == (50 if claimed else 0)
+    flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger)
+    assert flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger) == (
+        50 if claimed else 0
+    )
     with engine.connect() as conn:
         batches = conn.execute(text("SELECT reports, devices FROM shuffled_batches ORDER BY id"))
         assert [tuple(b) for b in batches] == ([(500, 0), (50, 0)] if claimed else [(550, 0)])
@@ -148,7 +150,7 @@ def test_a_stopped_fold_writes_nothing_and_the_next_one_folds_once(
 ) -> None:
     engine = ledger.engine
     _submit(ledger, 300)
-    flush_inbox(engine, batch=100, min_batch=1, now=NOW)
+    flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger)
     with stopped_at(engine, statement):
         aggregate(ledger)
     assert _count(engine, "SELECT COUNT(*) FROM sketches") == 0
@@ -164,7 +166,7 @@ def test_a_stopped_purge_counts_each_deletion_once_and_the_next_one_finishes(
     """Stopped after some of its deletes, the purge leaves nothing any reader counts."""
     engine = ledger.engine
     _submit(ledger, 300)
-    flush_inbox(engine, batch=100, min_batch=1, now=NOW)
+    flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger)
     aggregate(ledger)
     _submit(ledger, 40, first=300)  # still in the inbox
     later = NOW + timedelta(days=31)

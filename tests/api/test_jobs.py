@@ -121,9 +121,10 @@ def test_the_operator_can_force_or_release_a_dead_holders_lease(
 
 def test_a_heartbeat_renews_the_lease_while_its_job_runs(two_processes: list[str]) -> None:
     engine = RUNTIMES[two_processes[0]].ledger.engine
-    assert acquire_lease(engine, "probe:run", "me", 0.3)
+    token = acquire_lease(engine, "probe:run", "me", 0.3)
+    assert token is not None
     first = _until(engine, "probe:run")
-    with _heartbeat(engine, "probe:run", "me", 0.3):
+    with _heartbeat(engine, "probe:run", "me", 0.3, token):
         deadline = time.monotonic() + 120
         while _until(engine, "probe:run") <= first:  # waits for a renewal, not for a duration
             assert time.monotonic() < deadline, "the lease was never renewed"

@@ -296,22 +296,47 @@ class ChangesPolicyMidGroup(Ingestor):
     """An ingestor whose first validation of ``tiny-cms`` is followed by a real policy write.
 
     This puts an administrator's PUT exactly between a group's validation and its charge,
-    where it lands by chance under load.
+    where it lands by chance under load; ``change`` is the edit.
     """
 
     changed = False
+    change: dict[str, Any] = {"k": 4}  # noqa: RUF012 - set per test
 
     def current(self, use_case: str) -> Any:
         found = super().current(use_case)
         if use_case == "tiny-cms" and not self.changed:
             self.changed = True
-            self.ledger.policies.update("tiny-cms", PolicyUpdate(description="changed"))
+            self.ledger.policies.update("tiny-cms", PolicyUpdate(**self.change))
         return found
 
 
-def test_a_policy_change_fails_only_its_own_use_cases_reports(ledger: Ledger) -> None:
+# Edits of the decoding (the mechanism's parameters) or of the terms a report is charged on.
+FAILING_EDITS = [
+    {"k": 4},
+    {"epsilon_per_report": 1.0},
+    {"hash_seed": "ab"},
+    {"max_reports_per_day": 10},
+    {"retention_days": 60},
+    {"group_size": 2},
+    {"window_epsilon_cap": 100.0},
+    {"budget_group": "shared"},
+]
+# Edits that change neither: the reports validated before them are charged under them.
+HARMLESS_EDITS = [
+    {"description": "changed"},
+    {"publish_threshold": 5.0},
+    {"min_batch_devices": 3},
+    {"delta": 1e-6},
+]
+
+
+@pytest.mark.parametrize("change", FAILING_EDITS, ids=lambda c: next(iter(c)))
+def test_a_policy_change_fails_only_its_own_use_cases_reports(
+    ledger: Ledger, change: dict[str, Any]
+) -> None:
     engine = ledger.engine
     ingestor = ChangesPolicyMidGroup(ledger, SECRET)
+    ingestor.change = change
     mixed = [
         r
         for pair in zip(_requests("tiny-cms", 10), _requests("tiny-hcms", 10), strict=True)
@@ -327,7 +352,27 @@ def test_a_policy_change_fails_only_its_own_use_cases_reports(ledger: Ledger) ->
     assert _count(engine, "SELECT COUNT(*) FROM charges WHERE use_case = 'tiny-hcms'") == 10
     assert _count(engine, "SELECT COUNT(*) FROM inbox WHERE use_case = 'tiny-hcms'") == 10
     assert _count(engine, "SELECT COUNT(*) FROM charges WHERE use_case = 'tiny-cms'") == 0
+    if "k" in change or "epsilon_per_report" in change or "hash_seed" in change:
+        return  # the reports were built for the old randomizer: a retry must rebuild them
     # a retry, validated against the new version, goes through
     retried = ingestor.submit_group(mixed[::2], now=NOW)
-    assert all(isinstance(r, Decision) and r.accepted for r in retried)
+    assert all(isinstance(r, Decision) and r.accepted for r in retried), retried
     assert utc_day(NOW) == retried[0].day  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("change", HARMLESS_EDITS, ids=lambda c: next(iter(c)))
+def test_an_edit_of_neither_decoding_nor_terms_fails_no_report_in_flight(
+    ledger: Ledger, change: dict[str, Any]
+) -> None:
+    ingestor = ChangesPolicyMidGroup(ledger, SECRET)
+    ingestor.change = change
+    requests = _requests("tiny-cms", 10)
+    results = ingestor.submit_group(requests, now=NOW)
+    assert ingestor.changed
+    assert all(isinstance(r, Decision) and r.accepted for r in results), results
+    assert {r.policy_version for r in results if isinstance(r, Decision)} == {2}
+    assert _count(ledger.engine, "SELECT COUNT(*) FROM inbox WHERE use_case = 'tiny-cms'") == 10
+    if "min_batch_devices" in change:
+        return  # queued without pseudonyms: the batch waits for 3 counted devices (untagged)
+    flush_inbox(ledger.engine, min_batch=1, now=NOW)
+    assert aggregate(ledger).reports == 10  # stored under the parameters they were built for

@@ -266,3 +266,16 @@ def test_the_device_budget_section_is_applied_and_audited(db: Database) -> None:
         bodies = list(audited)
     engine.dispose()
     assert len(bodies) == 2 and '"lifetime_epsilon":20.0' in bodies[1]
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".toml"])
+def test_a_file_that_is_not_utf8_is_one_line_and_exit_1(db: Database, suffix: str) -> None:
+    """Like every file with problems (exit 1), not a traceback."""
+    path = db.tmp / f"latin1{suffix}"
+    path.write_bytes(b"policies: []\n# caf\xe9\n")
+    for args in (["policies", "apply", str(path)], ["policies", "apply", "--dry-run", str(path)]):
+        result = db.cli(args)
+        assert result.exit_code == 1, result.output
+        assert isinstance(result.exception, SystemExit)
+        assert "not UTF-8" in result.output and str(path) in result.output
+        assert "Traceback" not in result.output

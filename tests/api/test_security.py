@@ -92,6 +92,50 @@ def test_settings_refuse_an_empty_or_short_admin_token(
     assert Settings(admin_token=SecretStr("z" * 32)).admin_token is not None
 
 
+@pytest.mark.parametrize(
+    "token",
+    [" " * 40, "\t" * 40, " " + "a" * 40, "a" * 40 + " ", "a" * 20 + "\n" + "a" * 20, "é" * 40],
+)
+def test_settings_refuse_an_admin_token_no_request_could_carry(token: str) -> None:
+    """A token a header cannot carry would pass the length check and never match.
+
+    Whitespace at either end is stripped from the header; control and non-ASCII characters do
+    not survive it unchanged.
+    """
+    with pytest.raises(ValidationError, match="admin_token") as caught:
+        Settings(admin_token=SecretStr(token))
+    assert "printable ASCII" in str(caught.value)
+    inner = "correct horse battery staple, twice: correct horse"  # inner spaces are carried
+    assert Settings(admin_token=SecretStr(inner)).admin_token is not None
+
+
+def test_a_non_string_device_id_in_a_relay_batch_is_422_under_min_batch_devices(
+    make_client: Make,
+) -> None:
+    """The inbox pseudonym (counted for ``min_batch_devices``) never sees an unchecked id."""
+    client = make_client()
+    policy = {
+        "mechanism": "cms",
+        "k": 16,
+        "m": 64,
+        "epsilon_per_report": 1.0,
+        "max_reports_per_day": 5,
+        "min_batch_devices": 2,
+    }
+    assert client.put("/v1/use-cases/counted", json=policy, headers=ADMIN).status_code in (200, 201)
+    mech = mechanism_for(PolicyCreate.model_validate({"name": "counted", **policy}))
+    body = mech.privatize(["a"], rng=np.random.default_rng(1)).to_dicts()[0]
+    bad_ids: list[Any] = [7, None, ["d"], {"d": 1}, 1.5]
+    items: list[dict[str, Any]] = [{"device_id": bad, "report": body} for bad in bad_ids]
+    items.append({"device_id": "fine", "report": body})
+    r = client.post("/v1/use-cases/counted/reports:batch", json={"items": items}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["status"] for x in results] == [422] * 5 + [202], results
+    assert all(x["field"] == f"items[{i}].device_id" for i, x in enumerate(results[:5]))
+    assert count(client, "inbox") == 1
+
+
 ADMIN_ROUTES: list[tuple[str, str, Any]] = [
     ("PUT", "/v1/use-cases/emoji", {}),
     ("DELETE", "/v1/use-cases/emoji", None),
@@ -149,6 +193,22 @@ def test_the_device_routes_count_bad_admin_tokens_like_every_admin_check(
     assert limited.status_code == 429 and int(limited.headers["Retry-After"]) >= 1
     assert client.put("/v1/use-cases/emoji", json={}, headers=ADMIN).status_code == 429
     assert client.get(path, headers={"X-Device-Id": "me"}).status_code == 200  # no token
+
+
+def test_the_admin_failure_limiter_counts_per_worker_as_documented(make_client: Make) -> None:
+    """Two workers over one database: each counts the failures it saw (docs/operations.md)."""
+    first = make_client(admin_failures_per_minute=2)
+    second = make_client(admin_failures_per_minute=2)
+    guess = {"Authorization": "Bearer " + "g" * 40}
+    assert [first.get("/v1/audit/verify", headers=guess).status_code for _ in range(3)] == [
+        403,
+        403,
+        429,
+    ]
+    assert second.get("/v1/audit/verify", headers=guess).status_code == 403
+    assert second.get("/v1/audit/verify", headers=ADMIN).status_code == 200
+    operations = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    assert "**per client address and per worker**" in operations
 
 
 # -- the dashboard --------------------------------------------------------------------------------

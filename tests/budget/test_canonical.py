@@ -50,6 +50,7 @@ def test_canonical_body_is_sorted_compact_json(
     st.integers(1, 10**9),
     st.integers(0, 10**6),
     st.none() | st.integers(1, 2**62),
+    st.none() | st.text("0123456789abcdef", min_size=32, max_size=32),
 )
 def test_charge_entry_data_is_the_dict_encoded(
     accepted: bool,
@@ -60,6 +61,7 @@ def test_charge_entry_data_is_the_dict_encoded(
     eps_micro: int,
     day: int,
     charge_id: int | None,
+    idempotency: str | None,
 ) -> None:
     terms = Terms(use_case, version, budget, eps_micro / 1e6, eps_micro, 2, 90, None, None)
     decision = Decision(
@@ -72,7 +74,7 @@ def test_charge_entry_data_is_the_dict_encoded(
         day,
         charge_id,
     )
-    entry = charge_entry("0f" * 16, decision, terms)
+    entry = charge_entry("0f" * 16, decision, terms, idempotency)
     expected = {
         "use_case": use_case,
         "budget": budget,
@@ -82,6 +84,7 @@ def test_charge_entry_data_is_the_dict_encoded(
         "accepted": accepted,
         "reason": reason,
         "charge_id": charge_id,
+        "idempotency": idempotency,
     }
     assert entry.actor == "device:" + "0f" * 16
     assert entry.action == "charge"

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 
 from budget import InvalidRequest, Ledger, PolicyConflict, UnknownUseCase
 from budget.batch import BatchItem, charge_batch
-from budget.reporting.views import device_timeline, distribution, what_if
+from budget.reporting.views import (
+    SpendSpread,
+    device_timeline,
+    distribution,
+    distribution_of,
+    what_if,
+)
 from policies import PolicyBase, PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
@@ -108,3 +115,24 @@ def test_what_if_refuses_a_proposal_its_budget_group_would_refuse(ledger: Ledger
     assert info.value.field == "max_reports_per_day"
     with pytest.raises(PolicyConflict, match="max_reports_per_day"):
         ledger.policies.update("emoji", PolicyUpdate(budget_group="safari-domains"))
+
+
+def test_a_histogram_from_one_reading_is_numpys_for_every_bin_count() -> None:
+    """``distribution_of`` counts by binary search exactly what ``numpy.histogram`` counts."""
+    rng = np.random.default_rng(11)
+    samples = [
+        rng.integers(1, 5_000_000, 1_000),
+        np.full(7, 2_000_000),  # one value: numpy's half-unit bins around it
+        np.repeat(rng.integers(1, 10, 20) * 500_000, 3),  # many ties on bin edges
+        np.array([1, 3_000_000]),
+    ]
+    for values in samples:
+        values = np.sort(values.astype(np.int64))
+        spread = SpendSpread("x", "window", values / 1_000_000, {})
+        for bins in (1, 2, 3, 7, 20, 199, 200):
+            counts, edges = np.histogram(values / 1_000_000, bins=bins)
+            got = distribution_of(spread, bins)
+            assert got.counts == [int(c) for c in counts], bins
+            assert got.bin_edges == [float(e) for e in edges], bins
+    with pytest.raises(InvalidRequest, match="bins"):
+        distribution_of(SpendSpread("x", "window", np.zeros(0), {}), 0)
