@@ -1,7 +1,9 @@
 """Report ingestion: validate a report against its use case's mechanism, charge, enqueue.
 
 The charge and the inbox row commit together (the gate's ``on_accept``), so an acknowledged
-report always has both, and a refused or failed one has neither.
+report always has both, and a refused or failed one has neither. The inbox row's report and
+device pseudonym are sealed to the shuffler key (:mod:`api.ingestion.seal`): what commits with
+the charge is ciphertext that nobody reading the database can open.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import dataclasses
 import hashlib
 import hmac
 import json
-import secrets
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -18,6 +19,7 @@ import orjson
 from sqlalchemy import Connection
 
 from api.errors import ACCEPTED, INVALID, REFUSED, PolicyChanged, status_of
+from api.ingestion.seal import InboxSeal
 from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
 from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
@@ -70,10 +72,13 @@ class ItemResult(NamedTuple):
 
 
 class Ingestor:
-    """Validates, charges and enqueues reports for a ledger."""
+    """Validates, charges and enqueues reports for a ledger; ``seal`` seals its inbox rows."""
 
-    def __init__(self, ledger: Ledger, secret: bytes, *, require_family: bool = False) -> None:
+    def __init__(
+        self, ledger: Ledger, secret: bytes, *, seal: InboxSeal, require_family: bool = False
+    ) -> None:
         self.ledger = ledger
+        self.seal = seal
         self.require_family = require_family
         self._keyed = KeyedHash(secret)
         key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
@@ -85,8 +90,8 @@ class Ingestor:
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
         self._inbox_sql = (
-            "INSERT INTO inbox (id, use_case, params, day, payload, device_tag)"
-            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
+            f"INSERT INTO inbox (id, use_case, params, day, sealed) VALUES ({ph}, {ph}, {ph},"
+            f" {ph}, {ph})"
         )
 
     def _latest(self, use_case: str) -> Policy | None:
@@ -181,11 +186,13 @@ class Ingestor:
     ) -> None:
         """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
-        Each row gets a random 63-bit id: sequential ids would pair one to one with the
-        charges' ids, which the same transaction allocates in the same order.
+        Each row gets a random 63-bit id (sequential ids would pair one to one with the
+        charges' ids, which the same transaction allocates in the same order), and its report
+        and pseudonym are sealed (:meth:`InboxSeal.seal_rows`): the use case, parameter hash
+        and day stay in clear, as the charge records them too.
         """
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        cursor.executemany(self._inbox_sql, [(secrets.randbits(63), *row) for row in rows])
+        cursor.executemany(self._inbox_sql, self.seal.seal_rows(rows))
 
     def submit_group(
         self, requests: list[SubmitRequest], *, now: datetime
