@@ -182,7 +182,7 @@ class Ingestor:
         return int.from_bytes(tag.digest(), "big", signed=True)
 
     def store_reports(
-        self, conn: Connection, rows: list[tuple[str, str, int, str, int | None]]
+        self, conn: Connection, rows: list[tuple[str, str, int, bytes, int | None]]
     ) -> None:
         """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
@@ -210,7 +210,7 @@ class Ingestor:
         out: list[Decision | Exception | None] = [None] * len(requests)
         current: dict[str, tuple[Mechanism, str, int] | Exception] = {}
         batch: list[BatchItem] = []
-        payloads: list[tuple[str, str, str, int | None]] = []
+        payloads: list[tuple[str, str, bytes, int | None]] = []
         positions: list[int] = []
         for i, req in enumerate(requests):
             found = current.get(req.use_case)
@@ -242,10 +242,10 @@ class Ingestor:
             except InvalidReport as exc:
                 out[i] = exc
                 continue
-            payload = orjson.dumps(report.to_dict(), option=orjson.OPT_SORT_KEYS).decode()
+            payload = orjson.dumps(report.to_dict(), option=orjson.OPT_SORT_KEYS)
             request_hash = None
             if req.idempotency_key is not None:
-                text = f"{req.use_case}\n{payload}".encode()
+                text = req.use_case.encode() + b"\n" + payload
                 request_hash = hashlib.sha256(text).hexdigest()
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
             tag = (

@@ -83,7 +83,7 @@ class InboxSeal:
     parameter set, and a repeat is as likely as two of them drawing the same 95 bits.
 
     >>> seal = InboxSeal([b"k" * 64])
-    >>> ((row_id, _, _, _, sealed),) = seal.seal_rows([("emoji", "p" * 64, 20_000, '{"j":3}', 42)])
+    >>> ((row_id, _, _, _, sealed),) = seal.seal_rows([("emoji", "p" * 64, 20_000, b'{"j":3}', 42)])
     >>> seal.open(row_id, "emoji", "p" * 64, 20_000, sealed)
     ('{"j":3}', 42)
     """
@@ -122,7 +122,7 @@ class InboxSeal:
             )
         return self._current
 
-    def width(self, params: str, payload: str) -> int:
+    def width(self, params: str, payload: str | bytes) -> int:
         """The length every report of parameter set ``params`` is padded to (in bytes).
 
         The canonical JSON of ``payload`` (a report of those parameters) with each integer
@@ -135,31 +135,30 @@ class InboxSeal:
             found = self._widths[params] = len(template)
         return found
 
-    def _plain(self, params: str, payload: str, tag: int | None) -> bytes:
-        """The device tag and the report padded to its parameter set's one length."""
-        body = payload.encode()
-        width = self._widths.get(params) or self.width(params, payload)
+    def _plain(self, params: str, body: bytes, tag: int | None) -> bytes:
+        """The device tag and the report (UTF-8) padded to its parameter set's one length."""
+        width = self._widths.get(params) or self.width(params, body)
         if len(body) > width:  # never for a valid report: padded to a multiple of 64
             width = -(-len(body) // 64) * 64
         head = _UNTAGGED if tag is None else b"\1" + tag.to_bytes(8, "big", signed=True)
         return head + body.ljust(width)
 
-    def seal_rows(self, rows: Sequence[tuple[str, str, int, str, int | None]]) -> list[Row]:
+    def seal_rows(self, rows: Sequence[tuple[str, str, int, bytes, int | None]]) -> list[Row]:
         """New inbox rows for ``(use case, params, day, payload, tag)``: the report path's call.
 
-        Each row gets a random 63-bit id (the first bits of its nonce), and its report and
-        device tag sealed.
+        Each row gets a random 63-bit id (the first bits of its nonce), and its report (the
+        canonical JSON's UTF-8 bytes) and device tag sealed.
         """
         kid = self._sealing_key()
         head = _VERSION + kid
         randbits = secrets.randbits
         out: list[Row] = []
-        last: tuple[str, str, int] | None = None
+        last: tuple[str, str, int] = ("", "", -1)
         cipher: AESGCM | None = None
         for use_case, params, day, payload, tag in rows:
             drawn = randbits(95)
             nonce = drawn.to_bytes(_NONCE, "big")
-            if last != (use_case, params, day) or cipher is None:
+            if cipher is None or day != last[2] or params != last[1] or use_case != last[0]:
                 last, cipher = (use_case, params, day), self._cipher(kid, use_case, params, day)
             sealed = head + nonce + cipher.encrypt(nonce, self._plain(params, payload, tag), None)
             out.append((drawn >> 32, use_case, params, day, sealed))
@@ -173,7 +172,10 @@ class InboxSeal:
         nonce = row_id.to_bytes(8, "big") + secrets.token_bytes(_NONCE - 8)
         cipher = self._cipher(kid, use_case, params, day)
         return (
-            _VERSION + kid + nonce + cipher.encrypt(nonce, self._plain(params, payload, tag), None)
+            _VERSION
+            + kid
+            + nonce
+            + cipher.encrypt(nonce, self._plain(params, payload.encode(), tag), None)
         )
 
     def open(

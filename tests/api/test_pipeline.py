@@ -416,7 +416,7 @@ class ReleaseBefore(Ingestor):
     """An ingestor that queues its inbox rows in the clear, as the release before sealing did."""
 
     def store_reports(
-        self, conn: Connection, rows: list[tuple[str, str, int, str, int | None]]
+        self, conn: Connection, rows: list[tuple[str, str, int, bytes, int | None]]
     ) -> None:
         conn.execute(
             text(
@@ -424,7 +424,14 @@ class ReleaseBefore(Ingestor):
                 " VALUES (:id, :u, :p, :d, :payload, :tag)"
             ),
             [
-                {"id": secrets.randbits(63), "u": u, "p": p, "d": d, "payload": t, "tag": tag}
+                {
+                    "id": secrets.randbits(63),
+                    "u": u,
+                    "p": p,
+                    "d": d,
+                    "payload": t.decode(),
+                    "tag": tag,
+                }
                 for u, p, d, t, tag in rows
             ],
         )

@@ -48,22 +48,21 @@ def test_every_sealed_report_of_a_parameter_set_has_one_length(kind: str) -> Non
     params, payloads = _payloads(kind, 400)
     assert len({len(p) for p in payloads}) > 1  # the clear reports do differ
     seal = InboxSeal([KEY])
+    tags = [i if i % 2 else None for i in range(len(payloads))]
     rows = seal.seal_rows(
-        [(kind, params, 20_000, p, i if i % 2 else None) for i, p in enumerate(payloads)]
+        [(kind, params, 20_000, p.encode(), tag) for p, tag in zip(payloads, tags, strict=True)]
     )
     assert len({len(sealed) for *_, sealed in rows}) == 1
-    for (row_id, use_case, p, day, sealed), payload, i in zip(
-        rows, payloads, range(400), strict=True
-    ):
+    for (row_id, use_case, p, day, sealed), payload, tag in zip(rows, payloads, tags, strict=True):
         assert 0 <= row_id < 1 << 63
         assert payload.encode() not in sealed
-        assert seal.open(row_id, use_case, p, day, sealed) == (payload, i if i % 2 else None)
+        assert seal.open(row_id, use_case, p, day, sealed) == (payload, tag)
 
 
 def test_a_sealed_report_opens_only_in_its_own_row() -> None:
     seal = InboxSeal([KEY])
     ((row_id, use_case, params, day, sealed),) = seal.seal_rows(
-        [("emoji", "p" * 64, 20_000, '{"j":1}', None)]
+        [("emoji", "p" * 64, 20_000, b'{"j":1}', None)]
     )
     assert seal.open(row_id, use_case, params, day, sealed) == ('{"j":1}', None)
     for moved in [
@@ -83,14 +82,14 @@ def test_a_sealed_report_opens_only_in_its_own_row() -> None:
 def test_rows_open_under_the_key_they_name_and_a_rotation_keeps_the_old_one() -> None:
     old = InboxSeal([KEY])
     ((row_id, use_case, params, day, sealed),) = old.seal_rows(
-        [("emoji", "p" * 64, 20_000, '{"j":1}', 5)]
+        [("emoji", "p" * 64, 20_000, b'{"j":1}', 5)]
     )
     assert sealed[1:5] == key_id(KEY)
     with pytest.raises(SealError, match=f"shuffler key {key_id(KEY).hex()}.*DPGOV_SHUFFLER_KEY"):
         InboxSeal([OTHER]).open(row_id, use_case, params, day, sealed)
     rotated = InboxSeal([OTHER, KEY])
     assert rotated.open(row_id, use_case, params, day, sealed) == ('{"j":1}', 5)
-    ((_, _, _, _, new),) = rotated.seal_rows([("emoji", "p" * 64, 20_000, '{"j":1}', 5)])
+    ((_, _, _, _, new),) = rotated.seal_rows([("emoji", "p" * 64, 20_000, b'{"j":1}', 5)])
     assert new[1:5] == key_id(OTHER)  # new rows under the first key
 
 
@@ -98,9 +97,9 @@ def test_without_a_key_nothing_is_sealed_or_opened() -> None:
     empty = InboxSeal([])
     assert not empty.can_seal
     with pytest.raises(SealError, match="DPGOV_SHUFFLER_KEY_FILE"):
-        empty.seal_rows([("emoji", "p" * 64, 20_000, '{"j":1}', None)])
+        empty.seal_rows([("emoji", "p" * 64, 20_000, b'{"j":1}', None)])
     ((row_id, *_, sealed),) = InboxSeal([KEY]).seal_rows(
-        [("emoji", "p" * 64, 20_000, '{"j":1}', None)]
+        [("emoji", "p" * 64, 20_000, b'{"j":1}', None)]
     )
     with pytest.raises(SealError, match="does not hold"):
         empty.open(row_id, "emoji", "p" * 64, 20_000, sealed)
