@@ -109,11 +109,16 @@ class _Stale(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Terms:
-    """What the flush needs of a use case's policies: its minimum and each version's epsilon."""
+    """What the flush needs of a use case's policies: its minimum and each version's epsilon.
+
+    ``tagged``: whether any version set a minimum (only then were pseudonyms computed, and the
+    flush opens the sealed rows to count them; otherwise no row holds one).
+    """
 
     min_devices: int
     epsilon_micro: dict[str, int]  # by parameter hash
     max_epsilon_micro: int
+    tagged: bool
 
 
 def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
@@ -126,17 +131,23 @@ def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
         known = out.get(version.name)
         eps = {**known.epsilon_micro, found[0]: found[1]} if known else {found[0]: found[1]}
         top = max(found[1], known.max_epsilon_micro if known else 0)
-        out[version.name] = _Terms(version.min_batch_devices, eps, top)
+        tagged = version.min_batch_devices > 1 or (known is not None and known.tagged)
+        out[version.name] = _Terms(version.min_batch_devices, eps, top, tagged)
     return out
 
 
 @dataclass(frozen=True, slots=True)
 class _Move:
-    """A claimed batch: its number, its inbox ids in shuffled order, its figures (JSON-ready)."""
+    """A claimed batch: its number, its inbox ids in shuffled order, its figures (JSON-ready).
+
+    ``opened``: the reports the claim opened already (to count pseudonyms), by inbox id, so
+    that the move does not open them again; empty for a batch carried on from the database.
+    """
 
     batch: int
     ids: np.ndarray  # int64
     record: dict[str, Any]
+    opened: dict[int, str] = field(default_factory=dict)
 
 
 def flush_inbox(
@@ -270,8 +281,9 @@ def _claim(
     once a flush) that reach both minimums, the one with the earliest charge day first;
     ``None`` when none does, or when another flush claimed first. The inbox is read after the
     claim's generation, so a batch or purge that removed inbox rows in between has raised it
-    and the claim fails (the next flush plans again). Rows this process cannot open (sealed
-    under a key it does not hold) wait, with a warning.
+    and the claim fails (the next flush plans again). Sealed rows are opened only when the use
+    case's rows may hold pseudonyms to count (their reports are then kept for the move); rows
+    this process cannot open (sealed under a key it does not hold) wait, with a warning.
     """
     with engine.connect() as conn:
         seen = conn.execute(
@@ -285,18 +297,23 @@ def _claim(
             ).where(_INBOX.c.use_case == use_case)
         ).all()
     groups: dict[str, list[tuple[int, int, int | None]]] = {}
+    opened: dict[int, str] = {}
     closed: list[str] = []
     for r in rows:
         params = str(r.params)
         if params in published:
             continue
         tag = r.device_tag
-        if r.sealed is not None:
-            try:
-                tag = seal.open(int(r.id), use_case, params, int(r.day), r.sealed)[1]
-            except SealError as exc:
-                closed.append(str(exc))
-                continue
+        try:
+            if r.sealed is not None and terms.tagged:  # open it to count its pseudonym
+                opened[int(r.id)], tag = seal.open(
+                    int(r.id), use_case, params, int(r.day), r.sealed
+                )
+            elif r.sealed is not None:  # no pseudonym in it: only check that it will open
+                seal.check_key(int(r.id), r.sealed)
+        except SealError as exc:
+            closed.append(str(exc))
+            continue
         groups.setdefault(params, []).append((int(r.id), int(r.day), tag))
     if closed:
         log.warning(
@@ -324,6 +341,7 @@ def _claim(
         secrets.randbits(63),
         np.asarray(ids, dtype=np.int64),
         _figures(params, [day for _, day, _ in members], per_device, terms),
+        {i: opened[i] for i in ids if i in opened},
     )
     order = {
         "batch": move.batch,
@@ -448,7 +466,10 @@ def _move_chunk(
     values = []
     for row_id, row_params, row_day, payload, sealed in taken:
         if sealed is not None:
-            payload = seal.open(int(row_id), use_case, str(row_params), int(row_day), sealed)[0]
+            payload = (
+                move.opened.get(int(row_id))
+                or seal.open(int(row_id), use_case, str(row_params), int(row_day), sealed)[0]
+            )
         if legacy:
             values.append((row_params, row_day, payload))
         elif row_params != params:

@@ -178,20 +178,28 @@ class InboxSeal:
             + cipher.encrypt(nonce, self._plain(params, payload.encode(), tag), None)
         )
 
-    def open(
-        self, row_id: int, use_case: str, params: str, day: int, sealed: bytes
-    ) -> tuple[str, int | None]:
-        """A sealed row's report (canonical JSON) and device tag; :class:`SealError` if it fails."""
-        sealed = bytes(sealed)  # psycopg may return a memoryview for bytea
+    def check_key(self, row_id: int, sealed: bytes) -> bytes:
+        """The key id a sealed row names, if this seal holds that key; :class:`SealError` if not.
+
+        Reads the row's header only: no decryption (the flush's plan, when it needs no tag).
+        """
         if len(sealed) < _HEAD + 16 + 9 or sealed[0] != SEAL_VERSION:
             raise SealError(f"inbox row {row_id} is not a sealed report of version {SEAL_VERSION}")
-        kid = sealed[1:5]
+        kid = bytes(sealed[1:5])
         if kid not in self._keys:
             raise SealError(
                 f"inbox row {row_id} is sealed under shuffler key {kid.hex()}, which this process"
                 " does not hold: give it after the current key in DPGOV_SHUFFLER_KEY or"
                 " DPGOV_SHUFFLER_KEY_FILE"
             )
+        return kid
+
+    def open(
+        self, row_id: int, use_case: str, params: str, day: int, sealed: bytes
+    ) -> tuple[str, int | None]:
+        """A sealed row's report (canonical JSON) and device tag; :class:`SealError` if it fails."""
+        sealed = bytes(sealed)  # psycopg may return a memoryview for bytea
+        kid = self.check_key(row_id, sealed)
         nonce = sealed[5:_HEAD]
         try:
             if int.from_bytes(nonce[:8], "big") != row_id:
