@@ -16,6 +16,7 @@ from api.caches import Caches
 from api.database import database_problem, init_service_db
 from api.ingestion.committer import GroupCommitter
 from api.ingestion.ingest import Ingestor
+from api.ingestion.seal import InboxSeal
 from api.jobs import RUNTIMES, Runtime, start_scheduler
 from api.lane import ReportLane
 from api.metrics import Metrics
@@ -105,7 +106,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     loaded = ledger.policies.ensure_defaults()
     if loaded:
         log.info("loaded %d default policies into an empty database", len(loaded))
-    ingestor = Ingestor(ledger, secret, require_family=settings.require_report_family)
+    ingestor = Ingestor(
+        ledger,
+        secret,
+        seal=InboxSeal(keys.shuffler_keys),
+        require_family=settings.require_report_family,
+    )
     key = uuid.uuid4().hex
     RUNTIMES[key] = Runtime.configured(ledger, ingestor, clock, settings)
     app.state.ledger = ledger

@@ -1,24 +1,33 @@
 """The service's verification: the ledger's (chain and deciding state) plus the pipeline's.
 
 Every accepted report is written to the inbox in its charge's transaction and later moved to
-the report store, where it stays at least as long as its use case's window. So on every day of
-each use case's current window (after its retention horizon), the charges the chain records
-must equal the inbox rows plus the stored reports: emptying the inbox, deleting stored reports
-or adding forged ones is caught. Checkpoints kept outside the database (``checkpoint_file``)
-catch a log truncated back to an earlier checkpoint; a kept file that cannot be read, or that
-is missing while the database holds signed checkpoints, fails the verification too (a copy
-nobody can read, or that is gone, protects nothing).
+the report store, where it stays until its batch's first charge day leaves the use case's
+window (a batch's reports are stored under that one day). So on every day of each use case's
+current window (after its retention horizon), the charges the chain records must equal the
+reports the inbox and the store hold of that charge day: the inbox rows of the day, plus each
+claimed or published batch's count of that day (``charge_days``), with every batch's stored
+rows counted against its record. Emptying the inbox, deleting stored reports or adding forged
+ones is caught. On the days after the window's start that a batch reaching back before it
+also covered, the purge may already have deleted that batch whole: there the store may hold
+fewer, never more. Every inbox row and stored report carries a keyed tag over its stored bytes,
+and every sketch is recomputed from the reports of its folded parts. Checkpoints kept outside
+the database (``checkpoint_file``) catch a log truncated back to an earlier checkpoint; a kept
+file that cannot be read, or that is missing while the database holds signed checkpoints,
+fails the verification too (a copy nobody can read, or that is gone, protects nothing).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import orjson
 from sqlalchemy import Connection, func, select
 
 from api.ingestion.ingest import Mechanism
@@ -29,12 +38,20 @@ from api.ingestion.pipeline import (
     sketch_digest,
     sketch_from_bytes,
 )
-from api.ingestion.tables import BatchPart, InboxMove, InboxRow, SketchRow, StoredReport
+from api.ingestion.tables import (
+    BatchPart,
+    InboxMove,
+    InboxOrder,
+    InboxRow,
+    SketchRow,
+    StoredReport,
+)
 from budget import Ledger, utc_day
 from budget.audit_log import Checkpoint, CheckpointFileError, Verification, read_checkpoints
 from budget.book import NO_HORIZON, PolicyBook
 from budget.integrity import StateCheck
 from budget.row_tags import RowTags
+from budget.storage.tables import ShuffledBatch
 
 __all__ = ["KeptCheckpoints", "kept_checkpoints", "pipeline_problem", "verify_service"]
 
@@ -44,6 +61,8 @@ _PARTS = BatchPart.__table__  # type: ignore[attr-defined]
 _SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
 _MOVES = InboxMove.__table__  # type: ignore[attr-defined]
 _PAGE = 10_000
+_ORDERS = InboxOrder.__table__  # type: ignore[attr-defined]
+_BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +125,11 @@ def pipeline_problem(ledger: Ledger, state: StateCheck, *, now: datetime) -> str
     """The first problem of the pipeline's tables (``None``: none), naming the table.
 
     In order: every inbox row's and stored report's tag (:class:`budget.row_tags.RowTags`);
-    the reports held per use case and day against the charges the chain records; every
-    published batch part against the reports stored in it; every sketch against the fold of
-    its folded parts' reports, recomputed. Days on or before a use case's data cutoff
-    (``data_through``, what the purge deletes) are left out of the last two, as they may be
-    half deleted.
+    the reports held per use case and charge day against the charges the chain records, and
+    every batch's stored reports against its record (:func:`_pipeline_problem`); every sketch
+    against the fold of its folded parts' reports, recomputed. Days on or before a use case's
+    data cutoff (``data_through``, what the purge deletes) are left out of the sketches, as
+    they may be half deleted.
     """
     day = utc_day(now)
     book = ledger.book()
@@ -118,37 +137,41 @@ def pipeline_problem(ledger: Ledger, state: StateCheck, *, now: datetime) -> str
     with ledger.engine.connect() as conn:
         problem = _tags(conn, ledger.row_tags, state.legacy_through)
         if problem is None:
-            problem = _counts(conn, book, day, state.accepted)
-        if problem is None:
-            problem = _parts(conn, cutoff)
+            problem = _pipeline_problem(conn, book, day, dict(state.accepted))
         if problem is None:
             problem = _sketches(ledger, conn, cutoff)
     return problem
 
 
-def _rows(conn: Connection, query: Any) -> Iterator[Any]:
-    """A query's rows, streamed."""
-    with conn.execution_options(yield_per=_PAGE).execute(query) as result:
-        yield from result
+@contextmanager
+def _rows(conn: Connection, query: Any) -> Iterator[Iterator[Any]]:
+    """A query's rows, streamed; the cursor closed however the reading stops."""
+    # the option on the statement: on the connection it would stream (and leave open, on an
+    # early return) every later query of this connection too
+    with conn.execute(query.execution_options(yield_per=_PAGE)) as result:
+        yield iter(result)
 
 
 def _tags(conn: Connection, tags: RowTags, legacy: int | None) -> str | None:
     """Every inbox row and stored report carries its own tag (untagged: an earlier release's)."""
     old = legacy if legacy is not None else NO_HORIZON
     i = _INBOX.c
-    query = select(i.id, i.use_case, i.params, i.day, i.payload, i.device_tag, i.tag)
-    for row_id, uc, params, d, payload, device_tag, tag in _rows(conn, query):
-        if tag is None and int(d) <= old:
-            continue
-        if not tags.check_inbox(row_id, uc, params, d, payload, device_tag, tag):
-            return _untrue("inbox", row_id, uc, int(d), tag)
+    query = select(i.id, i.use_case, i.params, i.day, i.payload, i.sealed, i.device_tag, i.tag)
+    with _rows(conn, query) as rows:
+        for row_id, uc, params, d, payload, sealed, device_tag, tag in rows:
+            if tag is None and int(d) <= old:
+                continue
+            stored = sealed if sealed is not None else payload  # a sealed row: over its bytes
+            if not tags.check_inbox(row_id, uc, params, d, stored, device_tag, tag):
+                return _untrue("inbox", row_id, uc, int(d), tag)
     r = _REPORTS.c
     query = select(r.id, r.use_case, r.params, r.day, r.payload, r.batch, r.tag)
-    for row_id, uc, params, d, payload, batch, tag in _rows(conn, query):
-        if tag is None and int(d) <= old:
-            continue
-        if not tags.check_report(row_id, uc, params, d, payload, batch, tag):
-            return _untrue("reports", row_id, uc, int(d), tag)
+    with _rows(conn, query) as rows:
+        for row_id, uc, params, d, payload, batch, tag in rows:
+            if tag is None and int(d) <= old:
+                continue
+            if not tags.check_report(row_id, uc, params, d, payload, batch, tag):
+                return _untrue("reports", row_id, uc, int(d), tag)
     return None
 
 
@@ -160,74 +183,9 @@ def _untrue(table: str, row_id: object, use_case: str, day: int, tag: str | None
     )
 
 
-def _counts(
-    conn: Connection, book: PolicyBook, day: int, accepted: dict[tuple[str, int], int]
-) -> str | None:
-    """The reports held per use case and day in its window against the charges recorded."""
-    held: dict[tuple[str, int], int] = defaultdict(int)
-    for table in (_INBOX, _REPORTS):
-        query = select(table.c.use_case, table.c.day, func.count()).group_by(
-            table.c.use_case, table.c.day
-        )
-        for use_case, d, n in conn.execute(query):
-            held[(str(use_case), int(d))] += int(n)
-
-    def in_window(key: tuple[str, int]) -> bool:
-        policy = book.latest.get(key[0])
-        low = day - policy.retention_days if policy is not None else day
-        return max(low, book.horizon(key[0])) < key[1] <= day
-
-    for key in sorted(k for k in set(held) | set(accepted) if in_window(k)):
-        if held.get(key, 0) != accepted.get(key, 0):
-            return (
-                f"inbox and reports: the inbox and report store hold {held.get(key, 0)} reports"
-                f" of {key[0]!r} on day {key[1]}, the chain records {accepted.get(key, 0)}"
-                " charges"
-            )
-    return None
-
-
 def _kept(cutoff: dict[str, int], use_case: str, day: int) -> bool:
     """Whether a use case's rows of ``day`` are past the purge's reach (unknown: all are)."""
     return day > cutoff.get(use_case, NO_HORIZON)
-
-
-def _parts(conn: Connection, cutoff: dict[str, int]) -> str | None:
-    """Every published part holds the reports it records; every stored report is in a part.
-
-    The reports of a batch still being moved belong to no part yet (``inbox_moves``).
-    """
-    moving = {int(b) for b in conn.execute(select(_MOVES.c.batch)).scalars() if b is not None}
-    r = _REPORTS.c
-    stored = {
-        (int(b), str(params), int(d)): (str(uc), int(n))
-        for b, params, d, uc, n in conn.execute(
-            select(r.batch, r.params, r.day, r.use_case, func.count()).group_by(
-                r.batch, r.params, r.day, r.use_case
-            )
-        )
-    }
-    p = _PARTS.c
-    parts = conn.execute(select(p.batch, p.params, p.day, p.use_case, p.reports)).all()
-    for batch, params, d, uc, n in parts:
-        key = (int(batch), str(params), int(d))
-        if not _kept(cutoff, str(uc), int(d)):
-            continue
-        found = stored.get(key)
-        if found is None or found != (str(uc), int(n)):
-            held = 0 if found is None else found[1]
-            return (
-                f"batch_parts: the part of {uc!r} on day {int(d)} (batch {int(batch)}) records"
-                f" {int(n)} reports, the store holds {held} of it"
-            )
-    recorded = {(int(b), str(params), int(d)) for b, params, d, _, _ in parts}
-    for key, (uc, n) in sorted(stored.items()):
-        if key[0] not in moving and key not in recorded and _kept(cutoff, uc, key[2]):
-            return (
-                f"batch_parts: no part records the {n} stored reports of {uc!r} on day"
-                f" {key[2]} (batch {key[0]})"
-            )
-    return None
 
 
 def _sketches(ledger: Ledger, conn: Connection, cutoff: dict[str, int]) -> str | None:
@@ -276,5 +234,107 @@ def _sketches(ledger: Ledger, conn: Connection, cutoff: dict[str, int]) -> str |
             return (
                 f"sketches: {where} is not the fold of the reports of its folded batch parts"
                 " (the sketch edited, or batch_parts' folded marks)"
+            )
+    return None
+
+
+def _window_starts(book: PolicyBook, use_cases: set[str], day: int) -> dict[str, int]:
+    """Each use case's last day before its current window (its horizon, if later)."""
+    out = {}
+    for name in use_cases:
+        policy = book.latest.get(name)
+        low = day - policy.retention_days if policy is not None else day
+        out[name] = max(low, book.horizon(name))
+    return out
+
+
+def _pipeline_problem(
+    conn: Connection, book: PolicyBook, day: int, accepted: dict[tuple[str, int], int]
+) -> str | None:
+    """What in the inbox and the store disagrees with the charges (``None``: nothing)."""
+    held: dict[tuple[str, int], int] = defaultdict(int)
+    claimed: set[int] = set()
+    moving: dict[int, tuple[str, int]] = {}  # batch -> (use case, reports moved so far)
+    for use_case, batch, moved, manifest, record in conn.execute(
+        select(
+            _MOVES.c.use_case, _MOVES.c.batch, _MOVES.c.moved, _ORDERS.c.manifest, _ORDERS.c.record
+        ).join(_ORDERS, _ORDERS.c.batch == _MOVES.c.batch)
+    ):
+        claimed.update(np.frombuffer(manifest, np.int64).tolist())
+        moving[int(batch)] = (str(use_case), int(moved))
+        plan = orjson.loads(record)
+        parts = plan.get("parts") or [[None, d, n] for d, n in plan["charge_days"].items()]
+        for _, d, n in parts:
+            held[(str(use_case), int(d))] += int(n)
+    for use_case, row_id, d in conn.execute(select(_INBOX.c.use_case, _INBOX.c.id, _INBOX.c.day)):
+        if int(row_id) not in claimed:
+            held[(str(use_case), int(d))] += 1
+    use_cases = {u for u, _ in held} | {u for u, _ in accepted}
+    parts_of: dict[tuple[int, str, int], tuple[str, int]] = {}
+    for use_case, batch, params, d, reports, charge_days in conn.execute(
+        select(
+            _PARTS.c.use_case,
+            _PARTS.c.batch,
+            _PARTS.c.params,
+            _PARTS.c.day,
+            _PARTS.c.reports,
+            _PARTS.c.charge_days,
+        )
+    ):
+        use_cases.add(str(use_case))
+        parts_of[(int(batch), str(params), int(d))] = (str(use_case), int(reports))
+        for charged, n in orjson.loads(charge_days).items():
+            held[(str(use_case), int(charged))] += int(n)
+    low = _window_starts(book, use_cases, day)
+    stored_moving: dict[int, int] = defaultdict(int)
+    for use_case, batch, params, d, n in conn.execute(
+        select(
+            _REPORTS.c.use_case, _REPORTS.c.batch, _REPORTS.c.params, _REPORTS.c.day, func.count()
+        ).group_by(_REPORTS.c.use_case, _REPORTS.c.batch, _REPORTS.c.params, _REPORTS.c.day)
+    ):
+        key = (int(batch), str(params), int(d))
+        if int(batch) in moving:
+            stored_moving[int(batch)] += int(n)
+            continue
+        part = parts_of.pop(key, None)
+        if int(d) <= low.get(str(use_case), day):
+            continue  # its batch left the window: the purge may be deleting it
+        if part is None or part[1] != int(n):
+            return (
+                f"batch_parts: the report store holds {int(n)} reports of {str(use_case)!r} on day"
+                f" {int(d)} in a batch (batch {int(batch)}) whose part records"
+                f" {0 if part is None else part[1]}"
+            )
+    for (_, _, d), (use_case, reports) in parts_of.items():
+        if d > low.get(use_case, day):
+            return (
+                f"batch_parts: the part of {use_case!r} on day {d} records {reports} reports,"
+                " the store holds 0 of it"
+            )
+    for batch, (use_case, moved) in moving.items():
+        if stored_moving.get(batch, 0) != moved:
+            return (
+                f"reports: the report store holds {stored_moving.get(batch, 0)} reports of"
+                f" {use_case!r} in the batch being moved, which has moved {moved}"
+            )
+    # days a batch that reaches back before the window covered: the purge deletes such a
+    # batch whole when its first day leaves the window, before its last day does
+    early: dict[str, int] = {}
+    for use_case, first, last in conn.execute(
+        select(_BATCHES.c.use_case, _BATCHES.c.first_day, _BATCHES.c.last_day).where(
+            _BATCHES.c.last_day > _BATCHES.c.first_day
+        )
+    ):
+        start = low.get(str(use_case))
+        if start is not None and int(first) <= start < int(last):
+            early[str(use_case)] = max(early.get(str(use_case), start), int(last))
+    for use_case, d in sorted(set(held) | set(accepted)):
+        if not low[use_case] < d <= day:
+            continue
+        found, charged = held.get((use_case, d), 0), accepted.get((use_case, d), 0)
+        if found != charged and not (found < charged and d <= early.get(use_case, d - 1)):
+            return (
+                f"inbox and reports: the inbox and report store hold {found} reports of"
+                f" {use_case!r} on day {d}, the chain records {charged} charges"
             )
     return None

@@ -130,6 +130,7 @@ def _flush(rt: Runtime) -> dict[str, Any]:
 def _flush_inbox(rt: Runtime) -> int:
     return flush_inbox(
         rt.ledger.engine,
+        seal=rt.ingestor.seal,
         batch=rt.shuffle_batch,
         min_batch=rt.min_batch,
         now=rt.clock.now(),

@@ -121,6 +121,7 @@ def record() -> dict[str, Any]:
             database_url=f"sqlite:///{Path(tmp) / 'examples.sqlite'}",
             secret_file=Path(tmp) / "secret",
             audit_key_file=Path(tmp) / "audit.key",
+            shuffler_key_file=Path(tmp) / "shuffler.key",
             admin_token=SecretStr(TOKEN),
             scheduler=False,
             flush_min_batch=1,

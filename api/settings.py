@@ -1,10 +1,12 @@
-"""Service settings from the environment (prefix ``DPGOV_``), and the two keys they name.
+"""Service settings from the environment (prefix ``DPGOV_``), and the three keys they name.
 
-The device-key secret and the audit key come from a setting's value, else from a file in the
-secrets directory (``DPGOV_SECRETS_DIR``, by default ``$XDG_CONFIG_HOME/dp-governor``, that is
-``~/.config/dp-governor``), never from the folder a command happens to run in. A key file is
-generated only when a new database is initialised; the database records each key's fingerprint,
-and every process that opens it checks the keys it was given against them (:func:`service_keys`).
+The device-key secret, the audit key and the shuffler key come from a setting's value, else
+from a file in the secrets directory (``DPGOV_SECRETS_DIR``, by default
+``$XDG_CONFIG_HOME/dp-governor``, that is ``~/.config/dp-governor``), never from the folder a
+command happens to run in. The first two key files are generated only when a new database is
+initialised; the shuffler key's also at the first start of a database that has none (it seals
+only the reports queued from then on). The database records each key's fingerprint, and every
+process that opens it checks the keys it was given against them (:func:`service_keys`).
 """
 
 from __future__ import annotations
@@ -18,15 +20,24 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, inspect, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from budget.audit_log import AuditLog
-from budget.storage.db import key_fingerprint, record_fingerprints, stored_fingerprints
+from budget.storage.db import (
+    META_TABLE,
+    key_fingerprint,
+    record_fingerprints,
+    stored_fingerprints,
+    writer,
+)
 
 __all__ = [
     "AUDIT_KEY_FILE",
     "NOT_INITIALISED",
     "SECRET_FILE",
+    "SHUFFLER_KEY_FILE",
     "KeyRefused",
     "ServiceKeys",
     "Settings",
@@ -36,6 +47,7 @@ __all__ = [
 
 SECRET_FILE = "dpgov.secret"
 AUDIT_KEY_FILE = "dpgov-audit.key"
+SHUFFLER_KEY_FILE = "dpgov-shuffler.key"
 _NOT_RECORDED = (
     "this database records no fingerprints of its keys yet: start `dpgov serve` or run"
     " `dpgov db init` once with the server's settings, which records them"
@@ -80,6 +92,18 @@ class Settings(BaseSettings):
     )
     audit_key_file: Path | None = Field(
         default=None, description=f"The audit key's file (default: secrets_dir/{AUDIT_KEY_FILE})."
+    )
+    shuffler_key: SecretStr | None = Field(
+        default=None,
+        description="Key that seals the reports waiting in the inbox, so that a copy of the"
+        " database cannot read them; kept outside the database. Several keys separated by"
+        " spaces or lines: the first seals, the others only open reports sealed before a"
+        " rotation. If unset, read from `shuffler_key_file`.",
+    )
+    shuffler_key_file: Path | None = Field(
+        default=None,
+        description="The shuffler key's file, one key a line (default:"
+        f" secrets_dir/{SHUFFLER_KEY_FILE}).",
     )
     secrets_dir: Path | None = Field(
         default=None,
@@ -253,6 +277,10 @@ class Settings(BaseSettings):
                 raise ValueError("`admin_token` must be set in production")
         if self.audit_key is not None and len(self.audit_key.get_secret_value()) < 32:
             raise ValueError("`audit_key` must be at least 32 characters")
+        if self.shuffler_key is not None:
+            keys = self.shuffler_key.get_secret_value().split()
+            if not keys or any(len(key) < 32 for key in keys):
+                raise ValueError("`shuffler_key` must be keys of at least 32 characters each")
         if (
             self.device_key_secret is not None
             and len(self.device_key_secret.get_secret_value()) < 32
@@ -267,6 +295,10 @@ class Settings(BaseSettings):
     def audit_key_path(self) -> Path:
         """Where the audit key's file is read from (and generated, on a new database)."""
         return self.audit_key_file or self.secrets_location() / AUDIT_KEY_FILE
+
+    def shuffler_key_path(self) -> Path:
+        """Where the shuffler key's file is read from (and generated, when none is recorded)."""
+        return self.shuffler_key_file or self.secrets_location() / SHUFFLER_KEY_FILE
 
     def secrets_location(self) -> Path:
         """``secrets_dir``, or the default of :func:`default_secrets_dir`."""
@@ -295,11 +327,18 @@ class KeyRefused(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ServiceKeys:
-    """The keys a process uses on one database, checked against its recorded fingerprints."""
+    """The keys a process uses on one database, checked against its recorded fingerprints.
+
+    ``shuffler_keys`` (the sealing key first, then keys retired by a rotation) is empty for a
+    read-only command, which opens no inbox row, and for a writing command on a database that
+    records no shuffler key yet.
+    """
 
     device_key_secret: bytes
     audit_key: bytes
     sources: tuple[str, str]  # where each came from: a setting's name or a file (and if new)
+    shuffler_keys: tuple[bytes, ...] = ()
+    shuffler_source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,18 +359,25 @@ _DEVICE = _Key(
     "fingerprint.device_key_secret",
 )
 _AUDIT = _Key("audit key", "DPGOV_AUDIT_KEY", "DPGOV_AUDIT_KEY_FILE", "fingerprint.audit_key")
+_SHUFFLER = _Key(
+    "shuffler key", "DPGOV_SHUFFLER_KEY", "DPGOV_SHUFFLER_KEY_FILE", "fingerprint.shuffler_key"
+)
 
 
 def service_keys(
     settings: Settings, engine: Engine, *, generate: bool = False, record: bool = False
 ) -> ServiceKeys:
-    """The device-key secret and audit key for ``engine``'s database, checked before any use.
+    """The device-key secret, audit key and shuffler key for ``engine``'s database, checked.
 
     Each key comes from its setting's value, else from its file. A key whose fingerprint the
     database records must match it. ``record`` (the server's start and writing commands)
     records the fingerprint of a key the database has none of yet (an audit key only if it
     tags the first audit entry); ``generate`` (the server's start, ``dpgov db init``) writes a
-    new key file, but only for a database with no audit history and no fingerprint. Raises
+    new key file, but only for a database with no audit history and no fingerprint. The
+    shuffler key is read only with ``record`` (a read opens no inbox row), and generated for a
+    database that records none even if it has history: it seals the reports queued from then
+    on and nothing before. A shuffler key other than the recorded one is taken as a rotation
+    when the recorded one is among the keys given after it (:func:`_record_shuffler`). Raises
     :class:`KeyRefused` listing every problem, naming the settings to provide; nothing is
     generated or recorded unless every key passes.
     """
@@ -373,8 +419,33 @@ def service_keys(
                     f"the {spec.label} from {source} did not tag this database's first audit"
                     f" entry: set {spec.settings()} to the key the server used"
                 )
+    shuffler: list[bytes] = []
+    shuffler_source = ""
+    if record:
+        shuffler, shuffler_source = _read_many(settings)
+        recorded = stored.get(_SHUFFLER.meta_name)
+        if not shuffler and recorded is not None:
+            problems.append(
+                f"no {_SHUFFLER.label} was given and {settings.shuffler_key_path()} does not"
+                f" exist: set {_SHUFFLER.settings()} to the one this database records"
+            )
+        elif shuffler and recorded is not None and not _known(recorded, shuffler):
+            problems.append(
+                f"the {_SHUFFLER.label} from {shuffler_source} is not the one this database"
+                f" records, nor is any key after it (a rotation keeps the previous key after the"
+                f" new one): set {_SHUFFLER.settings()} to the server's"
+            )
     if problems:
         raise KeyRefused("; ".join(dict.fromkeys(problems)))
+    if record and not shuffler and generate:
+        path = settings.shuffler_key_path()
+        try:
+            shuffler, shuffler_source = [_generate(path)], f"{path} (generated)"
+        except OSError as exc:
+            raise KeyRefused(
+                f"cannot write a new {_SHUFFLER.label} to {path} ({exc.strerror}): set"
+                f" {_SHUFFLER.settings()}"
+            ) from None
     keys: list[bytes] = []
     sources: list[str] = []
     for (_, _, path), (key, source) in zip(specs, found, strict=True):
@@ -395,7 +466,67 @@ def service_keys(
                     f"the {spec.label} from {sources[i]} is not the one this database was"
                     f" initialised with: set {spec.settings()} to the server's"
                 )
-    return ServiceKeys(device, audit, (sources[0], sources[1]))
+        if shuffler:
+            _record_shuffler(engine, shuffler, shuffler_source)
+    return ServiceKeys(device, audit, (sources[0], sources[1]), tuple(shuffler), shuffler_source)
+
+
+def _read_many(settings: Settings) -> tuple[list[bytes], str]:
+    """The shuffler keys (sealing key first) from the setting, else from the file, and whence."""
+    if settings.shuffler_key is not None:
+        text, source = settings.shuffler_key.get_secret_value(), _SHUFFLER.value_setting
+    else:
+        path = settings.shuffler_key_path()
+        source = str(path)
+        try:
+            text = path.read_text(encoding="ascii")
+        except FileNotFoundError:
+            return [], source
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not ASCII text"
+            raise KeyRefused(
+                f"cannot read the {_SHUFFLER.label} from {path} ({reason}): fix it or set"
+                f" {_SHUFFLER.settings()}"
+            ) from None
+    keys = text.split()
+    if not keys or any(len(key) < 32 for key in keys):
+        raise KeyRefused(
+            f"the {_SHUFFLER.label} from {source} must be one key of at least 32 characters a"
+            f" line: set {_SHUFFLER.settings()}"
+        )
+    return [key.encode() for key in keys], source
+
+
+def _known(recorded: str, keys: list[bytes]) -> bool:
+    """Whether the recorded fingerprint is one of ``keys``' (the sealing key, or a retired one)."""
+    return any(hmac.compare_digest(key_fingerprint(key), recorded) for key in keys)
+
+
+def _record_shuffler(engine: Engine, keys: list[bytes], source: str) -> None:
+    """Record the sealing key's fingerprint, replacing a retired key's (a rotation).
+
+    Checked again in the writing transaction: a concurrent start that recorded another key
+    refuses this one.
+    """
+    mine = key_fingerprint(keys[0])
+    insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
+    with writer(engine).begin() as conn:
+        conn.execute(
+            insert(META_TABLE).values(name=_SHUFFLER.meta_name, value=mine).on_conflict_do_nothing()
+        )
+        recorded = conn.execute(
+            select(META_TABLE.c.value).where(META_TABLE.c.name == _SHUFFLER.meta_name)
+        ).scalar_one()
+        if recorded == mine:
+            return
+        if not _known(str(recorded), keys[1:]):
+            raise KeyRefused(
+                f"the {_SHUFFLER.label} from {source} is not the one this database records:"
+                f" set {_SHUFFLER.settings()} to the server's"
+            )
+        conn.execute(
+            update(META_TABLE).where(META_TABLE.c.name == _SHUFFLER.meta_name).values(value=mine)
+        )
 
 
 def _first_audit_entry(engine: Engine) -> tuple[str, str] | None:

@@ -27,11 +27,13 @@ from sqlalchemy import Engine, text
 from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.ingestion.pipeline import flush_inbox
+from api.ingestion.seal import InboxSeal
 from budget import Ledger, create_db_engine
 from budget.storage.db import PAUSE_FACTOR, scratch_schema
 from policies import PolicyCreate, mechanism_for
 
 SECRET = b"flush-bench-secret-flush-bench-secret"
+SEAL = InboxSeal([b"flush-bench-shuffler-flush-bench-shuffler-flush-bench-shuffler"])
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 POLICY = {
     "name": "bench-flush",
@@ -64,12 +66,12 @@ def run(engine: Engine, reports: int, rounds: int, min_devices: int = 1) -> floa
     ledger = Ledger(engine, SECRET)
     extra = {"min_batch_devices": min_devices} if min_devices > 1 else {}
     ledger.policies.create(PolicyCreate.model_validate({**POLICY, **extra}))
-    ingestor = Ingestor(ledger, SECRET)
+    ingestor = Ingestor(ledger, SECRET, seal=SEAL)
     rates = []
     for r in range(rounds):
         fill(ingestor, reports, r)
         start = time.perf_counter()
-        moved = flush_inbox(engine, min_batch=1)
+        moved = flush_inbox(engine, seal=SEAL, min_batch=1)
         took = time.perf_counter() - start
         assert moved == reports, (moved, reports)
         rates.append(reports / took)

@@ -64,6 +64,7 @@ def server_env(url: str, tmp: Path, batch_items: int = 5000) -> dict[str, str]:
         "DPGOV_DATABASE_URL": url,
         "DPGOV_SECRET_FILE": str(tmp / "secret"),
         "DPGOV_AUDIT_KEY_FILE": str(tmp / "audit.key"),
+        "DPGOV_SHUFFLER_KEY_FILE": str(tmp / "shuffler.key"),
         "DPGOV_ADMIN_TOKEN": TOKEN,
         "DPGOV_SCHEDULER": "false",
         "DPGOV_MAX_BATCH_ITEMS": str(batch_items),

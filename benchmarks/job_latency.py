@@ -186,13 +186,14 @@ def job_main(name: str, ahead_days: int) -> None:
     """The job process: the job run once as ``dpgov jobs run`` runs it, its clock moved ahead."""
     from api.cli.common import Access, load_settings, open_service
     from api.ingestion.ingest import Ingestor
+    from api.ingestion.seal import InboxSeal
     from api.jobs import RUNTIMES, Runtime, run_job
     from budget import FixedClock
 
     settings = load_settings(None)
     ledger, keys = open_service(settings, Access.WRITE)
     clock = FixedClock(datetime.now(UTC) + timedelta(days=ahead_days))
-    ingestor = Ingestor(ledger, keys.device_key_secret)
+    ingestor = Ingestor(ledger, keys.device_key_secret, seal=InboxSeal(keys.shuffler_keys))
     RUNTIMES["bench"] = Runtime.configured(ledger, ingestor, clock, settings)
     held = WriteTimes(ledger.engine)
     print("starting", flush=True)

@@ -27,6 +27,7 @@ from sqlalchemy import Engine, event
 
 from api.database import init_service_db
 from api.ingestion.ingest import Ingestor
+from api.ingestion.seal import InboxSeal
 from benchmarks.budget import database
 from budget import Ledger
 from mechanisms import family_id
@@ -34,6 +35,7 @@ from policies import mechanism_for
 
 USE_CASE = "safari-energy-domains"
 SECRET = b"relay-benchmark-secret-relay-benchmark"
+SEAL = InboxSeal([b"relay-benchmark-shuffler-relay-benchmark-shuffler-relay-benchmark-shuffler"])
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
 
 
@@ -58,7 +60,7 @@ def prepare(engine: Engine) -> tuple[Ingestor, list[dict[str, Any]]]:
     ).to_dicts()
     family = family_id(mech)  # devices send the family they built under; the server checks it
     reports = [r | {"family": family} for r in reports]
-    return Ingestor(ledger, SECRET), reports
+    return Ingestor(ledger, SECRET, seal=SEAL), reports
 
 
 def no_autocheckpoint(engine: Engine) -> None:

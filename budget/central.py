@@ -3,7 +3,11 @@
 The inbox flush records each batch it publishes in ``shuffled_batches``: its use case, the UTC
 day it was published, the days its reports were charged on, the number of distinct devices
 ``n``, the reports, the most reports one device has in it, the per-layer device counts and the
-largest local epsilon of its reports. No device identifier, pseudonym or report id.
+largest local epsilon of its reports. No device identifier, pseudonym or report id. A batch
+holds one parameter set and its reports are stored under one day, so the batch is what hides
+each of its reports; batches published before revision 0009 were stored in parts by charge day
+and parameters, and those that may have had several (``split``) count as unamplified: each of
+their reports is a sub-batch of one device, at its local epsilon.
 
 A device with ``j`` reports in one batch: the published multiset is a post-processing (the
 union) of ``k`` sub-batches, sub-batch ``i`` holding the ``i``-th report of every device with
@@ -204,26 +208,30 @@ def _worst(
 ) -> CentralLoss | None:
     """The ``reports_per_device`` smallest sub-batches of ``batches``, composed (module doc).
 
-    Reports queued without a device pseudonym (``untagged``) were not counted by device, so
-    each may be a device's report in a sub-batch of one: it enters as a sub-batch of size 1
-    (no amplification, the local epsilon), up to ``reports_per_device`` of them a batch.
-    ``None`` when no batch counted its devices: no amplification is claimed at all.
+    Reports whose devices were not counted (``untagged``: queued without a device pseudonym;
+    every report of a ``split`` batch, whose parts were not counted) may each be a device's
+    report in a sub-batch of one: each enters as a sub-batch of size 1 (no amplification, the
+    local epsilon), up to ``reports_per_device`` of them a batch. ``None`` when no batch
+    counted its devices: no amplification is claimed at all.
     """
-    if not batches or all(b.untagged >= b.reports for b in batches):
+    if not batches or all(_uncounted(b) >= b.reports for b in batches):
         return None
     eps0 = max(from_micro(b.epsilon_micro) for b in batches)
     want = max(1, reports_per_device)
     sizes = sorted(
-        [n for b in batches for n in orjson.loads(b.layers)]
-        + [1] * sum(min(b.untagged, want) for b in batches)
+        [n for b in batches if not b.split for n in orjson.loads(b.layers)]
+        + [1] * sum(min(_uncounted(b), want) for b in batches)
     )
     taken = sizes[:want]
     epsilon, method = compose_sizes(eps0, taken, delta)
     alone = taken.count(1)
+    why = []
+    if any(b.untagged for b in batches):
+        why.append("queued without a device pseudonym")
+    if any(b.split for b in batches):
+        why.append("of batches published in parts before revision 0009")
     unamplified = (
-        f"; {alone} of them reports queued without a device pseudonym, counted unamplified"
-        if any(b.untagged for b in batches)
-        else ""
+        f"; {alone} of them reports {' or '.join(why)}, counted unamplified" if why else ""
     )
     return CentralLoss(
         epsilon=epsilon,
@@ -238,6 +246,11 @@ def _worst(
             f" each{unamplified}"
         ),
     )
+
+
+def _uncounted(batch: ShuffledBatch) -> int:
+    """The batch's reports whose devices were not counted (all of a ``split`` batch's)."""
+    return batch.reports if batch.split else batch.untagged
 
 
 def _covered_days(batches: Sequence[ShuffledBatch]) -> int:
@@ -306,6 +319,14 @@ def central_line(
             " such report counts as a sub-batch of one device (its local epsilon, no"
             " amplification) in the figures that include it; a batch of such reports alone"
             " has no central figure"
+        )
+    if any(b.split for b in mine):
+        notes.append(
+            "some batches were published before schema revision 0009, in parts by charge day and"
+            " parameters, and a part could be smaller than its batch (as small as one report),"
+            " while their records count the whole batch's devices: what hid each of their"
+            " reports is not known, so each counts as a sub-batch of one device (its local"
+            " epsilon, no amplification) in the figures that include it"
         )
 
     def horizon(group: list[ShuffledBatch], what: str, own: int | None) -> CentralLoss | None:

@@ -21,6 +21,7 @@ settings.register_profile("dpgov", deadline=None)
 settings.load_profile("dpgov")
 
 SECRET = b"test-secret-test-secret-test-secret!"
+SHUFFLER_KEY = b"test-shuffler-key-test-shuffler-key!"
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
 BACKENDS = [
     "sqlite",
@@ -49,6 +50,18 @@ def make_engine(backend: str, tmp_path: Path) -> Iterator[Engine]:
             yield engine
         finally:
             engine.dispose()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Key files a test does not place itself go to a scratch folder, never the user's own."""
+    old = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = old
 
 
 @pytest.fixture(params=BACKENDS)

@@ -33,7 +33,8 @@ def db_init(database_url: DatabaseOption = None) -> None:
     shown = make_url(settings.database_url).render_as_string(hide_password=True)
     typer.echo(
         f"{shown}: ready; device-key secret from {keys.sources[0]}, audit key from"
-        f" {keys.sources[1]}; their fingerprints are recorded in the database"
+        f" {keys.sources[1]}, shuffler key from {keys.shuffler_source}; their fingerprints are"
+        " recorded in the database"
     )
 
 

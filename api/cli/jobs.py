@@ -32,6 +32,7 @@ def jobs_run(
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
     from api.ingestion.ingest import Ingestor
+    from api.ingestion.seal import InboxSeal
     from api.jobs import (
         JOBS,
         RUNTIMES,
@@ -53,7 +54,7 @@ def jobs_run(
     progress = Progress(f"jobs run {name}", "reports")
     RUNTIMES[key] = Runtime.configured(
         ledger,
-        Ingestor(ledger, keys.device_key_secret),
+        Ingestor(ledger, keys.device_key_secret, seal=InboxSeal(keys.shuffler_keys)),
         SystemClock(),
         settings,
         progress=lambda step: progress.step(f"jobs run {name}: {step}"),

@@ -48,7 +48,11 @@ def serve(
     os.environ["DPGOV_LOG_FORMAT"] = settings.log_format
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())
     os.environ["DPGOV_AUDIT_KEY_FILE"] = str(settings.audit_key_path().resolve())
-    typer.echo(f"device-key secret from {keys.sources[0]}, audit key from {keys.sources[1]}")
+    os.environ["DPGOV_SHUFFLER_KEY_FILE"] = str(settings.shuffler_key_path().resolve())
+    typer.echo(
+        f"device-key secret from {keys.sources[0]}, audit key from {keys.sources[1]}, shuffler"
+        f" key from {keys.shuffler_source}"
+    )
     typer.echo(f"dp-governor on http://{settings.host}:{settings.port} (docs at /docs)")
     failure = run_server(
         "api.app:create_app",

@@ -102,6 +102,7 @@ def run_demo(
                 database_url=f"sqlite:///{Path(tmp) / 'demo.sqlite'}",
                 secret_file=Path(tmp) / "secret",
                 audit_key_file=Path(tmp) / "audit.key",
+                shuffler_key_file=Path(tmp) / "shuffler.key",
                 **own,  # type: ignore[arg-type]
                 **limits,  # type: ignore[arg-type]
             )

@@ -1,7 +1,9 @@
 """Report ingestion: validate a report against its use case's mechanism, charge, enqueue.
 
 The charge and the inbox row commit together (the gate's ``on_accept``), so an acknowledged
-report always has both, and a refused or failed one has neither.
+report always has both, and a refused or failed one has neither. The inbox row's report and
+device pseudonym are sealed to the shuffler key (:mod:`api.ingestion.seal`): what commits with
+the charge is ciphertext that nobody reading the database can open.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import dataclasses
 import hashlib
 import hmac
 import json
-import secrets
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -18,6 +19,7 @@ import orjson
 from sqlalchemy import Connection
 
 from api.errors import ACCEPTED, INVALID, REFUSED, PolicyChanged, status_of
+from api.ingestion.seal import InboxSeal
 from budget import Decision, Ledger
 from budget.batch import BatchItem, charge_batch
 from budget.book import Terms
@@ -85,10 +87,13 @@ class ItemResult(NamedTuple):
 
 
 class Ingestor:
-    """Validates, charges and enqueues reports for a ledger."""
+    """Validates, charges and enqueues reports for a ledger; ``seal`` seals its inbox rows."""
 
-    def __init__(self, ledger: Ledger, secret: bytes, *, require_family: bool = False) -> None:
+    def __init__(
+        self, ledger: Ledger, secret: bytes, *, seal: InboxSeal, require_family: bool = False
+    ) -> None:
         self.ledger = ledger
+        self.seal = seal
         self.require_family = require_family
         self._keyed = KeyedHash(secret)
         key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
@@ -101,8 +106,8 @@ class Ingestor:
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
         self._inbox_sql = (
-            "INSERT INTO inbox (id, use_case, params, day, payload, device_tag, tag)"
-            f" VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph})"
+            f"INSERT INTO inbox (id, use_case, params, day, sealed, tag) VALUES ({ph}, {ph},"
+            f" {ph}, {ph}, {ph}, {ph})"
         )
 
     def _latest(self, use_case: str) -> Policy | None:
@@ -208,18 +213,23 @@ class Ingestor:
         return int.from_bytes(tag.digest(), "big", signed=True)
 
     def store_reports(
-        self, conn: Connection, rows: list[tuple[str, str, int, str, int | None]]
+        self, conn: Connection, rows: list[tuple[str, str, int, bytes, int | None]]
     ) -> None:
         """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
-        Each row gets a random 63-bit id: sequential ids would pair one to one with the
-        charges' ids, which the same transaction allocates in the same order; and its keyed
-        tag (:class:`budget.row_tags.RowTags`), which ``verify`` checks.
+        Each row gets a random 63-bit id (sequential ids would pair one to one with the
+        charges' ids, which the same transaction allocates in the same order), its report and
+        pseudonym are sealed (:meth:`InboxSeal.seal_rows`: the use case, parameter hash and day
+        stay in clear, as the charge records them too), and it gets its keyed tag over the
+        sealed bytes (:class:`budget.row_tags.RowTags`), which ``verify`` checks.
         """
         tag = self.ledger.row_tags.inbox
-        ided = [(secrets.randbits(63), *row) for row in rows]
+        sealed = self.seal.seal_rows(rows)
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        cursor.executemany(self._inbox_sql, [(*row, tag(*row)) for row in ided])
+        cursor.executemany(
+            self._inbox_sql,
+            [(*row, tag(row[0], row[1], row[2], row[3], row[4], None)) for row in sealed],
+        )
 
     def submit_group(
         self, requests: list[SubmitRequest], *, now: datetime
@@ -238,7 +248,7 @@ class Ingestor:
         out: list[Decision | Exception | None] = [None] * len(requests)
         current: dict[str, tuple[Mechanism, str, int] | Exception] = {}
         batch: list[BatchItem] = []
-        payloads: list[tuple[str, str, str, int | None]] = []
+        payloads: list[tuple[str, str, bytes, int | None]] = []
         positions: list[int] = []
         for i, req in enumerate(requests):
             found = current.get(req.use_case)
@@ -270,10 +280,10 @@ class Ingestor:
             except InvalidReport as exc:
                 out[i] = exc
                 continue
-            payload = orjson.dumps(report.to_dict(), option=orjson.OPT_SORT_KEYS).decode()
+            payload = orjson.dumps(report.to_dict(), option=orjson.OPT_SORT_KEYS)
             request_hash = None
             if req.idempotency_key is not None:
-                text = f"{req.use_case}\n{payload}".encode()
+                text = req.use_case.encode() + b"\n" + payload
                 request_hash = hashlib.sha256(text).hexdigest()
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
             tag = (  # a device id that is not a string is refused by the charge, unhashed

@@ -5,14 +5,15 @@ sketch), does its reading, shuffling and sketch arithmetic outside them, and can
 any two of them: the next run takes over where it stopped. Each is safe to run concurrently
 with itself (two processes, or a scheduled run beside ``dpgov jobs run``):
 
-- ``flush_inbox`` reads a use case's inbox, checks the batch's minimums and shuffles it outside
-  any write transaction, then claims the batch in one small transaction (``inbox_moves``: its
-  inbox ids in shuffled order and its figures), which succeeds only if no other batch and no
-  purge moved the inbox since it was read. It then moves the batch a chunk per transaction with
-  ``DELETE ... RETURNING``, storing exactly the rows each delete returned; the transaction that
-  moves its last report publishes it (its record in ``shuffled_batches``, its parts in
-  ``batch_parts``) and clears the claim. A flush that finds a batch being moved carries on
-  with it, whoever started it.
+- ``flush_inbox`` reads a use case's inbox, opens its sealed rows' device pseudonyms, checks the
+  minimums of each parameter set's pending reports and shuffles a batch outside any write
+  transaction, then claims it in one small transaction (``inbox_moves``: its inbox ids in
+  shuffled order and its figures), which succeeds only if no other batch and no purge moved the
+  inbox since it was read. It then moves the batch a step per transaction with ``DELETE ...
+  RETURNING``, opening and storing exactly the rows each delete returned, all under the batch's
+  one parameter set and day; the transaction that moves its last report publishes it (its
+  record in ``shuffled_batches``, its part in ``batch_parts``) and clears the claim. A flush
+  that finds a batch being moved carries on with it, whoever started it.
 - ``aggregate`` reads a sketch and the reports of its unfolded batch parts outside any write
   transaction and adds them, then writes the sketch and marks the parts folded in one
   transaction, only if the sketch is still the one it read (its count unchanged).
@@ -34,10 +35,11 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import Connection, Engine, and_, delete, func, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from api.ingestion.ingest import Ingestor, Mechanism, params_hash
+from api.ingestion.seal import InboxSeal, SealError
 from api.ingestion.tables import (
     BatchPart,
     InboxMove,
@@ -108,11 +110,16 @@ class _Stale(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Terms:
-    """What the flush needs of a use case's policies: its minimum and each version's epsilon."""
+    """What the flush needs of a use case's policies: its minimum and each version's epsilon.
+
+    ``tagged``: whether any version set a minimum (only then were pseudonyms computed, and the
+    flush opens the sealed rows to count them; otherwise no row holds one).
+    """
 
     min_devices: int
     epsilon_micro: dict[str, int]  # by parameter hash
     max_epsilon_micro: int
+    tagged: bool
 
 
 def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
@@ -125,17 +132,23 @@ def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
         known = out.get(version.name)
         eps = {**known.epsilon_micro, found[0]: found[1]} if known else {found[0]: found[1]}
         top = max(found[1], known.max_epsilon_micro if known else 0)
-        out[version.name] = _Terms(version.min_batch_devices, eps, top)
+        tagged = version.min_batch_devices > 1 or (known is not None and known.tagged)
+        out[version.name] = _Terms(version.min_batch_devices, eps, top, tagged)
     return out
 
 
 @dataclass(frozen=True, slots=True)
 class _Move:
-    """A claimed batch: its number, its inbox ids in shuffled order, its figures (JSON-ready)."""
+    """A claimed batch: its number, its inbox ids in shuffled order, its figures (JSON-ready).
+
+    ``opened``: the reports the claim opened already (to count pseudonyms), by inbox id, so
+    that the move does not open them again; empty for a batch carried on from the database.
+    """
 
     batch: int
     ids: np.ndarray  # int64
     record: dict[str, Any]
+    opened: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,24 +163,29 @@ class _Evidence:
 def flush_inbox(
     engine: Engine,
     *,
+    seal: InboxSeal,
     batch: int = STEP_ROWS,
     min_batch: int = DEFAULT_MIN_BATCH,
     now: datetime | None = None,
     progress: Callable[[int, int], None] | None = None,
     ledger: Ledger | None = None,
 ) -> int:
-    """Publish each use case's pending reports as one shuffled batch, once it is large enough.
+    """Publish each use case's pending reports as shuffled batches, once large enough.
 
-    A use case's batch is every report pending in its inbox; it is published once it holds at
-    least ``min_batch`` reports from at least the policy's ``min_batch_devices`` distinct
-    devices (counted by the inbox's per-use-case pseudonyms), and otherwise waits, a day's tail
-    included, for the next flush. The batch is claimed, then moved ``batch`` reports a
-    transaction in the order of the reports' random inbox ids (a CSPRNG permutation drawn when
-    they were queued), each step's reports stored in a fresh CSPRNG shuffle, under new random
-    ids and without their pseudonyms; the transaction that moves its last report records it in
-    ``shuffled_batches`` (:mod:`budget.central`) and publishes its parts to the fold. A batch
-    left half moved (a crash, a stopped job) is carried on first. Returns how many reports this
-    call moved. ``progress`` is called with the pending reports handled so far and those found
+    A batch is every report pending in a use case's inbox under one parameter set; it is
+    published once it holds at least ``min_batch`` reports from at least the policy's
+    ``min_batch_devices`` distinct devices (counted by the inbox's per-use-case pseudonyms,
+    which ``seal`` opens), and otherwise waits for the next flush: a day's tail joins the next
+    day's reports, and reports of parameters since changed wait for more of theirs. All of a
+    batch's reports are stored under one day, its first charge day, so no part of a published
+    batch is smaller than the batch. The batch is claimed, then moved about ``batch`` reports a
+    transaction (equal steps) in the order of the reports' random inbox ids (a CSPRNG
+    permutation drawn when they were queued), each step's reports opened and stored in a fresh
+    CSPRNG shuffle, under new random ids and without their pseudonyms; the transaction that
+    moves its last report records it in ``shuffled_batches`` (:mod:`budget.central`) and
+    publishes it to the fold. A batch left half moved (a crash, a stopped job) is carried on
+    first. Rows queued before sealing are sealed first. Returns how many reports this call
+    moved. ``progress`` is called with the pending reports handled so far and those found
     pending, after each use case.
 
     ``ledger`` (the jobs always give it) is what leaves the evidence ``verify`` checks: each
@@ -182,6 +200,7 @@ def flush_inbox(
     at = now if now is not None else datetime.now(UTC)
     today = utc_day(at)
     proof = None if ledger is None else _Evidence(ledger.row_tags, ledger.audit, at)
+    _seal_waiting(engine, seal, batch, proof)
     with engine.connect() as conn:
         pending = conn.execute(
             select(_INBOX.c.use_case, func.count()).group_by(_INBOX.c.use_case)
@@ -205,7 +224,7 @@ def flush_inbox(
         claim = _Move(
             int(row.batch), np.frombuffer(row.manifest, np.int64), orjson.loads(row.record)
         )
-        moved += _carry(engine, str(row.use_case), claim, batch, today, proof)
+        moved += _carry(engine, seal, str(row.use_case), claim, batch, today, proof)
         done(str(row.use_case))
     ready = set(counts) - carried
     if not ready:
@@ -216,42 +235,135 @@ def flush_inbox(
         terms = _terms(load_book(conn), ready)
     for use_case in sorted(ready):
         found = terms.get(use_case)  # none: no policy of that name, left for inspection
-        claimed = None if found is None else _claim(engine, use_case, found, min_batch)
-        if claimed is not None:
-            moved += _carry(engine, use_case, claimed, batch, today, proof)
+        published: set[str] = set()  # one batch per parameter set and flush
+        more = found is not None
+        while more and found is not None:
+            claimed, more = _claim(engine, seal, use_case, found, min_batch, published)
+            if claimed is not None:
+                published.add(str(claimed.record["params"]))
+                moved += _carry(engine, seal, use_case, claimed, batch, today, proof)
         done(use_case)
     return moved
 
 
-def _claim(engine: Engine, use_case: str, terms: _Terms, min_batch: int) -> _Move | None:
-    """Plan a use case's batch from its inbox and claim it; ``None``: too small, or not ours.
+def _seal_waiting(engine: Engine, seal: InboxSeal, rows: int, proof: _Evidence | None) -> int:
+    """Seal the inbox rows queued before sealing (an upgraded database), ``rows`` a transaction.
 
-    The inbox is read after the claim's generation, so a batch or purge that removed inbox
-    rows in between has raised it and the claim fails (the next flush plans again).
+    The row keeps its id, use case, parameters and day; its report and pseudonym go into
+    ``sealed`` and the clear columns are emptied (SQLite's ``secure_delete`` overwrites the old
+    bytes in the page). A row whose tag was right is tagged again over its sealed bytes (with
+    ``proof``); any other keeps its tag, which then names it to ``verify`` as before. Without a
+    shuffler key nothing is sealed and such rows flush as they are. Returns how many rows were
+    sealed.
+    """
+    if not seal.can_seal:
+        return 0
+    i = _INBOX.c
+    with engine.connect() as conn:
+        found = conn.execute(
+            select(i.id, i.use_case, i.params, i.day, i.payload, i.device_tag, i.tag).where(
+                i.payload.is_not(None)
+            )
+        ).all()
+    sealed = 0
+    statement = (
+        update(_INBOX)
+        .where(and_(i.id == bindparam("row_id"), i.payload.is_not(None)))
+        .values(sealed=bindparam("blob"), payload=None, device_tag=None, tag=bindparam("new_tag"))
+    )
+    for start in range(0, len(found), rows):
+        chunk = [
+            (int(r.id), str(r.use_case), str(r.params), int(r.day), str(r.payload), r.device_tag)
+            for r in found[start : start + rows]
+        ]
+        olds = [r.tag for r in found[start : start + rows]]
+        blobs = [seal.seal(*row) for row in chunk]
+        values = []
+        for row, blob, old in zip(chunk, blobs, olds, strict=True):
+            tag = old
+            if proof is not None and proof.tags.check_inbox(*row, old):
+                tag = proof.tags.inbox(*row[:4], blob, None)
+            values.append({"row_id": row[0], "blob": blob, "new_tag": tag})
+        with write_step(engine) as conn:
+            sealed += conn.execute(statement, values).rowcount
+    return sealed
+
+
+def _claim(
+    engine: Engine,
+    seal: InboxSeal,
+    use_case: str,
+    terms: _Terms,
+    min_batch: int,
+    published: set[str],
+) -> tuple[_Move | None, bool]:
+    """Plan a use case's next batch from its inbox and claim it; and whether more are ready.
+
+    The batch is the pending reports of one parameter set (not in ``published``: each set
+    once a flush) that reach both minimums, the one with the earliest charge day first;
+    ``None`` when none does, or when another flush claimed first. The inbox is read after the
+    claim's generation, so a batch or purge that removed inbox rows in between has raised it
+    and the claim fails (the next flush plans again). Sealed rows are opened only when the use
+    case's rows may hold pseudonyms to count (their reports are then kept for the move); rows
+    this process cannot open (sealed under a key it does not hold) wait, with a warning.
     """
     with engine.connect() as conn:
         seen = conn.execute(
             select(_MOVES.c.generation, _MOVES.c.batch).where(_MOVES.c.use_case == use_case)
         ).first()
         if seen is not None and seen.batch is not None:
-            return None  # claimed since the flush looked: its claimer moves it
+            return None, False  # claimed since the flush looked: its claimer moves it
         rows = conn.execute(
-            select(_INBOX.c.id, _INBOX.c.device_tag, _INBOX.c.params, _INBOX.c.day).where(
-                _INBOX.c.use_case == use_case
-            )
+            select(
+                _INBOX.c.id, _INBOX.c.params, _INBOX.c.day, _INBOX.c.device_tag, _INBOX.c.sealed
+            ).where(_INBOX.c.use_case == use_case)
         ).all()
-    per_device = Counter(r.device_tag for r in rows if r.device_tag is not None)
+    groups: dict[str, list[tuple[int, int, int | None]]] = {}
+    opened: dict[int, str] = {}
+    closed: list[str] = []
+    for r in rows:
+        params = str(r.params)
+        if params in published:
+            continue
+        tag = r.device_tag
+        try:
+            if r.sealed is not None and terms.tagged:  # open it to count its pseudonym
+                opened[int(r.id)], tag = seal.open(
+                    int(r.id), use_case, params, int(r.day), r.sealed
+                )
+            elif r.sealed is not None:  # no pseudonym in it: only check that it will open
+                seal.check_key(int(r.id), r.sealed)
+        except SealError as exc:
+            closed.append(str(exc))
+            continue
+        groups.setdefault(params, []).append((int(r.id), int(r.day), tag))
+    if closed:
+        log.warning(
+            "flush of %s: %d inbox rows cannot be opened and wait (%s)",
+            use_case,
+            len(closed),
+            closed[0],
+        )
     need_devices = terms.min_devices if terms.min_devices > 1 else 0
-    if len(rows) < min_batch or len(per_device) < need_devices:
-        return None
-    ids = [int(r.id) for r in rows]
+    ready = []
+    for params, members in groups.items():
+        per_device = Counter(tag for _, _, tag in members if tag is not None)
+        if len(members) >= min_batch and len(per_device) >= need_devices:
+            ready.append((min(day for _, day, _ in members), params, members, per_device))
+    if not ready:
+        return None, False
+    ready.sort(key=lambda found: found[:2])
+    _, params, members, per_device = ready[0]
     # The order of the random inbox ids is a CSPRNG permutation of the batch, drawn when each
-    # report was queued and independent of arrival: the chunks follow it, so each chunk's
+    # report was queued and independent of arrival: the steps follow it, so each step's
     # reports sit together in the inbox's B-tree (a step writes a few pages, not one a report),
-    # and each chunk is shuffled again as it is stored (_move_chunk).
-    ids.sort()
+    # and each step is shuffled again as it is stored (_move_chunk).
+    ids = sorted(row_id for row_id, _, _ in members)
     move = _Move(
-        secrets.randbits(63), np.asarray(ids, dtype=np.int64), _figures(rows, per_device, terms)
+        secrets.randbits(63),
+        np.asarray(ids, dtype=np.int64),
+        _figures(params, [day for _, day, _ in members], per_device, terms),
+        {i: opened[i] for i in ids if i in opened},
     )
     order = {
         "batch": move.batch,
@@ -268,7 +380,7 @@ def _claim(engine: Engine, use_case: str, terms: _Terms, min_batch: int) -> _Mov
                         )
                     )
             except IntegrityError:
-                return None
+                return None, False
         elif not conn.execute(
             update(_MOVES)
             .where(
@@ -280,45 +392,62 @@ def _claim(engine: Engine, use_case: str, terms: _Terms, min_batch: int) -> _Mov
             )
             .values(generation=_MOVES.c.generation + 1, batch=move.batch, moved=0)
         ).rowcount:
-            return None
+            return None, False
         conn.execute(_ORDERS.insert().values(**order))
-    return move
+    return move, len(ready) > 1
 
 
-def _figures(rows: Sequence[Any], per_device: Counter[int], terms: _Terms) -> dict[str, Any]:
-    """A planned batch's record (``shuffled_batches`` but the day published) and its parts."""
-    parts = Counter((str(r.params), int(r.day)) for r in rows)
+def _figures(
+    params: str, days: Sequence[int], per_device: Counter[int], terms: _Terms
+) -> dict[str, Any]:
+    """A planned batch's record (``shuffled_batches`` but the day published) and its one part.
+
+    Its reports are stored under its first charge day (``day``); ``charge_days`` counts them
+    per charge day, for the service's verification.
+    """
+    charge_days = Counter(days)
     return {
-        "first_day": min(day for _, day in parts),
-        "last_day": max(day for _, day in parts),
+        "first_day": min(charge_days),
+        "last_day": max(charge_days),
         "devices": len(per_device),
-        "reports": len(rows),
+        "reports": len(days),
         "max_per_device": max(per_device.values(), default=0),  # 0: not counted
         "layers": batch_layers(per_device.values()),
-        "untagged": len(rows) - sum(per_device.values()),
-        "epsilon_micro": max(
-            terms.epsilon_micro.get(params, terms.max_epsilon_micro) for params, _ in parts
-        ),
+        "untagged": len(days) - sum(per_device.values()),
+        "epsilon_micro": terms.epsilon_micro.get(params, terms.max_epsilon_micro),
         "min_batch_devices": terms.min_devices,
-        "parts": [[params, day, n] for (params, day), n in sorted(parts.items())],
+        "params": params,
+        "day": min(charge_days),
+        "charge_days": {str(day): n for day, n in sorted(charge_days.items())},
     }
 
 
 def _carry(
-    engine: Engine, use_case: str, move: _Move, rows: int, today: int, proof: _Evidence | None
+    engine: Engine,
+    seal: InboxSeal,
+    use_case: str,
+    move: _Move,
+    rows: int,
+    today: int,
+    proof: _Evidence | None,
 ) -> int:
-    """Move a claimed batch ``rows`` reports a transaction; the last one publishes it.
+    """Move a claimed batch in steps of at most ``rows`` reports; the last one publishes it.
 
-    Every chunk of the manifest is tried, also those another flush may have moved already
-    (its delete then returns nothing), so after one pass every report of the batch has been
-    moved by some committed transaction, and the batch is published, unless reports of it
-    were deleted from the inbox by something other than the pipeline.
+    The steps are of equal size (within one report): a step's reports are stored together, so
+    a copy of the database taken between two steps narrows the reports still waiting to the
+    steps not yet moved, and none of those is ever a small remainder. Every step of the
+    manifest is tried, also those another flush may have moved already (its delete then
+    returns nothing), so after one pass every report of the batch has been moved by some
+    committed transaction, and the batch is published, unless reports of it were deleted from
+    the inbox by something other than the pipeline.
     """
     moved = 0
-    for start in range(0, len(move.ids), rows):
+    n = len(move.ids)
+    steps = -(-n // rows)
+    for i in range(steps):
+        chunk = move.ids[n * i // steps : n * (i + 1) // steps]
         with write_step(engine) as conn:
-            chunk = move.ids[start : start + rows]
-            moved += _move_chunk(conn, use_case, move, chunk, today, proof)
+            moved += _move_chunk(conn, seal, use_case, move, chunk, today, proof)
     with engine.connect() as conn:
         left = conn.execute(
             select(_MOVES.c.moved).where(
@@ -331,32 +460,54 @@ def _carry(
             " outside the service?); the batch stays unpublished and the use case's next"
             " batches wait: restore the database from its backup",
             use_case,
-            len(move.ids) - int(left),
-            len(move.ids),
+            n - int(left),
+            n,
         )
     return moved
 
 
 def _move_chunk(
     conn: Connection,
+    seal: InboxSeal,
     use_case: str,
     move: _Move,
     chunk: np.ndarray,
     today: int,
     proof: _Evidence | None,
 ) -> int:
-    """Move one chunk of a batch in ``conn``'s transaction; publish the batch if it was the last."""
+    """Move one step of a batch in ``conn``'s transaction; publish the batch if it was the last.
+
+    Each report is opened (sealed rows) and stored under the batch's parameter set and day. A
+    batch claimed by a release before 0009 (its record lists ``parts``) keeps each report's
+    own charge day, as that release planned it. With ``proof``, a stored report is tagged if
+    its inbox row's tag was right (over the bytes as stored, sealed or not).
+    """
     ids = chunk.tolist()
     ph = placeholder(conn.engine)
     matches = f"IN ({', '.join([ph] * len(ids))})" if ph == "?" else f"= ANY({ph})"
-    returned = conn.exec_driver_sql(  # no SQL compiled per step: the statement is the driver's
-        f"DELETE FROM inbox WHERE id {matches} RETURNING params, day, payload, id, device_tag, tag",
+    taken = conn.exec_driver_sql(  # no SQL compiled per step: the statement is the driver's
+        f"DELETE FROM inbox WHERE id {matches}"
+        " RETURNING id, params, day, payload, sealed, device_tag, tag",
         tuple(ids) if ph == "?" else (ids,),
     ).all()
-    if not returned:
+    if not taken:
         return 0
-    taken = [tuple(r[:3]) for r in returned]
-    right = [False] * len(returned) if proof is None else _tagged(proof, use_case, returned)
+    legacy = "parts" in move.record
+    params, day = move.record.get("params"), move.record.get("day")
+    right = [False] * len(taken) if proof is None else _tagged(proof, use_case, taken)
+    values = []
+    for row_id, row_params, row_day, payload, sealed, _, _ in taken:
+        if sealed is not None:
+            payload = (
+                move.opened.get(int(row_id))
+                or seal.open(int(row_id), use_case, str(row_params), int(row_day), sealed)[0]
+            )
+        if legacy:
+            values.append((row_params, row_day, payload))
+        elif row_params != params:
+            raise InternalError(f"a batch of {use_case!r} holds reports of two parameter sets")
+        else:
+            values.append((params, day, payload))
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     # 128-bit ids: a random 64-bit prefix for the step, then the report's place in the step's
     # CSPRNG order. They say no more than the store's own order (which step, which place), and
@@ -364,8 +515,8 @@ def _move_chunk(
     # report), as in the inbox.
     prefix = secrets.token_hex(8)
     stored = [
-        (f"{prefix}{i:016x}", use_case, *taken[k], move.batch, right[k])
-        for i, k in enumerate(_csprng_order(len(taken)).tolist())
+        (f"{prefix}{i:016x}", use_case, *values[k], move.batch, right[k])
+        for i, k in enumerate(_csprng_order(len(values)).tolist())
     ]  # stored in a CSPRNG order, not the table's
     cursor.executemany(
         "INSERT INTO reports (id, use_case, params, day, payload, batch, tag)"
@@ -389,10 +540,18 @@ def _move_chunk(
 
 
 def _tagged(proof: _Evidence, use_case: str, rows: Sequence[Any]) -> list[bool]:
-    """Which moved inbox rows carry their own tag; the others are logged (and stay untagged)."""
+    """Which moved inbox rows carry their own tag; the others are logged (and stay untagged).
+
+    ``rows`` are ``(id, params, day, payload, sealed, device tag, tag)``: a sealed row's tag
+    is over its sealed bytes (the pseudonym is inside them), a clear row's over its payload and
+    pseudonym.
+    """
     check = proof.tags.check_inbox
-    right = [check(r[3], use_case, r[0], r[1], r[2], r[4], r[5]) for r in rows]
-    forged = sum(1 for r, ok in zip(rows, right, strict=True) if not ok and r[5] is not None)
+    right = [
+        check(r[0], use_case, r[1], r[2], r[4] if r[4] is not None else r[3], r[5], r[6])
+        for r in rows
+    ]
+    forged = sum(1 for r, ok in zip(rows, right, strict=True) if not ok and r[6] is not None)
     if forged:
         log.error(
             "flush of %s: %d inbox rows carry a tag that is not theirs (edited outside the"
@@ -419,15 +578,25 @@ def _csprng_order(n: int) -> np.ndarray:
 def _publish(
     conn: Connection, use_case: str, move: _Move, today: int, proof: _Evidence | None
 ) -> None:
-    """Record the batch, hand its parts to the fold and clear the claim (and its order).
+    """Record the batch, hand its part to the fold and clear the claim (and its order).
 
+    A batch claimed by a release before 0009 publishes its parts by charge day, as planned,
+    and its record is marked ``split`` when it has several (what hid each report is unknown).
     With ``proof``, the batch's figures are also an audit entry, appended last.
     """
-    figures = {k: v for k, v in move.record.items() if k != "parts"}
+    record = move.record
+    if "parts" in record:
+        parts = [(p, d, n, {str(d): n}) for p, d, n in record["parts"]]
+    else:
+        parts = [(record["params"], record["day"], record["reports"], record["charge_days"])]
+    figures = {
+        k: v for k, v in record.items() if k not in ("parts", "params", "day", "charge_days")
+    }
     conn.execute(
         _BATCHES.insert().values(
             use_case=use_case,
             day=today,
+            split=len(parts) > 1,
             **{**figures, "layers": orjson.dumps(figures["layers"]).decode()},
         )
     )
@@ -441,8 +610,9 @@ def _publish(
                 "use_case": use_case,
                 "reports": n,
                 "folded": False,
+                "charge_days": orjson.dumps(days).decode(),
             }
-            for p, d, n in move.record["parts"]
+            for p, d, n, days in parts
         ],
     )
     conn.execute(

@@ -1,15 +1,16 @@
 """The private pipeline's tables: inbox, moves, report store, batch parts, sketches, leases.
 
 Trust boundary: none of these has a device column, a timestamp finer than the UTC day, or a
-key shared with the ledger; the inbox alone holds a per-use-case device pseudonym under a key of
-its own (so the flush can count distinct devices), which the flush drops. The inbox row is
-written in the charge's transaction (so there is never a charge without its report) under a
-random id (a sequential one would pair with the charge's id); the ``flush-inbox`` job moves a
-use case's inbox rows to ``reports`` as one CSPRNG-shuffled batch with random ids once enough
-are pending, so storage order and ids are unlinked from submission. A batch is moved in short
+key shared with the ledger. The inbox row is written in the charge's transaction (so there is
+never a charge without its report) under a random id (a sequential one would pair with the
+charge's id), and its report and per-use-case device pseudonym are sealed to the shuffler key,
+which the database does not hold (:mod:`api.ingestion.seal`): a copy of the database pairs a
+charge with ciphertext only. The ``flush-inbox`` job opens them, counts distinct devices, and
+moves a use case's inbox rows of one parameter set to ``reports`` as one CSPRNG-shuffled batch
+with random ids once enough are pending, all stored under one day (the batch's first charge
+day), so storage order, ids and days are unlinked from submission. A batch is moved in short
 transactions and published by the one that moves its last report (``inbox_moves``, its plan in
-``inbox_orders``); the fold
-adds whole published batch parts to the sketches (``batch_parts``).
+``inbox_orders``); the fold adds whole published batches to the sketches (``batch_parts``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ class InboxRow(SQLModel, table=True):
     """A report accepted by the gate, waiting to be shuffled into the store.
 
     ``id`` is a random 63-bit integer the writer draws (``secrets.randbits(63)``); on SQLite
-    it is the rowid, so the table's own order is random too.
+    it is the rowid, so the table's own order is random too. ``sealed`` holds the report and
+    device pseudonym (:class:`api.ingestion.seal.InboxSeal`); rows queued before sealing hold
+    them in ``payload`` and ``device_tag`` instead, until the next flush seals them.
     """
 
     __tablename__ = "inbox"
@@ -45,11 +48,16 @@ class InboxRow(SQLModel, table=True):
     use_case: str = Field(max_length=63)
     params: str = Field(max_length=64, description="Hash of the mechanism's parameters.")
     day: int
-    payload: str = Field(sa_column=Column(Text, nullable=False))
+    payload: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     device_tag: int | None = Field(
         default=None,
         sa_column=Column(BigInteger, nullable=True),
-        description="Keyed 64-bit device pseudonym for this use case.",
+        description="Keyed 64-bit device pseudonym for this use case (rows not sealed).",
+    )
+    sealed: bytes | None = Field(
+        default=None,
+        sa_column=Column(LargeBinary, nullable=True),
+        description="The report and device pseudonym, sealed to the shuffler key.",
     )
     tag: str | None = Field(
         default=None,
@@ -120,7 +128,14 @@ class StoredReport(SQLModel, table=True):
 
 
 class BatchPart(SQLModel, table=True):
-    """A published batch's reports of one parameter set and day: what the fold adds at once."""
+    """A published batch's reports of one parameter set and day: what the fold adds at once.
+
+    A batch holds one parameter set and its reports are stored under one day, its first charge
+    day, so it has one part (batches published before revision 0009 have one per charge day).
+    ``charge_days`` counts its reports per charge day (JSON ``{"day": reports}``), which the
+    service's verification compares with the charges; it says no more than the charges cut at
+    the batch's size do, and nothing about any one report.
+    """
 
     __tablename__ = "batch_parts"
     __table_args__ = (
@@ -136,6 +151,7 @@ class BatchPart(SQLModel, table=True):
     use_case: str = Field(max_length=63)
     reports: int = Field(sa_column=Column(BigInteger, nullable=False))
     folded: bool = Field(sa_column=Column(Boolean, nullable=False))
+    charge_days: str = Field(sa_column=Column(Text, nullable=False))
 
 
 class SketchRow(SQLModel, table=True):

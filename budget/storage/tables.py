@@ -20,7 +20,8 @@
   checkpoints. The log and the checkpoints are append-only: triggers refuse UPDATE and DELETE
   (and TRUNCATE on PostgreSQL).
 - ``shuffled_batches``: each batch the inbox flush published, by its sizes only
-  (:mod:`budget.central`).
+  (:mod:`budget.central`); ``split`` marks batches published before revision 0009, in parts
+  whose devices were not counted.
 
 The policy tables live with the policies (:mod:`policies.model`, :mod:`policies.device`) and
 the pipeline's with the pipeline (``api.ingestion.tables``).
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import DDL, BigInteger, Column, Index, Integer, String, Text, event
+from sqlalchemy import DDL, BigInteger, Boolean, Column, Index, Integer, String, Text, event
 from sqlmodel import Field, SQLModel
 
 __all__ = [
@@ -220,3 +221,9 @@ class ShuffledBatch(SQLModel, table=True):
     untagged: int = Field(default=0, description="Reports queued with no device pseudonym.")
     epsilon_micro: int = Field(sa_column=Column(BigInteger, nullable=False))
     min_batch_devices: int
+    split: bool = Field(
+        default=False,
+        sa_column=Column(Boolean, nullable=False, default=False),
+        description="Published before revision 0009 in parts (by charge day and parameters)"
+        " that may have been smaller than the batch: what hid each report is not known.",
+    )

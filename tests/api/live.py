@@ -44,6 +44,7 @@ def server_env(folder: Path, **settings: str | None) -> dict[str, str]:
         "database_url": f"sqlite:///{folder / 'ledger.sqlite'}",
         "secret_file": str(folder / "secret"),
         "audit_key_file": str(folder / "audit.key"),
+        "shuffler_key_file": str(folder / "shuffler.key"),
         "admin_token": ADMIN_TOKEN,
         "scheduler": "false",
         **settings,

@@ -27,6 +27,7 @@ from api.ingestion.pipeline import (
     sketch_from_bytes,
     sketch_to_bytes,
 )
+from api.ingestion.seal import InboxSeal
 from budget import Decision, Ledger, create_db_engine, init_db, utc_day
 from budget.central import central_figures
 from budget.storage.db import writer
@@ -34,6 +35,7 @@ from budget.storage.schema import alembic_config
 from policies import PolicyCreate, mechanism_for
 
 SECRET = b"batch-secret-batch-secret-batch-secret"
+SEAL = InboxSeal([b"batch-shuffler-batch-shuffler-batch-shuffler"])
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 
 
@@ -70,21 +72,23 @@ def test_batch_waits_for_distinct_devices_and_records_its_sizes(engine: Engine) 
     ledger = Ledger(engine, SECRET)
     ledger.policies.create(_policy("held", 5))
     ledger.policies.create(_policy("open", 1))
-    ingestor = Ingestor(ledger, SECRET)
+    ingestor = Ingestor(ledger, SECRET, seal=SEAL)
     three = ["d1", "d2", "d3"]
     _submit(ingestor, "held", three, NOW)
     _submit(ingestor, "open", three, NOW)
-    assert flush_inbox(engine, min_batch=1, now=NOW) == 3  # "open" as before; "held" waits
+    assert (
+        flush_inbox(engine, seal=SEAL, min_batch=1, now=NOW) == 3
+    )  # "open" as before; "held" waits
     # the same three devices again, next day: six reports, still three devices
     tomorrow = NOW + timedelta(days=1)
     _submit(ingestor, "held", three, tomorrow)
-    assert flush_inbox(engine, min_batch=1, now=tomorrow) == 0
+    assert flush_inbox(engine, seal=SEAL, min_batch=1, now=tomorrow) == 0
     assert _count(engine, "SELECT COUNT(*) FROM inbox WHERE use_case = 'held'") == 6
     assert _count(engine, "SELECT COUNT(*) FROM reports WHERE use_case = 'held'") == 0
     _submit(ingestor, "held", ["d4", "d1"], tomorrow)
-    assert flush_inbox(engine, min_batch=1, now=tomorrow) == 0  # d1 again: four devices
+    assert flush_inbox(engine, seal=SEAL, min_batch=1, now=tomorrow) == 0  # d1 again: four devices
     _submit(ingestor, "held", ["d5"], tomorrow)
-    assert flush_inbox(engine, min_batch=1, now=tomorrow) == 9
+    assert flush_inbox(engine, seal=SEAL, min_batch=1, now=tomorrow) == 9
     assert _count(engine, "SELECT COUNT(*) FROM inbox") == 0
     assert _count(engine, "SELECT COUNT(*) FROM reports WHERE use_case = 'held'") == 9
     with engine.connect() as conn:
@@ -129,11 +133,17 @@ def test_inbox_pseudonyms_are_per_use_case_and_not_device_keys(engine: Engine) -
     ledger = Ledger(engine, SECRET)
     ledger.policies.create(_policy("held", 5))
     ledger.policies.create(_policy("open", 5))
-    ingestor = Ingestor(ledger, SECRET)
+    ingestor = Ingestor(ledger, SECRET, seal=SEAL)
     _submit(ingestor, "held", ["d1"], NOW)
     _submit(ingestor, "open", ["d1"], NOW)
     with engine.connect() as conn:
-        tags = [int(t) for (t,) in conn.execute(text("SELECT device_tag FROM inbox"))]
+        rows = conn.execute(text("SELECT id, use_case, params, day, sealed, device_tag FROM inbox"))
+        tags = []
+        for row_id, use_case, params, day, sealed, clear in rows:
+            assert clear is None  # sealed with the report: a copy of the database has neither
+            tag = SEAL.open(row_id, use_case, params, day, sealed)[1]
+            assert tag is not None
+            tags.append(tag)
         keys = {str(k) for (k,) in conn.execute(text("SELECT device_key FROM charges"))}
     assert len(set(tags)) == 2
     for tag in tags:  # no 64-bit piece of a device key
@@ -148,6 +158,7 @@ def test_columns_added_to_an_earlier_database(tmp_path: Path) -> None:
     Ledger(engine, SECRET).policies.create(_policy("held", 5))
     engine.dispose()
     with sqlite3.connect(path) as db:  # the layout of the release before: revision 0002
+        db.execute("ALTER TABLE inbox DROP COLUMN sealed")
         db.execute("ALTER TABLE inbox DROP COLUMN device_tag")
         db.execute("ALTER TABLE inbox DROP COLUMN tag")  # added by 0008
         db.execute("ALTER TABLE policies DROP COLUMN min_batch_devices")

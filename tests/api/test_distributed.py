@@ -36,12 +36,14 @@ from api.ingestion.pipeline import (
     mechanisms_by_params,
     sketch_arrays,
 )
+from api.ingestion.seal import InboxSeal
 from api.settings import Settings, service_keys
 from budget import Ledger, create_db_engine, utc_day
 from mechanisms import CMS, HCMS, SFP
 from policies import default_policies, mechanism_for
 
 SECRET = b"dist-secret-dist-secret-dist-secret!"
+SEAL = InboxSeal([b"dist-shuffler-dist-shuffler-dist-shuffler"])
 AUDIT_KEY = b"dist-audit-dist-audit-dist-audit-key!"
 KEYS = {"DPGOV_DEVICE_KEY_SECRET": SECRET.decode(), "DPGOV_AUDIT_KEY": AUDIT_KEY.decode()}
 DAY0 = datetime(2026, 11, 20, 12, tzinfo=UTC)
@@ -120,7 +122,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     service_keys(settings, engine, record=True)  # the fingerprints a service's start records
     ledger = Ledger(engine, SECRET, audit_key=AUDIT_KEY)
     ledger.policies.ensure_defaults()
-    ingestor = Ingestor(ledger, SECRET)
+    ingestor = Ingestor(ledger, SECRET, seal=SEAL)
     policies = {p.name: p for p in default_policies()}
     rng = np.random.default_rng(11)
     words = ["hello", "world", "privacy", "budget", "sketch", "device"]
@@ -133,7 +135,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             items = [{"device_id": f"dev-{i}", "report": r} for i, r in enumerate(reports)]
             results = ingestor.submit_many(name, items, now=now)
             assert all(r.status == 202 for r in results)
-    flush_inbox(engine)
+        flush_inbox(engine, seal=SEAL, now=now)  # a batch a day: each stored under its day
     assert aggregate(ledger).reports == 6 * 700
     yield Service(url, ledger, ingestor, (utc_day(DAY0), utc_day(DAY0) + 1))
     engine.dispose()

@@ -25,6 +25,7 @@ from sqlalchemy import Connection, Engine, text
 
 from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
+from api.ingestion.seal import InboxSeal
 from api.jobs import lease_of
 from api.settings import Settings, service_keys
 from budget import Decision, Ledger, create_db_engine
@@ -55,13 +56,17 @@ class Pipeline:
             "DPGOV_DATABASE_URL": url,
             "DPGOV_SECRET_FILE": str(tmp / "secret"),
             "DPGOV_AUDIT_KEY_FILE": str(tmp / "audit.key"),
+            "DPGOV_SHUFFLER_KEY_FILE": str(tmp / "shuffler.key"),
             "DPGOV_ADMIN_TOKEN": TOKEN,
             "DPGOV_FLUSH_MIN_BATCH": "1",
             "DPGOV_SHUFFLE_BATCH": "50",  # many short transactions: a long job to catch
         }
         self.tmp = tmp
         settings = Settings(
-            database_url=url, secret_file=tmp / "secret", audit_key_file=tmp / "audit.key"
+            database_url=url,
+            secret_file=tmp / "secret",
+            audit_key_file=tmp / "audit.key",
+            shuffler_key_file=tmp / "shuffler.key",
         )
         self.engine: Engine = create_db_engine(url, pool_size=2)
         init_service_db(self.engine)
@@ -69,7 +74,7 @@ class Pipeline:
         secret = keys.device_key_secret
         self.ledger = Ledger(self.engine, secret, audit_key=keys.audit_key)
         self.ledger.policies.create(POLICY)
-        self.ingestor = Ingestor(self.ledger, secret)
+        self.ingestor = Ingestor(self.ledger, secret, seal=InboxSeal(keys.shuffler_keys))
         self.submitted = 0
 
     def submit(self, n: int) -> None:

@@ -23,6 +23,7 @@ from sqlalchemy import Engine, event, text
 
 from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
+from api.ingestion.seal import InboxSeal
 from api.jobs import RUNTIMES, JobBusy, LeaseLost, Runtime, acquire_lease, lease_of, run_job
 from budget import Decision, FixedClock, Ledger, create_db_engine
 from budget.storage.db import WRITE_OPTION, write_step, writer
@@ -61,7 +62,9 @@ def holders(engine: Engine) -> Iterator[Ledger]:
     init_service_db(engine)
     ledger = Ledger(engine, SECRET)
     ledger.policies.create(TINY)
-    ingestor = Ingestor(ledger, SECRET)
+    ingestor = Ingestor(
+        ledger, SECRET, seal=InboxSeal([b"shuffler-key-for-tests-shuffler-key-for-tests"])
+    )
     bodies = mechanism_for(TINY).privatize(["a"] * REPORTS, rng=np.random.default_rng(5))
     requests = [SubmitRequest("tiny", f"dev-{i}", b) for i, b in enumerate(bodies.to_dicts())]
     assert all(isinstance(r, Decision) for r in ingestor.submit_group(requests, now=NOW))

@@ -25,11 +25,13 @@ from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
 from api.ingestion.parquet import export_reports
 from api.ingestion.pipeline import aggregate, flush_inbox, mechanisms_by_params, purge
+from api.ingestion.seal import InboxSeal
 from api.integrity import verify_service
 from budget import Decision, Ledger, utc_day
 from policies import PolicyCreate, mechanism_for
 
 SECRET = b"stop-secret-stop-secret-stop-secret!"
+SEAL = InboxSeal([b"stop-shuffler-stop-shuffler-stop-shuffler"])
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 
 
@@ -87,7 +89,7 @@ def _submit(ledger: Ledger, n: int, first: int = 0) -> None:
     requests = [
         SubmitRequest("tiny", f"dev-{first + i}", b) for i, b in enumerate(bodies.to_dicts())
     ]
-    results = Ingestor(ledger, SECRET).submit_group(requests, now=NOW)
+    results = Ingestor(ledger, SECRET, seal=SEAL).submit_group(requests, now=NOW)
     assert all(isinstance(r, Decision) and r.accepted for r in results)
 
 
@@ -116,7 +118,7 @@ def test_a_stopped_flush_publishes_nothing_and_the_next_one_completes_the_batch(
     engine = ledger.engine
     _submit(ledger, 500)
     with stopped_at(engine, statement, nth):
-        flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger)
+        flush_inbox(engine, seal=SEAL, batch=100, min_batch=1, now=NOW, ledger=ledger)
     assert _count(engine, "SELECT COUNT(*) FROM inbox") + _count(
         engine, "SELECT COUNT(*) FROM reports"
     ) == _count(engine, "SELECT COUNT(*) FROM charges")
@@ -130,8 +132,8 @@ def test_a_stopped_flush_publishes_nothing_and_the_next_one_completes_the_batch(
 
     claimed = _count(engine, "SELECT COUNT(*) FROM inbox_moves WHERE batch IS NOT NULL")
     _submit(ledger, 50, first=500)  # arriving meanwhile: after a claim, the next batch's
-    flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger)
-    assert flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger) == (
+    flush_inbox(engine, seal=SEAL, batch=100, min_batch=1, now=NOW, ledger=ledger)
+    assert flush_inbox(engine, seal=SEAL, batch=100, min_batch=1, now=NOW, ledger=ledger) == (
         50 if claimed else 0
     )
     with engine.connect() as conn:
@@ -150,7 +152,7 @@ def test_a_stopped_fold_writes_nothing_and_the_next_one_folds_once(
 ) -> None:
     engine = ledger.engine
     _submit(ledger, 300)
-    flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger)
+    flush_inbox(engine, seal=SEAL, batch=100, min_batch=1, now=NOW, ledger=ledger)
     with stopped_at(engine, statement):
         aggregate(ledger)
     assert _count(engine, "SELECT COUNT(*) FROM sketches") == 0
@@ -166,7 +168,7 @@ def test_a_stopped_purge_counts_each_deletion_once_and_the_next_one_finishes(
     """Stopped after some of its deletes, the purge leaves nothing any reader counts."""
     engine = ledger.engine
     _submit(ledger, 300)
-    flush_inbox(engine, batch=100, min_batch=1, now=NOW, ledger=ledger)
+    flush_inbox(engine, seal=SEAL, batch=100, min_batch=1, now=NOW, ledger=ledger)
     aggregate(ledger)
     _submit(ledger, 40, first=300)  # still in the inbox
     later = NOW + timedelta(days=31)

@@ -16,6 +16,7 @@ from sqlalchemy import Engine, event, text
 
 from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
+from api.ingestion.seal import InboxSeal
 from api.jobs import (
     JOBS,
     RUNTIMES,
@@ -35,6 +36,7 @@ from budget.storage.db import WRITE_OPTION, writer
 from policies import PolicyCreate, mechanism_for
 
 SECRET = b"jobs-secret-jobs-secret-jobs-secret!"
+SEAL = InboxSeal([b"jobs-shuffler-jobs-shuffler-jobs-shuffler"])
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 
 
@@ -47,7 +49,9 @@ def two_processes(engine: Engine) -> Iterator[list[str]]:
         ledger = Ledger(engine, SECRET)
         ledger.policies.ensure_defaults()
         RUNTIMES[name] = Runtime(
-            ledger, Ingestor(ledger, SECRET), FixedClock(datetime(2026, 11, 22, tzinfo=UTC))
+            ledger,
+            Ingestor(ledger, SECRET, seal=SEAL),
+            FixedClock(datetime(2026, 11, 22, tzinfo=UTC)),
         )
         keys.append(name)
     yield keys
@@ -169,7 +173,7 @@ def test_a_busy_database_stops_a_job_in_one_line_and_the_next_run_resumes(
     init_service_db(engine)
     ledger = Ledger(engine, SECRET)
     ledger.policies.create(TINY)
-    ingestor = Ingestor(ledger, SECRET)
+    ingestor = Ingestor(ledger, SECRET, seal=SEAL)
     bodies = mechanism_for(TINY).privatize(["a"] * 300, rng=np.random.default_rng(3)).to_dicts()
     requests = [SubmitRequest("tiny", f"dev-{i}", b) for i, b in enumerate(bodies)]
     assert all(isinstance(r, Decision) for r in ingestor.submit_group(requests, now=NOW))

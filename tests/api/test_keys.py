@@ -21,6 +21,7 @@ from sqlalchemy import inspect, text
 
 from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
+from api.ingestion.seal import InboxSeal
 from budget import Decision, Ledger, create_db_engine
 from budget.storage.db import scratch_schema, stored_fingerprints
 from policies import default_policies, dump_policies, mechanism_for
@@ -106,7 +107,10 @@ def _spend_8(url: str, keys: Path) -> None:
     secret = (keys / "dpgov.secret").read_text().strip().encode()
     audit_key = (keys / "dpgov-audit.key").read_text().strip().encode()
     ledger = Ledger(engine, secret, audit_key=audit_key)
-    ingestor = Ingestor(ledger, secret)
+    shuffler = keys / "dpgov-shuffler.key"
+    if not shuffler.exists():  # a database made before sealing: its first start generates one
+        shuffler.write_text(secrets.token_hex(32) + "\n")
+    ingestor = Ingestor(ledger, secret, seal=InboxSeal([shuffler.read_text().strip().encode()]))
     body = mechanism_for(ledger.policies.get("safari-energy-domains")).privatize_one("a.example")
     yesterday = datetime.now(UTC) - timedelta(days=1)
     requests = [SubmitRequest("safari-energy-domains", "device-1", body.to_dict())] * 2
@@ -158,6 +162,7 @@ def test_db_init_keeps_the_keys_in_the_secrets_directory(tmp_path: Path) -> None
         ".config",
         ".config/dp-governor",
         ".config/dp-governor/dpgov-audit.key",
+        ".config/dp-governor/dpgov-shuffler.key",
         ".config/dp-governor/dpgov.secret",
     ]
     again = dpgov(

@@ -62,7 +62,7 @@ def test_an_emptied_inbox_or_store_fails_verify(service: tuple[TestClient, Path]
     assert client.get("/v1/audit/verify", headers=ADMIN).json()["ok"]
     _sql(path, "DELETE FROM reports WHERE id IN (SELECT id FROM reports LIMIT 3)")
     broken = client.get("/v1/audit/verify", headers=ADMIN).json()
-    assert not broken["ok"] and "report store hold 7" in broken["problem"]
+    assert not broken["ok"] and "report store holds 7 reports" in broken["problem"]
 
 
 def test_the_inbox_emptied_before_a_flush_fails_verify(service: tuple[TestClient, Path]) -> None:

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr, ValidationError
+from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
 from api.app import create_app
 from api.cli import app as cli
 from api.database import init_service_db
 from api.settings import KeyRefused, Settings, default_secrets_dir, service_keys
-from budget import create_db_engine
+from budget import Ledger, create_db_engine
 from budget.storage.db import key_fingerprint, stored_fingerprints
 
 
@@ -51,22 +52,84 @@ def test_keys_are_generated_once_privately_and_fingerprinted(tmp_path: Path) -> 
     again = service_keys(settings, engine)  # a read: checks, generates and records nothing
     assert (again.device_key_secret, again.audit_key) == (first.device_key_secret, first.audit_key)
     assert stat.S_IMODE(os.stat(tmp_path / "keys").st_mode) == 0o700
-    for name in ("dpgov.secret", "dpgov-audit.key"):
+    for name in ("dpgov.secret", "dpgov-audit.key", "dpgov-shuffler.key"):
         assert stat.S_IMODE(os.stat(tmp_path / "keys" / name).st_mode) == 0o600
     assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == [
         "dpgov-audit.key",
+        "dpgov-shuffler.key",
         "dpgov.secret",
     ]  # no temporary file left behind
+    (shuffler,) = first.shuffler_keys
+    assert len({first.device_key_secret, first.audit_key, shuffler}) == 3
+    assert again.shuffler_keys == ()  # a read opens no inbox row: it needs no shuffler key
     stored = stored_fingerprints(engine)
     assert stored == {
         "fingerprint.device_key_secret": key_fingerprint(first.device_key_secret),
         "fingerprint.audit_key": key_fingerprint(first.audit_key),
+        "fingerprint.shuffler_key": key_fingerprint(shuffler),
     }
     assert first.device_key_secret.hex() not in str(stored)  # one-way: the key is not stored
     other = Settings(secrets_dir=tmp_path / "elsewhere")
     with pytest.raises(KeyRefused, match="DPGOV_DEVICE_KEY_SECRET or DPGOV_SECRET_FILE"):
         service_keys(other, engine, generate=True, record=True)  # the database has history
     assert not (tmp_path / "elsewhere").exists()
+    engine.dispose()
+
+
+def _history(tmp_path: Path) -> tuple[Settings, Engine]:
+    """A database with an audit history and device and audit keys, but no shuffler key yet.
+
+    As a database of the release before sealing, upgraded: its fingerprints record two keys.
+    """
+    settings = Settings(
+        secret_file=tmp_path / "secret",
+        audit_key_file=tmp_path / "audit.key",
+        shuffler_key_file=tmp_path / "shuffler.key",
+    )
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    init_service_db(engine)
+    keys = service_keys(settings, engine, generate=True, record=True)
+    Ledger(engine, keys.device_key_secret, audit_key=keys.audit_key).policies.ensure_defaults()
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM dpgov_meta WHERE name = 'fingerprint.shuffler_key'"))
+    (tmp_path / "shuffler.key").unlink()
+    return settings, engine
+
+
+def test_an_existing_database_gets_a_shuffler_key_at_its_next_start(tmp_path: Path) -> None:
+    """The shuffler key is generated for a database with history (the others never are)."""
+    settings, engine = _history(tmp_path)
+    writing = service_keys(settings, engine, record=True)  # `dpgov jobs run`: nothing to seal
+    assert writing.shuffler_keys == () and not (tmp_path / "shuffler.key").exists()
+    started = service_keys(settings, engine, generate=True, record=True)  # `dpgov serve`
+    assert started.shuffler_source == f"{tmp_path / 'shuffler.key'} (generated)"
+    (key,) = started.shuffler_keys
+    assert (stored_fingerprints(engine) or {})["fingerprint.shuffler_key"] == key_fingerprint(key)
+    assert service_keys(settings, engine, record=True).shuffler_keys == (key,)
+    (tmp_path / "shuffler.key").unlink()  # lost, or another host without it: refused
+    with pytest.raises(KeyRefused, match=r"no shuffler key was given.*DPGOV_SHUFFLER_KEY_FILE"):
+        service_keys(settings, engine, generate=True, record=True)
+    assert not (tmp_path / "shuffler.key").exists()
+    engine.dispose()
+
+
+def test_the_shuffler_key_rotates_when_the_old_one_follows_the_new(tmp_path: Path) -> None:
+    settings, engine = _history(tmp_path)
+    old = service_keys(settings, engine, generate=True, record=True).shuffler_keys[0]
+    new = b"n" * 64
+    alone = settings.model_copy(update={"shuffler_key": SecretStr(new.decode())})
+    with pytest.raises(KeyRefused, match=r"nor is any key after it.*DPGOV_SHUFFLER_KEY"):
+        service_keys(alone, engine, record=True)  # another key alone: a misconfigured host
+    two = f"{new.decode()} {old.decode()}"
+    both = settings.model_copy(update={"shuffler_key": SecretStr(two)})
+    assert service_keys(both, engine, record=True).shuffler_keys == (new, old)
+    assert (stored_fingerprints(engine) or {})["fingerprint.shuffler_key"] == key_fingerprint(new)
+    with pytest.raises(KeyRefused, match="shuffler key"):
+        service_keys(settings, engine, record=True)  # the old key alone is refused from now on
+    (tmp_path / "shuffler.key").write_text(f"{new.decode()}\n{old.decode()}\n")
+    assert service_keys(settings, engine, record=True).shuffler_keys == (new, old)
+    with pytest.raises(ValidationError, match="shuffler_key"):
+        Settings(shuffler_key=SecretStr(f"{new.decode()} short"))
     engine.dispose()
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, text
 
 from api.database import init_service_db
 from api.ingestion.ingest import Ingestor, SubmitRequest
+from api.ingestion.seal import InboxSeal
 from api.integrity import pipeline_problem, verify_service
 from api.jobs import RUNTIMES, Runtime, run_job
 from budget import Decision, FixedClock, Ledger, utc_day
@@ -64,7 +65,9 @@ def ledger(engine: Engine) -> Ledger:
     led.policies.create(TINY)
     led.policies.update("tiny", PolicyUpdate(description="the second version"), actor="admin")
     led.set_device_budget(DeviceBudgetCreate(epsilon_per_day=100.0, quotas={"tiny": 0.5}))
-    ingestor = Ingestor(led, SECRET)
+    ingestor = Ingestor(
+        led, SECRET, seal=InboxSeal([b"shuffler-key-for-tests-shuffler-key-for-tests"])
+    )
     clock = FixedClock(NOW - timedelta(days=1))
     RUNTIMES["matrix"] = Runtime(led, ingestor, clock, shuffle_batch=20, min_batch=1)
     try:
@@ -155,20 +158,15 @@ EDITS: dict[str, tuple[str, str]] = {
         " SELECT device_key, 'eeee' || key, request_hash, day, decision, use_case"
         " FROM idempotency WHERE key = (SELECT min(key) FROM idempotency)",
     ),
-    "an inbox payload forged": (
+    "an inbox report swapped for another's (sealed bytes)": (
         "inbox",
-        'UPDATE inbox SET payload = REPLACE(payload, \'"bits":"\', \'"bits":"AA\') WHERE id = '
+        "UPDATE inbox SET sealed = (SELECT i2.sealed FROM inbox i2"
+        " WHERE i2.sealed <> inbox.sealed ORDER BY i2.id LIMIT 1) WHERE id = "
         + FIRST.format(t="inbox"),
     ),
-    "an inbox payload swapped for another's": (
+    "an inbox row moved to another day": (
         "inbox",
-        "UPDATE inbox SET payload = (SELECT i2.payload FROM inbox i2"
-        " WHERE i2.payload <> inbox.payload ORDER BY i2.id LIMIT 1) WHERE id = "
-        + FIRST.format(t="inbox"),
-    ),
-    "an inbox device pseudonym edited": (
-        "inbox",
-        "UPDATE inbox SET device_tag = device_tag + 1 WHERE id = " + FIRST.format(t="inbox"),
+        "UPDATE inbox SET day = day - 1 WHERE id = " + FIRST.format(t="inbox"),
     ),
     "an inbox row's tag removed": (
         "inbox",
@@ -181,8 +179,8 @@ EDITS: dict[str, tuple[str, str]] = {
     "an inbox row deleted": ("inbox", "DELETE FROM inbox WHERE id = " + FIRST.format(t="inbox")),
     "an inbox row copied": (
         "inbox",
-        "INSERT INTO inbox (id, use_case, params, day, payload, device_tag, tag)"
-        " SELECT id + 1, use_case, params, day, payload, device_tag, tag FROM inbox"
+        "INSERT INTO inbox (id, use_case, params, day, payload, device_tag, sealed, tag)"
+        " SELECT id + 1, use_case, params, day, payload, device_tag, sealed, tag FROM inbox"
         " WHERE id = " + LAST.format(t="inbox"),
     ),
     "a stored payload forged": (
@@ -225,8 +223,8 @@ EDITS: dict[str, tuple[str, str]] = {
     ),
     "a part forged": (
         "batch_parts",
-        "INSERT INTO batch_parts (batch, params, day, use_case, reports, folded)"
-        " SELECT batch + 1, params, day, use_case, reports, folded FROM batch_parts"
+        "INSERT INTO batch_parts (batch, params, day, use_case, reports, folded, charge_days)"
+        " SELECT batch + 1, params, day, use_case, reports, folded, charge_days FROM batch_parts"
         " WHERE batch = (SELECT min(batch) FROM batch_parts)",
     ),
     "a sketch's count edited": ("sketches", "UPDATE sketches SET n = n + 1"),

@@ -221,3 +221,24 @@ def test_a_day_of_frequent_flushes_lists_its_smallest_batches() -> None:
     # one report a device a day: the day's single smallest batch bounds it
     assert day.composed is not None and day.composed.sub_batches == 1
     assert day.composed.epsilon == compose_sizes(4.0, [1000], 1e-9)[0]
+
+
+def test_batches_published_in_parts_count_unamplified() -> None:
+    """A batch of before revision 0009 whose parts were not counted hides none of its reports.
+
+    Its record counts the whole batch's devices, but a report was hidden only among its part,
+    which could be one report: each of its reports is a sub-batch of one device.
+    """
+    today = 20_000
+    policy = _policy()  # 2 reports a device a day
+    split = _batch(today - 1, [5000, 40])
+    split.split = True
+    line = central_line(policy, [policy], [split, _batch(today, [6000])], today)
+    assert line.days[0].batches[0].central is None  # no figure of its own
+    assert line.days[1].batches[0].central is not None
+    assert line.window is not None and line.window.sub_batches == 4
+    assert line.window.epsilon == compose_sizes(4.0, [1, 1, 1, 1], 1e-9)[0]
+    assert "batches published in parts before revision 0009" in line.window.note
+    assert any("revision 0009" in note for note in line.notes)
+    alone = central_line(policy, [policy], [split], today - 1)
+    assert alone.window is None and alone.days[0].composed is None

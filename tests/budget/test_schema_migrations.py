@@ -13,7 +13,7 @@ import io
 import subprocess
 import sys
 import tarfile
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -238,6 +238,76 @@ def test_revision_0005_keeps_the_device_wide_lifetime_filter(empty_url: str) -> 
             (kept,) = device_budget_versions(conn)
         assert (kept.lifetime_epsilon, kept.lifetime_filter_epsilon) == (50.0, 8.0)
         assert (kept.lifetime_filter_delta, kept.window_filter_epsilon) == (1e-9, None)
+        assert _drift(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_revision_0009_marks_batches_published_in_parts(empty_url: str) -> None:
+    """Batches that may have had several parts are marked; parts count their charge days."""
+    from alembic import command
+
+    from budget.storage.db import writer
+    from budget.storage.schema import alembic_config
+    from policies import PolicyCreate, PolicyUpdate
+
+    engine = create_db_engine(empty_url)
+    day = int(NOW.timestamp() // 86_400)
+    try:
+        with writer(engine).begin() as conn:
+            command.upgrade(alembic_config(conn), "0006")  # the layout of the release before
+        ledger = Ledger(engine, SECRET)
+        fields = {"mechanism": "cms", "k": 16, "m": 64, "epsilon_per_report": 1.0}
+        for name in ("changed", "steady"):
+            ledger.policies.create(
+                PolicyCreate.model_validate(
+                    {"name": name, "max_reports_per_day": 2, "retention_days": 30, **fields}
+                )
+            )
+        ledger.policies.update("changed", PolicyUpdate(epsilon_per_report=2.0), allow_loosen=True)
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE policies SET created_at = :at WHERE version = 2"),
+                {"at": NOW.replace(tzinfo=None) - timedelta(days=4)},
+            )
+            batches = [  # use case, published, first and last charge day: split?
+                ("steady", day, day, day),  # one day, no version made: one part
+                ("steady", day, day - 1, day),  # two days: two parts
+                ("changed", day - 4, day - 5, day - 5),  # a version made meanwhile
+                ("changed", day, day, day),  # after it: one part
+            ]
+            for use_case, published, first, last in batches:
+                conn.execute(
+                    text(
+                        "INSERT INTO shuffled_batches (use_case, day, first_day, last_day,"
+                        " devices, reports, max_per_device, layers, untagged, epsilon_micro,"
+                        " min_batch_devices) VALUES (:u, :d, :f, :l, 20, 20, 1, '[20]', 0,"
+                        " 1000000, 5)"
+                    ),
+                    {"u": use_case, "d": published, "f": first, "l": last},
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO batch_parts (batch, params, day, use_case, reports, folded)"
+                    " VALUES (9, 'p', :d, 'steady', 20, false)"
+                ),
+                {"d": day},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO inbox (id, use_case, params, day, payload, device_tag)"
+                    " VALUES (7, 'steady', 'p', :d, '{}', 3)"
+                ),
+                {"d": day},
+            )
+        init_db(engine)
+        with engine.connect() as conn:
+            split = conn.execute(text("SELECT split FROM shuffled_batches ORDER BY id")).all()
+            days = conn.execute(text("SELECT charge_days FROM batch_parts")).scalar_one()
+            inbox = conn.execute(text("SELECT payload, device_tag, sealed FROM inbox")).one()
+        assert [bool(s) for (s,) in split] == [False, True, True, False]
+        assert days == f'{{"{day}":20}}'
+        assert tuple(inbox) == ("{}", 3, None)  # queued in the clear: sealed by the next flush
         assert _drift(engine) == []
     finally:
         engine.dispose()
