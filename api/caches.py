@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from api.ingestion.seal import InboxSeal
 from api.integrity import kept_checkpoints, verify_service
 from api.settings import Settings
 from budget import Clock, Ledger
@@ -107,14 +108,14 @@ class Caches:
                 found = self._spreads[key] = (expires, spread)
         return distribution_of(found[1], bins)
 
-    def verification(self, ledger: Ledger) -> Verification:
+    def verification(self, ledger: Ledger, seal: InboxSeal | None = None) -> Verification:
         """The chain's verification, renewed every ``verify_cache_seconds``."""
         cached = self._verification.get("chain")
         if cached is not None and time.monotonic() < cached[0]:
             return cached[1]
         kept = kept_checkpoints(self._settings.checkpoint_file)
         now = self._clock.now()
-        result = verify_service(ledger, now=now, kept=kept)
+        result = verify_service(ledger, now=now, kept=kept, seal=seal)
         self.verified_at = now
         expires = time.monotonic() + self._settings.verify_cache_seconds
         self._verification["chain"] = (expires, result)

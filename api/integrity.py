@@ -38,6 +38,7 @@ from api.ingestion.pipeline import (
     sketch_digest,
     sketch_from_bytes,
 )
+from api.ingestion.seal import InboxSeal, SealError
 from api.ingestion.tables import (
     BatchPart,
     InboxMove,
@@ -92,7 +93,11 @@ def kept_checkpoints(path: Path | None) -> KeptCheckpoints:
 
 
 def verify_service(
-    ledger: Ledger, *, now: datetime, kept: KeptCheckpoints | Sequence[Checkpoint]
+    ledger: Ledger,
+    *,
+    now: datetime,
+    kept: KeptCheckpoints | Sequence[Checkpoint],
+    seal: InboxSeal | None = None,
 ) -> Verification:
     """The chain, the deciding state, and the inbox and store against the recorded charges.
 
@@ -100,7 +105,9 @@ def verify_service(
     directly. A file that could not be read fails the verification, and so does a missing one
     once the database holds a signed checkpoint: the checkpoint job writes every checkpoint to
     it, so from then on it must be there. Either is named after any problem of the ledger
-    itself.
+    itself. ``seal`` (the service's) opens every sealed inbox row, which authenticates it;
+    without it (a command that reads no shuffler key) sealed rows are counted, not opened, and
+    the verdict's note says so.
     """
     copy = kept if isinstance(kept, KeptCheckpoints) else KeptCheckpoints(points=tuple(kept))
     verdict, state = ledger.verify(kept=copy.points)
@@ -117,11 +124,18 @@ def verify_service(
         return replace(verdict, ok=False, problem=file_problem)
     if not state.checked:
         return verdict
-    problem = pipeline_problem(ledger, state, now=now)
-    return verdict if problem is None else replace(verdict, ok=False, problem=problem)
+    problem = pipeline_problem(ledger, state, now=now, seal=seal)
+    if problem is not None:
+        return replace(verdict, ok=False, problem=problem)
+    if seal is None:
+        unopened = "sealed inbox rows were counted, not opened (no shuffler key was read)"
+        return replace(verdict, note=f"{verdict.note}; {unopened}" if verdict.note else unopened)
+    return verdict
 
 
-def pipeline_problem(ledger: Ledger, state: StateCheck, *, now: datetime) -> str | None:
+def pipeline_problem(
+    ledger: Ledger, state: StateCheck, *, now: datetime, seal: InboxSeal | None = None
+) -> str | None:
     """The first problem of the pipeline's tables (``None``: none), naming the table.
 
     In order: every inbox row's and stored report's tag (:class:`budget.row_tags.RowTags`);
@@ -135,7 +149,7 @@ def pipeline_problem(ledger: Ledger, state: StateCheck, *, now: datetime) -> str
     book = ledger.book()
     cutoff = {name: kept.data_through for name, kept in book.purge_through(day).items()}
     with ledger.engine.connect() as conn:
-        problem = _tags(conn, ledger.row_tags, state.legacy_through)
+        problem = _tags(conn, ledger.row_tags, state.legacy_through, seal)
         if problem is None:
             problem = _pipeline_problem(conn, book, day, dict(state.accepted))
         if problem is None:
@@ -152,17 +166,30 @@ def _rows(conn: Connection, query: Any) -> Iterator[Iterator[Any]]:
         yield iter(result)
 
 
-def _tags(conn: Connection, tags: RowTags, legacy: int | None) -> str | None:
-    """Every inbox row and stored report carries its own tag (untagged: an earlier release's)."""
+def _tags(
+    conn: Connection, tags: RowTags, legacy: int | None, seal: InboxSeal | None
+) -> str | None:
+    """Every inbox row and stored report is authentic (untagged: an earlier release's).
+
+    A sealed inbox row opens under the shuffler key (with ``seal``), which authenticates it; a
+    clear one (queued before sealing) and every stored report carry their own tag.
+    """
     old = legacy if legacy is not None else NO_HORIZON
     i = _INBOX.c
     query = select(i.id, i.use_case, i.params, i.day, i.payload, i.sealed, i.device_tag, i.tag)
     with _rows(conn, query) as rows:
         for row_id, uc, params, d, payload, sealed, device_tag, tag in rows:
+            if sealed is not None:
+                if seal is None:
+                    continue
+                try:
+                    seal.open(int(row_id), str(uc), str(params), int(d), sealed)
+                except SealError as exc:
+                    return f"inbox: {exc} (written or edited outside the service)"
+                continue
             if tag is None and int(d) <= old:
                 continue
-            stored = sealed if sealed is not None else payload  # a sealed row: over its bytes
-            if not tags.check_inbox(row_id, uc, params, d, stored, device_tag, tag):
+            if not tags.check_inbox(row_id, uc, params, d, payload, device_tag, tag):
                 return _untrue("inbox", row_id, uc, int(d), tag)
     r = _REPORTS.c
     query = select(r.id, r.use_case, r.params, r.day, r.payload, r.batch, r.tag)

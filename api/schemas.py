@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StringConstraints, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, WithJsonSchema
 from pydantic import Field as PydField
 from pydantic.json_schema import models_json_schema
 
@@ -40,6 +40,7 @@ __all__ = [
     "EstimateQuery",
     "Estimates",
     "HcmsReportBody",
+    "IsoDay",
     "Receipt",
     "ReportBody",
     "SfpReportBody",
@@ -268,6 +269,23 @@ class Estimates(BaseModel):
     )
 
 
+def _iso_day(value: object) -> object:
+    """An ISO date ``YYYY-MM-DD`` as given (pydantic would also take a number as a timestamp).
+
+    >>> _iso_day("2026-11-01")
+    '2026-11-01'
+    """
+    if isinstance(value, date) or (
+        isinstance(value, str) and len(value) == 10 and value[4] == value[7] == "-"
+    ):
+        return value
+    raise ValueError(f"must be an ISO date (YYYY-MM-DD), got {value!r}")
+
+
+IsoDay = Annotated[date, BeforeValidator(_iso_day)]
+"""A UTC day as an ISO date string; numbers (which pydantic reads as timestamps) are refused."""
+
+
 class EstimateQuery(BaseModel):
     """The body of ``POST .../estimates:query``."""
 
@@ -282,12 +300,12 @@ class EstimateQuery(BaseModel):
     candidates: list[Annotated[str, StringConstraints(max_length=1000)]] = PydField(
         min_length=1, max_length=1_000_000, description="The values to estimate."
     )
-    start: date | None = PydField(
+    start: IsoDay | None = PydField(
         default=None,
         alias="from",
         description="The first UTC day; default 89 days before today (the last 90 days).",
     )
-    end: date | None = PydField(
+    end: IsoDay | None = PydField(
         default=None, alias="to", description="The last UTC day; default today."
     )
 

@@ -217,9 +217,18 @@ class AuditLog:
         rows = []
         running = bytes.fromhex(head)
         sha256, tag = hashlib.sha256, self.tag
+        at_text = _text(at)  # one time and a few actions: each encoded once a batch
+        actions: dict[str, str] = {}
         for actor, action, data in entries:
             seq += 1
-            body = canonical_body(seq, at, actor, action, data)
+            act = actions.get(action)
+            if act is None:
+                act = actions[action] = _text(action)
+            encoded = data if isinstance(data, str) else orjson.dumps(data, option=_SORTED).decode()
+            body = (  # canonical_body's text, its constant parts encoded once
+                f'{{"action":{act},"actor":{_text(actor)},"at":{at_text},'
+                f'"data":{encoded},"seq":{seq}}}'
+            )
             running = sha256(running + body.encode("utf-8")).digest()  # chain_hash, bytes kept
             new = running.hex()
             rows.append((seq, at, actor, action, body, head, new, tag(new)))

@@ -140,10 +140,12 @@ def charge_batch(
     day = _day(now)
     results: list[Decision | Exception | None] = [None] * len(items)
     valid: list[int] = []
+    names: set[str] = set()  # use cases already checked (a relay's batch repeats one)
     for i, item in enumerate(items):
         try:
             _validate_text("device_id", item.device_id, MAX_DEVICE_ID)
-            _validate_text("use_case", item.use_case, 63)
+            if not (type(item.use_case) is str and item.use_case in names):
+                names.add(_validate_text("use_case", item.use_case, 63))
             if item.idempotency_key is not None:
                 _validate_text("idempotency_key", item.idempotency_key, MAX_IDEMPOTENCY_KEY)
         except InvalidRequest as exc:

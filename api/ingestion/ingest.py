@@ -106,8 +106,8 @@ class Ingestor:
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
         self._inbox_sql = (
-            f"INSERT INTO inbox (id, use_case, params, day, sealed, tag) VALUES ({ph}, {ph},"
-            f" {ph}, {ph}, {ph}, {ph})"
+            f"INSERT INTO inbox (id, use_case, params, day, sealed) VALUES ({ph}, {ph}, {ph},"
+            f" {ph}, {ph})"
         )
 
     def _latest(self, use_case: str) -> Policy | None:
@@ -218,18 +218,14 @@ class Ingestor:
         """Insert ``(use case, params, day, payload, pseudonym)`` inbox rows with the charges.
 
         Each row gets a random 63-bit id (sequential ids would pair one to one with the
-        charges' ids, which the same transaction allocates in the same order), its report and
-        pseudonym are sealed (:meth:`InboxSeal.seal_rows`: the use case, parameter hash and day
-        stay in clear, as the charge records them too), and it gets its keyed tag over the
-        sealed bytes (:class:`budget.row_tags.RowTags`), which ``verify`` checks.
+        charges' ids, which the same transaction allocates in the same order), and its report
+        and pseudonym are sealed (:meth:`InboxSeal.seal_rows`: the use case, parameter hash and
+        day stay in clear, as the charge records them too). The seal authenticates the row
+        (AES-GCM under a key held outside the database, bound to the row's id, use case,
+        parameters and day): ``verify`` opens it, so it needs no tag of its own.
         """
-        tag = self.ledger.row_tags.inbox
-        sealed = self.seal.seal_rows(rows)
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        cursor.executemany(
-            self._inbox_sql,
-            [(*row, tag(row[0], row[1], row[2], row[3], row[4], None)) for row in sealed],
-        )
+        cursor.executemany(self._inbox_sql, self.seal.seal_rows(rows))
 
     def submit_group(
         self, requests: list[SubmitRequest], *, now: datetime

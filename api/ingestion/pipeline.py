@@ -251,10 +251,10 @@ def _seal_waiting(engine: Engine, seal: InboxSeal, rows: int, proof: _Evidence |
 
     The row keeps its id, use case, parameters and day; its report and pseudonym go into
     ``sealed`` and the clear columns are emptied (SQLite's ``secure_delete`` overwrites the old
-    bytes in the page). A row whose tag was right is tagged again over its sealed bytes (with
-    ``proof``); any other keeps its tag, which then names it to ``verify`` as before. Without a
-    shuffler key nothing is sealed and such rows flush as they are. Returns how many rows were
-    sealed.
+    bytes in the page). The seal authenticates the row from then on, so only a row whose tag
+    was right, or that an earlier release queued untagged, is sealed (with ``proof``); a row
+    with a wrong tag stays as it is, and ``verify`` names it. Without a shuffler key nothing is
+    sealed and such rows flush as they are. Returns how many rows were sealed.
     """
     if not seal.can_seal:
         return 0
@@ -269,24 +269,33 @@ def _seal_waiting(engine: Engine, seal: InboxSeal, rows: int, proof: _Evidence |
     statement = (
         update(_INBOX)
         .where(and_(i.id == bindparam("row_id"), i.payload.is_not(None)))
-        .values(sealed=bindparam("blob"), payload=None, device_tag=None, tag=bindparam("new_tag"))
+        .values(sealed=bindparam("blob"), payload=None, device_tag=None, tag=None)
     )
     for start in range(0, len(found), rows):
         chunk = [
             (int(r.id), str(r.use_case), str(r.params), int(r.day), str(r.payload), r.device_tag)
             for r in found[start : start + rows]
+            if proof is None or r.tag is None or proof.tags.check_inbox(*_clear(r), r.tag)
         ]
-        olds = [r.tag for r in found[start : start + rows]]
         blobs = [seal.seal(*row) for row in chunk]
-        values = []
-        for row, blob, old in zip(chunk, blobs, olds, strict=True):
-            tag = old
-            if proof is not None and proof.tags.check_inbox(*row, old):
-                tag = proof.tags.inbox(*row[:4], blob, None)
-            values.append({"row_id": row[0], "blob": blob, "new_tag": tag})
         with write_step(engine) as conn:
-            sealed += conn.execute(statement, values).rowcount
+            sealed += conn.execute(
+                statement,
+                [{"row_id": r[0], "blob": b} for r, b in zip(chunk, blobs, strict=True)],
+            ).rowcount
     return sealed
+
+
+def _clear(row: Any) -> tuple[int, str, str, int, str, int | None]:
+    """A clear inbox row's tagged fields."""
+    return (
+        int(row.id),
+        str(row.use_case),
+        str(row.params),
+        int(row.day),
+        row.payload,
+        row.device_tag,
+    )
 
 
 def _claim(
@@ -540,17 +549,14 @@ def _move_chunk(
 
 
 def _tagged(proof: _Evidence, use_case: str, rows: Sequence[Any]) -> list[bool]:
-    """Which moved inbox rows carry their own tag; the others are logged (and stay untagged).
+    """Which moved inbox rows are authentic; the others are logged (and stored untagged).
 
-    ``rows`` are ``(id, params, day, payload, sealed, device tag, tag)``: a sealed row's tag
-    is over its sealed bytes (the pseudonym is inside them), a clear row's over its payload and
-    pseudonym.
+    ``rows`` are ``(id, params, day, payload, sealed, device tag, tag)``. A sealed row is
+    authenticated by its seal (opening it in the move fails for one altered or moved); a clear
+    row (queued before sealing) by its tag, over its payload and pseudonym.
     """
     check = proof.tags.check_inbox
-    right = [
-        check(r[0], use_case, r[1], r[2], r[4] if r[4] is not None else r[3], r[5], r[6])
-        for r in rows
-    ]
+    right = [r[4] is not None or check(r[0], use_case, r[1], r[2], r[3], r[5], r[6]) for r in rows]
     forged = sum(1 for r, ok in zip(rows, right, strict=True) if not ok and r[6] is not None)
     if forged:
         log.error(

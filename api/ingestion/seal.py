@@ -151,17 +151,26 @@ class InboxSeal:
         """
         kid = self._sealing_key()
         head = _VERSION + kid
-        randbits = secrets.randbits
+        pool = secrets.token_bytes(_NONCE * len(rows))  # one CSPRNG read for the group
+        from_bytes = int.from_bytes
         out: list[Row] = []
         last: tuple[str, str, int] = ("", "", -1)
         cipher: AESGCM | None = None
-        for use_case, params, day, payload, tag in rows:
-            drawn = randbits(95)
-            nonce = drawn.to_bytes(_NONCE, "big")
+        widths = self._widths
+        for k, (use_case, params, day, payload, tag) in enumerate(rows):
+            drawn = pool[_NONCE * k : _NONCE * (k + 1)]
+            nonce = bytes((drawn[0] & 0x7F,)) + drawn[1:]  # 95 random bits: the id's top is 0
             if cipher is None or day != last[2] or params != last[1] or use_case != last[0]:
                 last, cipher = (use_case, params, day), self._cipher(kid, use_case, params, day)
-            sealed = head + nonce + cipher.encrypt(nonce, self._plain(params, payload, tag), None)
-            out.append((drawn >> 32, use_case, params, day, sealed))
+            width = widths.get(params) or self.width(params, payload)
+            plain = (
+                (_UNTAGGED if tag is None else b"\1" + tag.to_bytes(8, "big", signed=True))
+                + payload.ljust(width)
+                if len(payload) <= width
+                else self._plain(params, payload, tag)
+            )
+            sealed = head + nonce + cipher.encrypt(nonce, plain, None)
+            out.append((from_bytes(nonce[:8], "big"), use_case, params, day, sealed))
         return out
 
     def seal(

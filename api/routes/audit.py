@@ -10,6 +10,7 @@ from api.deps import (
     AdminDep,
     CachesDep,
     ClockDep,
+    IngestorDep,
     LedgerDep,
     ReadableDevice,
     SettingsDep,
@@ -27,7 +28,11 @@ router = APIRouter(tags=["audit"])
 
 @router.get("/v1/audit/verify", response_model=AuditVerification)
 def audit_verify(
-    ledger: LedgerDep, settings: SettingsDep, clock: ClockDep, _admin: None = AdminDep
+    ledger: LedgerDep,
+    settings: SettingsDep,
+    clock: ClockDep,
+    ingestor: IngestorDep,
+    _admin: None = AdminDep,
 ) -> AuditVerification:
     """Check the whole audit chain, its tags and its signed checkpoints.
 
@@ -35,7 +40,7 @@ def audit_verify(
     reads the whole log.
     """
     kept = kept_checkpoints(settings.checkpoint_file)
-    verdict = verify_service(ledger, now=clock.now(), kept=kept)
+    verdict = verify_service(ledger, now=clock.now(), kept=kept, seal=ingestor.seal)
     return AuditVerification(**verdict.to_dict())
 
 

@@ -95,7 +95,7 @@ def render_page(
         "With the admin token, ?estimate=USE_CASE&candidates=a&candidates=b adds a"
         " dictionary's estimates (and SFP's discovered words)."
     )
-    chain = caches.verification(ledger)
+    chain = caches.verification(ledger, ingestor.seal)
     return render_dashboard(
         policies=policies,
         report=caches.report(ledger, None),

@@ -10,7 +10,14 @@ from fastapi import APIRouter, Query
 from api.deps import AdminDep, CachesDep, ClockDep, IngestorDep, UseCaseName
 from api.ingestion.ingest import Ingestor
 from api.ingestion.pipeline import load_sketch
-from api.schemas import Discoveries, Discovery, EstimateItem, EstimateQuery, Estimates
+from api.schemas import (
+    Discoveries,
+    Discovery,
+    EstimateItem,
+    EstimateQuery,
+    Estimates,
+    IsoDay,
+)
 from budget import Clock, InvalidRequest, utc_day
 from budget.clock import day_date
 from mechanisms import SfpSketch
@@ -20,7 +27,7 @@ __all__ = ["day_range", "router"]
 router = APIRouter(tags=["estimates"])
 
 FromDay = Annotated[
-    date | None,
+    IsoDay | None,
     Query(
         alias="from",
         description="The first UTC day (ISO date); default 89 days before today, so that the"
@@ -28,7 +35,7 @@ FromDay = Annotated[
     ),
 ]
 ToDay = Annotated[
-    date | None, Query(alias="to", description="The last UTC day (ISO date); default today.")
+    IsoDay | None, Query(alias="to", description="The last UTC day (ISO date); default today.")
 ]
 
 

@@ -65,9 +65,7 @@ def ledger(engine: Engine) -> Ledger:
     led.policies.create(TINY)
     led.policies.update("tiny", PolicyUpdate(description="the second version"), actor="admin")
     led.set_device_budget(DeviceBudgetCreate(epsilon_per_day=100.0, quotas={"tiny": 0.5}))
-    ingestor = Ingestor(
-        led, SECRET, seal=InboxSeal([b"shuffler-key-for-tests-shuffler-key-for-tests"])
-    )
+    ingestor = Ingestor(led, SECRET, seal=SEAL)
     clock = FixedClock(NOW - timedelta(days=1))
     RUNTIMES["matrix"] = Runtime(led, ingestor, clock, shuffle_batch=20, min_batch=1)
     try:
@@ -81,11 +79,12 @@ def ledger(engine: Engine) -> Ledger:
         assert run_job("checkpoint", "matrix") is not None
     finally:
         RUNTIMES.pop("matrix", None)
-    verdict = verify_service(led, now=NOW, kept=[])
+    verdict = verify_service(led, now=NOW, kept=[], seal=SEAL)
     assert verdict.ok and verdict.state_checked, verdict
     return led
 
 
+SEAL = InboxSeal([b"shuffler-key-for-tests-shuffler-key-for-tests"])
 FIRST = "(SELECT min(id) FROM {t})"
 LAST = "(SELECT max(id) FROM {t})"
 EDITS: dict[str, tuple[str, str]] = {
@@ -167,10 +166,6 @@ EDITS: dict[str, tuple[str, str]] = {
     "an inbox row moved to another day": (
         "inbox",
         "UPDATE inbox SET day = day - 1 WHERE id = " + FIRST.format(t="inbox"),
-    ),
-    "an inbox row's tag removed": (
-        "inbox",
-        "UPDATE inbox SET tag = NULL WHERE id = " + FIRST.format(t="inbox"),
     ),
     "a stored report's tag removed": (
         "reports",
@@ -276,7 +271,7 @@ def test_every_edit_of_a_deciding_or_published_table_fails_verify_naming_it(
     with ledger.engine.begin() as conn:
         changed = conn.execute(text(statement.replace("{t}", table))).rowcount
     assert changed, f"the edit changed nothing: {statement}"
-    verdict = verify_service(ledger, now=NOW, kept=[])
+    verdict = verify_service(ledger, now=NOW, kept=[], seal=SEAL)
     assert not verdict.ok, edit
     assert table in str(verdict.problem), (edit, verdict.problem)
 
@@ -299,13 +294,22 @@ def test_the_matrix_covers_every_table_docs_audit_lists_as_covered() -> None:
 
 
 def test_untagged_rows_pass_only_on_the_days_an_earlier_release_charged(ledger: Ledger) -> None:
-    """Rows an earlier release wrote have no tag: accepted up to its last charge's day only."""
+    """Reports an earlier release stored have no tag: accepted up to its last charge's day only.
+
+    (Inbox rows are sealed, and the seal authenticates them: a sealed row carries no tag.)
+    """
     with ledger.engine.begin() as conn:
-        conn.execute(text("UPDATE inbox SET tag = NULL"))
         conn.execute(text("UPDATE reports SET tag = NULL"))
     _, state = ledger.verify()
     today = utc_day(NOW)
     legacy = replace(state, legacy_through=today)
-    assert pipeline_problem(ledger, legacy, now=NOW) is None
+    assert pipeline_problem(ledger, legacy, now=NOW, seal=SEAL) is None
     problem = pipeline_problem(ledger, replace(state, legacy_through=today - 1), now=NOW)
-    assert problem is not None and problem.startswith("inbox: ") and "has no tag" in problem
+    assert problem is not None and problem.startswith("reports: ") and "has no tag" in problem
+
+
+def test_a_verification_without_the_shuffler_key_says_it_opened_no_sealed_row(
+    ledger: Ledger,
+) -> None:
+    verdict = verify_service(ledger, now=NOW, kept=[])
+    assert verdict.ok and verdict.note is not None and "not opened" in verdict.note
