@@ -50,7 +50,8 @@ def _parameters(mech: Mechanism) -> dict[str, Any]:
 def family_id(mech: Mechanism) -> str:
     """A short identifier of the mechanism, its parameters and its hash family.
 
-    ``"f1-"`` and the first 16 hex digits of SHA-256 over the canonical JSON of the parameters:
+    ``"f1-"`` and the first 16 hex digits of SHA-256 over the canonical JSON of the parameters
+    (the seed in hex without leading zeros, as it was first published: docs/device.md):
     equal for equal randomizers, different (but for a 2**-64 chance) for any other.
     """
     text = json.dumps(_parameters(mech), sort_keys=True, separators=(",", ":"))
@@ -111,8 +112,16 @@ def report_schema(mech: Mechanism) -> dict[str, Any]:
 
 
 def describe(mech: Mechanism) -> dict[str, Any]:
-    """The published description: parameters, hash family, ``family_id``, ``report_schema``."""
-    return _parameters(mech) | {"family_id": family_id(mech), "report_schema": report_schema(mech)}
+    """The published description: parameters, hash family, ``family_id``, ``report_schema``.
+
+    The seed is published fixed-width (64 hex digits, the key's 32 bytes); ``family_id`` keeps
+    hashing the identity form of :meth:`HashFamily.to_dict`, so it is unchanged for every seed.
+    """
+    return _parameters(mech) | {
+        "hash_family": mech.hash_family.to_published(),
+        "family_id": family_id(mech),
+        "report_schema": report_schema(mech),
+    }
 
 
 def from_published(data: Mapping[str, Any]) -> Mechanism:
