@@ -16,7 +16,9 @@ class PublishedHashFamily(BaseModel):
 
     algorithm: str = Field(description="Always `blake2b-poly31-v1` (docs/mechanisms.md).")
     seed: str = Field(
-        pattern=r"^[0-9a-f]{64}$",
+        # What the server publishes; parsing stays lenient, so a client still reads an older
+        # server's seed that lost its leading zeros (the same key, read as a number).
+        json_schema_extra={"pattern": "^[0-9a-f]{64}$"},
         description="The family's 256-bit key in force: exactly 64 lowercase hex digits (the"
         " key's 32 bytes, leading zeros kept; docs/device.md).",
     )

@@ -8,6 +8,7 @@ import pytest
 
 from mechanisms import CMS, HCMS, HashFamily, describe, family_id, from_published
 from policies import Policy, PolicyCreate, default_policies, mechanism_for, publish
+from policies.randomizer import Randomizer
 
 
 @pytest.mark.parametrize("policy", default_policies(), ids=lambda p: p.name)
@@ -77,3 +78,9 @@ def test_a_shorter_seed_from_an_older_server_still_reads_as_its_key() -> None:
     family = HashFamily(0xAB)
     assert HashFamily.from_dict({"algorithm": family.algorithm, "seed": "ab"}) == family
     assert HashFamily.from_dict(family.to_published()) == family
+    # the Python client parses an older server's description and builds the same mechanism
+    mech = HCMS(4.0, 16, 64, family)
+    old = describe(mech) | {"hash_family": family.to_dict()}
+    assert from_published(Randomizer.model_validate(old).model_dump()) == mech
+    schema = Randomizer.model_json_schema()["$defs"]["PublishedHashFamily"]
+    assert schema["properties"]["seed"]["pattern"] == "^[0-9a-f]{64}$"  # what is published
