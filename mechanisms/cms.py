@@ -26,7 +26,14 @@ import numpy.typing as npt
 from mechanisms.bitcount import add_bit_counts
 from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
 from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
-from mechanisms.randomness import bernoulli, flip_probability, os_bernoulli, os_randbelow
+from mechanisms.randomness import (
+    OS_COINS,
+    Coins,
+    bernoulli,
+    flip_probability,
+    os_bernoulli,
+    os_randbelow,
+)
 from mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields, report_int
 from mechanisms.variance import cms_c, cms_variance_exact
 
@@ -183,11 +190,15 @@ class CMS:
             bits[s:e] = np.packbits(flips, axis=1)
         return CmsReports(j, bits, self.m)
 
-    def privatize_one(self, value: Item) -> CmsReport:
-        """Privatize one value on a device, drawing only from the OS CSPRNG (``secrets``)."""
-        j = os_randbelow(self.k)
+    def privatize_one(self, value: Item, *, coins: Coins = OS_COINS) -> CmsReport:
+        """Privatize one value on a device, drawing only from the OS CSPRNG (``secrets``).
+
+        ``coins`` replays a test vector's draws (docs/device.md): the row ``j``, then the ``m``
+        coordinates' Bernoulli bytes.
+        """
+        j = os_randbelow(self.k, coins)
         h = int(self.hash_family.hash([value], [j], self.m)[0])
-        flips = os_bernoulli(self.flip_probability, self.m)
+        flips = os_bernoulli(self.flip_probability, self.m, coins)
         flips[h] ^= True
         return CmsReport(j, np.packbits(flips).tobytes())
 

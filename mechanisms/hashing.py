@@ -132,13 +132,34 @@ class HashFamily:
         ).digest()
         return HashFamily(int.from_bytes(digest, "big"), self.algorithm)
 
+    @property
+    def seed_hex(self) -> str:
+        """The key as exactly 64 lowercase hex digits, leading zeros kept (what is published).
+
+        >>> HashFamily(0xAB).seed_hex == "0" * 62 + "ab"
+        True
+        """
+        return self.key.hex()
+
     def to_dict(self) -> dict[str, str]:
-        """Serialise as ``{"algorithm": ..., "seed": hex}`` for policies and reports."""
+        """The identity form ``{"algorithm": ..., "seed": hex without leading zeros}``.
+
+        ``family_id`` and the service's sketch keys hash this form, so it never changes; what
+        devices read is :meth:`to_published`.
+        """
         return {"algorithm": self.algorithm, "seed": format(self.seed, "x")}
+
+    def to_published(self) -> dict[str, str]:
+        """The published form ``{"algorithm": ..., "seed": 64 hex digits}`` (docs/device.md).
+
+        >>> HashFamily(1).to_published()["seed"] == "0" * 63 + "1"
+        True
+        """
+        return {"algorithm": self.algorithm, "seed": self.seed_hex}
 
     @classmethod
     def from_dict(cls, data: dict[str, str]) -> HashFamily:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict` and :meth:`to_published` (the seed's hex, 1-64 digits)."""
         return cls(int(data["seed"], 16), data["algorithm"])
 
     # -- fingerprints -------------------------------------------------------------------------

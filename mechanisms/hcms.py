@@ -22,7 +22,14 @@ import numpy.typing as npt
 from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
 from mechanisms.hadamard import fwht, hadamard_entry, is_power_of_two
 from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
-from mechanisms.randomness import bernoulli, flip_probability, os_bernoulli, os_randbelow
+from mechanisms.randomness import (
+    OS_COINS,
+    Coins,
+    bernoulli,
+    flip_probability,
+    os_bernoulli,
+    os_randbelow,
+)
 from mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields, report_int
 from mechanisms.variance import hcms_c, hcms_variance_exact
 
@@ -171,11 +178,14 @@ class HCMS:
         flips = bernoulli(self.flip_probability, n, rng=rng)
         return HcmsReports(j, l, self._bits(fp, j, l, flips))
 
-    def privatize_one(self, value: Item) -> HcmsReport:
-        """Privatize one value on a device, drawing only from the OS CSPRNG (``secrets``)."""
-        j = np.array([os_randbelow(self.k)], dtype=np.int64)
-        l = np.array([os_randbelow(self.m)], dtype=np.int64)
-        flips = os_bernoulli(self.flip_probability, 1)
+    def privatize_one(self, value: Item, *, coins: Coins = OS_COINS) -> HcmsReport:
+        """Privatize one value on a device, drawing only from the OS CSPRNG (``secrets``).
+
+        ``coins`` replays a test vector's draws (docs/device.md): ``j``, ``l``, then the flip.
+        """
+        j = np.array([os_randbelow(self.k, coins)], dtype=np.int64)
+        l = np.array([os_randbelow(self.m, coins)], dtype=np.int64)
+        flips = os_bernoulli(self.flip_probability, 1, coins)
         fp = self.hash_family.fingerprint([value])
         return HcmsReport(int(j[0]), int(l[0]), int(self._bits(fp, j, l, flips)[0]))
 

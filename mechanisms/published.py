@@ -20,7 +20,14 @@ from mechanisms.hashing import HashFamily
 from mechanisms.hcms import HCMS
 from mechanisms.sfp import DEFAULT_ALPHABET, POSITIONS, SFP
 
-__all__ = ["FAMILY_FIELD", "describe", "family_id", "from_published", "report_schema"]
+__all__ = [
+    "FAMILY_FIELD",
+    "describe",
+    "family_id",
+    "family_text",
+    "from_published",
+    "report_schema",
+]
 
 FAMILY_FIELD: Final = "family"
 _FAMILY_PREFIX: Final = "f1-"
@@ -47,14 +54,30 @@ def _parameters(mech: Mechanism) -> dict[str, Any]:
     return out
 
 
+def family_text(mech: Mechanism) -> str:
+    r"""The canonical JSON that :func:`family_id` hashes (docs/device.md).
+
+    Keys sorted, no spaces, non-ASCII escaped, floats as Python's ``repr``, and the seed in hex
+    without leading zeros, as it was first published.
+
+    >>> print(family_text(CMS(4.0, 16, 32, HashFamily(0xAB))).replace(",", ",\n"))
+    {"epsilon":4.0,
+    "hash_family":{"algorithm":"blake2b-poly31-v1",
+    "seed":"ab"},
+    "k":16,
+    "m":32,
+    "mechanism":"cms"}
+    """
+    return json.dumps(_parameters(mech), sort_keys=True, separators=(",", ":"))
+
+
 def family_id(mech: Mechanism) -> str:
     """A short identifier of the mechanism, its parameters and its hash family.
 
-    ``"f1-"`` and the first 16 hex digits of SHA-256 over the canonical JSON of the parameters:
-    equal for equal randomizers, different (but for a 2**-64 chance) for any other.
+    ``"f1-"`` and the first 16 hex digits of SHA-256 over :func:`family_text`: equal for equal
+    randomizers, different (but for a 2**-64 chance) for any other.
     """
-    text = json.dumps(_parameters(mech), sort_keys=True, separators=(",", ":"))
-    return _FAMILY_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _FAMILY_PREFIX + hashlib.sha256(family_text(mech).encode()).hexdigest()[:16]
 
 
 def _cms_schema(k: int, m: int) -> dict[str, Any]:
@@ -111,8 +134,16 @@ def report_schema(mech: Mechanism) -> dict[str, Any]:
 
 
 def describe(mech: Mechanism) -> dict[str, Any]:
-    """The published description: parameters, hash family, ``family_id``, ``report_schema``."""
-    return _parameters(mech) | {"family_id": family_id(mech), "report_schema": report_schema(mech)}
+    """The published description: parameters, hash family, ``family_id``, ``report_schema``.
+
+    The seed is published fixed-width (64 hex digits, the key's 32 bytes); ``family_id`` keeps
+    hashing the identity form of :meth:`HashFamily.to_dict`, so it is unchanged for every seed.
+    """
+    return _parameters(mech) | {
+        "hash_family": mech.hash_family.to_published(),
+        "family_id": family_id(mech),
+        "report_schema": report_schema(mech),
+    }
 
 
 def from_published(data: Mapping[str, Any]) -> Mechanism:

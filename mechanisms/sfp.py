@@ -32,7 +32,7 @@ import numpy.typing as npt
 from mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
 from mechanisms.estimate import FrequencyEstimate, gather_row_sums
 from mechanisms.hashing import MAX_ROWS, HashFamily, factorize
-from mechanisms.randomness import os_randbelow
+from mechanisms.randomness import OS_COINS, Coins, os_randbelow
 from mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields
 
 __all__ = [
@@ -228,14 +228,17 @@ class SFP:
         frag_reports = self.fragment_cms.privatize_indices(frag_items, pair_inverse, rng=rng)
         return SfpReports(word_reports, frag_reports, positions)
 
-    def privatize_one(self, word: str) -> SfpReport:
-        """Privatize one word on a device, drawing only from the OS CSPRNG (``secrets``)."""
+    def privatize_one(self, word: str, *, coins: Coins = OS_COINS) -> SfpReport:
+        """Privatize one word on a device, drawing only from the OS CSPRNG (``secrets``).
+
+        ``coins`` replays a test vector's draws (docs/device.md): the position's index, then
+        the word's CMS draws, then the fragment's.
+        """
         norm = normalize_word(word)
-        position = POSITIONS[os_randbelow(len(POSITIONS))]
+        position = POSITIONS[os_randbelow(len(POSITIONS), coins)]
         frag = self._fragments([norm], np.array([position], dtype=np.int64))[0]
-        return SfpReport(
-            self.word_cms.privatize_one(norm), self.fragment_cms.privatize_one(frag), position
-        )
+        word_report = self.word_cms.privatize_one(norm, coins=coins)
+        return SfpReport(word_report, self.fragment_cms.privatize_one(frag, coins=coins), position)
 
     # -- server side ---------------------------------------------------------------------------
 

@@ -15,7 +15,13 @@ class PublishedHashFamily(BaseModel):
     """The hash family devices must hash with: algorithm and key."""
 
     algorithm: str = Field(description="Always `blake2b-poly31-v1` (docs/mechanisms.md).")
-    seed: str = Field(description="The family's 256-bit key as hex (the effective seed).")
+    seed: str = Field(
+        # What the server publishes; parsing stays lenient, so a client still reads an older
+        # server's seed that lost its leading zeros (the same key, read as a number).
+        json_schema_extra={"pattern": "^[0-9a-f]{64}$"},
+        description="The family's 256-bit key in force: exactly 64 lowercase hex digits (the"
+        " key's 32 bytes, leading zeros kept; docs/device.md).",
+    )
 
 
 class Randomizer(BaseModel):

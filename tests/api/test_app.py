@@ -318,13 +318,14 @@ def test_the_published_policy_names_the_seed_in_force_only(client: TestClient) -
     body = client.get("/v1/use-cases/emoji").json()
     assert "hash_seed" not in body
     derived = int(default_hash_seed("emoji"), 16)
-    assert body["randomizer"]["hash_family"]["seed"] == format(derived, "x")
+    assert body["randomizer"]["hash_family"]["seed"] == format(derived, "064x")
     policy = {k: v for k, v in body.items() if k in PolicyCreate.model_fields}
     assert "hash_seed" not in policy  # a PUT built from a GET keeps the derived seed
     pinned = client.put("/v1/use-cases/emoji", json={**policy, "hash_seed": "5eed"}, headers=ADMIN)
     assert pinned.status_code == 200, pinned.text
     assert "hash_seed" not in pinned.json()
-    assert pinned.json()["randomizer"]["hash_family"]["seed"] == "5eed"
+    # published fixed-width: the key's 32 bytes as 64 hex digits, leading zeros kept
+    assert pinned.json()["randomizer"]["hash_family"]["seed"] == "5eed".zfill(64)
     ledger = client.app.state.ledger  # type: ignore[attr-defined]
     stored = ledger.policies.get("emoji")
     assert stored.hash_seed == "5eed"  # the override is kept where operators set it

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from decimal import Context
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from mechanisms.randomness import bernoulli, os_bernoulli, threshold_bytes
+from mechanisms.randomness import bernoulli, flip_probability, os_bernoulli, threshold_bytes
 from tests.mechanisms.helpers import forbid_numpy_and_stdlib_random
 
 Z = 5.0
@@ -20,6 +21,23 @@ def test_threshold_is_exact_to_float_precision(epsilon: float) -> None:
         t = threshold_bytes(p)
         realised = Fraction(int.from_bytes(t.tobytes(), "big"), 1 << (8 * t.size))
         assert abs(realised - Fraction(p)) <= Fraction(p) * Fraction(1, 1 << 53)
+
+
+def test_flip_probability_is_the_correctly_rounded_value() -> None:
+    # An 80-digit decimal exponential, rounded once to a double, is the oracle: the platform's
+    # exp (and so 1 / (1 + exp(x)) in floats) differs from it in the last place for some x.
+    ctx = Context(prec=80)
+    grid = [i / 100 for i in range(1, 2001)] + [i / 200 for i in range(1, 401, 7)]
+    for x in [*grid, 1e-12, 0.123456, 37.5, 700.25]:
+        exact = ctx.divide(1, ctx.add(1, ctx.exp(ctx.create_decimal_from_float(x))))
+        assert flip_probability(x) == float(exact), x
+    assert flip_probability(746.0) == 0.0
+
+
+@pytest.mark.parametrize("epsilon", [0.0, -1.0, float("inf"), float("nan")])
+def test_flip_probability_refuses_degenerate_epsilons(epsilon: float) -> None:
+    with pytest.raises(ValueError, match="`epsilon`"):
+        flip_probability(epsilon)
 
 
 @pytest.mark.parametrize("p", [0.5, 0.1192029220221175, 0.0003353501304664781, 0.9])
