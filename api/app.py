@@ -11,23 +11,31 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from api import errors
-from api.caches import Caches
-from api.database import database_problem, init_service_db
-from api.ingestion.committer import GroupCommitter
-from api.ingestion.ingest import Ingestor
-from api.ingestion.seal import InboxSeal
-from api.jobs import RUNTIMES, Runtime, start_scheduler
-from api.lane import ReportLane
-from api.metrics import Metrics
-from api.middleware import BodyLimit, Timing
-from api.openapi import install_docs, install_openapi
-from api.ratelimit import RateLimiter
-from api.routes import audit, budgets, dashboard, estimates, operations, reports, use_cases
-from api.schemas import ERROR_RESPONSES
-from api.server import report_start_failure
-from api.settings import Settings, service_keys
-from budget import Clock, Ledger, SystemClock, create_db_engine
+from dp_governor.api import errors
+from dp_governor.api.caches import Caches
+from dp_governor.api.database import database_problem, init_service_db
+from dp_governor.api.ingestion.committer import GroupCommitter
+from dp_governor.api.ingestion.ingest import Ingestor
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.api.jobs import RUNTIMES, Runtime, start_scheduler
+from dp_governor.api.lane import ReportLane
+from dp_governor.api.metrics import Metrics
+from dp_governor.api.middleware import BodyLimit, Timing
+from dp_governor.api.openapi import install_docs, install_openapi
+from dp_governor.api.ratelimit import RateLimiter
+from dp_governor.api.routes import (
+    audit,
+    budgets,
+    dashboard,
+    estimates,
+    operations,
+    reports,
+    use_cases,
+)
+from dp_governor.api.schemas import ERROR_RESPONSES
+from dp_governor.api.server import report_start_failure
+from dp_governor.api.settings import Settings, service_keys
+from dp_governor.budget import Clock, Ledger, SystemClock, create_db_engine
 
 __all__ = ["create_app"]
 

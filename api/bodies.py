@@ -1,8 +1,8 @@
 """Reading request bodies and headers the way every report route does.
 
-A JSON body nests at most :data:`api.errors.MAX_JSON_DEPTH` levels and holds no lone surrogate;
-``X-Device-Id`` and ``Idempotency-Key`` are sent at most once. Used by the report route and by
-the fast lane (:mod:`api.lane`), so both read a request the same way.
+A JSON body nests at most :data:`dp_governor.api.errors.MAX_JSON_DEPTH` levels and holds no lone
+surrogate; ``X-Device-Id`` and ``Idempotency-Key`` are sent at most once. Used by the report route
+and by the fast lane (:mod:`dp_governor.api.lane`), so both read a request the same way.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from api.errors import MAX_JSON_DEPTH
-from budget.errors import InvalidRequest
+from dp_governor.api.errors import MAX_JSON_DEPTH
+from dp_governor.budget.errors import InvalidRequest
 
 __all__ = ["check_json", "decode_json", "duplicated_header"]
 

@@ -1,7 +1,8 @@
 """What read routes keep between requests: reports, spreads, discoveries, the chain, the page.
 
-One :class:`Caches` per app (``app.state.caches``, reached through :func:`api.deps.get_caches`).
-Each entry lives for its setting's seconds; sizes are bounded whatever clients ask.
+One :class:`Caches` per app (``app.state.caches``, reached through
+:func:`dp_governor.api.deps.get_caches`). Each entry lives for its setting's seconds; sizes are
+bounded whatever clients ask.
 """
 
 from __future__ import annotations
@@ -12,17 +13,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from api.ingestion.seal import InboxSeal
-from api.integrity import kept_checkpoints, verify_service
-from api.settings import Settings
-from budget import Clock, Ledger
-from budget.audit_log import Verification
-from budget.reporting.loss import effective_epsilon_basis
-from budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
-from budget.reporting.views import Distribution, SpendSpread, distribution_of, spend_spread
-from mechanisms import SfpSketch
-from mechanisms.sfp import DiscoveredWord
-from policies import Policy
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.api.integrity import kept_checkpoints, verify_service
+from dp_governor.api.settings import Settings
+from dp_governor.budget import Clock, Ledger
+from dp_governor.budget.audit_log import Verification
+from dp_governor.budget.reporting.loss import effective_epsilon_basis
+from dp_governor.budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
+from dp_governor.budget.reporting.views import (
+    Distribution,
+    SpendSpread,
+    distribution_of,
+    spend_spread,
+)
+from dp_governor.mechanisms import SfpSketch
+from dp_governor.mechanisms.sfp import DiscoveredWord
+from dp_governor.policies import Policy
 
 __all__ = ["REPORT_CACHE_ENTRIES", "Caches"]
 

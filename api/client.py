@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import httpx
 from pydantic import TypeAdapter
 
-from mechanisms import CMS, HCMS, SFP, from_published
-from mechanisms.published import FAMILY_FIELD
-from policies.model import PolicyPublic
+from dp_governor.mechanisms import CMS, HCMS, SFP, from_published
+from dp_governor.mechanisms.published import FAMILY_FIELD
+from dp_governor.policies.model import PolicyPublic
 
 if TYPE_CHECKING:
-    from budget.ledger import BudgetStatus
-    from budget.reporting.report import EffectiveEpsilonReport
-    from budget.reporting.views import WhatIf
+    from dp_governor.budget.ledger import BudgetStatus
+    from dp_governor.budget.reporting.report import EffectiveEpsilonReport
+    from dp_governor.budget.reporting.views import WhatIf
 
 __all__ = [
     "AsyncClient",
@@ -235,9 +235,9 @@ def _adapter(kind: Any) -> TypeAdapter[Any]:
 
 def _budget_types() -> dict[str, Any]:
     """The operator result types that live in ``budget`` (imported when first needed)."""
-    from budget.ledger import BudgetStatus
-    from budget.reporting.report import EffectiveEpsilonReport
-    from budget.reporting.views import WhatIf
+    from dp_governor.budget.ledger import BudgetStatus
+    from dp_governor.budget.reporting.report import EffectiveEpsilonReport
+    from dp_governor.budget.reporting.views import WhatIf
 
     return {"report": EffectiveEpsilonReport, "what_if": WhatIf, "status": BudgetStatus}
 

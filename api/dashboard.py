@@ -18,13 +18,13 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
-from budget.audit_log import Verification
-from budget.central import PRECONDITIONS, CentralLine, CentralLoss
-from budget.display import fmt_up
-from budget.reporting.activity import Activity
-from budget.reporting.report import EffectiveEpsilonReport, LossSpread
-from budget.reporting.views import CumulativeSeries, Distribution
-from policies import Policy
+from dp_governor.budget.audit_log import Verification
+from dp_governor.budget.central import PRECONDITIONS, CentralLine, CentralLoss
+from dp_governor.budget.display import fmt_up
+from dp_governor.budget.reporting.activity import Activity
+from dp_governor.budget.reporting.report import EffectiveEpsilonReport, LossSpread
+from dp_governor.budget.reporting.views import CumulativeSeries, Distribution
+from dp_governor.policies import Policy
 
 __all__ = ["EstimatePanel", "render_dashboard"]
 

@@ -1,10 +1,10 @@
 """The service's database: created or upgraded at start, and what an operator is told when it fails.
 
-Kept apart from :mod:`api.app` so that the command line opens a database without importing the
-web framework. The embedded SQLite default is upgraded at every start; PostgreSQL is upgraded
-only by ``dpgov db upgrade`` (or ``db init``): ``serve`` creates a new PostgreSQL database but
-refuses an out-of-date one (:class:`budget.storage.schema.SchemaOutdated`), so that N workers
-never migrate a production database behind the operator's back.
+Kept apart from :mod:`dp_governor.api.app` so that the command line opens a database without
+importing the web framework. The embedded SQLite default is upgraded at every start; PostgreSQL is
+upgraded only by ``dpgov db upgrade`` (or ``db init``): ``serve`` creates a new PostgreSQL database
+but refuses an out-of-date one (:class:`dp_governor.budget.storage.schema.SchemaOutdated`), so that
+N workers never migrate a production database behind the operator's back.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import os
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-import api.ingestion.tables  # noqa: F401 - registers the pipeline tables on the models' metadata
-from budget.storage.schema import SchemaOutdated, init_db
+import dp_governor.api.ingestion.tables  # noqa: F401 - registers the pipeline tables on the models' metadata
+from dp_governor.budget.storage.schema import SchemaOutdated, init_db
 
 __all__ = ["SETTING", "create_private_sqlite_file", "database_problem", "init_service_db"]
 

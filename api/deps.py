@@ -12,13 +12,13 @@ from typing import Annotated
 from fastapi import Depends, Header, Path, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.caches import Caches
-from api.errors import FORBIDDEN, REFUSED, UNAUTHORIZED, HttpError
-from api.ingestion.ingest import Ingestor
-from api.metrics import Metrics
-from api.ratelimit import RateLimiter
-from api.settings import Settings
-from budget import Clock, Ledger
+from dp_governor.api.caches import Caches
+from dp_governor.api.errors import FORBIDDEN, REFUSED, UNAUTHORIZED, HttpError
+from dp_governor.api.ingestion.ingest import Ingestor
+from dp_governor.api.metrics import Metrics
+from dp_governor.api.ratelimit import RateLimiter
+from dp_governor.api.settings import Settings
+from dp_governor.budget import Clock, Ledger
 
 __all__ = [
     "ADMIN_BEARER",
@@ -74,7 +74,7 @@ def get_clock(request: Request) -> Clock:
 
 
 def get_caches(request: Request) -> Caches:
-    """The app's read caches (:class:`api.caches.Caches`)."""
+    """The app's read caches (:class:`dp_governor.api.caches.Caches`)."""
     caches: Caches = request.app.state.caches
     return caches
 

@@ -1,8 +1,8 @@
 """The one error mapping: a domain exception to an HTTP status and body.
 
-The exception handlers (:func:`install`), the report fast lane (:mod:`api.lane`) and the
-relay's per-item results (:meth:`api.ingestion.ingest.Ingestor.submit_many`) all take their
-statuses from :func:`status_of`, so one error has one status wherever it is answered.
+The exception handlers (:func:`install`), the report fast lane (:mod:`dp_governor.api.lane`) and the
+relay's per-item results (:meth:`dp_governor.api.ingestion.ingest.Ingestor.submit_many`) all take
+their statuses from :func:`status_of`, so one error has one status wherever it is answered.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
-from mechanisms import InvalidReport
-from policies.errors import PolicyConflict, UnknownUseCase
+from dp_governor.budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
+from dp_governor.mechanisms import InvalidReport
+from dp_governor.policies.errors import PolicyConflict, UnknownUseCase
 
 __all__ = [
     "ACCEPTED",

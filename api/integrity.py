@@ -30,16 +30,16 @@ import numpy as np
 import orjson
 from sqlalchemy import Connection, func, select
 
-from api.ingestion.ingest import Mechanism
-from api.ingestion.pipeline import (
+from dp_governor.api.ingestion.ingest import Mechanism
+from dp_governor.api.ingestion.pipeline import (
     decode_payloads,
     mechanisms_by_params,
     part_payloads,
     sketch_digest,
     sketch_from_bytes,
 )
-from api.ingestion.seal import InboxSeal, SealError
-from api.ingestion.tables import (
+from dp_governor.api.ingestion.seal import InboxSeal, SealError
+from dp_governor.api.ingestion.tables import (
     BatchPart,
     InboxMove,
     InboxOrder,
@@ -47,12 +47,17 @@ from api.ingestion.tables import (
     SketchRow,
     StoredReport,
 )
-from budget import Ledger, utc_day
-from budget.audit_log import Checkpoint, CheckpointFileError, Verification, read_checkpoints
-from budget.book import NO_HORIZON, PolicyBook
-from budget.integrity import StateCheck
-from budget.row_tags import RowTags
-from budget.storage.tables import ShuffledBatch
+from dp_governor.budget import Ledger, utc_day
+from dp_governor.budget.audit_log import (
+    Checkpoint,
+    CheckpointFileError,
+    Verification,
+    read_checkpoints,
+)
+from dp_governor.budget.book import NO_HORIZON, PolicyBook
+from dp_governor.budget.integrity import StateCheck
+from dp_governor.budget.row_tags import RowTags
+from dp_governor.budget.storage.tables import ShuffledBatch
 
 __all__ = ["KeptCheckpoints", "kept_checkpoints", "pipeline_problem", "verify_service"]
 
@@ -138,12 +143,12 @@ def pipeline_problem(
 ) -> str | None:
     """The first problem of the pipeline's tables (``None``: none), naming the table.
 
-    In order: every inbox row's and stored report's tag (:class:`budget.row_tags.RowTags`);
-    the reports held per use case and charge day against the charges the chain records, and
-    every batch's stored reports against its record (:func:`_pipeline_problem`); every sketch
-    against the fold of its folded parts' reports, recomputed. Days on or before a use case's
-    data cutoff (``data_through``, what the purge deletes) are left out of the sketches, as
-    they may be half deleted.
+    In order: every inbox row's and stored report's tag
+    (:class:`dp_governor.budget.row_tags.RowTags`); the reports held per use case and charge day
+    against the charges the chain records, and every batch's stored reports against its record
+    (:func:`_pipeline_problem`); every sketch against the fold of its folded parts' reports,
+    recomputed. Days on or before a use case's data cutoff (``data_through``, what the purge
+    deletes) are left out of the sketches, as they may be half deleted.
     """
     day = utc_day(now)
     book = ledger.book()

@@ -1,15 +1,15 @@
 """Scheduled jobs, declared once: ids, textual references, leases.
 
-APScheduler 3 runs ``api.jobs:run_scheduled`` by textual reference with primitive arguments (the job
-name and the runtime's registry key); each run first takes a database lease, so however many
-processes schedule a job, one runs it at a time. ``flush-inbox`` and ``aggregate`` both move
-the inbox, so they share one lease. Leases are short (``lease_seconds``, a minute by default)
+APScheduler 3 runs ``dp_governor.api.jobs:run_scheduled`` by textual reference with primitive
+arguments (the job name and the runtime's registry key); each run first takes a database lease, so
+however many processes schedule a job, one runs it at a time. ``flush-inbox`` and ``aggregate`` both
+move the inbox, so they share one lease. Leases are short (``lease_seconds``, a minute by default)
 and a heartbeat thread renews the lease while its job runs, so a process that dies mid-job
 blocks the job for at most that long. The same names are what ``dpgov jobs run NAME [--force]``,
 ``dpgov jobs release NAME`` and ``POST /v1/admin/jobs/{name}:run`` / ``:release`` take.
 
-The jobs are safe to run concurrently (see :mod:`api.ingestion.pipeline`): the leases save work,
-they are not what keeps a report from being stored or folded twice.
+The jobs are safe to run concurrently (see :mod:`dp_governor.api.ingestion.pipeline`): the leases
+save work, they are not what keeps a report from being stored or folded twice.
 
 Fencing: a lease carries a token that rises whenever another holder takes it (its lease
 expired, or an operator forced it). Every write transaction of a running job first checks, in
@@ -17,11 +17,11 @@ that transaction, that the token is still the one the job started with (PostgreS
 SHARE`` on the lease row, so a takeover waits for the transactions already checked), and the
 job stops with :class:`LeaseLost` otherwise: a process that stalled past its lease (a pause, a
 swap storm, a stopped container) writes nothing once another holds it. Each job transaction
-waits for locks at most ``job_lock_seconds`` (:func:`budget.storage.db.write_step`), so a
-holder stalled inside a transaction delays the next holder that long at most.
+waits for locks at most ``job_lock_seconds`` (:func:`dp_governor.budget.storage.db.write_step`), so
+a holder stalled inside a transaction delays the next holder that long at most.
 
-This module sits beside the app and the CLI rather than in :mod:`api.ingestion`: it runs the
-pipeline's jobs and the audit log's checkpoints alike, for the service's scheduler, its admin
+This module sits beside the app and the CLI rather than in :mod:`dp_governor.api.ingestion`: it runs
+the pipeline's jobs and the audit log's checkpoints alike, for the service's scheduler, its admin
 routes and ``dpgov jobs``.
 """
 
@@ -43,16 +43,22 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from api.ingestion.ingest import Ingestor
-from api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
-from api.ingestion.tables import JobLease
-from api.logs import log_fields
-from budget import Clock, Ledger
-from budget.audit_log import CheckpointFileError, write_checkpoints
-from budget.storage.db import bound_lock_wait, fenced, is_busy, job_lock_seconds, job_writer
+from dp_governor.api.ingestion.ingest import Ingestor
+from dp_governor.api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
+from dp_governor.api.ingestion.tables import JobLease
+from dp_governor.api.logs import log_fields
+from dp_governor.budget import Clock, Ledger
+from dp_governor.budget.audit_log import CheckpointFileError, write_checkpoints
+from dp_governor.budget.storage.db import (
+    bound_lock_wait,
+    fenced,
+    is_busy,
+    job_lock_seconds,
+    job_writer,
+)
 
 if TYPE_CHECKING:
-    from api.settings import Settings
+    from dp_governor.api.settings import Settings
 
 __all__ = [
     "JOBS",
@@ -207,7 +213,8 @@ def acquire_lease(
     The token rises when the lease changes hands or is forced, and stays when its holder renews
     it. Atomic on both backends: a conditional update, or an insert that loses to a concurrent
     one. Its row locked past ``job_lock_seconds`` (a holder stalled inside a transaction) is a
-    busy database (:func:`budget.storage.db.is_busy`), as for the job's own transactions.
+    busy database (:func:`dp_governor.budget.storage.db.is_busy`), as for the job's own
+    transactions.
     """
     now = time.time()
     with job_writer(engine).begin() as conn:
@@ -498,7 +505,7 @@ def start_scheduler(
             options["seconds"] = intervals[name]
         period = float(options.get("seconds", 86_400))
         scheduler.add_job(
-            "api.jobs:run_scheduled",
+            "dp_governor.api.jobs:run_scheduled",
             id=name,
             name=name,
             args=[name, runtime_key, 0.9 * period, min(0.5 * period, 600.0)],

@@ -3,7 +3,7 @@
 The framework's routing, dependency and response-model machinery is most of a report's cost,
 and this is the hot path; the lane reads a well-formed ``POST /v1/use-cases/{name}/reports``
 itself and calls the route's own :func:`~api.routes.reports.accept_report`, answering errors
-through the one mapping (:func:`api.errors.error_response`).
+through the one mapping (:func:`dp_governor.api.errors.error_response`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.bodies import decode_json, duplicated_header
-from api.errors import BAD_REQUEST, error_response
-from api.routes.reports import accept_report
-from budget.errors import InvalidRequest
+from dp_governor.api.bodies import decode_json, duplicated_header
+from dp_governor.api.errors import BAD_REQUEST, error_response
+from dp_governor.api.routes.reports import accept_report
+from dp_governor.budget.errors import InvalidRequest
 
 __all__ = ["ReportLane"]
 

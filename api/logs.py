@@ -48,7 +48,7 @@ def log_fields(**fields: Any) -> dict[str, Any]:
 def log_config(log_format: LogFormat, level: str = "info") -> dict[str, Any]:
     """A :func:`logging.config.dictConfig` for uvicorn and the service's loggers, to stderr."""
     formatter: dict[str, Any] = (
-        {"()": "api.logs.JsonFormatter"} if log_format == "json" else {"format": _TEXT}
+        {"()": "dp_governor.api.logs.JsonFormatter"} if log_format == "json" else {"format": _TEXT}
     )
     handler = {
         "class": "logging.StreamHandler",

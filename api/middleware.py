@@ -8,8 +8,8 @@ import time
 from prometheus_client import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import TOO_LARGE
-from api.logs import log_fields
+from dp_governor.api.errors import TOO_LARGE
+from dp_governor.api.logs import log_fields
 
 __all__ = ["BodyLimit", "Timing"]
 

@@ -1,20 +1,23 @@
 """The OpenAPI document's examples and descriptions, the admin security scheme, offline /docs.
 
-The routes and :mod:`api.schemas` describe themselves; what this module adds to the generated
-document is what they cannot carry:
+The routes and :mod:`dp_governor.api.schemas` describe themselves; what this module adds to the
+generated document is what they cannot carry:
 
 - a description for each field of the domain types the API returns (:mod:`budget` dataclasses,
-  :class:`policies.PolicyPublic`, FastAPI's validation error): those packages know nothing of
-  HTTP, so the service describes them where it publishes them (:data:`DOMAIN_FIELDS`);
+  :class:`dp_governor.policies.PolicyPublic`, FastAPI's validation error): those packages know
+  nothing of HTTP, so the service describes them where it publishes them (:data:`DOMAIN_FIELDS`);
 - an example response for every operation and an example body for every error status, recorded
   from a real server (``openapi_examples.json``; a test checks each against its schema);
 - an example value for every path, query and header parameter (the routes describe them);
-- the report body's schema, one of :class:`api.schemas.HcmsReportBody`, ``CmsReportBody`` and
+- the report body's schema, one of :class:`dp_governor.api.schemas.HcmsReportBody`,
+``CmsReportBody`` and
   ``SfpReportBody``: the route reads its body as plain JSON, which the ingestor checks against
   the use case's policy, so those models describe the body without validating it;
-- error answers as JSON with :class:`api.schemas.ErrorBody`, on every route (``/metrics``
+- error answers as JSON with :class:`dp_governor.api.schemas.ErrorBody`, on every route
+(``/metrics``
   answers its metrics as text, but its errors as JSON like every other route's);
-- the admin operations' ``adminToken`` bearer scheme comes from :data:`api.deps.ADMIN_BEARER`;
+- the admin operations' ``adminToken`` bearer scheme comes from
+:data:`dp_governor.api.deps.ADMIN_BEARER`;
   the two routes a device or an admin may call say that either is accepted.
 
 ``/docs`` and ``/redoc`` serve Swagger UI and ReDoc from the ``fastapi-offline`` package's
@@ -37,13 +40,13 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from api.schemas import REPORT_BODY_SCHEMAS
+from dp_governor.api.schemas import REPORT_BODY_SCHEMAS
 
 __all__ = ["ASSETS", "DOMAIN_FIELDS", "PARAMETER_EXAMPLES", "install_docs", "install_openapi"]
 
 ASSETS = "/docs-assets"
 _EXAMPLES: dict[str, Any] = json.loads(
-    files("api").joinpath("openapi_examples.json").read_text(encoding="utf-8")
+    files("dp_governor.api").joinpath("openapi_examples.json").read_text(encoding="utf-8")
 )
 _ERROR_TEXT = {
     400: "400: a header sent twice",

@@ -1,7 +1,7 @@
 """Record the OpenAPI reference's response examples from a real, seeded service.
 
-``python -m api.openapi_record --write`` starts the app on a temporary SQLite database with
-Apple's default policies, a device-wide budget and a use case published in shuffled batches,
+``python -m dp_governor.api.openapi_record --write`` starts the app on a temporary SQLite database
+with Apple's default policies, a device-wide budget and a use case published in shuffled batches,
 sends reports through the real routes (one of them refused at its cap), runs the inbox flush,
 then calls every read operation and writes what it answered into ``api/openapi_examples.json``
 (lists cut to two items). Examples that a read cannot produce (writes, discoveries, ``/metrics``
@@ -21,12 +21,12 @@ from typing import Any
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from api.app import create_app
-from api.settings import Settings
-from budget import FixedClock
-from mechanisms import from_published
-from policies import PolicyBase
-from policies.device import DeviceBudgetCreate
+from dp_governor.api.app import create_app
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
+from dp_governor.mechanisms import from_published
+from dp_governor.policies import PolicyBase
+from dp_governor.policies.device import DeviceBudgetCreate
 
 __all__ = ["EXAMPLES", "record"]
 

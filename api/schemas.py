@@ -9,7 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, 
 from pydantic import Field as PydField
 from pydantic.json_schema import models_json_schema
 
-from api.errors import (
+from dp_governor.api.errors import (
     BAD_REQUEST,
     CONFLICT,
     FORBIDDEN,
@@ -18,10 +18,10 @@ from api.errors import (
     TOO_LARGE,
     UNAUTHORIZED,
 )
-from budget import BudgetStatus
-from budget.reporting.device import DeviceOdometer, DeviceWide
-from policies import DEFAULT_POLICIES, Policy, PolicyPublic, publish
-from policies.model import GroupTerms
+from dp_governor.budget import BudgetStatus
+from dp_governor.budget.reporting.device import DeviceOdometer, DeviceWide
+from dp_governor.policies import DEFAULT_POLICIES, Policy, PolicyPublic, publish
+from dp_governor.policies.model import GroupTerms
 
 __all__ = [
     "ERROR_RESPONSES",
@@ -330,7 +330,7 @@ class Discoveries(BaseModel):
 
 
 def public_policy(p: Policy) -> PolicyPublic:
-    """A policy as the use-case routes show it (:func:`policies.publish`)."""
+    """A policy as the use-case routes show it (:func:`dp_governor.policies.publish`)."""
     return publish(p)
 
 

@@ -6,8 +6,8 @@ connection (and, with ``limit_concurrency``, a slot) for as long as it likes. Th
 give each request a deadline for its headers (``header_timeout_seconds`` from the moment the
 connection is ready for a request) and one for its body (``body_timeout_seconds`` from the end
 of its headers); a connection that misses one is closed, with a 408 if no response is under
-way. The limits are read from :class:`api.settings.Settings` once per process, like the app's
-own settings (``dpgov serve`` puts them in every worker's environment).
+way. The limits are read from :class:`dp_governor.api.settings.Settings` once per process, like the
+app's own settings (``dpgov serve`` puts them in every worker's environment).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from api.settings import Settings
+from dp_governor.api.settings import Settings
 
 __all__ = [
     "DeadlineH11Protocol",
@@ -202,9 +202,9 @@ def serve_options(settings: Settings) -> dict[str, Any]:
     try:
         import httptools  # noqa: F401
     except ImportError:  # uvicorn without its [standard] extras
-        protocol = "api.server:DeadlineH11Protocol"
+        protocol = "dp_governor.api.server:DeadlineH11Protocol"
     else:
-        protocol = "api.server:DeadlineHttpToolsProtocol"
+        protocol = "dp_governor.api.server:DeadlineHttpToolsProtocol"
     options: dict[str, Any] = {
         "http": protocol,
         "timeout_keep_alive": settings.keep_alive_seconds,

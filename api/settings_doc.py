@@ -1,7 +1,8 @@
 """Render ``docs/configuration.md`` from the settings model, so the page cannot drift.
 
-``python -m api.settings_doc`` prints the page; ``python -m api.settings_doc --write`` writes it
-to ``docs/configuration.md``. ``tests/test_docs.py`` checks the committed page equals it.
+``python -m dp_governor.api.settings_doc`` prints the page; ``python -m dp_governor.api.settings_doc
+--write`` writes it to ``docs/configuration.md``. ``tests/test_docs.py`` checks the committed page
+equals it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from pathlib import Path
 
 from pydantic.fields import FieldInfo
 
-from api.settings import Settings
+from dp_governor.api.settings import Settings
 
 __all__ = ["DOC_PATH", "REGENERATE", "render_configuration"]
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
-REGENERATE = "python -m api.settings_doc --write"
+REGENERATE = "python -m dp_governor.api.settings_doc --write"
 
 _HEADER = f"""\
 # Configuration
@@ -26,9 +27,10 @@ _HEADER = f"""\
 <!-- Generated from api/settings.py by `{REGENERATE}`: do not edit by hand. -->
 
 The service reads these settings from the environment when it starts (`dpgov serve`, and every
-command that opens the database). Each is the upper-case field name of `api.settings.Settings`
-with the prefix `DPGOV_`; an unknown `DPGOV_` variable is an error. Keys and their files are
-described in [operations.md](operations.md), the HTTP limits in its "Timeouts and limits".
+command that opens the database). Each is the upper-case field name of
+`dp_governor.api.settings.Settings` with the prefix `DPGOV_`; an unknown `DPGOV_` variable is an
+error. Keys and their files are described in [operations.md](operations.md), the HTTP limits in
+its "Timeouts and limits".
 
 | variable | type | default | description |
 |---|---|---|---|
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"wrote {DOC_PATH}\n")
         return 0
     if args:
-        sys.stderr.write(f"usage: python -m api.settings_doc [--write]\n{__doc__}")
+        sys.stderr.write(f"usage: python -m dp_governor.api.settings_doc [--write]\n{__doc__}")
         return 2
     sys.stdout.write(text)
     return 0

@@ -17,8 +17,8 @@ import resource
 import time
 
 from benchmarks.budget import NOW, SECRET, database
-from budget.audit_log import AuditLog, Entry, derive_audit_key
-from budget.storage.db import writer
+from dp_governor.budget.audit_log import AuditLog, Entry, derive_audit_key
+from dp_governor.budget.storage.db import writer
 
 CHUNK = 10_000
 

@@ -5,10 +5,12 @@ Usage: ``python -m benchmarks.budget [--devices 1000000] [--charges 20000]
 
 - gate: ``Ledger.charge`` in-process on a fresh database (Apple's default policies), each
   charge for a new device (so every one is accepted and written), single thread and 8 threads;
-- window totals: ``budget.reporting.loss.window_totals`` (a chunked scan of the accounts) over
+- window totals: ``dp_governor.budget.reporting.loss.window_totals`` (a chunked scan of the
+accounts) over
   ``--devices`` devices with 1 to 5 Emoji charges each in the window (bulk-loaded with their
   accounts);
-- tight bounds: ``budget.reporting.loss.population_window_loss`` for the same devices: the
+- tight bounds: ``dp_governor.budget.reporting.loss.population_window_loss`` for the same devices:
+the
   optimal composition per device ledger, memoized by the ledger's multiset (hit rate reported).
 """
 
@@ -27,10 +29,10 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from budget import Ledger, create_db_engine, init_db, utc_day
-from budget.reporting.loss import population_window_loss, window_totals
-from budget.state import AccountState, state_columns
-from budget.storage.db import scratch_schema
+from dp_governor.budget import Ledger, create_db_engine, init_db, utc_day
+from dp_governor.budget.reporting.loss import population_window_loss, window_totals
+from dp_governor.budget.state import AccountState, state_columns
+from dp_governor.budget.storage.db import scratch_schema
 
 SECRET = b"benchmark-secret-benchmark-secret!!"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import Engine, text
 
-from api.database import init_service_db
-from api.ingestion.ingest import Ingestor, SubmitRequest
-from api.ingestion.pipeline import flush_inbox
-from api.ingestion.seal import InboxSeal
-from budget import Ledger, create_db_engine
-from budget.storage.db import PAUSE_FACTOR, scratch_schema
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.database import init_service_db
+from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
+from dp_governor.api.ingestion.pipeline import flush_inbox
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.budget import Ledger, create_db_engine
+from dp_governor.budget.storage.db import PAUSE_FACTOR, scratch_schema
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 SECRET = b"flush-bench-secret-flush-bench-secret"
 SEAL = InboxSeal([b"flush-bench-shuffler-flush-bench-shuffler-flush-bench-shuffler"])

@@ -42,10 +42,10 @@ import numpy as np
 import orjson
 from sqlalchemy import text
 
-from budget import create_db_engine
-from budget.storage.db import scratch_schema
-from mechanisms import HCMS
-from policies import PolicyCreate, mechanism_for
+from dp_governor.budget import create_db_engine
+from dp_governor.budget.storage.db import scratch_schema
+from dp_governor.mechanisms import HCMS
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 TOKEN = "bench-admin-token-bench-admin-token"
 LOADS = frozenset({"singles", "relay"})
@@ -78,7 +78,16 @@ def start_server(
     """A ``dpgov serve`` process on ``url`` (in ``tmp``), once it answers: (process, base URL)."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--workers", str(workers)],
+        [
+            sys.executable,
+            "-m",
+            "dp_governor.api.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
         env=server_env(url, tmp, batch_items),
         cwd=tmp,
         stdout=subprocess.DEVNULL,

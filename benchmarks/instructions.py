@@ -8,9 +8,9 @@ compare two versions of the relay path by. The benchmark runs itself under valgr
 (Debian package ``valgrind``) with instrumentation off: the child process builds a fresh SQLite
 ledger with the default policies, charges two untimed batches and builds the timed ones, says
 ``READY``, and this process switches instrumentation on with ``callgrind_control`` for exactly
-the timed :meth:`api.ingestion.ingest.Ingestor.submit_many` calls, as :mod:`benchmarks.relay` times
-them (automatic checkpoints off, every item a new device). Everything the path does is counted:
-Python, SQLite, hashing.
+the timed :meth:`dp_governor.api.ingestion.ingest.Ingestor.submit_many` calls, as
+:mod:`benchmarks.relay` times them (automatic checkpoints off, every item a new device). Everything
+the path does is counted: Python, SQLite, hashing.
 """
 
 from __future__ import annotations

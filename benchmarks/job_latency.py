@@ -36,7 +36,7 @@ import orjson
 from sqlalchemy import Connection, Engine, event
 
 from benchmarks.http import TOKEN, report_bodies, server_env, start_server
-from budget.storage.db import WRITE_OPTION, scratch_schema
+from dp_governor.budget.storage.db import WRITE_OPTION, scratch_schema
 
 USE_CASE = "safari-energy-domains"
 JOBS = ("flush-inbox", "aggregate", "checkpoint", "purge")
@@ -184,11 +184,11 @@ class WriteTimes:
 
 def job_main(name: str, ahead_days: int) -> None:
     """The job process: the job run once as ``dpgov jobs run`` runs it, its clock moved ahead."""
-    from api.cli.common import Access, load_settings, open_service
-    from api.ingestion.ingest import Ingestor
-    from api.ingestion.seal import InboxSeal
-    from api.jobs import RUNTIMES, Runtime, run_job
-    from budget import FixedClock
+    from dp_governor.api.cli.common import Access, load_settings, open_service
+    from dp_governor.api.ingestion.ingest import Ingestor
+    from dp_governor.api.ingestion.seal import InboxSeal
+    from dp_governor.api.jobs import RUNTIMES, Runtime, run_job
+    from dp_governor.budget import FixedClock
 
     settings = load_settings(None)
     ledger, keys = open_service(settings, Access.WRITE)

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from api.demo.simulation import emoji_vocabulary, zipf_indices
-from mechanisms import CMS, HCMS, HashFamily, HcmsSketch
+from dp_governor.api.demo.simulation import emoji_vocabulary, zipf_indices
+from dp_governor.mechanisms import CMS, HCMS, HashFamily, HcmsSketch
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine, text
 from sqlmodel import SQLModel
 
-from budget import Ledger, create_db_engine, init_db, utc_day
-from budget.storage.db import scratch_schema
-from budget.storage.partitions import ensure_partitions
+from dp_governor.budget import Ledger, create_db_engine, init_db, utc_day
+from dp_governor.budget.storage.db import scratch_schema
+from dp_governor.budget.storage.partitions import ensure_partitions
 
 NOW = datetime.now(UTC)
 TODAY = utc_day(NOW)
@@ -64,8 +64,8 @@ def _purge(engine: Engine, expected: int) -> float:
 
 def run(url: str, n: int, *, partitioned: bool) -> tuple[float, float]:
     """Fill and purge one ledger layout in a fresh schema; (fill seconds, purge seconds)."""
-    import budget.storage.tables  # noqa: F401
-    import policies.model  # noqa: F401 - registers the tables for the one-table layout
+    import dp_governor.budget.storage.tables
+    import dp_governor.policies.model  # noqa: F401 - registers the tables for the one-table layout
 
     with scratch_schema(url, "bench_part" if partitioned else "bench_flat") as scoped:
         engine = create_db_engine(scoped)

@@ -81,7 +81,7 @@ def _peak_mib() -> float:
 
 
 def _ours(w: dict[str, Any], data: np.ndarray) -> Run:
-    from mechanisms import CMS, HCMS, HashFamily
+    from dp_governor.mechanisms import CMS, HCMS, HashFamily
 
     vocab = [f"v{i}" for i in range(w["d"])]
     mech: Any = (CMS if w["mech"] == "cms" else HCMS)(

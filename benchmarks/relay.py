@@ -2,9 +2,9 @@
 
 Usage: ``python -m benchmarks.relay [--batch 5000 20000] [--batches 10] [--postgres URL]``.
 
-The service's own :meth:`api.ingestion.ingest.Ingestor.submit_many` on a fresh database with the
-default policies: Safari HCMS reports that carry their family identifier, every item a new device
-(so every report is accepted and every ledger row is new), ``--warm`` batches first, then
+The service's own :meth:`dp_governor.api.ingestion.ingest.Ingestor.submit_many` on a fresh database
+with the default policies: Safari HCMS reports that carry their family identifier, every item a new
+device (so every report is accepted and every ledger row is new), ``--warm`` batches first, then
 ``--batches`` timed. On SQLite it also reports what the WAL grew by per report (automatic
 checkpoints off during the timed batches, so the figure is every page the commits wrote): the
 ledger layout's cost that no Python tuning removes. The loop to iterate on for the relay target,
@@ -25,13 +25,13 @@ import numpy as np
 import orjson
 from sqlalchemy import Engine, event
 
-from api.database import init_service_db
-from api.ingestion.ingest import Ingestor
-from api.ingestion.seal import InboxSeal
 from benchmarks.budget import database
-from budget import Ledger
-from mechanisms import family_id
-from policies import mechanism_for
+from dp_governor.api.database import init_service_db
+from dp_governor.api.ingestion.ingest import Ingestor
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.budget import Ledger
+from dp_governor.mechanisms import family_id
+from dp_governor.policies import mechanism_for
 
 USE_CASE = "safari-energy-domains"
 SECRET = b"relay-benchmark-secret-relay-benchmark"

@@ -44,7 +44,7 @@ HEAVY = (
     "pandas",
     "pyarrow",
     "dask",
-    "api.ingestion",
+    "dp_governor.api.ingestion",
 )
 
 
@@ -60,7 +60,7 @@ def environment(folder: Path) -> dict[str, str]:
 def imported(args: list[str], env: dict[str, str]) -> set[str]:
     """Every module a run of ``dpgov args`` imports (``python -X importtime``)."""
     run = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "api.cli", *args],
+        [sys.executable, "-X", "importtime", "-m", "dp_governor.api.cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -73,8 +73,8 @@ def imported(args: list[str], env: dict[str, str]) -> set[str]:
 def heavy(modules: set[str]) -> list[str]:
     """The entries of :data:`HEAVY` among ``modules`` (a package or any of its modules).
 
-    >>> heavy({"numpy", "scipy.stats", "api.ingestion.tables", "api.cli"})
-    ['api.ingestion', 'scipy']
+    >>> heavy({"numpy", "scipy.stats", "dp_governor.api.ingestion.tables", "dp_governor.api.cli"})
+    ['dp_governor.api.ingestion', 'scipy']
     """
     return sorted(h for h in HEAVY if any(m == h or m.startswith(h + ".") for m in modules))
 
@@ -86,7 +86,7 @@ def main() -> None:
     runs = parser.parse_args().runs
     with tempfile.TemporaryDirectory() as tmp:
         env = environment(Path(tmp))
-        init = [sys.executable, "-m", "api.cli", "db", "init"]
+        init = [sys.executable, "-m", "dp_governor.api.cli", "db", "init"]
         subprocess.run(init, env=env, check=True, capture_output=True)
         print(f"`dpgov` start-up, wall time of {runs} fresh processes (SQLite ledger)\n")
         print("| command | median wall s | slowest wall s | median CPU s | heavy imports |")
@@ -97,7 +97,7 @@ def main() -> None:
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t0 = time.perf_counter()
                 subprocess.run(
-                    [sys.executable, "-m", "api.cli", *args],
+                    [sys.executable, "-m", "dp_governor.api.cli", *args],
                     env=env,
                     check=True,
                     stdout=subprocess.DEVNULL,

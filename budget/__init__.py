@@ -1,14 +1,19 @@
 """The per-device privacy ledger, the atomic check-and-charge gate, and the accountant."""
 
-from budget.accountant import Accountant, PrivacyLoss
-from budget.clock import Clock, FixedClock, SystemClock, utc_day
-from budget.errors import IdempotencyConflict, InvalidRequest, PolicyConflict, UnknownUseCase
-from budget.gate import Gate
-from budget.ledger import BudgetStatus, Ledger, PurgeResult
-from budget.reporting.loss import DeviceLoss
-from budget.rule import Decision
-from budget.storage.db import create_db_engine
-from budget.storage.schema import init_db
+from dp_governor.budget.accountant import Accountant, PrivacyLoss
+from dp_governor.budget.clock import Clock, FixedClock, SystemClock, utc_day
+from dp_governor.budget.errors import (
+    IdempotencyConflict,
+    InvalidRequest,
+    PolicyConflict,
+    UnknownUseCase,
+)
+from dp_governor.budget.gate import Gate
+from dp_governor.budget.ledger import BudgetStatus, Ledger, PurgeResult
+from dp_governor.budget.reporting.loss import DeviceLoss
+from dp_governor.budget.rule import Decision
+from dp_governor.budget.storage.db import create_db_engine
+from dp_governor.budget.storage.schema import init_db
 
 __all__ = [
     "Accountant",

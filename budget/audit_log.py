@@ -28,10 +28,10 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Connection, Engine, select, text
 
-from budget.keyed import KeyedHash
-from budget.storage.db import placeholder, write_step, writer
-from budget.storage.files import open_private
-from budget.storage.tables import GENESIS, AuditCheckpoint, AuditEntry, AuditHead
+from dp_governor.budget.keyed import KeyedHash
+from dp_governor.budget.storage.db import placeholder, write_step, writer
+from dp_governor.budget.storage.files import open_private
+from dp_governor.budget.storage.tables import GENESIS, AuditCheckpoint, AuditEntry, AuditHead
 
 __all__ = [
     "AuditLog",
@@ -56,7 +56,7 @@ class Entry(NamedTuple):
     """What to append: who did what, with the action's data.
 
     ``data`` is a JSON-serialisable dict, or a str holding that dict's canonical JSON already
-    (sorted keys, no spaces; :func:`budget.batch.charge_entry` formats a charge's from a
+    (sorted keys, no spaces; :func:`dp_governor.budget.batch.charge_entry` formats a charge's from a
     template, since a relay's batch appends one entry per report).
     """
 
@@ -346,7 +346,7 @@ class AuditLog:
         entry the log still holds with the same hash, so a log truncated back to any earlier
         checkpoint (its later checkpoints deleted with it) is caught. ``observe`` is called
         with ``(seq, actor, action, body)`` of each entry once it is verified (the state check
-        replays them, :mod:`budget.integrity`).
+        replays them, :mod:`dp_governor.budget.integrity`).
         """
         problem = self._check_signatures(external)
         if problem is not None:
@@ -448,7 +448,7 @@ def write_checkpoints(points: Iterable[Checkpoint], path: Path) -> int:
     """Append ``points`` to ``path`` as JSON lines (a copy kept outside the database).
 
     Points the file already holds are skipped; returns how many were added. The file is
-    created with mode 0600 (:func:`budget.storage.files.open_private`). Raises
+    created with mode 0600 (:func:`dp_governor.budget.storage.files.open_private`). Raises
     :class:`CheckpointFileError`, appending nothing, when the file cannot be read.
     """
     held = {p.seq for p in read_checkpoints(path)} if path.exists() else set()

@@ -12,7 +12,7 @@ Same caps and the same decisions for one report or many, applied in order, in on
    with ``SELECT ... FOR UPDATE`` in key order (no deadlocks between batches), after the
    policy book's advisory lock is taken shared (before the book is read): a policy write
    takes it exclusively, so no batch decides on a book that changes before it commits;
-4. decide the items in order, in memory, by the rule (:func:`budget.rule.decide_on`);
+4. decide the items in order, in memory, by the rule (:func:`dp_governor.budget.rule.decide_on`);
 5. write everything with ``executemany`` (charge ids are allocated before deciding, so each
    decision is built once, complete): one ``accounts`` row per touched device, written with a
    compare-and-set on the count read in step 3 (the batch fails whole if any row disagrees),
@@ -20,7 +20,7 @@ Same caps and the same decisions for one report or many, applied in order, in on
 6. the caller's ``on_accept`` (the inbox rows), then one audit entry per decision, in order.
 
 Idempotency keys and request fingerprints are stored only in keyed form
-(:meth:`budget.gate.Gate.idempotency_key`, :meth:`~budget.gate.Gate.fingerprint`).
+(:meth:`dp_governor.budget.gate.Gate.idempotency_key`, :meth:`~budget.gate.Gate.fingerprint`).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Connection
 
-from budget.audit_log import Entry
-from budget.book import Terms
-from budget.clock import utc_day
-from budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
-from budget.gate import Gate, InternalError
-from budget.rule import Decision, decide_on
-from budget.state import AccountState, decode, state_columns
-from budget.storage.db import placeholder
+from dp_governor.budget.audit_log import Entry
+from dp_governor.budget.book import Terms
+from dp_governor.budget.clock import utc_day
+from dp_governor.budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
+from dp_governor.budget.gate import Gate, InternalError
+from dp_governor.budget.rule import Decision, decide_on
+from dp_governor.budget.state import AccountState, decode, state_columns
+from dp_governor.budget.storage.db import placeholder
 
 __all__ = [
     "MAX_DEVICE_ID",
@@ -55,7 +55,8 @@ __all__ = [
 OnAcceptMany = Callable[[Connection, list[tuple[int, Decision]]], None]
 """Called in the transaction with the accepted ``(item index, decision)`` pairs, in order."""
 OnAccept = Callable[[Connection, Decision], None]
-"""A single report's form of :data:`OnAcceptMany` (:meth:`budget.ledger.Ledger.charge`)."""
+"""A single report's form of :data:`OnAcceptMany`
+(:meth:`dp_governor.budget.ledger.Ledger.charge`)."""
 MAX_DEVICE_ID = 256
 MAX_IDEMPOTENCY_KEY = 255
 _CHUNK = 400
@@ -76,7 +77,7 @@ def charge_entry(
     """The audit entry of one charge decision (accepted or refused; no report payload).
 
     ``idempotency`` is the digest of the idempotency record the decision was stored in
-    (:meth:`budget.audit_log.AuditLog.idempotency_digest`; ``null`` without a key), so
+    (:meth:`dp_governor.budget.audit_log.AuditLog.idempotency_digest`; ``null`` without a key), so
     ``verify`` checks that table too. Its data is formatted as canonical JSON directly (keys in
     sorted order; the strings encoded by ``orjson``): the same text as encoding the dict, a few
     times cheaper.

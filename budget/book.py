@@ -2,17 +2,17 @@
 
 A device's spend is a fact about the device and the use cases it reported to, never about
 today's grouping. The accounts therefore hold one row per device with a slot per (use case,
-epsilon, group size) (:mod:`budget.state`), and the book says, under the policies now in force,
-which use cases each budget's caps count:
+epsilon, group size) (:mod:`dp_governor.budget.state`), and the book says, under the policies now in
+force, which use cases each budget's caps count:
 
 - **What a budget counts.** Every charge records the budget it was charged under (its slot's
-  budget, :mod:`budget.state`). A budget's caps and filters count (:meth:`AccountState.counted`)
-  the whole history of its *members*, the use cases whose latest version (active or retired)
-  draws from it now, and every charge made under it, whatever its use case did since (left the
-  group, moved to another, was retired and re-created elsewhere). So spend charged under a
-  budget counts against that budget for as long as its terms count it, and against the budget
-  its use case is in now: a charge may count twice, never nowhere. Charges made before budgets
-  were recorded count under every budget their use case ever drew from (``ever_members``).
+  budget, :mod:`dp_governor.budget.state`). A budget's caps and filters count
+  (:meth:`AccountState.counted`) the whole history of its *members*, the use cases whose latest
+  version (active or retired) draws from it now, and every charge made under it, whatever its use
+  case did since (left the group, moved to another, was retired and re-created elsewhere). So spend
+  charged under a budget counts against that budget for as long as its terms count it, and against
+  the budget its use case is in now: a charge may count twice, never nowhere. Charges made before
+  budgets were recorded count under every budget their use case ever drew from (``ever_members``).
 - **Retention.** The ledger keeps a use case's days for the longest retention of any use case
   that ever shared a budget with it (so no budget's window loses a day it counts, whoever
   decides on it), and at least the longest device-wide window. The purge records, per use
@@ -20,8 +20,8 @@ which use cases each budget's caps count:
   held anywhere again. A window that reaches back past a horizon (retention raised beyond what
   was kept, or a budget whose window is longer than a joining member's history) counts the
   spend it can no longer date as if it all fell inside, an upper bound
-  (:meth:`budget.state.AccountState.unheld`). The reports themselves go sooner, at the latest
-  version's retention (:class:`Retention`, one rule for both purges).
+  (:meth:`dp_governor.budget.state.AccountState.unheld`). The reports themselves go sooner, at the
+  latest version's retention (:class:`Retention`, one rule for both purges).
 
 Pure code: built from the ``policies`` rows and the horizons, cached by the gate per revision.
 """
@@ -32,9 +32,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from budget.filter_rule import Filters, filters_of
-from policies.device import DeviceLimits
-from policies.model import Policy, budget_key, to_micro
+from dp_governor.budget.filter_rule import Filters, filters_of
+from dp_governor.policies.device import DeviceLimits
+from dp_governor.policies.model import Policy, budget_key, to_micro
 
 __all__ = ["NO_HORIZON", "PolicyBook", "Retention", "Terms"]
 
@@ -241,8 +241,9 @@ class PolicyBook:
         """What the purge on ``day`` deletes, per use case ever defined (retired ones included).
 
         The one retention rule, applied by both purges: the ledger's to the spend records
-        (:meth:`budget.ledger.Ledger.purge`), the pipeline's to the reports and sketches
-        (``api.ingestion.pipeline.purge``). See :class:`Retention` for why the two differ.
+        (:meth:`dp_governor.budget.ledger.Ledger.purge`), the pipeline's to the reports and sketches
+        (``dp_governor.api.ingestion.pipeline.purge``). See :class:`Retention` for why the two
+        differ.
         """
         out = {}
         for name, policy in sorted(self.latest.items()):

@@ -14,7 +14,8 @@ union) of ``k`` sub-batches, sub-batch ``i`` holding the ``i``-th report of ever
 at least ``i`` reports (``layers[i - 1]`` devices, one report each). Each sub-batch is an
 FMT21-amplified shuffle of one report per device, and the device's reports are randomized with
 independent coins, so its loss in the batch is the composition of its sub-batches' losses
-(sequential composition; dp-accounting PLD, :func:`budget.amplification.compose_shuffled`).
+(sequential composition; dp-accounting PLD,
+:func:`dp_governor.budget.amplification.compose_shuffled`).
 
 Across batches: a batch that holds none of a device's reports does not depend on its data
 (which batch a report lands in depends on when it arrived, not on what it says), so a device
@@ -39,10 +40,10 @@ from typing import Final
 import orjson
 from sqlalchemy import Engine, select
 
-from budget.clock import day_date
-from budget.display import fmt_up
-from budget.storage.tables import ShuffledBatch
-from policies.model import Policy, from_micro
+from dp_governor.budget.clock import day_date
+from dp_governor.budget.display import fmt_up
+from dp_governor.budget.storage.tables import ShuffledBatch
+from dp_governor.policies.model import Policy, from_micro
 
 __all__ = [
     "DAYS_PER_YEAR",
@@ -179,7 +180,7 @@ def _round_down(n: int) -> int:
 def _compose(slots: tuple[tuple[float, int], ...], delta: float) -> tuple[float, str]:
     """``compose_shuffled`` of sub-batches ``(eps0, n)`` (memoized by the sorted multiset)."""
     # dp-accounting and scipy load where a central figure is computed, not with the ledger
-    from budget.amplification import compose_shuffled, shuffle_epsilon
+    from dp_governor.budget.amplification import compose_shuffled, shuffle_epsilon
 
     if len(slots) == 1:
         bound = shuffle_epsilon(slots[0][0], slots[0][1], delta)

@@ -4,9 +4,9 @@ Every figure counts group-scaled epsilon (a report of ``eps`` at group size ``g`
 ``g eps``, basic composition for a group of ``g``: docs/ledger.md) over the device's slots: all
 of them for the device-wide limits and filters, the use case's own for its quota. Checked in
 order: today (device, quota), the device window (device, quota), the lifetime (device, quota),
-then the device's window and lifetime ``(epsilon, delta)`` filters (:mod:`budget.filter_rule`).
-Pure code; :func:`budget.rule.check` calls :func:`device_refusal` after the use case's own
-checks pass.
+then the device's window and lifetime ``(epsilon, delta)`` filters
+(:mod:`dp_governor.budget.filter_rule`). Pure code; :func:`dp_governor.budget.rule.check` calls
+:func:`device_refusal` after the use case's own checks pass.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from budget.book import Terms
-from budget.filter_rule import filter_refusal, filters_of
-from budget.refusal import Refusal, RefusedBy, free_day, within
-from budget.state import AccountState
-from policies.device import DeviceLimits
-from policies.model import from_micro
+from dp_governor.budget.book import Terms
+from dp_governor.budget.filter_rule import filter_refusal, filters_of
+from dp_governor.budget.refusal import Refusal, RefusedBy, free_day, within
+from dp_governor.budget.state import AccountState
+from dp_governor.policies.device import DeviceLimits
+from dp_governor.policies.model import from_micro
 
 __all__ = ["DeviceSpend", "device_refusal", "device_spend"]
 

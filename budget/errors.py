@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.errors import PolicyConflict, UnknownUseCase
+from dp_governor.policies.errors import PolicyConflict, UnknownUseCase
 
 __all__ = [
     "BudgetError",

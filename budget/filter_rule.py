@@ -3,8 +3,8 @@
 A filter counts a set of slots (a budget's members, or all of a device's) at group-scaled
 epsilon, and admits one more report of ``e`` when, with it counted, either the basic sum
 ``S1`` stays within ``epsilon`` or the advanced-composition filter's ``S2`` within ``V*``
-(:func:`budget.odometer.admit_either`, the same comparisons in exact integers). A lifetime
-filter sums every report ever; a window filter the days ``day - window + 1 .. day``, which
+(:func:`dp_governor.budget.odometer.admit_either`, the same comparisons in exact integers). A
+lifetime filter sums every report ever; a window filter the days ``day - window + 1 .. day``, which
 makes every window of that length a filtered sequence (docs/odometer.md, "Windows"). Pure code.
 """
 
@@ -14,10 +14,10 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from budget.odometer import Target, filter_cap_sq
-from budget.refusal import Refusal, RefusedBy, free_day
-from budget.state import AccountState
-from policies.model import from_micro
+from dp_governor.budget.odometer import Target, filter_cap_sq
+from dp_governor.budget.refusal import Refusal, RefusedBy, free_day
+from dp_governor.budget.state import AccountState
+from dp_governor.policies.model import from_micro
 
 __all__ = ["FilterTarget", "Filters", "filter_refusal", "filters_of", "target"]
 

@@ -2,7 +2,7 @@
 
 The ledger owns the database: the service layer calls these methods and never writes SQL. The
 read side's figures (losses, the effective-epsilon report, views, export) are computed from
-its accounts and policy book in :mod:`budget.reporting`.
+its accounts and policy book in :mod:`dp_governor.budget.reporting`.
 """
 
 from __future__ import annotations
@@ -14,32 +14,37 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, func, select
 
-from budget.accountant import Accountant
-from budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
-from budget.batch import BatchItem, OnAccept, charge_batch
-from budget.book import NO_HORIZON, PolicyBook
-from budget.clock import day_start, utc_day
-from budget.gate import Gate, load_book
-from budget.integrity import StateCheck, StateReplay, budgets_since
-from budget.loosening import loosenings
-from budget.reporting.device import DeviceOdometer, DeviceWide, device_odometer, device_wide
-from budget.row_tags import RowTags
-from budget.rule import Decision
-from budget.state import AccountState, decode
-from budget.storage.db import delete_keys, placeholder, write_step
-from budget.storage.partitions import (
+from dp_governor.budget.accountant import Accountant
+from dp_governor.budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
+from dp_governor.budget.batch import BatchItem, OnAccept, charge_batch
+from dp_governor.budget.book import NO_HORIZON, PolicyBook
+from dp_governor.budget.clock import day_start, utc_day
+from dp_governor.budget.gate import Gate, load_book
+from dp_governor.budget.integrity import StateCheck, StateReplay, budgets_since
+from dp_governor.budget.loosening import loosenings
+from dp_governor.budget.reporting.device import (
+    DeviceOdometer,
+    DeviceWide,
+    device_odometer,
+    device_wide,
+)
+from dp_governor.budget.row_tags import RowTags
+from dp_governor.budget.rule import Decision
+from dp_governor.budget.state import AccountState, decode
+from dp_governor.budget.storage.db import delete_keys, placeholder, write_step
+from dp_governor.budget.storage.partitions import (
     DAYS_AHEAD,
     DroppedDays,
     drop_days_through,
     ensure_partitions,
     is_partitioned,
 )
-from budget.storage.tables import Account, Charge, IdempotencyRecord, RetentionHorizon
-from policies.device import DeviceBudgetCreate, DeviceBudgetVersion, write_device_budget
-from policies.device import loosening as device_loosening
-from policies.errors import PolicyConflict, PolicyLoosens
-from policies.model import Policy, from_micro
-from policies.repository import PolicyStore
+from dp_governor.budget.storage.tables import Account, Charge, IdempotencyRecord, RetentionHorizon
+from dp_governor.policies.device import DeviceBudgetCreate, DeviceBudgetVersion, write_device_budget
+from dp_governor.policies.device import loosening as device_loosening
+from dp_governor.policies.errors import PolicyConflict, PolicyLoosens
+from dp_governor.policies.model import Policy, from_micro
+from dp_governor.policies.repository import PolicyStore
 
 __all__ = ["BudgetStatus", "Ledger", "PurgeResult"]
 
@@ -179,8 +184,8 @@ class Ledger:
         """Store the device-wide budget as its next version, audited in the same transaction.
 
         Refused (nothing written) when a quota names no active use case, or when the version
-        loosens the one in force (:func:`policies.device.loosening`) and ``allow_loosen`` is
-        not set.
+        loosens the one in force (:func:`dp_governor.policies.device.loosening`) and
+        ``allow_loosen`` is not set.
         """
 
         def audited(
@@ -212,8 +217,8 @@ class Ledger:
         """The audit chain, and the tables the gate decides on against it.
 
         ``kept`` are checkpoints kept outside the database (truncation back to any of them is
-        caught). The state check (:mod:`budget.integrity`) runs only on a chain that verifies;
-        its problem, if any, becomes the verification's.
+        caught). The state check (:mod:`dp_governor.budget.integrity`) runs only on a chain that
+        verifies; its problem, if any, becomes the verification's.
         """
         replay = StateReplay(self._audit_key, budgets_since=budgets_since(self.engine))
         chain = self.audit.verify(external=kept, observe=replay)
@@ -270,8 +275,8 @@ class Ledger:
     def book(self) -> PolicyBook:
         """The policy book now: every version, the terms, budget members, retention, horizons.
 
-        The gate's book (:meth:`budget.gate.Gate.book`): the one policy lookup, read again only
-        when a policy version or a horizon was added.
+        The gate's book (:meth:`dp_governor.budget.gate.Gate.book`): the one policy lookup, read
+        again only when a policy version or a horizon was added.
         """
         with self.engine.connect() as conn:
             return self.gate.book(conn)
@@ -397,8 +402,8 @@ class Ledger:
         """Apply retention at ``now``: raise each use case's horizon, delete what it passed.
 
         Each use case's horizon (retired ones included) rises to its ``spend_through``
-        (:meth:`budget.book.PolicyBook.purge_through`: the longest retention it ever had, at
-        least the longest device-wide window), so that lowering then raising
+        (:meth:`dp_governor.budget.book.PolicyBook.purge_through`: the longest retention it ever
+        had, at least the longest device-wide window), so that lowering then raising
         ``retention_days`` loses nothing, and days once deleted never count again. The
         horizons rise in one short transaction with the audit entry that records them and
         counts the charges they passed (read before: those days are over, so no charge joins

@@ -4,13 +4,14 @@ A device sends reports ``1, 2, ...``; report ``i`` is ``eps_i``-DP (pure, ``delt
 ``eps_i`` as well as the mechanism may depend on everything released before it (*fully adaptive*
 composition, Rogers, Roth, Ullman and Vadhan, "Privacy odometers and filters: pay-as-you-go
 composition", NeurIPS 2016). Fixed-schedule composition theorems (including the exact optimal one
-in :mod:`budget.accountant`) do not apply to such sequences as they stand; the two objects here do.
+in :mod:`dp_governor.budget.accountant`) do not apply to such sequences as they stand; the two
+objects here do.
 
 All of them read three running totals, :class:`OdometerState`: ``n``, ``S1 = sum eps_i`` and
 ``S2 = sum eps_i^2`` (integers in micro-epsilon and micro-epsilon squared, so charging is exact and
 O(1)). The gate computes them from a device's account row, whose slots determine them exactly
-(:meth:`budget.state.AccountState.scaled_lifetime`; docs/odometer.md, "Storage"), and enforces the
-filter there (:mod:`budget.filter_rule`).
+(:meth:`dp_governor.budget.state.AccountState.scaled_lifetime`; docs/odometer.md, "Storage"), and
+enforces the filter there (:mod:`dp_governor.budget.filter_rule`).
 
 **Filter** (:func:`admit`): Whitehouse, Ramdas, Rogers and Wu, "Fully-adaptive composition in
 differential privacy", ICML 2023 (PMLR 202:36990-37007; arXiv:2203.05481), the advanced
@@ -64,7 +65,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Final
 
-from policies.model import to_micro
+from dp_governor.policies.model import to_micro
 
 __all__ = [
     "FLOAT_SLACK",
@@ -251,9 +252,9 @@ def admit_either(state: OdometerState, eps: float, target: Target) -> bool:
     ``delta_g`` on which the filter's supermartingale crosses its line). So the loss at the stop
     exceeds ``eps_g`` only on that event, and the stopped sequence is ``(eps_g, delta_g)``-DP.
 
-    >>> admit_either(OdometerState(), 1.0, Target(4.0, 1e-9)), admit(OdometerState(), 1.0, Target(4.0, 1e-9))
-    (True, False)
-    """  # noqa: E501
+    >>> admit_either(OdometerState(), 1.0, Target(4.0, 1e-9)), admit(OdometerState(), 1.0,
+    Target(4.0, 1e-9)) (True, False)
+    """
     return admit_basic(state, eps, target) or admit(state, eps, target)
 
 

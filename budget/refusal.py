@@ -1,8 +1,9 @@
 """A refusal: which limit refused a report, whose budget it is, and when the report fits again.
 
-The rule's checks (:mod:`budget.rule`, :mod:`budget.filter_rule`, :mod:`budget.device_rule`)
-each return a :class:`Refusal` or ``None``; :func:`budget.rule.check` turns the first refusal
-into the gate's :class:`~budget.rule.Decision`. Pure code.
+The rule's checks (:mod:`dp_governor.budget.rule`, :mod:`dp_governor.budget.filter_rule`,
+:mod:`dp_governor.budget.device_rule`) each return a :class:`Refusal` or ``None``;
+:func:`dp_governor.budget.rule.check` turns the first refusal into the gate's
+:class:`~budget.rule.Decision`. Pure code.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hmac
 
-from budget.keyed import KeyedHash
+from dp_governor.budget.keyed import KeyedHash
 
 __all__ = ["RowTags"]
 

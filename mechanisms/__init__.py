@@ -5,13 +5,13 @@ report, OS randomness). Server side: ``sketch()`` with ``add``, ``merge`` and ``
 no logging, no global state.
 """
 
-from mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
-from mechanisms.estimate import FrequencyEstimate
-from mechanisms.hashing import HashFamily
-from mechanisms.hcms import HCMS, HcmsReport, HcmsReports, HcmsSketch
-from mechanisms.published import describe, family_id, from_published
-from mechanisms.sfp import SFP, DiscoveredWord, SfpReport, SfpReports, SfpSketch
-from mechanisms.validation import InvalidReport
+from dp_governor.mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
+from dp_governor.mechanisms.estimate import FrequencyEstimate
+from dp_governor.mechanisms.hashing import HashFamily
+from dp_governor.mechanisms.hcms import HCMS, HcmsReport, HcmsReports, HcmsSketch
+from dp_governor.mechanisms.published import describe, family_id, from_published
+from dp_governor.mechanisms.sfp import SFP, DiscoveredWord, SfpReport, SfpReports, SfpSketch
+from dp_governor.mechanisms.validation import InvalidReport
 
 __all__ = [
     "CMS",

@@ -23,10 +23,10 @@ from typing import Any, ClassVar, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from mechanisms.bitcount import add_bit_counts
-from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
-from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
-from mechanisms.randomness import (
+from dp_governor.mechanisms.bitcount import add_bit_counts
+from dp_governor.mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
+from dp_governor.mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
+from dp_governor.mechanisms.randomness import (
     OS_COINS,
     Coins,
     bernoulli,
@@ -34,8 +34,14 @@ from mechanisms.randomness import (
     os_bernoulli,
     os_randbelow,
 )
-from mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields, report_int
-from mechanisms.variance import cms_c, cms_variance_exact
+from dp_governor.mechanisms.validation import (
+    InvalidReport,
+    check_epsilon,
+    check_int,
+    report_fields,
+    report_int,
+)
+from dp_governor.mechanisms.variance import cms_c, cms_variance_exact
 
 __all__ = ["CMS", "CmsReport", "CmsReports", "CmsSketch"]
 
@@ -283,8 +289,8 @@ class CmsSketch:
     def add(self, reports: CmsReports | CmsReport, *, threads: int = 1) -> Self:
         """Fold reports in; returns the sketch so calls chain.
 
-        The bits are counted without unpacking them (:mod:`mechanisms.bitcount`); ``threads``
-        counts blocks of rows concurrently.
+        The bits are counted without unpacking them (:mod:`dp_governor.mechanisms.bitcount`);
+        ``threads`` counts blocks of rows concurrently.
         """
         if isinstance(reports, CmsReport):
             reports = CmsReports.from_reports([reports], self.params.m)

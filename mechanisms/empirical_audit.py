@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mechanisms.cms import CMS, CmsReports
-from mechanisms.hcms import HCMS, HcmsReports
-from mechanisms.sfp import POSITIONS, SFP, SfpReports, fragment_item, normalize_word
+from dp_governor.mechanisms.cms import CMS, CmsReports
+from dp_governor.mechanisms.hcms import HCMS, HcmsReports
+from dp_governor.mechanisms.sfp import POSITIONS, SFP, SfpReports, fragment_item, normalize_word
 
 __all__ = ["AuditResult", "audit", "clopper_pearson", "exact_max_log_ratio"]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from mechanisms.hashing import Fingerprints, HashFamily, Item
+from dp_governor.mechanisms.hashing import Fingerprints, HashFamily, Item
 
 __all__ = ["FrequencyEstimate", "gather_row_sums", "plugin_stderr"]
 

@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
-from mechanisms.hadamard import fwht, hadamard_entry, is_power_of_two
-from mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
-from mechanisms.randomness import (
+from dp_governor.mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
+from dp_governor.mechanisms.hadamard import fwht, hadamard_entry, is_power_of_two
+from dp_governor.mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
+from dp_governor.mechanisms.randomness import (
     OS_COINS,
     Coins,
     bernoulli,
@@ -30,8 +30,14 @@ from mechanisms.randomness import (
     os_bernoulli,
     os_randbelow,
 )
-from mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields, report_int
-from mechanisms.variance import hcms_c, hcms_variance_exact
+from dp_governor.mechanisms.validation import (
+    InvalidReport,
+    check_epsilon,
+    check_int,
+    report_fields,
+    report_int,
+)
+from dp_governor.mechanisms.variance import hcms_c, hcms_variance_exact
 
 __all__ = ["HCMS", "HcmsReport", "HcmsReports", "HcmsSketch"]
 

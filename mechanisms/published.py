@@ -15,10 +15,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from mechanisms.cms import CMS
-from mechanisms.hashing import HashFamily
-from mechanisms.hcms import HCMS
-from mechanisms.sfp import DEFAULT_ALPHABET, POSITIONS, SFP
+from dp_governor.mechanisms.cms import CMS
+from dp_governor.mechanisms.hashing import HashFamily
+from dp_governor.mechanisms.hcms import HCMS
+from dp_governor.mechanisms.sfp import DEFAULT_ALPHABET, POSITIONS, SFP
 
 __all__ = [
     "FAMILY_FIELD",

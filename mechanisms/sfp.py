@@ -29,11 +29,11 @@ from typing import Any, ClassVar, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
-from mechanisms.estimate import FrequencyEstimate, gather_row_sums
-from mechanisms.hashing import MAX_ROWS, HashFamily, factorize
-from mechanisms.randomness import OS_COINS, Coins, os_randbelow
-from mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields
+from dp_governor.mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
+from dp_governor.mechanisms.estimate import FrequencyEstimate, gather_row_sums
+from dp_governor.mechanisms.hashing import MAX_ROWS, HashFamily, factorize
+from dp_governor.mechanisms.randomness import OS_COINS, Coins, os_randbelow
+from dp_governor.mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields
 
 __all__ = [
     "PAD",

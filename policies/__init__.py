@@ -1,8 +1,13 @@
 """Use-case policies: mechanism and parameters, epsilon per report, caps, retention, thresholds."""
 
-from policies.defaults import DEFAULT_POLICIES, default_policies
-from policies.files import PolicyFileError, dump_policies, load_device_budget, load_policies
-from policies.model import (
+from dp_governor.policies.defaults import DEFAULT_POLICIES, default_policies
+from dp_governor.policies.files import (
+    PolicyFileError,
+    dump_policies,
+    load_device_budget,
+    load_policies,
+)
+from dp_governor.policies.model import (
     Policy,
     PolicyBase,
     PolicyCreate,
@@ -13,7 +18,7 @@ from policies.model import (
     mechanism_for,
     publish,
 )
-from policies.repository import PolicyStore
+from dp_governor.policies.repository import PolicyStore
 
 __all__ = [
     "DEFAULT_POLICIES",

@@ -12,7 +12,7 @@ governed by the estimates' own significance until a team sets one.
 
 from __future__ import annotations
 
-from policies.model import PolicyCreate
+from dp_governor.policies.model import PolicyCreate
 
 __all__ = ["DEFAULT_POLICIES", "default_policies"]
 

@@ -1,4 +1,4 @@
-"""Errors of the policy layer (re-exported by :mod:`budget.errors`)."""
+"""Errors of the policy layer (re-exported by :mod:`dp_governor.budget.errors`)."""
 
 from __future__ import annotations
 

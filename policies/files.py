@@ -1,7 +1,8 @@
 """Policies as YAML or TOML files (``policies: [...]``), complete and validated by the model.
 
-A file may also hold a ``device_budget`` table (:class:`policies.device.DeviceBudgetCreate`):
-the device-wide budget every use case draws from, with per-use-case ``quotas``.
+A file may also hold a ``device_budget`` table
+(:class:`dp_governor.policies.device.DeviceBudgetCreate`): the device-wide budget every use case
+draws from, with per-use-case ``quotas``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import tomli_w
 import yaml
 from pydantic import ValidationError
 
-from policies.device import DeviceBudgetCreate
-from policies.model import PolicyBase, PolicyCreate
+from dp_governor.policies.device import DeviceBudgetCreate
+from dp_governor.policies.model import PolicyBase, PolicyCreate
 
 __all__ = ["PolicyFileError", "dump_policies", "load_device_budget", "load_policies"]
 

@@ -21,10 +21,10 @@ from typing import Any, Literal, Self
 from pydantic import ConfigDict, field_validator, model_validator
 from sqlmodel import Field, SQLModel
 
-from mechanisms import CMS, HCMS, SFP, HashFamily
-from mechanisms.hadamard import is_power_of_two
-from mechanisms.sfp import POSITIONS
-from policies.randomizer import Randomizer
+from dp_governor.mechanisms import CMS, HCMS, SFP, HashFamily
+from dp_governor.mechanisms.hadamard import is_power_of_two
+from dp_governor.mechanisms.sfp import POSITIONS
+from dp_governor.policies.randomizer import Randomizer
 
 __all__ = [
     "FILTER_FIELDS",
@@ -261,7 +261,7 @@ class GroupTerms(SQLModel):
     """A budget group's shared terms, as submitted: every field given (``null`` for none).
 
     The members of a group share one budget, so they share these; a group's terms change for
-    all its members at once (:meth:`policies.repository.PolicyStore.update_group`), each
+    all its members at once (:meth:`dp_governor.policies.repository.PolicyStore.update_group`), each
     member's result validated as a ``PolicyCreate``.
     """
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from mechanisms import CMS, HCMS, SFP, describe
+from dp_governor.mechanisms import CMS, HCMS, SFP, describe
 
 __all__ = ["PublishedHashFamily", "Randomizer"]
 
@@ -25,7 +25,7 @@ class PublishedHashFamily(BaseModel):
 
 
 class Randomizer(BaseModel):
-    """Everything a device needs to build the server's randomizer (`mechanisms.from_published`)."""
+    """Everything a device needs to build the server's randomizer (`from_published`)."""
 
     mechanism: Literal["cms", "hcms", "sfp"] = Field(description="Which randomizer to build.")
     epsilon: float | None = Field(default=None, description="CMS and HCMS: epsilon per report.")

@@ -14,8 +14,8 @@ from sqlalchemy import Connection, Engine, Select, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
-from policies.errors import PolicyConflict, UnknownUseCase
-from policies.model import (
+from dp_governor.policies.errors import PolicyConflict, UnknownUseCase
+from dp_governor.policies.model import (
     GroupTerms,
     Policy,
     PolicyBase,
@@ -115,7 +115,8 @@ class PolicyStore:
         """Every version of every use case (retired ones included), by name and version.
 
         The one read of the whole table: the ledger's policy book is built from it
-        (``budget.book``), and every other reader of policy versions goes through that book.
+        (``dp_governor.budget.book``), and every other reader of policy versions goes through that
+        book.
         """
         rows = conn.execute(select(_TABLE).order_by(_TABLE.c.name, _TABLE.c.version)).all()
         return [Policy.model_validate(r._asdict()) for r in rows]
@@ -171,7 +172,7 @@ class PolicyStore:
 
     def ensure_defaults(self) -> builtins.list[Policy]:
         """Load Apple's default policies into an empty store (first start); else do nothing."""
-        from policies.defaults import default_policies
+        from dp_governor.policies.defaults import default_policies
 
         if not self.is_empty():
             return []
@@ -372,9 +373,9 @@ def lock_book(conn: Connection) -> None:
     """Hold the policy book's PostgreSQL advisory lock, exclusively, until the transaction ends.
 
     Every write of a policy or of the device-wide budget takes it; the gate's charge
-    transaction takes it shared before it reads the book (``budget.batch.charge_batch``), so a
-    charge decides and commits on one book. SQLite needs none: its write transactions already
-    run one at a time.
+    transaction takes it shared before it reads the book
+    (``dp_governor.budget.batch.charge_batch``), so a charge decides and commits on one book. SQLite
+    needs none: its write transactions already run one at a time.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": BOOK_LOCK_KEY})

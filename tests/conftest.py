@@ -13,8 +13,8 @@ import pytest
 from hypothesis import settings
 from sqlalchemy import Engine
 
-from budget import Ledger, create_db_engine, init_db
-from budget.storage.db import scratch_schema
+from dp_governor.budget import Ledger, create_db_engine, init_db
+from dp_governor.budget.storage.db import scratch_schema
 
 # No example may fail for being slow: a busy machine is slow, not wrong.
 settings.register_profile("dpgov", deadline=None)

@@ -14,7 +14,7 @@ from benchmarks import startup
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     env = startup.environment(Path(tmp_path_factory.mktemp("startup")))
-    init = [sys.executable, "-m", "api.cli", "db", "init"]
+    init = [sys.executable, "-m", "dp_governor.api.cli", "db", "init"]
     subprocess.run(init, env=env, check=True, capture_output=True, timeout=300)
     return env
 
@@ -25,8 +25,10 @@ def test_help_and_the_read_commands_import_none_of_the_heavy_packages(
 ) -> None:
     modules = startup.imported(args, env)
     assert startup.heavy(modules) == []
-    assert "api.database" not in modules  # a read creates and upgrades nothing
+    assert "dp_governor.api.database" not in modules  # a read creates and upgrades nothing
     if args != ["--help"]:
-        assert "budget.ledger" in modules  # the command did run (and the check sees imports)
+        assert (
+            "dp_governor.budget.ledger" in modules
+        )  # the command did run (and the check sees imports)
     else:
         assert not any(m == "budget" or m.startswith("budget.") for m in modules)

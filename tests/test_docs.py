@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from api.settings import Settings
-from api.settings_doc import DOC_PATH, REGENERATE, render_configuration
+from dp_governor.api.settings import Settings
+from dp_governor.api.settings_doc import DOC_PATH, REGENERATE, render_configuration
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,6 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # Each package may import only the packages listed before it.
 ORDER = ("mechanisms", "policies", "budget", "api")
 PACKAGES = (*ORDER, "benchmarks", "tests")
+NAMESPACE = "dp_governor"
+
+
+def _layer(module: str) -> str:
+    """The package a module name belongs to: ``dp_governor.budget.ledger`` is in ``budget``."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == NAMESPACE and len(parts) > 1 else parts[0]
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -38,13 +45,26 @@ def test_a_package_imports_only_the_layers_below_it(package: str) -> None:
         f"{path.relative_to(ROOT)} imports {name}"
         for path in _modules(package)
         for name in _imported_modules(path)
-        if name.split(".")[0] in forbidden
+        if _layer(name) in forbidden
+    ]
+    assert not wrong, wrong
+
+
+def test_the_project_is_imported_only_through_its_namespace() -> None:
+    """Every import of the project's code names ``dp_governor``, never a top-level name."""
+    bare = set(ORDER)
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for package in PACKAGES
+        for path in _modules(package)
+        for name in _imported_modules(path)
+        if name.split(".")[0] in bare
     ]
     assert not wrong, wrong
 
 
 def test_the_service_never_imports_the_cli_or_the_demo() -> None:
-    tools = ("api.cli", "api.demo")
+    tools = ("dp_governor.api.cli", "dp_governor.api.demo")
     wrong = [
         f"{path.relative_to(ROOT)} imports {name}"
         for path in _modules("api")
@@ -57,6 +77,8 @@ def test_the_service_never_imports_the_cli_or_the_demo() -> None:
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[0] in ORDER:
+        parts = (NAMESPACE, *parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -132,5 +154,8 @@ def test_no_module_imports_itself_back() -> None:
     paths = [p for package in PACKAGES for p in _modules(package)]
     modules = {_module_name(p) for p in paths}
     graph = {_module_name(p): _module_imports(p, modules) for p in paths}
-    assert graph["budget.ledger"] >= {"budget.batch", "budget.gate"}  # the graph is read
+    assert graph["dp_governor.budget.ledger"] >= {
+        "dp_governor.budget.batch",
+        "dp_governor.budget.gate",
+    }  # the graph is read
     assert not _cycles(graph), _cycles(graph)

@@ -31,8 +31,23 @@ def test_every_package_imports_first_in_a_fresh_interpreter() -> None:
     import subprocess
     import sys
 
-    packages = ("policies", "budget", "mechanisms", "api", "api.app", "api.cli", "api.lane")
-    for package in (*packages, "api.errors", "api.ingestion.ingest", "api.routes.reports"):
+    packages = (
+        "dp_governor",
+        "dp_governor.client",
+        "dp_governor.policies",
+        "dp_governor.budget",
+        "dp_governor.mechanisms",
+        "dp_governor.api",
+        "dp_governor.api.app",
+        "dp_governor.api.cli",
+        "dp_governor.api.lane",
+    )
+    for package in (
+        *packages,
+        "dp_governor.api.errors",
+        "dp_governor.api.ingestion.ingest",
+        "dp_governor.api.routes.reports",
+    ):
         proc = subprocess.run(
             [sys.executable, "-c", f"import {package}"],
             capture_output=True,
@@ -48,8 +63,9 @@ def test_the_service_imports_neither_the_cli_nor_the_demo() -> None:
     import sys
 
     code = (
-        "import sys, api.app; "
-        "print(sorted(m for m in sys.modules if m.startswith(('api.cli', 'api.demo'))))"
+        "import sys, dp_governor.api.app; "
+        "print(sorted(m for m in sys.modules"
+        " if m.startswith(('dp_governor.api.cli', 'dp_governor.api.demo'))))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
@@ -58,7 +74,7 @@ def test_the_service_imports_neither_the_cli_nor_the_demo() -> None:
 
 
 def test_the_policy_store_uses_the_ledgers_write_option() -> None:
-    from budget.storage.db import WRITE_OPTION
+    from dp_governor.budget.storage.db import WRITE_OPTION
 
     source = (ROOT / "policies" / "repository.py").read_text(encoding="utf-8")
     assert f"{WRITE_OPTION}=True" in source

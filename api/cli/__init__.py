@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from api.cli import aggregate, audit, budget, db, demo, jobs, policies, selftest, serve, simulate
+from dp_governor.api.cli import (
+    aggregate,
+    audit,
+    budget,
+    db,
+    demo,
+    jobs,
+    policies,
+    selftest,
+    serve,
+    simulate,
+)
 
 __all__ = ["app", "main"]
 

@@ -1,5 +1,5 @@
-"""``python -m api.cli``: the ``dpgov`` command."""
+"""``python -m dp_governor.api.cli``: the ``dpgov`` command."""
 
-from api.cli import main
+from dp_governor.api.cli import main
 
 main()

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
+from dp_governor.api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
 
 
 class AggregateEngine(enum.StrEnum):
@@ -22,7 +22,7 @@ class AggregateEngine(enum.StrEnum):
 
 
 def _day_number(value: datetime | None, default: int) -> int:
-    from budget import utc_day
+    from dp_governor.budget import utc_day
 
     return utc_day(value.replace(tzinfo=UTC)) if value is not None else default
 
@@ -64,8 +64,8 @@ def aggregate(
     Needs the ``scale`` extra (pyarrow, dask): ``pip install 'dp-governor[scale]'``.
     """
     try:
-        from api.ingestion.distributed import DaskOptions, aggregate_files
-        from api.ingestion.parquet import dataset_files, export_reports
+        from dp_governor.api.ingestion.distributed import DaskOptions, aggregate_files
+        from dp_governor.api.ingestion.parquet import dataset_files, export_reports
 
         if engine is AggregateEngine.dask:
             import dask.distributed  # noqa: F401 - the engine's own package, checked up front
@@ -74,10 +74,14 @@ def aggregate(
             f"`dpgov aggregate` needs the `scale` extra ({exc.name} is not installed):"
             " pip install 'dp-governor[scale]'"
         )
-    from api.ingestion.ingest import params_hash
-    from api.ingestion.pipeline import mechanisms_by_params, sketch_digest, sketch_to_bytes
-    from budget import SystemClock, UnknownUseCase, utc_day
-    from policies import mechanism_for
+    from dp_governor.api.ingestion.ingest import params_hash
+    from dp_governor.api.ingestion.pipeline import (
+        mechanisms_by_params,
+        sketch_digest,
+        sketch_to_bytes,
+    )
+    from dp_governor.budget import SystemClock, UnknownUseCase, utc_day
+    from dp_governor.policies import mechanism_for
 
     if scheduler is not None and engine is not AggregateEngine.dask:
         typer.echo("Error: --scheduler needs --engine dask", err=True)

@@ -10,7 +10,7 @@ from typing import Annotated, TextIO, cast
 
 import typer
 
-from api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
+from dp_governor.api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
 
@@ -27,7 +27,7 @@ def audit_verify(
     database_url: DatabaseOption = None,
 ) -> None:
     """Check the audit chain and the state the gate decides on; exit 1 naming what fails."""
-    from api.integrity import kept_checkpoints, verify_service
+    from dp_governor.api.integrity import kept_checkpoints, verify_service
 
     settings = load_settings(database_url)
     path = checkpoints or settings.checkpoint_file
@@ -56,7 +56,7 @@ def audit_checkpoints(
 
     The file is created with mode 0600; one that cannot be read is left untouched (exit 1).
     """
-    from budget.audit_log import CheckpointFileError, write_checkpoints
+    from dp_governor.budget.audit_log import CheckpointFileError, write_checkpoints
 
     ledger = open_ledger(load_settings(database_url))
     try:
@@ -77,9 +77,9 @@ def audit_report(
     database_url: DatabaseOption = None,
 ) -> None:
     """The effective-epsilon report: what each policy allows and what devices spent."""
-    from budget import SystemClock
-    from budget.reporting.loss import effective_epsilon
-    from budget.reporting.report import render_text
+    from dp_governor.budget import SystemClock
+    from dp_governor.budget.reporting.loss import effective_epsilon
+    from dp_governor.budget.reporting.report import render_text
 
     if delta is not None and not 0 < delta < 1:
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
@@ -105,9 +105,9 @@ def audit_export(
 
     The file is written with mode 0600 (it names every device pseudonym and its spend).
     """
-    from budget import SystemClock
-    from budget.reporting.export import export_ledger
-    from budget.storage.files import open_private
+    from dp_governor.budget import SystemClock
+    from dp_governor.budget.reporting.export import export_ledger
+    from dp_governor.budget.storage.files import open_private
 
     if fmt not in ("jsonl", "csv"):
         typer.echo(f"Error: --format must be jsonl or csv, got {fmt!r}", err=True)
@@ -151,8 +151,8 @@ def audit_recompute(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Recompute the effective-epsilon report from an export, offline (no database)."""
-    from budget.reporting.export import read_export, report_from_export
-    from budget.reporting.report import render_text
+    from dp_governor.budget.reporting.export import read_export, report_from_export
+    from dp_governor.budget.reporting.report import render_text
 
     try:
         report = report_from_export(read_export(file))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import DatabaseOption, load_settings, open_ledger
+from dp_governor.api.cli.common import DatabaseOption, load_settings, open_ledger
 
 
 def budget(
@@ -14,7 +14,7 @@ def budget(
     database_url: DatabaseOption = None,
 ) -> None:
     """A device's remaining budget for every use case."""
-    from budget import SystemClock
+    from dp_governor.budget import SystemClock
 
     if not device_id or len(device_id) > 256:
         typer.echo("Error: DEVICE_ID must be 1 to 256 characters", err=True)

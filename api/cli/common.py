@@ -17,8 +17,8 @@ import typer
 # Each command imports what it uses, so that `dpgov --help` and a read command start fast
 # (benchmarks/startup.py): no FastAPI, scipy, dp-accounting or pyarrow unless the command needs it.
 if TYPE_CHECKING:
-    from api.settings import ServiceKeys, Settings
-    from budget import Ledger
+    from dp_governor.api.settings import ServiceKeys, Settings
+    from dp_governor.budget import Ledger
 
 
 DatabaseOption = Annotated[
@@ -37,8 +37,8 @@ def long_lived_imports() -> Iterator[None]:
     Modules, classes and functions live as long as the process. A collection while they load
     scans all that has loaded so far, and each later one would scan it again; frozen
     (``gc.freeze``), they are never scanned. The server does the same once it has started
-    (:func:`api.app.lifespan`). About a quarter of a read command's CPU time. Frozen objects
-    are never freed, so a process freezes once (a test process runs many commands).
+    (:func:`dp_governor.api.app.lifespan`). About a quarter of a read command's CPU time. Frozen
+    objects are never freed, so a process freezes once (a test process runs many commands).
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -60,7 +60,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     from pydantic import ValidationError
 
     with long_lived_imports():
-        from api.settings import Settings
+        from dp_governor.api.settings import Settings
 
     try:
         values = {k: v for k, v in overrides.items() if v is not None}
@@ -127,14 +127,14 @@ def open_service(
 
     Only :attr:`Access.CREATE` creates a database, tables or key files (key files only for a
     database with no history); every access checks the keys against the recorded fingerprints.
-    ``upgrade`` is passed to :func:`api.database.init_service_db` (``None``: the backend's rule,
-    SQLite upgrades and PostgreSQL refuses an old schema; ``db init`` upgrades). A database that
-    cannot be used is one line naming the setting (exit 1).
+    ``upgrade`` is passed to :func:`dp_governor.api.database.init_service_db` (``None``: the
+    backend's rule, SQLite upgrades and PostgreSQL refuses an old schema; ``db init`` upgrades). A
+    database that cannot be used is one line naming the setting (exit 1).
     """
     from sqlalchemy import inspect
 
-    from api.settings import NOT_INITIALISED, KeyRefused, service_keys
-    from budget import Ledger, create_db_engine
+    from dp_governor.api.settings import NOT_INITIALISED, KeyRefused, service_keys
+    from dp_governor.budget import Ledger, create_db_engine
 
     url = (
         settings.database_url
@@ -151,7 +151,7 @@ def open_service(
         if access is Access.WRITE and not inspect(engine).has_table("audit_log"):
             raise KeyRefused(NOT_INITIALISED)
         if access is not Access.READ:  # a read neither creates nor upgrades: no pipeline tables
-            from api.database import init_service_db
+            from dp_governor.api.database import init_service_db
 
             init_service_db(engine, upgrade=upgrade)
         keys = service_keys(
@@ -173,8 +173,8 @@ def open_service(
 
 
 def _database_problem(url: str, exc: Exception) -> str | None:
-    """:func:`api.database.database_problem`, imported only when there is a problem."""
-    from api.database import database_problem
+    """:func:`dp_governor.api.database.database_problem`, imported only when there is a problem."""
+    from dp_governor.api.database import database_problem
 
     return database_problem(url, exc)
 

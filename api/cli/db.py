@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from api.cli.common import (
+from dp_governor.api.cli.common import (
     Access,
     DatabaseOption,
     existing_database,
@@ -47,9 +47,9 @@ def db_upgrade(database_url: DatabaseOption = None) -> None:
     """
     from sqlalchemy import inspect
 
-    from api.database import database_problem, shown_url
-    from budget import create_db_engine
-    from budget.storage.schema import head_revision, upgrade_db
+    from dp_governor.api.database import database_problem, shown_url
+    from dp_governor.budget import create_db_engine
+    from dp_governor.budget.storage.schema import head_revision, upgrade_db
 
     settings = load_settings(database_url)
     shown = shown_url(settings.database_url)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import Progress, load_settings, refuse
+from dp_governor.api.cli.common import Progress, load_settings, refuse
 
 
 def _cap(value: float | None) -> str:
@@ -32,8 +32,8 @@ def demo(
     """Start the service on a database, run a fleet over real HTTP, show the results."""
     from pydantic import TypeAdapter
 
-    from api.demo.demo import run_demo
-    from budget.reporting.report import EffectiveEpsilonReport, render_text
+    from dp_governor.api.demo.demo import run_demo
+    from dp_governor.budget.reporting.report import EffectiveEpsilonReport, render_text
 
     settings = None if database_url is None else load_settings(database_url)
     where = "a temporary database" if settings is None else "the database given"

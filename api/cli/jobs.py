@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import (
+from dp_governor.api.cli.common import (
     Access,
     DatabaseOption,
     Progress,
@@ -31,9 +31,9 @@ def jobs_run(
     ] = False,
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
-    from api.ingestion.ingest import Ingestor
-    from api.ingestion.seal import InboxSeal
-    from api.jobs import (
+    from dp_governor.api.ingestion.ingest import Ingestor
+    from dp_governor.api.ingestion.seal import InboxSeal
+    from dp_governor.api.jobs import (
         JOBS,
         RUNTIMES,
         JobBusy,
@@ -43,7 +43,7 @@ def jobs_run(
         lease_of,
         run_job,
     )
-    from budget import SystemClock
+    from dp_governor.budget import SystemClock
 
     if name not in JOBS:
         typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
@@ -90,7 +90,7 @@ def jobs_release(
     database_url: DatabaseOption = None,
 ) -> None:
     """Clear a job's lease whoever holds it, so the next run need not wait for it to expire."""
-    from api.jobs import JOBS, lease_of, release_job
+    from dp_governor.api.jobs import JOBS, lease_of, release_job
 
     if name not in JOBS:
         typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)

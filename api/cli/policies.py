@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from budget import Ledger
-    from policies import Policy, PolicyCreate
-    from policies.device import DeviceBudgetCreate
+    from dp_governor.budget import Ledger
+    from dp_governor.policies import Policy, PolicyCreate
+    from dp_governor.policies.device import DeviceBudgetCreate
 
-from api.cli.common import Access, DatabaseOption, load_settings, open_ledger, refuse
+from dp_governor.api.cli.common import Access, DatabaseOption, load_settings, open_ledger, refuse
 
 app = typer.Typer(help="List, show, apply and export use-case policies.", no_args_is_help=True)
 
@@ -38,8 +38,8 @@ def policies_show(
     name: Annotated[str, typer.Argument(help="The use case.")], database_url: DatabaseOption = None
 ) -> None:
     """One policy as YAML, with its version."""
-    from budget import UnknownUseCase
-    from policies import dump_policies
+    from dp_governor.budget import UnknownUseCase
+    from dp_governor.policies import dump_policies
 
     ledger = open_ledger(load_settings(database_url))
     try:
@@ -75,8 +75,8 @@ def policies_apply(
     budget group's members may change their shared terms together; nothing is written unless
     every check passes, and --dry-run runs them all and writes nothing.
     """
-    from budget import PolicyConflict, SystemClock
-    from policies import PolicyFileError, load_device_budget, load_policies
+    from dp_governor.budget import PolicyConflict, SystemClock
+    from dp_governor.policies import PolicyFileError, load_device_budget, load_policies
 
     try:
         policies = load_policies(file)
@@ -119,9 +119,9 @@ def _review_device_budget(
     ledger: Ledger, device: DeviceBudgetCreate, loosening: list[str], *, now: datetime
 ) -> bool:
     """Print whether the file's device-wide budget changes and its what-if; add its loosenings."""
-    from budget.reporting.views import what_if_device_budget
-    from policies.device import device_budget_versions
-    from policies.device import loosening as device_loosening
+    from dp_governor.budget.reporting.views import what_if_device_budget
+    from dp_governor.policies.device import device_budget_versions
+    from dp_governor.policies.device import loosening as device_loosening
 
     with ledger.engine.connect() as conn:
         held = device_budget_versions(conn)
@@ -144,12 +144,12 @@ def _review(
     """Print each policy's diff and what-if; return the problems, the loosenings and the changes.
 
     The file's changed policies are checked and compared as one change (the write's own
-    checks, :meth:`policies.repository.PolicyStore.proposed`, and its loosening review,
-    :meth:`budget.ledger.Ledger.loosenings`).
+    checks, :meth:`dp_governor.policies.repository.PolicyStore.proposed`, and its loosening review,
+    :meth:`dp_governor.budget.ledger.Ledger.loosenings`).
     """
-    from budget import InvalidRequest, PolicyConflict, UnknownUseCase
-    from budget.reporting.views import what_if
-    from policies import PolicyBase
+    from dp_governor.budget import InvalidRequest, PolicyConflict, UnknownUseCase
+    from dp_governor.budget.reporting.views import what_if
+    from dp_governor.policies import PolicyBase
 
     problems: list[str] = []
     changed: list[PolicyCreate] = []
@@ -214,7 +214,7 @@ def _what_if_lines(result: dict[str, Any], prefix: str = "") -> list[str]:
 
 def _shown(value: Any) -> str:
     """A policy field or what-if figure as one short phrase (an epsilon rounded up: a bound)."""
-    from budget.display import fmt_up
+    from dp_governor.budget.display import fmt_up
 
     if value is None:
         return "none"
@@ -236,7 +236,7 @@ def policies_export(
     database_url: DatabaseOption = None,
 ) -> None:
     """Print the current policies as a file that `apply` reads."""
-    from policies import dump_policies
+    from dp_governor.policies import dump_policies
 
     if fmt not in ("yaml", "toml"):
         typer.echo(f"Error: --format must be yaml or toml, got {fmt!r}", err=True)

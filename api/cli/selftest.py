@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
+from dp_governor.api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
 
 if TYPE_CHECKING:
-    from policies import PolicyBase
+    from dp_governor.policies import PolicyBase
 
 
 def selftest(
@@ -33,8 +33,8 @@ def selftest(
     policies = _policies(defaults, database_url)
     import numpy as np
 
-    from mechanisms.empirical_audit import audit, exact_max_log_ratio
-    from policies import mechanism_for
+    from dp_governor.mechanisms.empirical_audit import audit, exact_max_log_ratio
+    from dp_governor.policies import mechanism_for
 
     rng = np.random.default_rng(seed)
     print(
@@ -83,7 +83,7 @@ def selftest(
 def _policies(defaults: bool, database_url: str | None) -> list[PolicyBase]:
     """Apple's defaults, or the active policies of the configured database (read-only)."""
     if defaults:
-        from policies import default_policies
+        from dp_governor.policies import default_policies
 
         return list(default_policies())
     ledger = open_ledger(load_settings(database_url))

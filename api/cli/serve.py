@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import Access, DatabaseOption, load_settings, open_service, refuse
+from dp_governor.api.cli.common import Access, DatabaseOption, load_settings, open_service, refuse
 
 
 class LogFormatOption(enum.StrEnum):
-    """The server's log line formats (:mod:`api.logs`)."""
+    """The server's log line formats (:mod:`dp_governor.api.logs`)."""
 
     text = "text"
     json = "json"
@@ -36,8 +36,8 @@ def serve(
     SQLite is upgraded at start; PostgreSQL with a schema behind this release is refused
     (`dpgov db upgrade` first). A worker that cannot start stops the server: exit 1, its reason.
     """
-    from api.logs import log_config
-    from api.server import run_server, serve_options
+    from dp_governor.api.logs import log_config
+    from dp_governor.api.server import run_server, serve_options
 
     fmt = None if log_format is None else log_format.value
     settings = load_settings(database_url, host=host, port=port, log_format=fmt)
@@ -55,7 +55,7 @@ def serve(
     )
     typer.echo(f"dp-governor on http://{settings.host}:{settings.port} (docs at /docs)")
     failure = run_server(
-        "api.app:create_app",
+        "dp_governor.api.app:create_app",
         workers,
         host=settings.host,
         port=settings.port,

@@ -11,7 +11,7 @@ import typer
 if TYPE_CHECKING:
     import numpy as np
 
-    from mechanisms import CMS, HCMS, SFP
+    from dp_governor.mechanisms import CMS, HCMS, SFP
 
 
 class UseCase(enum.StrEnum):
@@ -38,8 +38,12 @@ def simulate(
     """Simulate a fleet privatizing with the real mechanism; print the top estimates and truth."""
     import numpy as np
 
-    from api.demo.simulation import default_mechanism, emoji_vocabulary, simulate_frequency
-    from mechanisms import SFP
+    from dp_governor.api.demo.simulation import (
+        default_mechanism,
+        emoji_vocabulary,
+        simulate_frequency,
+    )
+    from dp_governor.mechanisms import SFP
 
     rng = np.random.default_rng(seed)
     mechanism = default_mechanism(use_case.value, hash_seed)
@@ -66,7 +70,7 @@ def simulate(
 
 
 def _print_header(mechanism: CMS | HCMS | SFP, devices: int, d: int) -> None:
-    from mechanisms import SFP
+    from dp_governor.mechanisms import SFP
 
     if isinstance(mechanism, SFP):
         params = (
@@ -97,7 +101,7 @@ def _simulate_sfp(
 ) -> None:
     import numpy as np
 
-    from api.demo.simulation import made_up_words, zipf_indices
+    from dp_governor.api.demo.simulation import made_up_words, zipf_indices
 
     words = made_up_words(5000, rng=rng)
     _print_header(sfp, devices, len(words))

@@ -27,13 +27,13 @@ import numpy as np
 import uvicorn
 from pydantic import SecretStr
 
-from api.app import create_app
-from api.client import Client, RelayItem
-from api.database import init_service_db
-from api.demo.simulation import emoji_vocabulary, made_up_words, zipf_indices
-from api.settings import Settings, service_keys
-from budget import FixedClock, create_db_engine
-from mechanisms import CMS, SFP
+from dp_governor.api.app import create_app
+from dp_governor.api.client import Client, RelayItem
+from dp_governor.api.database import init_service_db
+from dp_governor.api.demo.simulation import emoji_vocabulary, made_up_words, zipf_indices
+from dp_governor.api.settings import Settings, service_keys
+from dp_governor.budget import FixedClock, create_db_engine
+from dp_governor.mechanisms import CMS, SFP
 
 __all__ = ["DemoResult", "demo_reports", "run_demo"]
 

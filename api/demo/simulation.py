@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from mechanisms import CMS, HCMS, SFP, HashFamily
+from dp_governor.mechanisms import CMS, HCMS, SFP, HashFamily
 
 __all__ = [
     "EMOJI_TOP10",

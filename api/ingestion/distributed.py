@@ -17,9 +17,9 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from api.ingestion.ingest import Mechanism
-from api.ingestion.parquet import iter_reports
-from api.ingestion.pipeline import Sketch, sketch_arrays, sketch_from_arrays
+from dp_governor.api.ingestion.ingest import Mechanism
+from dp_governor.api.ingestion.parquet import iter_reports
+from dp_governor.api.ingestion.pipeline import Sketch, sketch_arrays, sketch_from_arrays
 
 __all__ = [
     "DaskOptions",

@@ -2,8 +2,8 @@
 
 The charge and the inbox row commit together (the gate's ``on_accept``), so an acknowledged
 report always has both, and a refused or failed one has neither. The inbox row's report and
-device pseudonym are sealed to the shuffler key (:mod:`api.ingestion.seal`): what commits with
-the charge is ciphertext that nobody reading the database can open.
+device pseudonym are sealed to the shuffler key (:mod:`dp_governor.api.ingestion.seal`): what
+commits with the charge is ciphertext that nobody reading the database can open.
 """
 
 from __future__ import annotations
@@ -18,18 +18,23 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Connection
 
-from api.errors import ACCEPTED, INVALID, REFUSED, PolicyChanged, status_of
-from api.ingestion.seal import InboxSeal
-from budget import Decision, Ledger
-from budget.batch import BatchItem, charge_batch
-from budget.book import Terms
-from budget.errors import BudgetError, IdempotencyConflict, InvalidRequest, UnknownUseCase
-from budget.keyed import KeyedHash
-from budget.storage.db import placeholder
-from mechanisms import CMS, HCMS, SFP, InvalidReport, family_id
-from mechanisms.published import FAMILY_FIELD
-from policies import Policy, mechanism_for
-from policies.errors import PolicyError
+from dp_governor.api.errors import ACCEPTED, INVALID, REFUSED, PolicyChanged, status_of
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.budget import Decision, Ledger
+from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.budget.book import Terms
+from dp_governor.budget.errors import (
+    BudgetError,
+    IdempotencyConflict,
+    InvalidRequest,
+    UnknownUseCase,
+)
+from dp_governor.budget.keyed import KeyedHash
+from dp_governor.budget.storage.db import placeholder
+from dp_governor.mechanisms import CMS, HCMS, SFP, InvalidReport, family_id
+from dp_governor.mechanisms.published import FAMILY_FIELD
+from dp_governor.policies import Policy, mechanism_for
+from dp_governor.policies.errors import PolicyError
 
 __all__ = ["Ingestor", "ItemResult", "SubmitRequest", "params_hash"]
 

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import Engine
 
-from api.ingestion.ingest import Mechanism, params_hash
-from api.ingestion.pipeline import decode_payloads, part_payloads, published_parts
-from mechanisms import CMS, HCMS, CmsReports, HcmsReports, SfpReports
+from dp_governor.api.ingestion.ingest import Mechanism, params_hash
+from dp_governor.api.ingestion.pipeline import decode_payloads, part_payloads, published_parts
+from dp_governor.mechanisms import CMS, HCMS, CmsReports, HcmsReports, SfpReports
 
 __all__ = [
     "ExportResult",

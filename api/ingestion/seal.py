@@ -16,8 +16,9 @@ is padded to one length (:meth:`InboxSeal.width`), so a sealed row's size says n
 report either.
 
 Layout: ``version (1) | key id (4) | nonce (12) | AES-GCM(flag (1) | tag (8) | report)``; the
-key id is the first 4 bytes of the key's fingerprint (:func:`budget.storage.db.key_fingerprint`),
-so a process holding several keys (a rotation) knows which opens a row.
+key id is the first 4 bytes of the key's fingerprint
+(:func:`dp_governor.budget.storage.db.key_fingerprint`), so a process holding several keys (a
+rotation) knows which opens a row.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from budget.storage.db import key_fingerprint
+from dp_governor.budget.storage.db import key_fingerprint
 
 __all__ = ["SEAL_VERSION", "InboxSeal", "SealError", "key_id"]
 

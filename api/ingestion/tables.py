@@ -4,9 +4,9 @@ Trust boundary: none of these has a device column, a timestamp finer than the UT
 key shared with the ledger. The inbox row is written in the charge's transaction (so there is
 never a charge without its report) under a random id (a sequential one would pair with the
 charge's id), and its report and per-use-case device pseudonym are sealed to the shuffler key,
-which the database does not hold (:mod:`api.ingestion.seal`): a copy of the database pairs a
-charge with ciphertext only. The ``flush-inbox`` job opens them, counts distinct devices, and
-moves a use case's inbox rows of one parameter set to ``reports`` as one CSPRNG-shuffled batch
+which the database does not hold (:mod:`dp_governor.api.ingestion.seal`): a copy of the database
+pairs a charge with ciphertext only. The ``flush-inbox`` job opens them, counts distinct devices,
+and moves a use case's inbox rows of one parameter set to ``reports`` as one CSPRNG-shuffled batch
 with random ids once enough are pending, all stored under one day (the batch's first charge
 day), so storage order, ids and days are unlinked from submission. A batch is moved in short
 transactions and published by the one that moves its last report (``inbox_moves``, its plan in
@@ -34,8 +34,8 @@ class InboxRow(SQLModel, table=True):
 
     ``id`` is a random 63-bit integer the writer draws (``secrets.randbits(63)``); on SQLite
     it is the rowid, so the table's own order is random too. ``sealed`` holds the report and
-    device pseudonym (:class:`api.ingestion.seal.InboxSeal`); rows queued before sealing hold
-    them in ``payload`` and ``device_tag`` instead, until the next flush seals them.
+    device pseudonym (:class:`dp_governor.api.ingestion.seal.InboxSeal`); rows queued before sealing
+    hold them in ``payload`` and ``device_tag`` instead, until the next flush seals them.
     """
 
     __tablename__ = "inbox"
@@ -171,7 +171,8 @@ class JobLease(SQLModel, table=True):
 
     ``token`` is the fencing token: it rises whenever another holder takes the lease (or an
     operator forces it), and every write transaction of the running job checks it
-    (``api.jobs``), so a holder that stalled past its lease writes nothing after a takeover.
+    (``dp_governor.api.jobs``), so a holder that stalled past its lease writes nothing after a
+    takeover.
     """
 
     __tablename__ = "job_leases"

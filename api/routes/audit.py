@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from api.deps import (
+from dp_governor.api.deps import (
     AdminDep,
     CachesDep,
     ClockDep,
@@ -16,10 +16,10 @@ from api.deps import (
     SettingsDep,
     UseCaseName,
 )
-from api.integrity import kept_checkpoints, verify_service
-from api.schemas import AuditVerification
-from budget.reporting.report import EffectiveEpsilonReport
-from budget.reporting.views import Distribution, Timeline, device_timeline
+from dp_governor.api.integrity import kept_checkpoints, verify_service
+from dp_governor.api.schemas import AuditVerification
+from dp_governor.budget.reporting.report import EffectiveEpsilonReport
+from dp_governor.budget.reporting.views import Distribution, Timeline, device_timeline
 
 __all__ = ["router"]
 

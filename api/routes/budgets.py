@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import ClockDep, LedgerDep, ReadableDevice
-from api.schemas import DeviceBudget
-from policies.device import DeviceBudgetPublic, device_budget_versions
+from dp_governor.api.deps import ClockDep, LedgerDep, ReadableDevice
+from dp_governor.api.schemas import DeviceBudget
+from dp_governor.policies.device import DeviceBudgetPublic, device_budget_versions
 
 __all__ = ["router"]
 

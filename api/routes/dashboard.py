@@ -7,16 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
-from api.caches import Caches
-from api.dashboard import EstimatePanel, render_dashboard
-from api.deps import AdminCredential, CachesDep, ClockDep, IngestorDep, LedgerDep
-from api.errors import UNAUTHORIZED, HttpError
-from api.ingestion.ingest import Ingestor
-from api.ingestion.pipeline import load_sketch
-from budget import Clock, Ledger, UnknownUseCase, utc_day
-from budget.reporting.activity import daily_activity
-from budget.reporting.views import cumulative_series, distribution
-from mechanisms import SfpSketch
+from dp_governor.api.caches import Caches
+from dp_governor.api.dashboard import EstimatePanel, render_dashboard
+from dp_governor.api.deps import AdminCredential, CachesDep, ClockDep, IngestorDep, LedgerDep
+from dp_governor.api.errors import UNAUTHORIZED, HttpError
+from dp_governor.api.ingestion.ingest import Ingestor
+from dp_governor.api.ingestion.pipeline import load_sketch
+from dp_governor.budget import Clock, Ledger, UnknownUseCase, utc_day
+from dp_governor.budget.reporting.activity import daily_activity
+from dp_governor.budget.reporting.views import cumulative_series, distribution
+from dp_governor.mechanisms import SfpSketch
 
 __all__ = ["render_page", "router"]
 
@@ -34,7 +34,7 @@ def dashboard(
     estimate: Annotated[str | None, Query(max_length=63)] = None,
     candidates: Annotated[list[str] | None, Query(max_length=1000)] = None,
 ) -> HTMLResponse:
-    """The dashboard page (:mod:`api.dashboard`).
+    """The dashboard page (:mod:`dp_governor.api.dashboard`).
 
     Public: the chain's status and age, policies and caps, accepted and refused reports per
     day, the effective-epsilon report, cumulative epsilon and histograms, rendered at most

@@ -7,10 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import AdminDep, CachesDep, ClockDep, IngestorDep, UseCaseName
-from api.ingestion.ingest import Ingestor
-from api.ingestion.pipeline import load_sketch
-from api.schemas import (
+from dp_governor.api.deps import AdminDep, CachesDep, ClockDep, IngestorDep, UseCaseName
+from dp_governor.api.ingestion.ingest import Ingestor
+from dp_governor.api.ingestion.pipeline import load_sketch
+from dp_governor.api.schemas import (
     Discoveries,
     Discovery,
     EstimateItem,
@@ -18,9 +18,9 @@ from api.schemas import (
     Estimates,
     IsoDay,
 )
-from budget import Clock, InvalidRequest, utc_day
-from budget.clock import day_date
-from mechanisms import SfpSketch
+from dp_governor.budget import Clock, InvalidRequest, utc_day
+from dp_governor.budget.clock import day_date
+from dp_governor.mechanisms import SfpSketch
 
 __all__ = ["day_range", "router"]
 

@@ -9,10 +9,10 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
-from api.deps import AdminDep, LedgerDep, MetricsDep
-from api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
-from api.ingestion.tables import InboxRow
-from api.jobs import JOBS, JobBusy, LeaseLost, lease_of, release_job, run_job
+from dp_governor.api.deps import AdminDep, LedgerDep, MetricsDep
+from dp_governor.api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
+from dp_governor.api.ingestion.tables import InboxRow
+from dp_governor.api.jobs import JOBS, JobBusy, LeaseLost, lease_of, release_job, run_job
 
 __all__ = ["router"]
 

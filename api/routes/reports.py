@@ -1,8 +1,8 @@
 """Reports: one device's report, and a relay's batch of many devices' reports.
 
-A single report goes from the route (or the fast lane, :mod:`api.lane`) to
-:func:`accept_report`, the group committer (:mod:`api.ingestion.committer`),
-:meth:`api.ingestion.ingest.Ingestor.submit_group` and the ledger's gate.
+A single report goes from the route (or the fast lane, :mod:`dp_governor.api.lane`) to
+:func:`accept_report`, the group committer (:mod:`dp_governor.api.ingestion.committer`),
+:meth:`dp_governor.api.ingestion.ingest.Ingestor.submit_group` and the ledger's gate.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
-from api.bodies import check_json
-from api.deps import (
+from dp_governor.api.bodies import check_json
+from dp_governor.api.deps import (
     AdminDep,
     ClockDep,
     DeviceHeader,
@@ -27,14 +27,14 @@ from api.deps import (
     SettingsDep,
     UseCaseName,
 )
-from api.errors import ACCEPTED, REFUSED, TOO_LARGE, HttpError
-from api.ingestion.committer import GroupCommitter
-from api.ingestion.ingest import Ingestor, SubmitRequest
-from api.metrics import Metrics
-from api.ratelimit import RateLimiter
-from api.schemas import BatchResult, Receipt, ReportBody, batch_body
-from budget import Clock, Decision, InvalidRequest, UnknownUseCase
-from budget.clock import day_date
+from dp_governor.api.errors import ACCEPTED, REFUSED, TOO_LARGE, HttpError
+from dp_governor.api.ingestion.committer import GroupCommitter
+from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
+from dp_governor.api.metrics import Metrics
+from dp_governor.api.ratelimit import RateLimiter
+from dp_governor.api.schemas import BatchResult, Receipt, ReportBody, batch_body
+from dp_governor.budget import Clock, Decision, InvalidRequest, UnknownUseCase
+from dp_governor.budget.clock import day_date
 
 __all__ = ["accept_report", "batch_router", "refusal", "router"]
 

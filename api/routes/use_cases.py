@@ -1,7 +1,7 @@
 """Use cases and budget groups: policies (list, read, history, create or replace, retire), what-if.
 
-A write that loosens a policy (:func:`budget.loosening.loosenings`) is refused with 409 naming
-``allow_loosen`` unless the request sets it; a budget group's shared terms change for all its
+A write that loosens a policy (:func:`dp_governor.budget.loosening.loosenings`) is refused with 409
+naming ``allow_loosen`` unless the request sets it; a budget group's shared terms change for all its
 members at once (``PUT /v1/budget-groups/{group}``).
 """
 
@@ -11,13 +11,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
-from api.deps import AdminDep, AllowLoosen, ClockDep, GroupName, LedgerDep, UseCaseName
-from api.schemas import POLICY_EXAMPLES, BudgetGroupPublic, public_policy
-from budget import InvalidRequest, UnknownUseCase
-from budget.reporting.views import WhatIf, what_if
-from policies import PolicyBase, PolicyCreate, PolicyPublic
-from policies.model import GroupTerms
-from policies.repository import GROUP_FIELDS
+from dp_governor.api.deps import AdminDep, AllowLoosen, ClockDep, GroupName, LedgerDep, UseCaseName
+from dp_governor.api.schemas import POLICY_EXAMPLES, BudgetGroupPublic, public_policy
+from dp_governor.budget import InvalidRequest, UnknownUseCase
+from dp_governor.budget.reporting.views import WhatIf, what_if
+from dp_governor.policies import PolicyBase, PolicyCreate, PolicyPublic
+from dp_governor.policies.model import GroupTerms
+from dp_governor.policies.repository import GROUP_FIELDS
 
 __all__ = ["router"]
 

@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, func, select
 
-from budget.audit_log import timestamp
-from budget.clock import day_date, day_start, utc_day
-from budget.storage.tables import AuditEntry, Charge
+from dp_governor.budget.audit_log import timestamp
+from dp_governor.budget.clock import day_date, day_start, utc_day
+from dp_governor.budget.storage.tables import AuditEntry, Charge
 
 __all__ = ["REFUSAL_REASONS", "Activity", "daily_activity"]
 

@@ -1,20 +1,20 @@
 """A device's standing against the device-wide budget: spent and remaining, then per use case.
 
-The figures are the rule's own (:func:`budget.device_rule.device_spend`): basic composition of
-group-scaled epsilon (a report of ``eps`` at group size ``g`` counts ``g eps``), today, over
-the device window and over the lifetime, with the quota of each use case that has one; and the
-device's running odometer reading beside it (:func:`device_odometer`).
+The figures are the rule's own (:func:`dp_governor.budget.device_rule.device_spend`): basic
+composition of group-scaled epsilon (a report of ``eps`` at group size ``g`` counts ``g eps``),
+today, over the device window and over the lifetime, with the quota of each use case that has one;
+and the device's running odometer reading beside it (:func:`device_odometer`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from budget.book import PolicyBook
-from budget.device_rule import device_spend
-from budget.odometer import OdometerState, running_epsilon
-from budget.state import AccountState
-from policies.model import from_micro
+from dp_governor.budget.book import PolicyBook
+from dp_governor.budget.device_rule import device_spend
+from dp_governor.budget.odometer import OdometerState, running_epsilon
+from dp_governor.budget.state import AccountState
+from dp_governor.policies.model import from_micro
 
 __all__ = ["DeviceOdometer", "DeviceWide", "QuotaStatus", "device_odometer", "device_wide"]
 
@@ -128,8 +128,8 @@ class DeviceOdometer:
 
     ``basic_epsilon`` is the sum of each report's ``g x eps`` (pure, delta 0);
     ``odometer_epsilon`` the mixture odometer's reading at ``delta``
-    (:func:`budget.odometer.running_epsilon`, never above the basic sum), valid at every time
-    at once however the reports were chosen. Both are computed from the row's lifetime slots
+    (:func:`dp_governor.budget.odometer.running_epsilon`, never above the basic sum), valid at every
+    time at once however the reports were chosen. Both are computed from the row's lifetime slots
     (each slot's epsilon, group size and count: a sufficient statistic, docs/odometer.md,
     "Storage"), in time proportional to the slots, whatever the number of reports.
     """

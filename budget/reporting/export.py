@@ -9,13 +9,13 @@ pseudonyms; no device id or report is exported. CSV carries the same records wit
 field (``json`` holds meta and policy records).
 
 :func:`report_from_export` reads an export back and runs
-:func:`budget.reporting.report.build_report` on it, exactly as
-:func:`budget.reporting.loss.effective_epsilon` does on the live tables: a charge counts in its use
-case's window when ``horizon < day`` and ``as_of - retention < day <= as_of`` (the retention of the
-use case's latest version), with the group size of the policy version it was charged under; a
-window that reaches back past its use case's horizon also counts what the lifetime multiset
-holds and no charge does (:meth:`budget.state.AccountState.unheld`); retired use cases count in
-the device totals.
+:func:`dp_governor.budget.reporting.report.build_report` on it, exactly as
+:func:`dp_governor.budget.reporting.loss.effective_epsilon` does on the live tables: a charge counts
+in its use case's window when ``horizon < day`` and ``as_of - retention < day <= as_of`` (the
+retention of the use case's latest version), with the group size of the policy version it was
+charged under; a window that reaches back past its use case's horizon also counts what the lifetime
+multiset holds and no charge does (:meth:`dp_governor.budget.state.AccountState.unheld`); retired
+use cases count in the device totals.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from typing import Any, Literal, TextIO
 
 import orjson
 
-from budget.accountant import Accountant
-from budget.book import NO_HORIZON, PolicyBook
-from budget.clock import utc_day
-from budget.reporting.loss import lifetime_rows
-from budget.reporting.report import EffectiveEpsilonReport, Row, build_report
-from budget.state import ANY_BUDGET
-from policies.model import Policy
+from dp_governor.budget.accountant import Accountant
+from dp_governor.budget.book import NO_HORIZON, PolicyBook
+from dp_governor.budget.clock import utc_day
+from dp_governor.budget.reporting.loss import lifetime_rows
+from dp_governor.budget.reporting.report import EffectiveEpsilonReport, Row, build_report
+from dp_governor.budget.state import ANY_BUDGET
+from dp_governor.policies.model import Policy
 
 __all__ = ["FORMAT", "LedgerExport", "export_ledger", "read_export", "report_from_export"]
 

@@ -1,9 +1,9 @@
 """Privacy loss on the live ledger: per device, per population, and the effective-epsilon report.
 
-Every figure is read from the accounts (:meth:`budget.ledger.Ledger.accounts`) under the policy
-book (:meth:`budget.ledger.Ledger.book`): a use case's window is its latest version's
-``retention_days`` (retired use cases included), days on or before its retention horizon count
-nowhere, and each charge counts at the group size in force when it was made (a pure
+Every figure is read from the accounts (:meth:`dp_governor.budget.ledger.Ledger.accounts`) under the
+policy book (:meth:`dp_governor.budget.ledger.Ledger.book`): a use case's window is its latest
+version's ``retention_days`` (retired use cases included), days on or before its retention horizon
+count nowhere, and each charge counts at the group size in force when it was made (a pure
 epsilon-DP report is ``g x epsilon``-DP for groups of ``g``). Losses of what devices actually
 sent are running totals (labelled ``kind="running total"``): their basic sum is a guarantee and
 what the gate enforces; their (epsilon, delta) bound is not, against an adaptively chosen
@@ -17,21 +17,21 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from budget.accountant import Accountant, PrivacyLoss
-from budget.book import PolicyBook
-from budget.central import central_figures
-from budget.clock import utc_day
-from budget.errors import InvalidRequest, UnknownUseCase
-from budget.ledger import Ledger
-from budget.reporting.report import (
+from dp_governor.budget.accountant import Accountant, PrivacyLoss
+from dp_governor.budget.book import PolicyBook
+from dp_governor.budget.central import central_figures
+from dp_governor.budget.clock import utc_day
+from dp_governor.budget.errors import InvalidRequest, UnknownUseCase
+from dp_governor.budget.ledger import Ledger
+from dp_governor.budget.reporting.report import (
     EffectiveEpsilonReport,
     ReportBasis,
     Row,
     finish_report,
     prepare_report,
 )
-from budget.state import AccountState, Slot, lifetime_counts, window_counts
-from policies.model import Policy, from_micro
+from dp_governor.budget.state import AccountState, Slot, lifetime_counts, window_counts
+from dp_governor.policies.model import Policy, from_micro
 
 __all__ = [
     "DeviceLoss",
@@ -130,8 +130,8 @@ def spend_rows(ledger: Ledger, *, now: datetime) -> tuple[list[Row], list[Row]]:
 def effective_epsilon_basis(ledger: Ledger, *, now: datetime) -> ReportBasis:
     """The delta-free part of the effective-epsilon report: one scan of the accounts.
 
-    With the central figures of the shuffled batches published (:mod:`budget.central`, each
-    at its policy's delta).
+    With the central figures of the shuffled batches published (:mod:`dp_governor.budget.central`,
+    each at its policy's delta).
     """
     book, day = ledger.book(), utc_day(now)
     window, lifetime = spend_rows(ledger, now=now)
@@ -142,7 +142,7 @@ def effective_epsilon_basis(ledger: Ledger, *, now: datetime) -> ReportBasis:
 def effective_epsilon(
     ledger: Ledger, *, now: datetime, delta: float | None = None
 ) -> EffectiveEpsilonReport:
-    """The effective-epsilon report (:mod:`budget.reporting.report`) on the live ledger.
+    """The effective-epsilon report (:mod:`dp_governor.budget.reporting.report`) on the live ledger.
 
     ``delta`` defaults to the smallest active policy delta.
     """

@@ -141,8 +141,8 @@ _FENCE: ContextVar[Fence | None] = ContextVar("dpgov_job_fence", default=None)
 def fenced(check: Fence) -> Iterator[None]:
     """Run ``check`` first in every :func:`write_step` of the block (this thread or task).
 
-    The job runner's fencing (``api.jobs``): ``check`` raises, in the transaction, when the
-    job's lease has been taken over since it started, so a process that stalled past its
+    The job runner's fencing (``dp_governor.api.jobs``): ``check`` raises, in the transaction, when
+    the job's lease has been taken over since it started, so a process that stalled past its
     lease writes nothing more once another holds it. A context variable rather than a
     parameter threaded through every job's functions: what a job writes is the same with or
     without a lease (tests and benchmarks call the pipeline's functions directly), only who

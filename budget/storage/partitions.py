@@ -8,8 +8,8 @@ drops partitions whose whole day is past every use case's window (one catalog op
 of deleting millions of rows one by one) and deletes rows only where windows differ.
 
 The gate never reads ``charges``: its checks read one ``accounts`` row (primary key
-``device_key, budget``, :mod:`budget.state`); an accepted charge is one insert, routed to its
-day's partition. SQLite and databases created before partitioning keep one table.
+``device_key, budget``, :mod:`dp_governor.budget.state`); an accepted charge is one insert, routed
+to its day's partition. SQLite and databases created before partitioning keep one table.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, text
 
-from budget.storage.db import write_step
+from dp_governor.budget.storage.db import write_step
 
 __all__ = [
     "DroppedDays",
@@ -107,8 +107,8 @@ def ensure_partitions(
     """Create the missing day partitions of ``first_day..last_day``; returns the days created.
 
     Each day is its own short transaction; ``job``: a job's (the purge's), whose lock waits are
-    bounded and which its lease fences (:func:`budget.storage.db.write_step`), where a start
-    waits as long as it takes. A no-op on SQLite and on unpartitioned tables.
+    bounded and which its lease fences (:func:`dp_governor.budget.storage.db.write_step`), where a
+    start waits as long as it takes. A no-op on SQLite and on unpartitioned tables.
     """
     if engine.dialect.name != "postgresql":
         return []

@@ -1,11 +1,11 @@
 """The schema in one place: every table the service keeps, brought to this release by migrations.
 
 The tables are created and changed only by the Alembic revisions in
-:mod:`budget.storage.migrations` (configured here, no ``alembic.ini``). :func:`upgrade_db` runs
-the missing ones in one transaction under a lock (PostgreSQL: an advisory lock; SQLite: the
-write lock), so concurrent starts run them once. :func:`init_db` upgrades (or, with
-``upgrade=False``, only creates a new database and refuses an out-of-date one), then creates the
-days' partitions ahead. Importing this module registers every ledger table on SQLModel's
+:mod:`dp_governor.budget.storage.migrations` (configured here, no ``alembic.ini``).
+:func:`upgrade_db` runs the missing ones in one transaction under a lock (PostgreSQL: an advisory
+lock; SQLite: the write lock), so concurrent starts run them once. :func:`init_db` upgrades (or,
+with ``upgrade=False``, only creates a new database and refuses an out-of-date one), then creates
+the days' partitions ahead. Importing this module registers every ledger table on SQLModel's
 metadata (ledger, audit log, shuffled batches, policies, device budgets, key fingerprints).
 """
 
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, inspect, text
 
-import budget.storage.tables  # noqa: F401 - registers the ledger tables
-import policies.device
-import policies.model  # noqa: F401 - registers the policy table
-from budget.storage.db import writer
-from budget.storage.partitions import DAYS_AHEAD, ensure_partitions
+import dp_governor.budget.storage.tables
+import dp_governor.policies.device
+import dp_governor.policies.model  # noqa: F401 - registers the policy table
+from dp_governor.budget.storage.db import writer
+from dp_governor.budget.storage.partitions import DAYS_AHEAD, ensure_partitions
 
 if TYPE_CHECKING:
     from alembic.config import Config

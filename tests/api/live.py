@@ -65,7 +65,7 @@ def serve(folder: Path, **settings: str | None) -> Iterator[Served]:
     log = folder / f"serve-{port}.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "dp_governor.api.cli", "serve", "--port", str(port)],
             env=server_env(folder, **settings),
             cwd=folder,
             stdout=subprocess.DEVNULL,

@@ -15,13 +15,13 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import text
 
-from api.app import create_app
-from api.jobs import acquire_lease, lease_of
-from api.settings import Settings
-from budget import FixedClock
-from mechanisms import CMS, HCMS, SFP, SfpSketch, from_published
-from policies import PolicyCreate, mechanism_for
-from policies.model import default_hash_seed
+from dp_governor.api.app import create_app
+from dp_governor.api.jobs import acquire_lease, lease_of
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
+from dp_governor.mechanisms import CMS, HCMS, SFP, SfpSketch, from_published
+from dp_governor.policies import PolicyCreate, mechanism_for
+from dp_governor.policies.model import default_hash_seed
 
 ADMIN = {"Authorization": "Bearer admin-secret-token-admin-secret-token"}
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

@@ -13,10 +13,10 @@ from pydantic import SecretStr
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from api.app import create_app
-from api.cli import app as cli
-from api.settings import Settings
-from budget import FixedClock
+from dp_governor.api.app import create_app
+from dp_governor.api.cli import app as cli
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
 
 ADMIN = {"Authorization": "Bearer admin-secret-token-admin-secret-token"}
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

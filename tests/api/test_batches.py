@@ -17,9 +17,9 @@ import pytest
 from alembic import command
 from sqlalchemy import Engine, inspect, text
 
-from api.database import init_service_db
-from api.ingestion.ingest import Ingestor, SubmitRequest, params_hash
-from api.ingestion.pipeline import (
+from dp_governor.api.database import init_service_db
+from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest, params_hash
+from dp_governor.api.ingestion.pipeline import (
     aggregate,
     decode_payloads,
     flush_inbox,
@@ -27,12 +27,12 @@ from api.ingestion.pipeline import (
     sketch_from_bytes,
     sketch_to_bytes,
 )
-from api.ingestion.seal import InboxSeal
-from budget import Decision, Ledger, create_db_engine, init_db, utc_day
-from budget.central import central_figures
-from budget.storage.db import writer
-from budget.storage.schema import alembic_config
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.budget import Decision, Ledger, create_db_engine, init_db, utc_day
+from dp_governor.budget.central import central_figures
+from dp_governor.budget.storage.db import writer
+from dp_governor.budget.storage.schema import alembic_config
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 SECRET = b"batch-secret-batch-secret-batch-secret"
 SEAL = InboxSeal([b"batch-shuffler-batch-shuffler-batch-shuffler"])

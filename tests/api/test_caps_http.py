@@ -24,12 +24,12 @@ import yaml
 from pydantic import SecretStr
 from typer.testing import CliRunner, Result
 
-from api.app import create_app
-from api.cli import app as cli
-from api.settings import Settings
-from budget import FixedClock
-from budget.storage.db import scratch_schema
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.app import create_app
+from dp_governor.api.cli import app as cli
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
+from dp_governor.budget.storage.db import scratch_schema
+from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.api.live import free_port
 from tests.conftest import BACKENDS, PG_URL
 

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from budget.amplification import shuffle_epsilon
-from policies import PolicyCreate, mechanism_for
+from dp_governor.budget.amplification import shuffle_epsilon
+from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.api.live import ADMIN_TOKEN, serve
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

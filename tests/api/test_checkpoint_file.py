@@ -19,10 +19,10 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from api.app import create_app
-from api.cli import app as cli
-from api.settings import Settings
-from budget import FixedClock
+from dp_governor.api.app import create_app
+from dp_governor.api.cli import app as cli
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
 
 TOKEN = "kept-admin-token-kept-admin-token-kept-0123"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app
+from dp_governor.api.cli import app
 
 runner = CliRunner()
 
@@ -54,7 +54,7 @@ def test_console_entry_point_runs_in_a_real_process() -> None:
     # A small fleet (about 3 s of CPU) and timeouts far beyond it: a busy machine is slow,
     # not wrong.
     proc = subprocess.run(
-        [sys.executable, "-m", "api.cli", "simulate", "-n", "2000", "--top", "3"],
+        [sys.executable, "-m", "dp_governor.api.cli", "simulate", "-n", "2000", "--top", "3"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -63,7 +63,7 @@ def test_console_entry_point_runs_in_a_real_process() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "rank" in proc.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "api.cli", "simulate", "-n", "-5"],
+        [sys.executable, "-m", "dp_governor.api.cli", "simulate", "-n", "-5"],
         capture_output=True,
         text=True,
         timeout=600,

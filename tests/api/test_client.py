@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from api.client import (
+from dp_governor.api.client import (
     AsyncClient,
     BadRequest,
     Client,
@@ -26,8 +26,8 @@ from api.client import (
     Retry,
     Unavailable,
 )
-from api.demo.simulation import zipf_indices
-from mechanisms import HCMS, family_id
+from dp_governor.api.demo.simulation import zipf_indices
+from dp_governor.mechanisms import HCMS, family_id
 from tests.api.live import ADMIN_TOKEN, serve
 
 SAFARI = "safari-energy-domains"
@@ -313,7 +313,7 @@ def test_a_server_that_requires_the_family_refuses_a_body_without_it(tmp_path: P
 
 
 def test_the_client_answers_every_refusal_the_rule_can_give() -> None:
-    from api.client import CAP_REASONS
-    from budget.refusal import REFUSALS
+    from dp_governor.api.client import CAP_REASONS
+    from dp_governor.budget.refusal import REFUSALS
 
     assert frozenset(REFUSALS) == CAP_REASONS  # a filter's 429 is an answer, not a rate limit

@@ -32,9 +32,9 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
-from budget import create_db_engine
-from budget.storage.db import scratch_schema
-from policies import default_policies, mechanism_for
+from dp_governor.budget import create_db_engine
+from dp_governor.budget.storage.db import scratch_schema
+from dp_governor.policies import default_policies, mechanism_for
 
 TOKEN = "crash-admin-token-crash-admin-token"
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
@@ -71,7 +71,7 @@ class Server:
             [
                 sys.executable,
                 "-m",
-                "api.cli",
+                "dp_governor.api.cli",
                 "serve",
                 "--port",
                 str(self.port),
@@ -101,7 +101,7 @@ class Server:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "api.cli", *args],
+            [sys.executable, "-m", "dp_governor.api.cli", *args],
             env=self.env,
             cwd=self.tmp,
             capture_output=True,

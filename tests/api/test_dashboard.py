@@ -23,11 +23,11 @@ import pytest
 import uvicorn
 from pydantic import SecretStr
 
-from api.app import create_app
-from api.settings import Settings
-from budget import FixedClock
-from mechanisms import HCMS
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.app import create_app
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
+from dp_governor.mechanisms import HCMS
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 webdriver = pytest.importorskip("selenium.webdriver")
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from api.app import create_app
-from api.cli import app
-from api.demo.demo import demo_reports, run_demo
-from api.settings import Settings
-from budget import create_db_engine
-from budget.reporting.activity import daily_activity
+from dp_governor.api.app import create_app
+from dp_governor.api.cli import app
+from dp_governor.api.demo.demo import demo_reports, run_demo
+from dp_governor.api.settings import Settings
+from dp_governor.budget import create_db_engine
+from dp_governor.budget.reporting.activity import daily_activity
 
 
 def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:

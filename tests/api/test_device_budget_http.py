@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from budget import create_db_engine
-from policies.device import DeviceBudgetCreate, write_device_budget
+from dp_governor.budget import create_db_engine
+from dp_governor.policies.device import DeviceBudgetCreate, write_device_budget
 from tests.api.live import ADMIN_TOKEN, serve
 from tests.api.test_truth_http import AUDIT_KEY, SECRET, T, _report, _submit
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import app
-from api.database import init_service_db
-from api.demo.simulation import zipf_indices
-from api.ingestion.distributed import DaskOptions, aggregate_files, group_files
-from api.ingestion.ingest import Ingestor, params_hash
-from api.ingestion.parquet import (
+from dp_governor.api.cli import app
+from dp_governor.api.database import init_service_db
+from dp_governor.api.demo.simulation import zipf_indices
+from dp_governor.api.ingestion.distributed import DaskOptions, aggregate_files, group_files
+from dp_governor.api.ingestion.ingest import Ingestor, params_hash
+from dp_governor.api.ingestion.parquet import (
     ExportResult,
     dataset_files,
     export_reports,
@@ -29,18 +29,18 @@ from api.ingestion.parquet import (
     partition_dir,
     write_reports,
 )
-from api.ingestion.pipeline import (
+from dp_governor.api.ingestion.pipeline import (
     aggregate,
     flush_inbox,
     load_sketch,
     mechanisms_by_params,
     sketch_arrays,
 )
-from api.ingestion.seal import InboxSeal
-from api.settings import Settings, service_keys
-from budget import Ledger, create_db_engine, utc_day
-from mechanisms import CMS, HCMS, SFP
-from policies import default_policies, mechanism_for
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.api.settings import Settings, service_keys
+from dp_governor.budget import Ledger, create_db_engine, utc_day
+from dp_governor.mechanisms import CMS, HCMS, SFP
+from dp_governor.policies import default_policies, mechanism_for
 
 SECRET = b"dist-secret-dist-secret-dist-secret!"
 SEAL = InboxSeal([b"dist-shuffler-dist-shuffler-dist-shuffler"])
@@ -210,7 +210,7 @@ def test_cli_aggregate_on_a_local_cluster_matches_in_process(
     env = {**os.environ, **KEYS}
     first, last = DAY0.date().isoformat(), (DAY0 + timedelta(days=1)).date().isoformat()
     base = [
-        sys.executable, "-m", "api.cli", "aggregate", "emoji",
+        sys.executable, "-m", "dp_governor.api.cli", "aggregate", "emoji",
         "--from", first, "--to", last, "--database-url", service.url, "--out", str(tmp_path / "pq"),
     ]  # fmt: skip
     runs = {}

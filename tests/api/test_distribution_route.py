@@ -24,12 +24,12 @@ import pytest
 import uvicorn
 from pydantic import SecretStr
 
-import budget.reporting.views as views
-from api.app import create_app
-from api.settings import Settings
-from budget import FixedClock
-from budget.reporting.views import distribution
-from policies import PolicyCreate, mechanism_for
+import dp_governor.budget.reporting.views as views
+from dp_governor.api.app import create_app
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
+from dp_governor.budget.reporting.views import distribution
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 TOKEN = "distribution-admin-token-distribution-0123"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

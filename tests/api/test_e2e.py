@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from api.client import Client, Refusal
-from api.demo.simulation import zipf_indices
+from dp_governor.api.client import Client, Refusal
+from dp_governor.api.demo.simulation import zipf_indices
 
 TOKEN = "e2e-admin-token-e2e-admin-token-e2e"
 
@@ -46,7 +46,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         "DPGOV_SCHEDULER": "false",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "dp_governor.api.cli", "serve", "--port", str(port)],
         env=env,
         cwd=tmp,
         stdout=subprocess.DEVNULL,

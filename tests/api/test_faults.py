@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import Connection, text
 
-from api.app import create_app
-from api.ingestion.ingest import Ingestor
-from api.settings import Settings
-from budget import FixedClock
+from dp_governor.api.app import create_app
+from dp_governor.api.ingestion.ingest import Ingestor
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 

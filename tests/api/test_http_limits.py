@@ -19,8 +19,8 @@ import httpx
 import numpy as np
 import pytest
 
-from mechanisms import CMS
-from policies import PolicyCreate, mechanism_for
+from dp_governor.mechanisms import CMS
+from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.api.live import START, Served, free_port, server_env
 from tests.api.live import serve as live_serve
 
@@ -61,7 +61,7 @@ def test_serve_refuses_to_start_with_an_empty_or_short_admin_token(
     tmp_path: Path, token: str
 ) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(free_port())],
+        [sys.executable, "-m", "dp_governor.api.cli", "serve", "--port", str(free_port())],
         env=_env(tmp_path, admin_token=token),
         cwd=tmp_path,
         capture_output=True,

@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from api.database import init_service_db
-from api.ingestion.ingest import Ingestor, SubmitRequest
-from api.ingestion.seal import InboxSeal
-from api.jobs import lease_of
-from api.settings import Settings, service_keys
-from budget import Decision, Ledger, create_db_engine
-from budget.storage.db import writer
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.database import init_service_db
+from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.api.jobs import lease_of
+from dp_governor.api.settings import Settings, service_keys
+from dp_governor.budget import Decision, Ledger, create_db_engine
+from dp_governor.budget.storage.db import writer
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 TOKEN = "job-crash-admin-token-job-crash-admin-token"
 NOW = datetime.now(UTC)  # the CLI's jobs run on the system clock
@@ -91,7 +91,7 @@ class Pipeline:
     def start(self, lease_seconds: float, *args: str) -> subprocess.Popen[bytes]:
         env = {**self.env, "DPGOV_JOB_LEASE_SECONDS": str(lease_seconds)}
         return subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "jobs", "run", "aggregate", *args],
+            [sys.executable, "-m", "dp_governor.api.cli", "jobs", "run", "aggregate", *args],
             env=env,
             cwd=self.tmp,
             stdout=subprocess.DEVNULL,
@@ -102,7 +102,7 @@ class Pipeline:
     def run(self, *args: str, lease_seconds: float = 60) -> subprocess.CompletedProcess[str]:
         env = {**self.env, "DPGOV_JOB_LEASE_SECONDS": str(lease_seconds)}
         return subprocess.run(
-            [sys.executable, "-m", "api.cli", "jobs", *args],
+            [sys.executable, "-m", "dp_governor.api.cli", "jobs", *args],
             env=env,
             cwd=self.tmp,
             capture_output=True,

@@ -21,13 +21,21 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine, event, text
 
-from api.database import init_service_db
-from api.ingestion.ingest import Ingestor, SubmitRequest
-from api.ingestion.seal import InboxSeal
-from api.jobs import RUNTIMES, JobBusy, LeaseLost, Runtime, acquire_lease, lease_of, run_job
-from budget import Decision, FixedClock, Ledger, create_db_engine
-from budget.storage.db import WRITE_OPTION, write_step, writer
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.database import init_service_db
+from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.api.jobs import (
+    RUNTIMES,
+    JobBusy,
+    LeaseLost,
+    Runtime,
+    acquire_lease,
+    lease_of,
+    run_job,
+)
+from dp_governor.budget import Decision, FixedClock, Ledger, create_db_engine
+from dp_governor.budget.storage.db import WRITE_OPTION, write_step, writer
+from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.conftest import PG_URL
 
 SECRET = b"fence-secret-fence-secret-fence-secret"

@@ -21,14 +21,14 @@ import orjson
 import pytest
 from sqlalchemy import Engine, event, text
 
-from api.database import init_service_db
-from api.ingestion.ingest import Ingestor, SubmitRequest
-from api.ingestion.parquet import export_reports
-from api.ingestion.pipeline import aggregate, flush_inbox, mechanisms_by_params, purge
-from api.ingestion.seal import InboxSeal
-from api.integrity import verify_service
-from budget import Decision, Ledger, utc_day
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.database import init_service_db
+from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
+from dp_governor.api.ingestion.parquet import export_reports
+from dp_governor.api.ingestion.pipeline import aggregate, flush_inbox, mechanisms_by_params, purge
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.api.integrity import verify_service
+from dp_governor.budget import Decision, Ledger, utc_day
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 SECRET = b"stop-secret-stop-secret-stop-secret!"
 SEAL = InboxSeal([b"stop-shuffler-stop-shuffler-stop-shuffler"])

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine, event, text
 
-from api.database import init_service_db
-from api.ingestion.ingest import Ingestor, SubmitRequest
-from api.ingestion.seal import InboxSeal
-from api.jobs import (
+from dp_governor.api.database import init_service_db
+from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.api.jobs import (
     JOBS,
     RUNTIMES,
     JobBusy,
@@ -31,9 +31,9 @@ from api.jobs import (
     run_job,
     run_scheduled,
 )
-from budget import Decision, FixedClock, Ledger, create_db_engine
-from budget.storage.db import WRITE_OPTION, writer
-from policies import PolicyCreate, mechanism_for
+from dp_governor.budget import Decision, FixedClock, Ledger, create_db_engine
+from dp_governor.budget.storage.db import WRITE_OPTION, writer
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 SECRET = b"jobs-secret-jobs-secret-jobs-secret!"
 SEAL = InboxSeal([b"jobs-shuffler-jobs-shuffler-jobs-shuffler"])

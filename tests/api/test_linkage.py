@@ -29,11 +29,11 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy import make_url
 
-from api.app import create_app
-from api.settings import Settings
-from budget import FixedClock
-from budget.storage.db import scratch_schema
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.app import create_app
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
+from dp_governor.budget.storage.db import scratch_schema
+from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.conftest import BACKENDS, PG_URL
 
 ADMIN = {"Authorization": "Bearer linkage-admin-token-linkage-admin-token"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from api.client import Client
+from dp_governor.api.client import Client
 from tests.api.live import ADMIN_TOKEN, serve
 
 DEVICE = "device-7f3a-logs-must-not-name-me"

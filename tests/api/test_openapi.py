@@ -15,8 +15,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from api.app import create_app
-from api.settings import Settings
+from dp_governor.api.app import create_app
+from dp_governor.api.settings import Settings
 from tests.api.live import serve
 
 jsonschema_rs = pytest.importorskip("jsonschema_rs")  # comes with schemathesis (the test extra)
@@ -125,9 +125,9 @@ def test_errors_are_declared_as_json_only(document: dict[str, Any]) -> None:
 
 
 def test_the_report_body_is_one_of_the_mechanisms_bodies(document: dict[str, Any]) -> None:
-    from mechanisms import from_published
-    from mechanisms.sfp import POSITIONS
-    from policies import Policy, default_policies, publish
+    from dp_governor.mechanisms import from_published
+    from dp_governor.mechanisms.sfp import POSITIONS
+    from dp_governor.policies import Policy, default_policies, publish
 
     body = document["paths"]["/v1/use-cases/{name}/reports"]["post"]["requestBody"]
     schema = body["content"]["application/json"]["schema"]

@@ -1,7 +1,7 @@
 """What an operator sees: one line for a database that cannot be used, schema upgrades, warnings.
 
-Every command runs as a real ``dpgov`` process (``python -m api.cli``), as an operator's shell
-runs it; PostgreSQL cases run when ``DPGOV_TEST_DATABASE_URL`` is set.
+Every command runs as a real ``dpgov`` process (``python -m dp_governor.api.cli``), as an operator's
+shell runs it; PostgreSQL cases run when ``DPGOV_TEST_DATABASE_URL`` is set.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from budget import create_db_engine, init_db
-from budget.storage.db import scratch_schema
+from dp_governor.budget import create_db_engine, init_db
+from dp_governor.budget.storage.db import scratch_schema
 from tests.api.live import free_port, serve, server_env
 
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
@@ -28,7 +28,7 @@ UNREACHABLE = "postgresql+psycopg://dpgov@127.0.0.1:1/ledger"
 def dpgov(folder: Path, *args: str, **settings: str | None) -> subprocess.CompletedProcess[str]:
     """Run ``dpgov args`` in ``folder`` with :func:`server_env`'s settings."""
     return subprocess.run(
-        [sys.executable, "-m", "api.cli", *args],
+        [sys.executable, "-m", "dp_governor.api.cli", *args],
         env=server_env(folder, **settings),
         cwd=folder,
         capture_output=True,
@@ -119,7 +119,7 @@ def test_help_and_read_commands_import_no_heavy_package(tmp_path: Path, args: li
     """What a command imports is deterministic: the packages only other commands need stay out."""
     assert dpgov(tmp_path, "db", "init").returncode == 0
     run = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "api.cli", *args],
+        [sys.executable, "-X", "importtime", "-m", "dp_governor.api.cli", *args],
         env=server_env(tmp_path),
         cwd=tmp_path,
         capture_output=True,

@@ -21,14 +21,14 @@ import orjson
 import pytest
 from sqlalchemy import Connection, Engine, text
 
-from api.database import init_service_db
-from api.errors import PolicyChanged
-from api.ingestion.ingest import Ingestor, SubmitRequest
-from api.ingestion.pipeline import aggregate, flush_inbox, purge
-from api.ingestion.seal import InboxSeal
-from api.integrity import _pipeline_problem, verify_service
-from budget import Decision, Ledger, create_db_engine, utc_day
-from policies import PolicyCreate, PolicyUpdate, mechanism_for
+from dp_governor.api.database import init_service_db
+from dp_governor.api.errors import PolicyChanged
+from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
+from dp_governor.api.ingestion.pipeline import aggregate, flush_inbox, purge
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.api.integrity import _pipeline_problem, verify_service
+from dp_governor.budget import Decision, Ledger, create_db_engine, utc_day
+from dp_governor.policies import PolicyCreate, PolicyUpdate, mechanism_for
 
 SECRET = b"pipe-secret-pipe-secret-pipe-secret!"
 SEAL_KEYS = [b"pipe-shuffler-pipe-shuffler-pipe-shuffler"]

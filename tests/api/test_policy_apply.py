@@ -18,10 +18,10 @@ import yaml
 from sqlalchemy import text
 from typer.testing import CliRunner, Result
 
-from api.cli import app as cli
-from budget import Ledger, create_db_engine
-from budget.reporting.views import what_if
-from policies import PolicyCreate
+from dp_governor.api.cli import app as cli
+from dp_governor.budget import Ledger, create_db_engine
+from dp_governor.budget.reporting.views import what_if
+from dp_governor.policies import PolicyCreate
 
 runner = CliRunner()
 

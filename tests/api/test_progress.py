@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from api.cli.common import Progress
+from dp_governor.api.cli.common import Progress
 
 
 class Terminal(io.StringIO):

@@ -26,8 +26,8 @@ schemathesis = pytest.importorskip("schemathesis")
 import uvicorn  # noqa: E402
 from schemathesis.config import SchemathesisConfig  # noqa: E402
 
-from api.app import create_app  # noqa: E402
-from api.settings import Settings  # noqa: E402
+from dp_governor.api.app import create_app  # noqa: E402
+from dp_governor.api.settings import Settings  # noqa: E402
 
 TOKEN = "schemathesis-admin-token-schemathesis"
 DEVICE = {"X-Device-Id": "st-device"}

@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from api.ingestion.ingest import params_hash
-from api.ingestion.seal import InboxSeal, SealError, key_id
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.ingestion.ingest import params_hash
+from dp_governor.api.ingestion.seal import InboxSeal, SealError, key_id
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 KEY = b"seal-test-key-seal-test-key-seal-test-key"
 OTHER = b"another-key-another-key-another-key-another"

@@ -22,12 +22,12 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr, ValidationError
 from sqlalchemy import text
 
-from api.app import create_app
-from api.settings import Settings
-from budget import FixedClock
-from budget.storage.db import scratch_schema
-from mechanisms import HCMS
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.app import create_app
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
+from dp_governor.budget.storage.db import scratch_schema
+from dp_governor.mechanisms import HCMS
+from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.conftest import BACKENDS
 
 TOKEN = "security-admin-token-security-admin-token"

@@ -12,11 +12,11 @@ from pydantic import SecretStr
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
-from api.app import create_app
-from api.cli import app as cli
-from api.settings import Settings
-from budget import FixedClock
-from policies import PolicyCreate, mechanism_for
+from dp_governor.api.app import create_app
+from dp_governor.api.cli import app as cli
+from dp_governor.api.settings import Settings
+from dp_governor.budget import FixedClock
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 TOKEN = "verify-admin-token-verify-admin-token-0123"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

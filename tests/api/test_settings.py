@@ -12,12 +12,12 @@ from pydantic import SecretStr, ValidationError
 from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
-from api.app import create_app
-from api.cli import app as cli
-from api.database import init_service_db
-from api.settings import KeyRefused, Settings, default_secrets_dir, service_keys
-from budget import Ledger, create_db_engine
-from budget.storage.db import key_fingerprint, stored_fingerprints
+from dp_governor.api.app import create_app
+from dp_governor.api.cli import app as cli
+from dp_governor.api.database import init_service_db
+from dp_governor.api.settings import KeyRefused, Settings, default_secrets_dir, service_keys
+from dp_governor.budget import Ledger, create_db_engine
+from dp_governor.budget.storage.db import key_fingerprint, stored_fingerprints
 
 
 def test_production_refuses_generated_secrets(tmp_path: Path) -> None:

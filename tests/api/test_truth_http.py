@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from budget import Ledger, create_db_engine, init_db
-from policies import PolicyCreate, mechanism_for
+from dp_governor.budget import Ledger, create_db_engine, init_db
+from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.api.live import ADMIN_TOKEN, serve
 
 SECRET = "truth-device-secret-truth-device-secret-0123"

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine, text
 
-from api.database import init_service_db
-from api.ingestion.ingest import Ingestor, SubmitRequest
-from api.ingestion.seal import InboxSeal
-from api.integrity import pipeline_problem, verify_service
-from api.jobs import RUNTIMES, Runtime, run_job
-from budget import Decision, FixedClock, Ledger, utc_day
-from policies import PolicyCreate, PolicyUpdate, mechanism_for
-from policies.device import DeviceBudgetCreate
+from dp_governor.api.database import init_service_db
+from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
+from dp_governor.api.ingestion.seal import InboxSeal
+from dp_governor.api.integrity import pipeline_problem, verify_service
+from dp_governor.api.jobs import RUNTIMES, Runtime, run_job
+from dp_governor.budget import Decision, FixedClock, Ledger, utc_day
+from dp_governor.policies import PolicyCreate, PolicyUpdate, mechanism_for
+from dp_governor.policies.device import DeviceBudgetCreate
 
 SECRET = b"matrix-secret-matrix-secret-matrix!!"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from budget import create_db_engine
-from budget.storage.db import scratch_schema
+from dp_governor.budget import create_db_engine
+from dp_governor.budget.storage.db import scratch_schema
 from tests.api.test_crash import _free_port, _workload
 
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
@@ -44,7 +44,16 @@ def test_four_workers_hold_the_caps_and_run_each_job_once(tmp_path: Path) -> Non
             "DPGOV_CHECKPOINT_SECONDS": "2",
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--workers", "4"],
+            [
+                sys.executable,
+                "-m",
+                "dp_governor.api.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--workers",
+                "4",
+            ],
             env=env,
             cwd=tmp_path,
             stdout=subprocess.DEVNULL,
@@ -146,7 +155,16 @@ def test_two_workers_start_and_serve_under_load(tmp_path: Path) -> None:
         log = tmp_path / "serve.log"
         with log.open("wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--workers", "2"],
+                [
+                    sys.executable,
+                    "-m",
+                    "dp_governor.api.cli",
+                    "serve",
+                    "--port",
+                    str(port),
+                    "--workers",
+                    "2",
+                ],
                 env=env,
                 cwd=tmp_path,
                 stdout=subprocess.DEVNULL,
@@ -209,7 +227,7 @@ def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path: P
         }
         command = ["serve", "--port", str(_free_port()), "--workers", "2"]
         run = subprocess.run(
-            [sys.executable, "-m", "api.cli", *command],
+            [sys.executable, "-m", "dp_governor.api.cli", *command],
             env=env,
             cwd=tmp_path,
             capture_output=True,

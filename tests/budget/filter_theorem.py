@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.model import to_micro
+from dp_governor.policies.model import to_micro
 from tests.budget.test_odometer import BOUNDARY, theorem_epsilon
 
 __all__ = ["theorem_admits"]

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from budget import Ledger
-from budget.reporting.activity import daily_activity
+from dp_governor.budget import Ledger
+from dp_governor.budget.reporting.activity import daily_activity
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
 

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
-from budget import Ledger
-from budget.audit_log import AuditLog, Entry, canonical_body, chain_hash
-from budget.batch import BatchItem, charge_batch
-from budget.storage.tables import GENESIS
-from policies import PolicyUpdate
+from dp_governor.budget import Ledger
+from dp_governor.budget.audit_log import AuditLog, Entry, canonical_body, chain_hash
+from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.budget.storage.tables import GENESIS
+from dp_governor.policies import PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
 

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase
-from budget.batch import BatchItem, charge_batch
-from policies import PolicyCreate
+from dp_governor.budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase
+from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.policies import PolicyCreate
 from tests.conftest import SECRET
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

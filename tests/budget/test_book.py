@@ -9,9 +9,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from budget.book import NO_HORIZON, PolicyBook, Retention
-from policies.defaults import default_policies
-from policies.model import Policy
+from dp_governor.budget.book import NO_HORIZON, PolicyBook, Retention
+from dp_governor.policies.defaults import default_policies
+from dp_governor.policies.model import Policy
 
 DAY = 20_000
 

@@ -21,8 +21,8 @@ import orjson
 import pytest
 from sqlalchemy import Engine, text
 
-from budget import Ledger, SystemClock
-from policies import PolicyCreate, PolicyUpdate
+from dp_governor.budget import Ledger, SystemClock
+from dp_governor.policies import PolicyCreate, PolicyUpdate
 from tests.conftest import PG_URL, SECRET, make_engine
 
 DEVICES = 400

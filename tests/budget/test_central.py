@@ -21,18 +21,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from budget.amplification import shuffle_epsilon
-from budget.central import (
+from dp_governor.budget.amplification import shuffle_epsilon
+from dp_governor.budget.central import (
     MAX_BATCHES_SHOWN,
     PRECONDITIONS,
     batch_layers,
     central_line,
     compose_sizes,
 )
-from budget.clock import utc_day
-from budget.storage.tables import ShuffledBatch
-from policies import PolicyCreate
-from policies.model import Policy
+from dp_governor.budget.clock import utc_day
+from dp_governor.budget.storage.tables import ShuffledBatch
+from dp_governor.policies import PolicyCreate
+from dp_governor.policies.model import Policy
 from tests.budget.test_amplification import exact_rr_delta, others_grid
 
 FloatArray = npt.NDArray[np.float64]

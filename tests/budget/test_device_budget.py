@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 from sqlalchemy import Engine
 
-from budget import Ledger, create_db_engine, init_db, utc_day
-from budget.clock import day_start
-from budget.storage.db import scratch_schema
-from policies import PolicyCreate
-from policies.device import DeviceBudgetCreate, loosening, write_device_budget
-from policies.files import PolicyFileError, load_device_budget
-from policies.model import MICRO, to_micro
+from dp_governor.budget import Ledger, create_db_engine, init_db, utc_day
+from dp_governor.budget.clock import day_start
+from dp_governor.budget.storage.db import scratch_schema
+from dp_governor.policies import PolicyCreate
+from dp_governor.policies.device import DeviceBudgetCreate, loosening, write_device_budget
+from dp_governor.policies.files import PolicyFileError, load_device_budget
+from dp_governor.policies.model import MICRO, to_micro
 from tests.budget.filter_theorem import theorem_admits
 from tests.conftest import PG_URL
 
@@ -398,7 +398,7 @@ def test_the_policy_file_holds_the_device_budget(tmp_path: Path) -> None:
 
 
 def test_what_if_decides_a_proposed_device_budget_through_the_rule(ledger: Ledger) -> None:
-    from budget.reporting.views import what_if_device_budget
+    from dp_governor.budget.reporting.views import what_if_device_budget
 
     for device in ("p", "q"):
         assert ledger.charge(device, "a", now=NOW).accepted
@@ -427,7 +427,7 @@ def test_a_window_quota_frees_when_its_days_leave_the_window(ledger: Ledger) -> 
 
 
 def test_the_device_odometer_reads_the_rows_totals(ledger: Ledger) -> None:
-    from budget.odometer import OdometerState, charge, running_epsilon
+    from dp_governor.budget.odometer import OdometerState, charge, running_epsilon
 
     ledger.policies.create(_policy("small", epsilon_per_report=0.05, max_reports_per_day=1000))
     expected = OdometerState()
@@ -459,7 +459,7 @@ WEIGHT = {"tiny": 0.01, "small": 0.05, "mid": 0.2}  # epsilon x group size
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), target=st.sampled_from([(1.0, 1e-6), (2.0, 1e-9), (0.5, 1e-3)]))
 def test_the_filter_admits_exactly_what_the_theorem_allows(data: Any, target: Any) -> None:
-    from budget.odometer import OdometerState, Target, admit_either, charge
+    from dp_governor.budget.odometer import OdometerState, Target, admit_either, charge
 
     tmp = Path(tempfile.mkdtemp())
     led = _filter_ledger(tmp)

@@ -26,15 +26,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from budget import Ledger, create_db_engine, init_db, utc_day
-from budget.clock import day_start
-from budget.odometer import OdometerState, Target, filter_cap_sq, running_epsilon
-from budget.reporting.views import device_timeline, what_if, what_if_device_budget
-from budget.storage.db import scratch_schema
-from budget.storage.tables import Charge
-from policies import Policy, PolicyCreate
-from policies.device import DeviceBudgetCreate, write_device_budget
-from policies.model import to_micro
+from dp_governor.budget import Ledger, create_db_engine, init_db, utc_day
+from dp_governor.budget.clock import day_start
+from dp_governor.budget.odometer import OdometerState, Target, filter_cap_sq, running_epsilon
+from dp_governor.budget.reporting.views import device_timeline, what_if, what_if_device_budget
+from dp_governor.budget.storage.db import scratch_schema
+from dp_governor.budget.storage.tables import Charge
+from dp_governor.policies import Policy, PolicyCreate
+from dp_governor.policies.device import DeviceBudgetCreate, write_device_budget
+from dp_governor.policies.model import to_micro
 from tests.budget.filter_theorem import theorem_admits
 from tests.conftest import PG_URL
 

@@ -9,8 +9,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Connection, func, select, text
 
-from budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase, init_db
-from budget.reporting.loss import (
+from dp_governor.budget import (
+    Decision,
+    IdempotencyConflict,
+    InvalidRequest,
+    Ledger,
+    UnknownUseCase,
+    init_db,
+)
+from dp_governor.budget.reporting.loss import (
     device_loss,
     devices_loss,
     lifetime_rows,
@@ -18,9 +25,9 @@ from budget.reporting.loss import (
     population_window_loss,
     window_totals,
 )
-from budget.state import AccountState
-from budget.storage.tables import Charge
-from policies import PolicyCreate, PolicyUpdate
+from dp_governor.budget.state import AccountState
+from dp_governor.budget.storage.tables import Charge
+from dp_governor.policies import PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
 
@@ -360,7 +367,7 @@ def test_a_database_with_old_format_device_keys_is_refused(ledger: Ledger) -> No
 def test_charge_ids_are_never_reused_after_a_purge(ledger: Ledger) -> None:
     # Receipts and audit entries name charges by id: a purge that empties the table must not
     # let the next charge (single or batched) take an id that was already handed out.
-    from budget.batch import BatchItem, charge_batch
+    from dp_governor.budget.batch import BatchItem, charge_batch
 
     old = NOW - timedelta(days=200)
     issued = [ledger.charge(f"dev-{i}", "emoji", now=old).charge_id for i in range(3)]

@@ -7,7 +7,7 @@ import hmac
 from hypothesis import given
 from hypothesis import strategies as st
 
-from budget.keyed import KeyedHash
+from dp_governor.budget.keyed import KeyedHash
 
 
 @given(st.binary(min_size=0, max_size=200), st.lists(st.binary(max_size=300), max_size=5))

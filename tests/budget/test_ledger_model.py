@@ -34,16 +34,23 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from sqlalchemy import Engine
 
-from budget import Ledger, PolicyConflict, UnknownUseCase, create_db_engine, init_db, utc_day
-from budget.reporting.export import export_ledger, read_export, report_from_export
-from budget.reporting.loss import device_loss, effective_epsilon
-from budget.rule import check
-from budget.state import AccountState
-from budget.storage.db import scratch_schema
-from policies import PolicyCreate
-from policies.errors import PolicyLoosens
-from policies.model import GroupTerms, to_micro
-from policies.repository import GROUP_FIELDS
+from dp_governor.budget import (
+    Ledger,
+    PolicyConflict,
+    UnknownUseCase,
+    create_db_engine,
+    init_db,
+    utc_day,
+)
+from dp_governor.budget.reporting.export import export_ledger, read_export, report_from_export
+from dp_governor.budget.reporting.loss import device_loss, effective_epsilon
+from dp_governor.budget.rule import check
+from dp_governor.budget.state import AccountState
+from dp_governor.budget.storage.db import scratch_schema
+from dp_governor.policies import PolicyCreate
+from dp_governor.policies.errors import PolicyLoosens
+from dp_governor.policies.model import GroupTerms, to_micro
+from dp_governor.policies.repository import GROUP_FIELDS
 from tests.budget.filter_theorem import theorem_admits
 from tests.conftest import PG_URL
 

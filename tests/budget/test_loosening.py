@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from budget import Ledger, PolicyConflict
-from budget.reporting.allowance import allowance
-from budget.reporting.loss import effective_epsilon
-from budget.reporting.views import cumulative_series, device_timeline
-from policies import PolicyBase, PolicyCreate, PolicyUpdate
-from policies.device import DeviceBudgetCreate
-from policies.errors import PolicyLoosens
+from dp_governor.budget import Ledger, PolicyConflict
+from dp_governor.budget.reporting.allowance import allowance
+from dp_governor.budget.reporting.loss import effective_epsilon
+from dp_governor.budget.reporting.views import cumulative_series, device_timeline
+from dp_governor.policies import PolicyBase, PolicyCreate, PolicyUpdate
+from dp_governor.policies.device import DeviceBudgetCreate
+from dp_governor.policies.errors import PolicyLoosens
 
 NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
 
@@ -96,7 +96,7 @@ def test_a_check_compares_only_what_the_change_can_move(
         calls.append(args)
         return allowance(*args)
 
-    monkeypatch.setattr("budget.loosening.allowance", counting)
+    monkeypatch.setattr("dp_governor.budget.loosening.allowance", counting)
     ledger.policies.update("g7-0", PolicyUpdate(description="only words"))
     assert len(calls) <= 2 * 2 * 4  # the group's two members, before and after, four spans
 
@@ -118,8 +118,8 @@ def test_a_collision_left_by_an_earlier_release_stays_editable(ledger: Ledger) -
 
 def test_a_group_member_that_no_longer_validates_names_its_field(ledger: Ledger) -> None:
     terms = _fields(ledger, "safari-energy-domains")
-    from policies.model import GroupTerms
-    from policies.repository import GROUP_FIELDS
+    from dp_governor.policies.model import GroupTerms
+    from dp_governor.policies.repository import GROUP_FIELDS
 
     shared = {f: terms[f] for f in GROUP_FIELDS} | {"window_epsilon_cap": 1.0}
     with pytest.raises(PolicyConflict) as found:

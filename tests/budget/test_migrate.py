@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 
 from sqlalchemy import inspect, text
 
-from budget import Ledger, init_db
-from budget.gate import device_key
-from budget.reporting.loss import device_loss, lifetime_rows
-from policies import PolicyUpdate
+from dp_governor.budget import Ledger, init_db
+from dp_governor.budget.gate import device_key
+from dp_governor.budget.reporting.loss import device_loss, lifetime_rows
+from dp_governor.policies import PolicyUpdate
 from tests.conftest import SECRET
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from budget.accountant import optimal_epsilon
-from budget.odometer import (
+from dp_governor.budget.accountant import optimal_epsilon
+from dp_governor.budget.odometer import (
     OdometerState,
     Target,
     admit,

@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from budget import Ledger, utc_day
-from budget.storage.partitions import DAYS_AHEAD, ensure_partitions, is_partitioned, partition_days
-from policies import PolicyBase, PolicyCreate
+from dp_governor.budget import Ledger, utc_day
+from dp_governor.budget.storage.partitions import (
+    DAYS_AHEAD,
+    ensure_partitions,
+    is_partitioned,
+    partition_days,
+)
+from dp_governor.policies import PolicyBase, PolicyCreate
 from tests.conftest import PG_URL, SECRET, make_engine
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from budget import Ledger
-from budget.accountant import Accountant
-from budget.batch import BatchItem, charge_batch
-from budget.reporting.export import export_ledger, read_export, report_from_export
-from budget.reporting.loss import (
+from dp_governor.budget import Ledger
+from dp_governor.budget.accountant import Accountant
+from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.budget.reporting.export import export_ledger, read_export, report_from_export
+from dp_governor.budget.reporting.loss import (
     device_loss,
     effective_epsilon,
     effective_epsilon_basis,
     population_window_loss,
 )
-from budget.reporting.report import finish_report, render_text
-from policies import PolicyCreate, PolicyUpdate
+from dp_governor.budget.reporting.report import finish_report, render_text
+from dp_governor.policies import PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
 

@@ -22,9 +22,14 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
 from sqlmodel import SQLModel
 
-import api.ingestion.tables  # noqa: F401 - registers the pipeline tables the migrations create too
-from budget import Ledger, create_db_engine, init_db
-from budget.storage.schema import SchemaOutdated, head_revision, schema_revision, upgrade_db
+import dp_governor.api.ingestion.tables  # noqa: F401 - registers the pipeline tables the migrations create too
+from dp_governor.budget import Ledger, create_db_engine, init_db
+from dp_governor.budget.storage.schema import (
+    SchemaOutdated,
+    head_revision,
+    schema_revision,
+    upgrade_db,
+)
 from tests.conftest import SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,7 +212,7 @@ def test_the_migrations_make_exactly_the_models_schema(empty_url: str) -> None:
 def test_the_migration_history_is_one_line() -> None:
     from alembic.script import ScriptDirectory
 
-    from budget.storage.schema import alembic_config
+    from dp_governor.budget.storage.schema import alembic_config
 
     script = ScriptDirectory.from_config(alembic_config())
     revisions = [r.revision for r in script.walk_revisions()]
@@ -217,9 +222,9 @@ def test_the_migration_history_is_one_line() -> None:
 def test_revision_0005_keeps_the_device_wide_lifetime_filter(empty_url: str) -> None:
     from alembic import command
 
-    from budget.storage.db import writer
-    from budget.storage.schema import alembic_config
-    from policies.device import device_budget_versions
+    from dp_governor.budget.storage.db import writer
+    from dp_governor.budget.storage.schema import alembic_config
+    from dp_governor.policies.device import device_budget_versions
 
     engine = create_db_engine(empty_url)
     try:
@@ -247,9 +252,9 @@ def test_revision_0009_marks_batches_published_in_parts(empty_url: str) -> None:
     """Batches that may have had several parts are marked; parts count their charge days."""
     from alembic import command
 
-    from budget.storage.db import writer
-    from budget.storage.schema import alembic_config
-    from policies import PolicyCreate, PolicyUpdate
+    from dp_governor.budget.storage.db import writer
+    from dp_governor.budget.storage.schema import alembic_config
+    from dp_governor.policies import PolicyCreate, PolicyUpdate
 
     engine = create_db_engine(empty_url)
     day = int(NOW.timestamp() // 86_400)

@@ -8,7 +8,13 @@ from typing import NamedTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
-from budget.state import ANY_BUDGET, AccountState, decode, lifetime_counts, window_counts
+from dp_governor.budget.state import (
+    ANY_BUDGET,
+    AccountState,
+    decode,
+    lifetime_counts,
+    window_counts,
+)
 
 USE_CASES = ["emoji", "safari-energy-domains", "safari-crash-domains"]
 Charge = tuple[str, int, int, int]  # use case, day, micro-epsilon, group size

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-import budget.storage.db as db
-from budget import create_db_engine
+import dp_governor.budget.storage.db as db
+from dp_governor.budget import create_db_engine
 
 
 class _Clock:
@@ -33,8 +33,8 @@ def test_a_job_pauses_as_its_engine_says(
     url = f"sqlite:///{tmp_path / 'pause.sqlite'}"
     engine = create_db_engine(url) if pause is None else create_db_engine(url, job_pause=pause)
     clock = _Clock()
-    monkeypatch.setattr("budget.storage.db.time.monotonic", clock.monotonic)
-    monkeypatch.setattr("budget.storage.db.time.sleep", clock.sleep)
+    monkeypatch.setattr("dp_governor.budget.storage.db.time.monotonic", clock.monotonic)
+    monkeypatch.setattr("dp_governor.budget.storage.db.time.sleep", clock.sleep)
     with db.write_step(engine) as conn:
         conn.execute(text("CREATE TABLE t (x INTEGER)"))
     assert clock.slept == pytest.approx(slept)  # the default: twice the transaction's time

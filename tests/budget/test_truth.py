@@ -10,10 +10,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from budget import Ledger
-from budget.reporting.export import export_ledger, read_export, report_from_export
-from budget.reporting.loss import device_loss, effective_epsilon
-from policies import PolicyBase, PolicyCreate, PolicyUpdate
+from dp_governor.budget import Ledger
+from dp_governor.budget.reporting.export import export_ledger, read_export, report_from_export
+from dp_governor.budget.reporting.loss import device_loss, effective_epsilon
+from dp_governor.policies import PolicyBase, PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
 

@@ -7,16 +7,16 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from budget import InvalidRequest, Ledger, PolicyConflict, UnknownUseCase
-from budget.batch import BatchItem, charge_batch
-from budget.reporting.views import (
+from dp_governor.budget import InvalidRequest, Ledger, PolicyConflict, UnknownUseCase
+from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.budget.reporting.views import (
     SpendSpread,
     device_timeline,
     distribution,
     distribution_of,
     what_if,
 )
-from policies import PolicyBase, PolicyCreate, PolicyUpdate
+from dp_governor.policies import PolicyBase, PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 import httpx
 import pytest
 
-from api.client import Client
+from dp_governor.api.client import Client
 from tests.api.live import ADMIN_TOKEN, serve
 
 ROOT: Final = Path(__file__).resolve().parents[2]

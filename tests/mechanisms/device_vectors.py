@@ -18,12 +18,12 @@ from typing import Any, Final
 
 import numpy as np
 
-from mechanisms import CMS, HCMS, SFP, HashFamily, describe, family_id
-from mechanisms.hashing import MERSENNE_31
-from mechanisms.published import family_text
-from mechanisms.randomness import flip_probability, threshold_bytes
-from mechanisms.sfp import POSITIONS, fragment_item, normalize_word
-from policies import PolicyCreate, mechanism_for
+from dp_governor.mechanisms import CMS, HCMS, SFP, HashFamily, describe, family_id
+from dp_governor.mechanisms.hashing import MERSENNE_31
+from dp_governor.mechanisms.published import family_text
+from dp_governor.mechanisms.randomness import flip_probability, threshold_bytes
+from dp_governor.mechanisms.sfp import POSITIONS, fragment_item, normalize_word
+from dp_governor.policies import PolicyCreate, mechanism_for
 
 __all__ = ["FILES", "VECTORS", "RecordingCoins", "ReplayCoins", "build", "main"]
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms import CMS, HashFamily, bitcount
-from mechanisms.bitcount import add_bit_counts
+from dp_governor.mechanisms import CMS, HashFamily, bitcount
+from dp_governor.mechanisms.bitcount import add_bit_counts
 
 
 def reference(

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mechanisms import CMS, HCMS, SFP, HashFamily
+from dp_governor.mechanisms import CMS, HCMS, SFP, HashFamily
 
 MECHANISMS: list[Any] = [
     CMS(epsilon=4.0, k=64, m=32, hash_family=HashFamily(1)),
@@ -117,11 +117,10 @@ def test_estimates_have_aligned_float_arrays(mech: Any) -> None:
 def test_folding_in_chunks_equals_the_definition(
     mech: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mechanisms.bitcount
-    import mechanisms.hcms
+    from dp_governor.mechanisms import bitcount, hcms
 
-    monkeypatch.setattr(mechanisms.hcms, "_FOLD_CHUNK", 37)
-    monkeypatch.setattr(mechanisms.bitcount, "_CHUNK", 37)
+    monkeypatch.setattr(hcms, "_FOLD_CHUNK", 37)
+    monkeypatch.setattr(bitcount, "_CHUNK", 37)
     reports = mech.privatize(VALUES * 5, rng=np.random.default_rng(4))
     sketch = mech.sketch().add(reports)
     j = np.asarray(reports.j, dtype=np.int64)

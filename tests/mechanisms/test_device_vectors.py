@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from mechanisms import HashFamily, family_id, from_published
-from mechanisms.published import family_text
-from mechanisms.randomness import flip_probability, threshold_bytes
+from dp_governor.mechanisms import HashFamily, family_id, from_published
+from dp_governor.mechanisms.published import family_text
+from dp_governor.mechanisms.randomness import flip_probability, threshold_bytes
 from tests.mechanisms.device_vectors import FILES, VECTORS, ReplayCoins, build, dumps
 
 REGENERATE = "regenerate them with `python -m tests.mechanisms.device_vectors`"

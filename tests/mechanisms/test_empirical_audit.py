@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanisms import CMS, HCMS
-from mechanisms.empirical_audit import audit, clopper_pearson
-from mechanisms.hashing import factorize
-from mechanisms.hcms import HcmsReports
-from mechanisms.randomness import bernoulli
-from policies import default_policies, mechanism_for
+from dp_governor.mechanisms import CMS, HCMS
+from dp_governor.mechanisms.empirical_audit import audit, clopper_pearson
+from dp_governor.mechanisms.hashing import factorize
+from dp_governor.mechanisms.hcms import HcmsReports
+from dp_governor.mechanisms.randomness import bernoulli
+from dp_governor.policies import default_policies, mechanism_for
 
 POLICIES = {p.name: p for p in default_policies()}
 SAMPLES = 200_000  # the fast CI variant; `dpgov selftest` runs 2,000,000 per input

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mechanisms.hadamard import fwht, hadamard, hadamard_entry, is_power_of_two
+from dp_governor.mechanisms.hadamard import fwht, hadamard, hadamard_entry, is_power_of_two
 
 
 def test_h4_literal() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from mechanisms.hashing import (
+from dp_governor.mechanisms.hashing import (
     ALGORITHM,
     MERSENNE_31,
     Fingerprints,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms import CMS, HCMS, HashFamily
+from dp_governor.mechanisms import CMS, HCMS, HashFamily
 
 EPSILONS = [0.5, 1.0, 2.0, 4.0, 8.0]
 

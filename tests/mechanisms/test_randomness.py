@@ -9,7 +9,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from mechanisms.randomness import bernoulli, flip_probability, os_bernoulli, threshold_bytes
+from dp_governor.mechanisms.randomness import (
+    bernoulli,
+    flip_probability,
+    os_bernoulli,
+    threshold_bytes,
+)
 from tests.mechanisms.helpers import forbid_numpy_and_stdlib_random
 
 Z = 5.0
@@ -88,7 +93,7 @@ DEVICE_MECHANISMS = ["emoji", "safari-energy-domains", "quicktype"]
 def test_the_device_path_uses_only_the_os_csprng(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from policies import default_policies, mechanism_for
+    from dp_governor.policies import default_policies, mechanism_for
 
     mech = mechanism_for(next(p for p in default_policies() if p.name == name))
 
@@ -107,7 +112,7 @@ def test_the_randomness_drawn_does_not_depend_on_the_input(
     """Same byte requests and the same number of bounded draws for every input."""
     import secrets
 
-    from policies import default_policies, mechanism_for
+    from dp_governor.policies import default_policies, mechanism_for
 
     mech = mechanism_for(next(p for p in default_policies() if p.name == name))
     calls: list[tuple[str, int]] = []

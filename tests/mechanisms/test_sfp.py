@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from api.demo.simulation import made_up_words, zipf_indices
-from mechanisms import SFP, HashFamily
-from mechanisms.sfp import POSITIONS, fragment_item, normalize_word
+from dp_governor.api.demo.simulation import made_up_words, zipf_indices
+from dp_governor.mechanisms import SFP, HashFamily
+from dp_governor.mechanisms.sfp import POSITIONS, fragment_item, normalize_word
 
 
 def test_words_are_padded_or_truncated_to_ten_characters() -> None:

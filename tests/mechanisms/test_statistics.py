@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms import CMS, HCMS, HashFamily
-from mechanisms.variance import (
+from dp_governor.mechanisms import CMS, HCMS, HashFamily
+from dp_governor.mechanisms.variance import (
     cms_variance_bound,
     cms_variance_exact,
     fixed_family_mean,

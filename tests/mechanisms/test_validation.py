@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mechanisms import CMS, HCMS, SFP, CmsSketch, HcmsSketch, InvalidReport
+from dp_governor.mechanisms import CMS, HCMS, SFP, CmsSketch, HcmsSketch, InvalidReport
 
 BAD_EPSILONS: list[Any] = [float("nan"), float("inf"), -float("inf"), 0, -1, "4", True, None]
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from mechanisms import CMS, HCMS, SFP
-from policies import (
+from dp_governor.mechanisms import CMS, HCMS, SFP
+from dp_governor.policies import (
     PolicyCreate,
     PolicyFileError,
     PolicyUpdate,
@@ -18,7 +18,7 @@ from policies import (
     load_policies,
     mechanism_for,
 )
-from policies.model import MAX_SKETCH_BYTES, sketch_bytes, to_micro
+from dp_governor.policies.model import MAX_SKETCH_BYTES, sketch_bytes, to_micro
 
 DUPLICATE = (
     "  - {name: a, mechanism: cms, k: 4, m: 8, epsilon_per_report: 1.0, max_reports_per_day: 1}\n"

@@ -7,8 +7,8 @@ import threading
 import pytest
 from sqlalchemy import Engine
 
-from budget import PolicyConflict, UnknownUseCase
-from policies import PolicyCreate, PolicyStore, PolicyUpdate, default_policies
+from dp_governor.budget import PolicyConflict, UnknownUseCase
+from dp_governor.policies import PolicyCreate, PolicyStore, PolicyUpdate, default_policies
 
 
 @pytest.fixture

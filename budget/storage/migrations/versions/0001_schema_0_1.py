@@ -2,9 +2,9 @@
 
 A database made by 0.1 (before migrations) already has every table: this revision then only
 records that it is at revision 0001. A new database gets them all, ``charges`` partitioned by
-day on PostgreSQL (:mod:`budget.storage.partitions`), the audit tables' append-only triggers
-and the audit chain's genesis head. The DDL is written out here, not taken from the models, so
-that later model changes go through new revisions.
+day on PostgreSQL (:mod:`dp_governor.budget.storage.partitions`), the audit tables' append-only
+triggers and the audit chain's genesis head. The DDL is written out here, not taken from the models,
+so that later model changes go through new revisions.
 
 Revision ID: 0001
 Revises: (none)

@@ -1,9 +1,9 @@
 """Ledgers of the per-budget layouts (before 0.1) become one account row per device.
 
 A data migration: a no-op on a new database and on one made by 0.1. Otherwise each device's
-rows are folded into one state (:mod:`budget.storage.migrate`), ``accounts`` is recreated in the
-per-device layout, and the tables layout's ``daily_spend``, ``lifetime_totals`` and covering
-index are dropped (``charges`` indexed by day instead).
+rows are folded into one state (:mod:`dp_governor.budget.storage.migrate`), ``accounts`` is
+recreated in the per-device layout, and the tables layout's ``daily_spend``, ``lifetime_totals`` and
+covering index are dropped (``charges`` indexed by day instead).
 
 Revision ID: 0002
 Revises: 0001
@@ -16,7 +16,7 @@ import logging
 import sqlalchemy as sa
 from alembic import op
 
-from budget.storage.migrate import is_per_budget, per_device_states, write_accounts
+from dp_governor.budget.storage.migrate import is_per_budget, per_device_states, write_accounts
 
 revision = "0002"
 down_revision: str | None = "0001"

@@ -1,10 +1,10 @@
 """Fenced job leases and keyed row tags: ``job_leases.token``, ``inbox.tag``, ``reports.tag``.
 
 A lease carries a fencing token that rises at every takeover, and every job transaction checks
-it (``api.jobs``); existing leases start at 0. Each inbox row and stored report carries a keyed
-tag over its stored bytes (:mod:`budget.row_tags`), which ``verify`` checks; rows stored before
-this revision have none (null), and ``verify`` accepts that only for the days an earlier
-release charged (docs/audit.md).
+it (``dp_governor.api.jobs``); existing leases start at 0. Each inbox row and stored report carries
+a keyed tag over its stored bytes (:mod:`dp_governor.budget.row_tags`), which ``verify`` checks;
+rows stored before this revision have none (null), and ``verify`` accepts that only for the days an
+earlier release charged (docs/audit.md).
 
 Revision ID: 0008
 Revises: 0007
