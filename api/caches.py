@@ -17,7 +17,7 @@ from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.api.integrity import kept_checkpoints, verify_service
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Clock, Ledger
-from dp_governor.budget.audit_log import Verification
+from dp_governor.budget.audit.log import Verification
 from dp_governor.budget.reporting.loss import effective_epsilon_basis
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
 from dp_governor.budget.reporting.views import (

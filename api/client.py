@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 Mechanism = CMS | HCMS | SFP
-# A budget's refusals (budget.refusal.REFUSALS; the client does not import the budget package).
+# A budget's refusals (budget.rule.refusal.REFUSALS; the client does not import the budget package).
 CAP_REASONS: Final = frozenset(
     {"daily_cap", "window_cap", "lifetime_cap", "window_filter", "lifetime_filter"}
 )

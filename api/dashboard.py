@@ -18,10 +18,10 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
-from dp_governor.budget.audit_log import Verification
-from dp_governor.budget.central import PRECONDITIONS, CentralLine, CentralLoss
-from dp_governor.budget.display import fmt_up
+from dp_governor.budget.audit.log import Verification
+from dp_governor.budget.privacy.display import fmt_up
 from dp_governor.budget.reporting.activity import Activity
+from dp_governor.budget.reporting.central import PRECONDITIONS, CentralLine, CentralLoss
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, LossSpread
 from dp_governor.budget.reporting.views import CumulativeSeries, Distribution
 from dp_governor.policies import Policy

@@ -48,15 +48,15 @@ from dp_governor.api.ingestion.tables import (
     StoredReport,
 )
 from dp_governor.budget import Ledger, utc_day
-from dp_governor.budget.audit_log import (
+from dp_governor.budget.audit.log import (
     Checkpoint,
     CheckpointFileError,
     Verification,
     read_checkpoints,
 )
-from dp_governor.budget.book import NO_HORIZON, PolicyBook
-from dp_governor.budget.integrity import StateCheck
-from dp_governor.budget.row_tags import RowTags
+from dp_governor.budget.audit.row_tags import RowTags
+from dp_governor.budget.audit.verify import StateCheck
+from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.storage.tables import ShuffledBatch
 
 __all__ = ["KeptCheckpoints", "kept_checkpoints", "pipeline_problem", "verify_service"]
@@ -144,8 +144,8 @@ def pipeline_problem(
     """The first problem of the pipeline's tables (``None``: none), naming the table.
 
     In order: every inbox row's and stored report's tag
-    (:class:`dp_governor.budget.row_tags.RowTags`); the reports held per use case and charge day
-    against the charges the chain records, and every batch's stored reports against its record
+    (:class:`dp_governor.budget.audit.row_tags.RowTags`); the reports held per use case and charge
+    day against the charges the chain records, and every batch's stored reports against its record
     (:func:`_pipeline_problem`); every sketch against the fold of its folded parts' reports,
     recomputed. Days on or before a use case's data cutoff (``data_through``, what the purge
     deletes) are left out of the sketches, as they may be half deleted.

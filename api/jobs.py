@@ -48,7 +48,7 @@ from dp_governor.api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flu
 from dp_governor.api.ingestion.tables import JobLease
 from dp_governor.api.logs import log_fields
 from dp_governor.budget import Clock, Ledger
-from dp_governor.budget.audit_log import CheckpointFileError, write_checkpoints
+from dp_governor.budget.audit.log import CheckpointFileError, write_checkpoints
 from dp_governor.budget.storage.db import (
     bound_lock_wait,
     fenced,

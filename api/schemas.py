@@ -19,7 +19,7 @@ from dp_governor.api.errors import (
     UNAUTHORIZED,
 )
 from dp_governor.budget import BudgetStatus
-from dp_governor.budget.reporting.device import DeviceOdometer, DeviceWide
+from dp_governor.budget.rule.standing import DeviceOdometer, DeviceWide
 from dp_governor.policies import DEFAULT_POLICIES, Policy, PolicyPublic, publish
 from dp_governor.policies.model import GroupTerms
 

@@ -24,7 +24,7 @@ from sqlalchemy import Engine, inspect, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from dp_governor.budget.audit_log import AuditLog
+from dp_governor.budget.audit.log import AuditLog
 from dp_governor.budget.storage.db import (
     META_TABLE,
     key_fingerprint,

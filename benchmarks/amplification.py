@@ -8,8 +8,8 @@ Usage: ``python -m benchmarks.amplification [--sizes 4 5 6 7 8] [--eps0 1 2 4 8]
 - composed (unless ``--no-compose``): ``compose_shuffled`` of one batch a day over 1, 90 and
   365 days at Apple's default local epsilons (2, 4, 8) and ``n`` of 10^5 to 10^7 devices a day,
   with the PLD of FMT21's pair (``"curve"``), and for the year with ``(eps, delta)`` pairs;
-- cached central figures: :func:`dp_governor.budget.central.compose_sizes` of a year of daily
-batches at
+- cached central figures: :func:`dp_governor.budget.reporting.central.compose_sizes` of a year of
+daily batches at
   ``n = 10^6`` and ``10^8``, first call and cached call;
 - ``--apple``: the central epsilon of Apple's default policies
 (:mod:`dp_governor.policies.defaults`) at
@@ -24,13 +24,13 @@ import argparse
 import statistics
 import time
 
-from dp_governor.budget.amplification import (
+from dp_governor.budget.privacy.amplification import (
     clear_caches,
     compose_shuffled,
     fmt21_closed_form_epsilon,
     shuffle_epsilon,
 )
-from dp_governor.budget.central import compose_sizes
+from dp_governor.budget.reporting.central import compose_sizes
 from dp_governor.policies import default_policies
 
 

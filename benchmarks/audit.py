@@ -17,7 +17,7 @@ import resource
 import time
 
 from benchmarks.budget import NOW, SECRET, database
-from dp_governor.budget.audit_log import AuditLog, Entry, derive_audit_key
+from dp_governor.budget.audit.log import AuditLog, Entry, derive_audit_key
 from dp_governor.budget.storage.db import writer
 
 CHUNK = 10_000

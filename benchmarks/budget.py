@@ -31,7 +31,7 @@ from sqlalchemy import Engine, text
 
 from dp_governor.budget import Ledger, create_db_engine, init_db, utc_day
 from dp_governor.budget.reporting.loss import population_window_loss, window_totals
-from dp_governor.budget.state import AccountState, state_columns
+from dp_governor.budget.rule.state import AccountState, state_columns
 from dp_governor.budget.storage.db import scratch_schema
 
 SECRET = b"benchmark-secret-benchmark-secret!!"

@@ -1,6 +1,5 @@
 """The per-device privacy ledger, the atomic check-and-charge gate, and the accountant."""
 
-from dp_governor.budget.accountant import Accountant, PrivacyLoss
 from dp_governor.budget.clock import Clock, FixedClock, SystemClock, utc_day
 from dp_governor.budget.errors import (
     IdempotencyConflict,
@@ -8,10 +7,11 @@ from dp_governor.budget.errors import (
     PolicyConflict,
     UnknownUseCase,
 )
-from dp_governor.budget.gate import Gate
+from dp_governor.budget.gate.prepared import Gate
 from dp_governor.budget.ledger import BudgetStatus, Ledger, PurgeResult
+from dp_governor.budget.privacy.accountant import Accountant, PrivacyLoss
 from dp_governor.budget.reporting.loss import DeviceLoss
-from dp_governor.budget.rule import Decision
+from dp_governor.budget.rule.decide import Decision
 from dp_governor.budget.storage.db import create_db_engine
 from dp_governor.budget.storage.schema import init_db
 

@@ -14,23 +14,23 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, func, select
 
-from dp_governor.budget.accountant import Accountant
-from dp_governor.budget.audit_log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
-from dp_governor.budget.batch import BatchItem, OnAccept, charge_batch
-from dp_governor.budget.book import NO_HORIZON, PolicyBook
+from dp_governor.budget.audit.log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
+from dp_governor.budget.audit.row_tags import RowTags
+from dp_governor.budget.audit.verify import StateCheck, StateReplay, budgets_since
 from dp_governor.budget.clock import day_start, utc_day
-from dp_governor.budget.gate import Gate, load_book
-from dp_governor.budget.integrity import StateCheck, StateReplay, budgets_since
-from dp_governor.budget.loosening import loosenings
-from dp_governor.budget.reporting.device import (
+from dp_governor.budget.gate.charge import BatchItem, OnAccept, charge_batch
+from dp_governor.budget.gate.prepared import Gate, load_book
+from dp_governor.budget.privacy.accountant import Accountant
+from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
+from dp_governor.budget.rule.decide import Decision
+from dp_governor.budget.rule.loosening import loosenings
+from dp_governor.budget.rule.standing import (
     DeviceOdometer,
     DeviceWide,
     device_odometer,
     device_wide,
 )
-from dp_governor.budget.row_tags import RowTags
-from dp_governor.budget.rule import Decision
-from dp_governor.budget.state import AccountState, decode
+from dp_governor.budget.rule.state import AccountState, decode
 from dp_governor.budget.storage.db import delete_keys, placeholder, write_step
 from dp_governor.budget.storage.partitions import (
     DAYS_AHEAD,
@@ -166,7 +166,7 @@ class Ledger:
     def _review_policies(
         conn: Connection, stored: list[Policy], new: list[Policy], allow_loosen: bool
     ) -> None:
-        """Refuse a loosening policy write (:func:`budget.loosening.loosenings`) unless allowed."""
+        """Refuse a loosening policy write (:func:`~.rule.loosening.loosenings`) unless allowed."""
         if allow_loosen:
             return
         found = _loosenings(load_book(conn), new)
@@ -217,7 +217,7 @@ class Ledger:
         """The audit chain, and the tables the gate decides on against it.
 
         ``kept`` are checkpoints kept outside the database (truncation back to any of them is
-        caught). The state check (:mod:`dp_governor.budget.integrity`) runs only on a chain that
+        caught). The state check (:mod:`dp_governor.budget.audit.verify`) runs only on a chain that
         verifies; its problem, if any, becomes the verification's.
         """
         replay = StateReplay(self._audit_key, budgets_since=budgets_since(self.engine))
@@ -275,14 +275,14 @@ class Ledger:
     def book(self) -> PolicyBook:
         """The policy book now: every version, the terms, budget members, retention, horizons.
 
-        The gate's book (:meth:`dp_governor.budget.gate.Gate.book`): the one policy lookup, read
-        again only when a policy version or a horizon was added.
+        The gate's book (:meth:`dp_governor.budget.gate.prepared.Gate.book`): the one policy lookup,
+        read again only when a policy version or a horizon was added.
         """
         with self.engine.connect() as conn:
             return self.gate.book(conn)
 
     def book_revision(self) -> tuple[int, int]:
-        """The policy book's revision (:meth:`budget.gate.Gate.revision`): what caches key on."""
+        """The policy book's revision (:meth:`~.prepared.Gate.revision`): what caches key on."""
         with self.engine.connect() as conn:
             return self.gate.revision(conn)
 
@@ -402,8 +402,8 @@ class Ledger:
         """Apply retention at ``now``: raise each use case's horizon, delete what it passed.
 
         Each use case's horizon (retired ones included) rises to its ``spend_through``
-        (:meth:`dp_governor.budget.book.PolicyBook.purge_through`: the longest retention it ever
-        had, at least the longest device-wide window), so that lowering then raising
+        (:meth:`dp_governor.budget.rule.book.PolicyBook.purge_through`: the longest retention it
+        ever had, at least the longest device-wide window), so that lowering then raising
         ``retention_days`` loses nothing, and days once deleted never count again. The
         horizons rise in one short transaction with the audit entry that records them and
         counts the charges they passed (read before: those days are over, so no charge joins

@@ -5,9 +5,9 @@ them. A deployment may set a device-wide budget, epsilon per UTC day, per window
 ``window_days`` days and per lifetime (each optional), and a quota per use case inside it: the
 share of each device-wide limit that one use case may take, so that no use case starves the
 others. Figures are basic (pure) composition of group-scaled epsilons: a report of ``eps`` at
-``group_size`` ``g`` counts ``g x eps`` (:mod:`dp_governor.budget.device_rule`). Optionally, a
+``group_size`` ``g`` counts ``g x eps`` (:mod:`dp_governor.budget.rule.device`). Optionally, a
 window and a lifetime ``(epsilon, delta)`` target, each enforced by a privacy filter
-(:mod:`dp_governor.budget.filter_rule`) over the same group-scaled reports.
+(:mod:`dp_governor.budget.rule.filter`) over the same group-scaled reports.
 
 Stored like policies: every version is kept (``device_budgets``), the highest is in force, and
 a version with every limit empty switches the device-wide budget off.

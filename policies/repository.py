@@ -115,8 +115,8 @@ class PolicyStore:
         """Every version of every use case (retired ones included), by name and version.
 
         The one read of the whole table: the ledger's policy book is built from it
-        (``dp_governor.budget.book``), and every other reader of policy versions goes through that
-        book.
+        (``dp_governor.budget.rule.book``), and every other reader of policy versions goes through
+        that book.
         """
         rows = conn.execute(select(_TABLE).order_by(_TABLE.c.name, _TABLE.c.version)).all()
         return [Policy.model_validate(r._asdict()) for r in rows]
@@ -374,8 +374,8 @@ def lock_book(conn: Connection) -> None:
 
     Every write of a policy or of the device-wide budget takes it; the gate's charge
     transaction takes it shared before it reads the book
-    (``dp_governor.budget.batch.charge_batch``), so a charge decides and commits on one book. SQLite
-    needs none: its write transactions already run one at a time.
+    (``dp_governor.budget.gate.charge.charge_batch``), so a charge decides and commits on one book.
+    SQLite needs none: its write transactions already run one at a time.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": BOOK_LOCK_KEY})

@@ -63,6 +63,36 @@ def test_the_project_is_imported_only_through_its_namespace() -> None:
     assert not wrong, wrong
 
 
+# Inside budget/, each sub-layer may import only those before it (the basics at budget/'s top
+# level are below them all; the ledger facade is the module budget/ledger.py).
+BUDGET_ORDER = ("privacy", "rule", "storage", "audit", "gate", "ledger", "reporting")
+BUDGET_BASICS = ("clock", "errors", "keyed")
+
+
+def _budget_layer(module: str) -> str | None:
+    """The sub-layer of ``dp_governor.budget.<layer>...``; ``None`` for other modules."""
+    parts = module.split(".")
+    if parts[:2] != [NAMESPACE, "budget"] or len(parts) < 3 or parts[2] in BUDGET_BASICS:
+        return None
+    return parts[2]
+
+
+def test_budgets_sub_layers_import_only_the_ones_below() -> None:
+    wrong = []
+    for path in _modules("budget"):
+        layer = _budget_layer(_module_name(path))
+        if layer is None:
+            continue
+        assert layer in BUDGET_ORDER, f"{path} is in no sub-layer of budget/"
+        above = set(BUDGET_ORDER[BUDGET_ORDER.index(layer) + 1 :])
+        wrong += [
+            f"{path.relative_to(ROOT)} imports {name}"
+            for name in _imported_modules(path)
+            if _budget_layer(name) in above
+        ]
+    assert not wrong, wrong
+
+
 def test_the_service_never_imports_the_cli_or_the_demo() -> None:
     tools = ("dp_governor.api.cli", "dp_governor.api.demo")
     wrong = [
@@ -155,7 +185,7 @@ def test_no_module_imports_itself_back() -> None:
     modules = {_module_name(p) for p in paths}
     graph = {_module_name(p): _module_imports(p, modules) for p in paths}
     assert graph["dp_governor.budget.ledger"] >= {
-        "dp_governor.budget.batch",
-        "dp_governor.budget.gate",
+        "dp_governor.budget.gate.charge",
+        "dp_governor.budget.gate.prepared",
     }  # the graph is read
     assert not _cycles(graph), _cycles(graph)

@@ -6,6 +6,7 @@ interpreter and type checker would see it, from a folder that is not the reposit
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+NOT_SOURCE = (".git", ".venv", "build", "*.egg-info", "node_modules", "__pycache__", ".*_cache")
 USER_CODE = """\
 from dp_governor.client import Client
 
@@ -27,8 +29,10 @@ with Client("http://localhost:8000") as client:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel's files unpacked into a fresh folder, as site-packages would hold them."""
     out = tmp_path_factory.mktemp("wheel")
+    source = out / "source"  # a copy: the build writes build/ and *.egg-info into its source
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
         cwd=out,

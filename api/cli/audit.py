@@ -56,7 +56,7 @@ def audit_checkpoints(
 
     The file is created with mode 0600; one that cannot be read is left untouched (exit 1).
     """
-    from dp_governor.budget.audit_log import CheckpointFileError, write_checkpoints
+    from dp_governor.budget.audit.log import CheckpointFileError, write_checkpoints
 
     ledger = open_ledger(load_settings(database_url))
     try:

@@ -214,7 +214,7 @@ def _what_if_lines(result: dict[str, Any], prefix: str = "") -> list[str]:
 
 def _shown(value: Any) -> str:
     """A policy field or what-if figure as one short phrase (an epsilon rounded up: a bound)."""
-    from dp_governor.budget.display import fmt_up
+    from dp_governor.budget.privacy.display import fmt_up
 
     if value is None:
         return "none"

@@ -21,15 +21,15 @@ from sqlalchemy import Connection
 from dp_governor.api.errors import ACCEPTED, INVALID, REFUSED, PolicyChanged, status_of
 from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.budget import Decision, Ledger
-from dp_governor.budget.batch import BatchItem, charge_batch
-from dp_governor.budget.book import Terms
 from dp_governor.budget.errors import (
     BudgetError,
     IdempotencyConflict,
     InvalidRequest,
     UnknownUseCase,
 )
+from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.budget.keyed import KeyedHash
+from dp_governor.budget.rule.book import Terms
 from dp_governor.budget.storage.db import placeholder
 from dp_governor.mechanisms import CMS, HCMS, SFP, InvalidReport, family_id
 from dp_governor.mechanisms.published import FAMILY_FIELD

@@ -49,11 +49,11 @@ from dp_governor.api.ingestion.tables import (
     StoredReport,
 )
 from dp_governor.budget import Ledger, utc_day
-from dp_governor.budget.audit_log import AuditLog, Entry
-from dp_governor.budget.book import PolicyBook
-from dp_governor.budget.central import batch_layers
-from dp_governor.budget.gate import InternalError, load_book
-from dp_governor.budget.row_tags import RowTags
+from dp_governor.budget.audit.log import AuditLog, Entry
+from dp_governor.budget.audit.row_tags import RowTags
+from dp_governor.budget.gate.prepared import InternalError, load_book
+from dp_governor.budget.reporting.central import batch_layers
+from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.mechanisms import (
@@ -182,16 +182,16 @@ def flush_inbox(
     transaction (equal steps) in the order of the reports' random inbox ids (a CSPRNG
     permutation drawn when they were queued), each step's reports opened and stored in a fresh
     CSPRNG shuffle, under new random ids and without their pseudonyms; the transaction that
-    moves its last report records it in ``shuffled_batches`` (:mod:`dp_governor.budget.central`) and
-    publishes it to the fold. A batch left half moved (a crash, a stopped job) is carried on
-    first. Rows queued before sealing are sealed first. Returns how many reports this call
-    moved. ``progress`` is called with the pending reports handled so far and those found
-    pending, after each use case.
+    moves its last report records it in ``shuffled_batches``
+    (:mod:`dp_governor.budget.reporting.central`) and publishes it to the fold. A batch left half
+    moved (a crash, a stopped job) is carried on first. Rows queued before sealing are sealed first.
+    Returns how many reports this call moved. ``progress`` is called with the pending reports
+    handled so far and those found pending, after each use case.
 
     ``ledger`` (the jobs always give it) is what leaves the evidence ``verify`` checks: each
-    stored report is tagged (:class:`dp_governor.budget.row_tags.RowTags`) if its inbox row's tag
-    was right, and stored untagged otherwise (a forged inbox row is never laundered into a tagged
-    report), and each published batch's figures are an audit entry (``batch.publish``).
+    stored report is tagged (:class:`dp_governor.budget.audit.row_tags.RowTags`) if its inbox row's
+    tag was right, and stored untagged otherwise (a forged inbox row is never laundered into a
+    tagged report), and each published batch's figures are an audit entry (``batch.publish``).
     Without it (tests and benchmarks that never verify), reports are stored untagged and
     batches unrecorded, which ``verify`` reports.
     """
@@ -970,8 +970,8 @@ def load_sketch(
 def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, int]:
     """Retention: the ledger's purge of the spend records, then of the reports themselves.
 
-    Both follow the book's one rule (:meth:`dp_governor.budget.book.PolicyBook.purge_through`) over
-    every use case ever defined, retired ones included: the ledger keeps spend records for the
+    Both follow the book's one rule (:meth:`dp_governor.budget.rule.book.PolicyBook.purge_through`)
+    over every use case ever defined, retired ones included: the ledger keeps spend records for the
     longest retention ever, the inbox rows, stored reports and sketches go at the latest
     version's retention (``data_through``; docs/decisions/retention.md). Deletes go ``rows`` a
     transaction; a use case's inbox is left alone while a batch of it is being moved (the next

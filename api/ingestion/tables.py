@@ -62,7 +62,7 @@ class InboxRow(SQLModel, table=True):
     tag: str | None = Field(
         default=None,
         max_length=64,
-        description="Keyed tag over the row's stored bytes (budget.row_tags); verify checks it.",
+        description="Keyed tag over the stored bytes (budget.audit.row_tags); verify checks it.",
     )
 
 
@@ -123,7 +123,7 @@ class StoredReport(SQLModel, table=True):
     tag: str | None = Field(
         default=None,
         max_length=64,
-        description="Keyed tag over the row's stored bytes (budget.row_tags); verify checks it.",
+        description="Keyed tag over the stored bytes (budget.audit.row_tags); verify checks it.",
     )
 
 

@@ -1,8 +1,8 @@
 """Use cases and budget groups: policies (list, read, history, create or replace, retire), what-if.
 
-A write that loosens a policy (:func:`dp_governor.budget.loosening.loosenings`) is refused with 409
-naming ``allow_loosen`` unless the request sets it; a budget group's shared terms change for all its
-members at once (``PUT /v1/budget-groups/{group}``).
+A write that loosens a policy (:func:`dp_governor.budget.rule.loosening.loosenings`) is refused with
+409 naming ``allow_loosen`` unless the request sets it; a budget group's shared terms change for all
+its members at once (``PUT /v1/budget-groups/{group}``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, func, select
 
-from dp_governor.budget.audit_log import timestamp
+from dp_governor.budget.audit.log import timestamp
 from dp_governor.budget.clock import day_date, day_start, utc_day
 from dp_governor.budget.storage.tables import AuditEntry, Charge
 

@@ -14,8 +14,8 @@ field (``json`` holds meta and policy records).
 in its use case's window when ``horizon < day`` and ``as_of - retention < day <= as_of`` (the
 retention of the use case's latest version), with the group size of the policy version it was
 charged under; a window that reaches back past its use case's horizon also counts what the lifetime
-multiset holds and no charge does (:meth:`dp_governor.budget.state.AccountState.unheld`); retired
-use cases count in the device totals.
+multiset holds and no charge does (:meth:`dp_governor.budget.rule.state.AccountState.unheld`);
+retired use cases count in the device totals.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from typing import Any, Literal, TextIO
 
 import orjson
 
-from dp_governor.budget.accountant import Accountant
-from dp_governor.budget.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.clock import utc_day
+from dp_governor.budget.privacy.accountant import Accountant
 from dp_governor.budget.reporting.loss import lifetime_rows
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, Row, build_report
-from dp_governor.budget.state import ANY_BUDGET
+from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
+from dp_governor.budget.rule.state import ANY_BUDGET
 from dp_governor.policies.model import Policy
 
 __all__ = ["FORMAT", "LedgerExport", "export_ledger", "read_export", "report_from_export"]

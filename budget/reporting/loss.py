@@ -17,12 +17,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from dp_governor.budget.accountant import Accountant, PrivacyLoss
-from dp_governor.budget.book import PolicyBook
-from dp_governor.budget.central import central_figures
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.errors import InvalidRequest, UnknownUseCase
 from dp_governor.budget.ledger import Ledger
+from dp_governor.budget.privacy.accountant import Accountant, PrivacyLoss
+from dp_governor.budget.reporting.central import central_figures
 from dp_governor.budget.reporting.report import (
     EffectiveEpsilonReport,
     ReportBasis,
@@ -30,7 +29,8 @@ from dp_governor.budget.reporting.report import (
     finish_report,
     prepare_report,
 )
-from dp_governor.budget.state import AccountState, Slot, lifetime_counts, window_counts
+from dp_governor.budget.rule.book import PolicyBook
+from dp_governor.budget.rule.state import AccountState, Slot, lifetime_counts, window_counts
 from dp_governor.policies.model import Policy, from_micro
 
 __all__ = [
@@ -130,8 +130,8 @@ def spend_rows(ledger: Ledger, *, now: datetime) -> tuple[list[Row], list[Row]]:
 def effective_epsilon_basis(ledger: Ledger, *, now: datetime) -> ReportBasis:
     """The delta-free part of the effective-epsilon report: one scan of the accounts.
 
-    With the central figures of the shuffled batches published (:mod:`dp_governor.budget.central`,
-    each at its policy's delta).
+    With the central figures of the shuffled batches published
+    (:mod:`dp_governor.budget.reporting.central`, each at its policy's delta).
     """
     book, day = ledger.book(), utc_day(now)
     window, lifetime = spend_rows(ledger, now=now)

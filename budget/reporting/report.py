@@ -5,7 +5,7 @@ effective epsilon per day, per retention window and per year, for individuals an
 the policy's size, and whether any cap bounds the lifetime loss), beside what devices actually
 spent (maximum, p99 and median over the devices that reported, in the window and over their
 lifetime). Across use cases: what the policies allow one device per day, window and year (the
-caps' worst case, :mod:`dp_governor.budget.reporting.allowance`, composed as a schedule fixed in
+caps' worst case, :mod:`dp_governor.budget.privacy.allowance`, composed as a schedule fixed in
 advance), and what devices spent (basic sums, and each device's own (epsilon, delta) bound, memoized
 by its ledger's multiset, as max, p99 and median). Every (epsilon, delta) figure names what it is
 (``bound``: exact optimal, PLD upper bound or basic sum) and of what (``kind``: a fixed schedule
@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import version
 from typing import Any, Final
 
-from dp_governor.budget.accountant import NOTES, Accountant, Bound, Kind, PrivacyLoss
-from dp_governor.budget.book import PolicyBook
-from dp_governor.budget.central import CentralLine, render_central
 from dp_governor.budget.clock import day_date
-from dp_governor.budget.display import fmt_up
-from dp_governor.budget.reporting.allowance import Caps, allowance, max_reports
-from dp_governor.budget.state import ANY_BUDGET
+from dp_governor.budget.privacy.accountant import NOTES, Accountant, Bound, Kind, PrivacyLoss
+from dp_governor.budget.privacy.allowance import Caps, allowance, max_reports
+from dp_governor.budget.privacy.display import fmt_up
+from dp_governor.budget.reporting.central import CentralLine, render_central
+from dp_governor.budget.rule.book import PolicyBook
+from dp_governor.budget.rule.state import ANY_BUDGET
 from dp_governor.policies.model import Policy, budget_key, from_micro, to_micro
 
 __all__ = [
@@ -291,7 +291,7 @@ def _device_ledgers(
 def _budget_spend(book: PolicyBook, rows: Sequence[Row]) -> dict[str, dict[str, int]]:
     """Per active budget and device, what the device spent on what the budget's caps count.
 
-    The same slots the gate counts (:meth:`dp_governor.budget.state.AccountState.counted`): its
+    The same slots the gate counts (:meth:`dp_governor.budget.rule.state.AccountState.counted`): its
     members' whole history and every charge made under it.
     """
     budgets = {t.budget: t for t in book.terms.values()}
@@ -385,7 +385,7 @@ def prepare_report(
     ``book`` holds every policy version (retired use cases have ``active=False``) and the
     retention horizons; ``window_rows`` are each use case's charges in its own window (days
     ``day - retention + 1 .. day``, and the spend a window reaching back past a horizon can no
-    longer date: :meth:`dp_governor.budget.state.AccountState.unheld`), with the group size and
+    longer date: :meth:`dp_governor.budget.rule.state.AccountState.unheld`), with the group size and
     budget each charge was made under. ``computed_at`` is the instant the rows were read (ISO 8601;
     default: the day's start).
     """

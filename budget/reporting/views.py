@@ -15,14 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from dp_governor.budget.accountant import PrivacyLoss
-from dp_governor.budget.book import PolicyBook, Terms
-from dp_governor.budget.central import DAYS_PER_YEAR, CentralLine, central_line, read_batches
 from dp_governor.budget.clock import day_date, utc_day
 from dp_governor.budget.errors import InvalidRequest
 from dp_governor.budget.ledger import Ledger
-from dp_governor.budget.loosening import loosenings
-from dp_governor.budget.reporting.device import DeviceOdometer, device_odometer
+from dp_governor.budget.privacy.accountant import PrivacyLoss
+from dp_governor.budget.reporting.central import (
+    DAYS_PER_YEAR,
+    CentralLine,
+    central_line,
+    read_batches,
+)
 from dp_governor.budget.reporting.loss import (
     DeviceLoss,
     device_loss,
@@ -31,8 +33,11 @@ from dp_governor.budget.reporting.loss import (
     window_rows,
 )
 from dp_governor.budget.reporting.report import UseCaseLine, build_report
-from dp_governor.budget.rule import check
-from dp_governor.budget.state import AccountState, lifetime_counts
+from dp_governor.budget.rule.book import PolicyBook, Terms
+from dp_governor.budget.rule.decide import check
+from dp_governor.budget.rule.loosening import loosenings
+from dp_governor.budget.rule.standing import DeviceOdometer, device_odometer
+from dp_governor.budget.rule.state import AccountState, lifetime_counts
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies.device import DeviceBudgetCreate, DeviceBudgetVersion, limits_of
 from dp_governor.policies.model import Policy, PolicyCreate, from_micro
@@ -367,8 +372,8 @@ def what_if(
 
     ``alongside`` are other policies proposed in the same change (a policy file's, or the
     other members of a group whose shared terms change together). Each side decides every
-    device's next report through the gate's own rule (:func:`dp_governor.budget.rule.check`) on the
-    budget it would draw from, with that budget's members as they would be; a change that a
+    device's next report through the gate's own rule (:func:`dp_governor.budget.rule.decide.check`)
+    on the budget it would draw from, with that budget's members as they would be; a change that a
     write would refuse (:meth:`dp_governor.policies.repository.PolicyStore.proposed`) raises
     :class:`PolicyConflict` as applying it would.
     """
@@ -505,9 +510,9 @@ def what_if_device_budget(
     """Per active use case, the devices whose next report would be refused now, by which budget.
 
     ``{use_case: {"current": {refused_by: devices}, "proposed": {...}}}``, each device decided
-    through the gate's own rule (:func:`dp_governor.budget.rule.check`) with the device-wide budget
-    in force and with ``proposed``; a device with no history is never refused and is left out.
-    Nothing is written.
+    through the gate's own rule (:func:`dp_governor.budget.rule.decide.check`) with the device-wide
+    budget in force and with ``proposed``; a device with no history is never refused and is left
+    out. Nothing is written.
     """
     day = utc_day(now)
     book = ledger.book()

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, inspect, text
 
-from dp_governor.budget.state import AccountState, state_columns
+from dp_governor.budget.rule.state import AccountState, state_columns
 
 __all__ = ["is_per_budget", "per_device_states", "write_accounts"]
 
@@ -49,7 +49,8 @@ def write_accounts(conn: Connection, states: dict[str, AccountState]) -> None:
     """Insert the per-device rows into a new, empty ``accounts``; mark the upgrade.
 
     The audit chain of an earlier release does not describe these rows: ``ledger_upgrades``
-    says so, so that ``verify`` does not compare them with it (:mod:`dp_governor.budget.integrity`).
+    says so, so that ``verify`` does not compare them with it
+    (:mod:`dp_governor.budget.audit.verify`).
     """
     if states:
         ph = ", ".join(["?" if conn.dialect.paramstyle == "qmark" else "%s"] * 6)

@@ -8,8 +8,8 @@ drops partitions whose whole day is past every use case's window (one catalog op
 of deleting millions of rows one by one) and deletes rows only where windows differ.
 
 The gate never reads ``charges``: its checks read one ``accounts`` row (primary key
-``device_key, budget``, :mod:`dp_governor.budget.state`); an accepted charge is one insert, routed
-to its day's partition. SQLite and databases created before partitioning keep one table.
+``device_key, budget``, :mod:`dp_governor.budget.rule.state`); an accepted charge is one insert,
+routed to its day's partition. SQLite and databases created before partitioning keep one table.
 """
 
 from __future__ import annotations

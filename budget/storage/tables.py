@@ -6,22 +6,23 @@
   path reads it, and the window accounting reads the accounts.
 - ``accounts``: per device key one row with everything the gate decides on: the lifetime
   count and micro-epsilon, the spend of each day still held, and the lifetime multiset per (use
-  case, epsilon, group size, budget) slot (packed, :mod:`dp_governor.budget.state`). Which slots a
-  budget's caps count is decided by the policies in force (:mod:`dp_governor.budget.book`), so no
-  policy edit rewrites a row. Its row lock serializes every charge of one device; the lifetime part
-  has no timestamps and survives the purge, which prunes only the days.
+  case, epsilon, group size, budget) slot (packed, :mod:`dp_governor.budget.rule.state`). Which
+  slots a budget's caps count is decided by the policies in force
+  (:mod:`dp_governor.budget.rule.book`), so no policy edit rewrites a row. Its row lock serializes
+  every charge of one device; the lifetime part has no timestamps and survives the purge, which
+  prunes only the days.
 - ``retention_horizons``: per use case, the last day the purge deleted; nothing on or before
   it is held anywhere again.
 - ``slot_budgets``: the audit log's last entry when slots began to record their budget (0 for
   a ledger that always did); the state check replays earlier charges into budget-less slots.
 - ``idempotency``: the first decision for each (device key, idempotency key).
 - ``audit_log``, ``audit_head``, ``audit_checkpoints``: the hash-chained audit log
-  (:mod:`dp_governor.budget.audit_log`), its head (one row, starting at :data:`GENESIS`) and its
+  (:mod:`dp_governor.budget.audit.log`), its head (one row, starting at :data:`GENESIS`) and its
   signed checkpoints. The log and the checkpoints are append-only: triggers refuse UPDATE and DELETE
   (and TRUNCATE on PostgreSQL).
 - ``shuffled_batches``: each batch the inbox flush published, by its sizes only
-  (:mod:`dp_governor.budget.central`); ``split`` marks batches published before revision 0009, in
-  parts whose devices were not counted.
+  (:mod:`dp_governor.budget.reporting.central`); ``split`` marks batches published before revision
+  0009, in parts whose devices were not counted.
 
 The policy tables live with the policies (:mod:`dp_governor.policies.model`,
 :mod:`dp_governor.policies.device`) and the pipeline's with the pipeline
@@ -81,7 +82,7 @@ class Charge(SQLModel, table=True):
 
 
 class Account(SQLModel, table=True):
-    """One device's state (:mod:`budget.state`), the serialization point of its charges."""
+    """One device's state (:mod:`budget.rule.state`), the serialization point of its charges."""
 
     __tablename__ = "accounts"
     __table_args__ = ({"sqlite_with_rowid": False},)
@@ -126,7 +127,7 @@ class SlotBudgets(SQLModel, table=True):
 
 
 class AuditEntry(SQLModel, table=True):
-    """One appended audit entry (:mod:`dp_governor.budget.audit_log`); never updated or deleted."""
+    """One appended audit entry (:mod:`dp_governor.budget.audit.log`); never updated or deleted."""
 
     __tablename__ = "audit_log"
 

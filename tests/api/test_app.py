@@ -414,7 +414,7 @@ def test_store_has_no_device_column_and_logs_carry_no_identifiers(
     ledger = client.app.state.ledger  # type: ignore[attr-defined]
     with ledger.engine.connect() as conn:
         columns = [r[1] for r in conn.execute(text("PRAGMA table_info(reports)"))]
-    # ``tag``: a keyed tag over the row's own fields (budget.row_tags), nothing of a device
+    # ``tag``: a keyed tag over the row's own fields (budget.audit.row_tags), nothing of a device
     assert columns == ["id", "use_case", "params", "day", "payload", "batch", "tag"]
 
 

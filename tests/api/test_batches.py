@@ -29,7 +29,7 @@ from dp_governor.api.ingestion.pipeline import (
 )
 from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.budget import Decision, Ledger, create_db_engine, init_db, utc_day
-from dp_governor.budget.central import central_figures
+from dp_governor.budget.reporting.central import central_figures
 from dp_governor.budget.storage.db import writer
 from dp_governor.budget.storage.schema import alembic_config
 from dp_governor.policies import PolicyCreate, mechanism_for

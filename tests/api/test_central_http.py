@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from dp_governor.budget.amplification import shuffle_epsilon
+from dp_governor.budget.privacy.amplification import shuffle_epsilon
 from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.api.live import ADMIN_TOKEN, serve
 

@@ -314,6 +314,6 @@ def test_a_server_that_requires_the_family_refuses_a_body_without_it(tmp_path: P
 
 def test_the_client_answers_every_refusal_the_rule_can_give() -> None:
     from dp_governor.api.client import CAP_REASONS
-    from dp_governor.budget.refusal import REFUSALS
+    from dp_governor.budget.rule.refusal import REFUSALS
 
     assert frozenset(REFUSALS) == CAP_REASONS  # a filter's 429 is an answer, not a rate limit

@@ -11,8 +11,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dp_governor.budget import accountant as accountant_module
-from dp_governor.budget.accountant import (
+from dp_governor.budget.privacy import accountant as accountant_module
+from dp_governor.budget.privacy.accountant import (
     PLD_MAX_BUCKETS,
     Accountant,
     basic_composition,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dp_governor.budget.reporting.allowance import Caps, allowance, max_reports
+from dp_governor.budget.privacy.allowance import Caps, allowance, max_reports
 
 Members = tuple[tuple[int, int], ...]
 

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dp_governor.budget.amplification import (
+from dp_governor.budget.privacy.amplification import (
     CURVE_METHOD,
     METHOD,
     PAIRS_METHOD,

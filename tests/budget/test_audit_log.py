@@ -15,8 +15,8 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
 from dp_governor.budget import Ledger
-from dp_governor.budget.audit_log import AuditLog, Entry, canonical_body, chain_hash
-from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.budget.audit.log import AuditLog, Entry, canonical_body, chain_hash
+from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.budget.storage.tables import GENESIS
 from dp_governor.policies import PolicyUpdate
 

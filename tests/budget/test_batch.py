@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 from dp_governor.budget import Decision, IdempotencyConflict, InvalidRequest, Ledger, UnknownUseCase
-from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.policies import PolicyCreate
 from tests.conftest import SECRET
 

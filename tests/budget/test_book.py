@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dp_governor.budget.book import NO_HORIZON, PolicyBook, Retention
+from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook, Retention
 from dp_governor.policies.defaults import default_policies
 from dp_governor.policies.model import Policy
 

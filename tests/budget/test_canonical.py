@@ -8,10 +8,10 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dp_governor.budget.audit_log import canonical_body, timestamp
-from dp_governor.budget.batch import charge_entry
-from dp_governor.budget.book import Terms
-from dp_governor.budget.rule import Decision
+from dp_governor.budget.audit.log import canonical_body, timestamp
+from dp_governor.budget.gate.charge import charge_entry
+from dp_governor.budget.rule.book import Terms
+from dp_governor.budget.rule.decide import Decision
 
 SORTED = orjson.OPT_SORT_KEYS
 names = st.text(min_size=1, max_size=40)  # quotes, backslashes, controls, astral planes too

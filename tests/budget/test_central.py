@@ -21,15 +21,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dp_governor.budget.amplification import shuffle_epsilon
-from dp_governor.budget.central import (
+from dp_governor.budget.clock import utc_day
+from dp_governor.budget.privacy.amplification import shuffle_epsilon
+from dp_governor.budget.reporting.central import (
     MAX_BATCHES_SHOWN,
     PRECONDITIONS,
     batch_layers,
     central_line,
     compose_sizes,
 )
-from dp_governor.budget.clock import utc_day
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies import PolicyCreate
 from dp_governor.policies.model import Policy

@@ -427,7 +427,7 @@ def test_a_window_quota_frees_when_its_days_leave_the_window(ledger: Ledger) -> 
 
 
 def test_the_device_odometer_reads_the_rows_totals(ledger: Ledger) -> None:
-    from dp_governor.budget.odometer import OdometerState, charge, running_epsilon
+    from dp_governor.budget.privacy.odometer import OdometerState, charge, running_epsilon
 
     ledger.policies.create(_policy("small", epsilon_per_report=0.05, max_reports_per_day=1000))
     expected = OdometerState()
@@ -459,7 +459,7 @@ WEIGHT = {"tiny": 0.01, "small": 0.05, "mid": 0.2}  # epsilon x group size
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), target=st.sampled_from([(1.0, 1e-6), (2.0, 1e-9), (0.5, 1e-3)]))
 def test_the_filter_admits_exactly_what_the_theorem_allows(data: Any, target: Any) -> None:
-    from dp_governor.budget.odometer import OdometerState, Target, admit_either, charge
+    from dp_governor.budget.privacy.odometer import OdometerState, Target, admit_either, charge
 
     tmp = Path(tempfile.mkdtemp())
     led = _filter_ledger(tmp)

@@ -28,7 +28,12 @@ from sqlalchemy import select
 
 from dp_governor.budget import Ledger, create_db_engine, init_db, utc_day
 from dp_governor.budget.clock import day_start
-from dp_governor.budget.odometer import OdometerState, Target, filter_cap_sq, running_epsilon
+from dp_governor.budget.privacy.odometer import (
+    OdometerState,
+    Target,
+    filter_cap_sq,
+    running_epsilon,
+)
 from dp_governor.budget.reporting.views import device_timeline, what_if, what_if_device_budget
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.budget.storage.tables import Charge

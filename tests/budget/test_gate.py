@@ -25,7 +25,7 @@ from dp_governor.budget.reporting.loss import (
     population_window_loss,
     window_totals,
 )
-from dp_governor.budget.state import AccountState
+from dp_governor.budget.rule.state import AccountState
 from dp_governor.budget.storage.tables import Charge
 from dp_governor.policies import PolicyCreate, PolicyUpdate
 
@@ -367,7 +367,7 @@ def test_a_database_with_old_format_device_keys_is_refused(ledger: Ledger) -> No
 def test_charge_ids_are_never_reused_after_a_purge(ledger: Ledger) -> None:
     # Receipts and audit entries name charges by id: a purge that empties the table must not
     # let the next charge (single or batched) take an id that was already handed out.
-    from dp_governor.budget.batch import BatchItem, charge_batch
+    from dp_governor.budget.gate.charge import BatchItem, charge_batch
 
     old = NOW - timedelta(days=200)
     issued = [ledger.charge(f"dev-{i}", "emoji", now=old).charge_id for i in range(3)]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 
 from dp_governor.budget import Decision, Ledger
-from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.budget.gate.charge import BatchItem, charge_batch
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
 

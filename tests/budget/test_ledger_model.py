@@ -44,8 +44,8 @@ from dp_governor.budget import (
 )
 from dp_governor.budget.reporting.export import export_ledger, read_export, report_from_export
 from dp_governor.budget.reporting.loss import device_loss, effective_epsilon
-from dp_governor.budget.rule import check
-from dp_governor.budget.state import AccountState
+from dp_governor.budget.rule.decide import check
+from dp_governor.budget.rule.state import AccountState
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import PolicyCreate
 from dp_governor.policies.errors import PolicyLoosens

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from dp_governor.budget import Ledger, PolicyConflict
-from dp_governor.budget.reporting.allowance import allowance
+from dp_governor.budget.privacy.allowance import allowance
 from dp_governor.budget.reporting.loss import effective_epsilon
 from dp_governor.budget.reporting.views import cumulative_series, device_timeline
 from dp_governor.policies import PolicyBase, PolicyCreate, PolicyUpdate
@@ -96,7 +96,7 @@ def test_a_check_compares_only_what_the_change_can_move(
         calls.append(args)
         return allowance(*args)
 
-    monkeypatch.setattr("dp_governor.budget.loosening.allowance", counting)
+    monkeypatch.setattr("dp_governor.budget.rule.loosening.allowance", counting)
     ledger.policies.update("g7-0", PolicyUpdate(description="only words"))
     assert len(calls) <= 2 * 2 * 4  # the group's two members, before and after, four spans
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from sqlalchemy import inspect, text
 
 from dp_governor.budget import Ledger, init_db
-from dp_governor.budget.gate import device_key
+from dp_governor.budget.gate.prepared import device_key
 from dp_governor.budget.reporting.loss import device_loss, lifetime_rows
 from dp_governor.policies import PolicyUpdate
 from tests.conftest import SECRET

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dp_governor.budget.accountant import optimal_epsilon
-from dp_governor.budget.odometer import (
+from dp_governor.budget.privacy.accountant import optimal_epsilon
+from dp_governor.budget.privacy.odometer import (
     OdometerState,
     Target,
     admit,
@@ -148,7 +148,9 @@ def test_many_small_reports_get_more_than_a_basic_cap() -> None:
     # the count the theorem's condition allows, solved independently
     assert filtered == math.floor(v_star(target) / 0.05**2) == 141
     assert basic == 80
-    assert filtered - basic == 61  # the figure quoted in budget/odometer.py and docs/odometer.md
+    assert (
+        filtered - basic == 61
+    )  # the figure quoted in budget/privacy/odometer.py and docs/odometer.md
 
 
 @pytest.mark.parametrize("eps", [0.005, 0.01, 0.02, 0.05, 0.08, 0.15, 0.5])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dp_governor.budget import Ledger
-from dp_governor.budget.accountant import Accountant
-from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.budget.gate.charge import BatchItem, charge_batch
+from dp_governor.budget.privacy.accountant import Accountant
 from dp_governor.budget.reporting.export import export_ledger, read_export, report_from_export
 from dp_governor.budget.reporting.loss import (
     device_loss,

@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dp_governor.budget.accountant import Accountant
-from dp_governor.budget.book import PolicyBook
+from dp_governor.budget.privacy.accountant import Accountant
 from dp_governor.budget.reporting.report import Row, build_report, render_text
+from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.policies.model import MAX_EPSILON, MICRO, Policy, PolicyCreate, budget_key
 
 EPS_MICRO = st.integers(1, int(MAX_EPSILON * MICRO))

@@ -8,7 +8,7 @@ from typing import NamedTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dp_governor.budget.state import (
+from dp_governor.budget.rule.state import (
     ANY_BUDGET,
     AccountState,
     decode,

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from dp_governor.budget import Ledger
-from dp_governor.budget.audit_log import read_checkpoints, write_checkpoints
+from dp_governor.budget.audit.log import read_checkpoints, write_checkpoints
 from dp_governor.policies import PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

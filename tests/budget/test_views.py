@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dp_governor.budget import InvalidRequest, Ledger, PolicyConflict, UnknownUseCase
-from dp_governor.budget.batch import BatchItem, charge_batch
+from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.budget.reporting.views import (
     SpendSpread,
     device_timeline,

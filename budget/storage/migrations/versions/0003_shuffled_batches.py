@@ -1,10 +1,10 @@
 """Central epsilon after shuffling: the published batches, a policy's minimum batch, inbox tags.
 
 ``shuffled_batches`` records each published shuffled batch's sizes
-(:mod:`dp_governor.budget.central`); ``dp_governor.policies.min_batch_devices`` (existing versions:
-1, as before) is how many distinct devices a batch needs to be published; ``inbox.device_tag`` is
-the keyed per-use-case device pseudonym the flush counts and drops (rows queued before this revision
-have none). Each is added where missing.
+(:mod:`dp_governor.budget.reporting.central`); ``dp_governor.policies.min_batch_devices`` (existing
+versions: 1, as before) is how many distinct devices a batch needs to be published;
+``inbox.device_tag`` is the keyed per-use-case device pseudonym the flush counts and drops (rows
+queued before this revision have none). Each is added where missing.
 
 Revision ID: 0003
 Revises: 0002

@@ -3,9 +3,9 @@
 An account's slots gain the budget each charge was made under (``[use case, epsilon, group
 size, reports, budget]``), so that a budget keeps counting what was charged under it after its
 use case leaves. Slots written before this revision keep four elements and count under every
-budget their use case ever drew from (:data:`dp_governor.budget.state.ANY_BUDGET`). ``slot_budgets``
-records the audit log's last entry at the upgrade: the state check replays charges up to it
-into those slots, and later ones into slots of their own budget.
+budget their use case ever drew from (:data:`dp_governor.budget.rule.state.ANY_BUDGET`).
+``slot_budgets`` records the audit log's last entry at the upgrade: the state check replays charges
+up to it into those slots, and later ones into slots of their own budget.
 
 Revision ID: 0007
 Revises: 0006

@@ -2,9 +2,9 @@
 
 A lease carries a fencing token that rises at every takeover, and every job transaction checks
 it (``dp_governor.api.jobs``); existing leases start at 0. Each inbox row and stored report carries
-a keyed tag over its stored bytes (:mod:`dp_governor.budget.row_tags`), which ``verify`` checks;
-rows stored before this revision have none (null), and ``verify`` accepts that only for the days an
-earlier release charged (docs/audit.md).
+a keyed tag over its stored bytes (:mod:`dp_governor.budget.audit.row_tags`), which ``verify``
+checks; rows stored before this revision have none (null), and ``verify`` accepts that only for the
+days an earlier release charged (docs/audit.md).
 
 Revision ID: 0008
 Revises: 0007

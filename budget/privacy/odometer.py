@@ -4,14 +4,14 @@ A device sends reports ``1, 2, ...``; report ``i`` is ``eps_i``-DP (pure, ``delt
 ``eps_i`` as well as the mechanism may depend on everything released before it (*fully adaptive*
 composition, Rogers, Roth, Ullman and Vadhan, "Privacy odometers and filters: pay-as-you-go
 composition", NeurIPS 2016). Fixed-schedule composition theorems (including the exact optimal one
-in :mod:`dp_governor.budget.accountant`) do not apply to such sequences as they stand; the two
-objects here do.
+in :mod:`dp_governor.budget.privacy.accountant`) do not apply to such sequences as they stand; the
+two objects here do.
 
 All of them read three running totals, :class:`OdometerState`: ``n``, ``S1 = sum eps_i`` and
 ``S2 = sum eps_i^2`` (integers in micro-epsilon and micro-epsilon squared, so charging is exact and
 O(1)). The gate computes them from a device's account row, whose slots determine them exactly
-(:meth:`dp_governor.budget.state.AccountState.scaled_lifetime`; docs/odometer.md, "Storage"), and
-enforces the filter there (:mod:`dp_governor.budget.filter_rule`).
+(:meth:`dp_governor.budget.rule.state.AccountState.scaled_lifetime`; docs/odometer.md, "Storage"),
+and enforces the filter there (:mod:`dp_governor.budget.rule.filter`).
 
 **Filter** (:func:`admit`): Whitehouse, Ramdas, Rogers and Wu, "Fully-adaptive composition in
 differential privacy", ICML 2023 (PMLR 202:36990-37007; arXiv:2203.05481), the advanced

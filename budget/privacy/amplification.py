@@ -56,8 +56,8 @@ of the pair ``(P, Q)`` itself (the whole curve, tight over long windows) or of e
 Assumptions (the caller's to enforce): the shuffler is honest (it hides which device sent
 which report and is not observed by the adversary); ``n`` counts distinct devices whose reports
 are in the batch and that the adversary does not control; each device contributes exactly one
-``eps0``-LDP report to the batch (several reports of one device: :mod:`dp_governor.budget.central`
-composes the batch's sub-batches).
+``eps0``-LDP report to the batch (several reports of one device:
+:mod:`dp_governor.budget.reporting.central` composes the batch's sub-batches).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import optimize, stats
 
-from dp_governor.budget.display import fmt_up
+from dp_governor.budget.privacy.display import fmt_up
 
 __all__ = [
     "CURVE_METHOD",

@@ -16,9 +16,9 @@ every charge (id, device, use case, version, epsilon, day); every account day co
 (device, use case, epsilon, group size, budget, day); and, for all time, every account's
 lifetime count per slot. A charge's budget is its entry's; charges recorded before slots held
 their budget (entries up to ``slot_budgets.since_seq``) are replayed into slots of
-:data:`dp_governor.budget.state.ANY_BUDGET`, which count under every budget their use case ever had
-(moving that mark can only make slots count under more budgets, never fewer). Also every version of
-the device-wide budget (row by row), every idempotency record the retry window still holds (the
+:data:`dp_governor.budget.rule.state.ANY_BUDGET`, which count under every budget their use case ever
+had (moving that mark can only make slots count under more budgets, never fewer). Also every version
+of the device-wide budget (row by row), every idempotency record the retry window still holds (the
 chain's charge entries name their record by a keyed digest; compared per day after the last
 purge's ``idempotency_through``), and every published shuffled batch's figures (each published
 with an entry; compared per use case and day). An edited epsilon, a deleted or added charge, an
@@ -30,8 +30,9 @@ Entries written by a release before these digests (charge entries without ``idem
 describe no idempotency record, no batch and no row tag: the days up to the last such charge
 (``legacy_through``) are not checked for those three; every later day is.
 
-The tables are read here as raw rows, not through the policy book (:mod:`dp_governor.budget.book`)
-that every other reader uses: the book is built from these rows, so it is what is being verified.
+The tables are read here as raw rows, not through the policy book
+(:mod:`dp_governor.budget.rule.book`) that every other reader uses: the book is built from these
+rows, so it is what is being verified.
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, inspect, select, text
 
-from dp_governor.budget.audit_log import idempotency_hash, record_digest
-from dp_governor.budget.book import NO_HORIZON
+from dp_governor.budget.audit.log import idempotency_hash, record_digest
 from dp_governor.budget.keyed import KeyedHash
-from dp_governor.budget.state import ANY_BUDGET, decode
+from dp_governor.budget.rule.book import NO_HORIZON
+from dp_governor.budget.rule.state import ANY_BUDGET, decode
 from dp_governor.budget.storage.tables import (
     Account,
     Charge,
@@ -72,7 +73,7 @@ class StateCheck:
 
     ``accepted`` counts the accepted charges per (use case, day) after the horizons;
     ``legacy_through`` is the last day an earlier release charged (``None``: none did), up to
-    which rows it wrote carry no tags (:mod:`dp_governor.budget.row_tags`).
+    which rows it wrote carry no tags (:mod:`dp_governor.budget.audit.row_tags`).
     """
 
     checked: bool
@@ -109,7 +110,7 @@ class StateReplay:
         return int.from_bytes(self._keyed.digest(text), "big")
 
     def __call__(self, seq: int, actor: str, action: str, body: str) -> None:
-        """Take one verified entry (the :meth:`budget.audit_log.AuditLog.verify` observer)."""
+        """Take one verified entry (the :meth:`budget.audit.log.AuditLog.verify` observer)."""
         if action == "charge":
             data = orjson.loads(body)["data"]
             dk = actor.removeprefix("device:")

@@ -6,9 +6,9 @@ multiset per slot (for the accountant). A slot is a (use case, micro-epsilon per
 size, budget) the device was ever charged at: the terms in force when each charge was made and
 the budget it was charged under, so that a later policy edit never changes what an earlier
 charge counts for. Which slots a budget's caps count is the policy book's business
-(:mod:`dp_governor.budget.book`), not the row's: a group move changes no row. Separate tables per
-concern would be separate random-key B-trees, and at a production ledger's size every report would
-dirty one page of each; one row is one page. Pure code, no I/O.
+(:mod:`dp_governor.budget.rule.book`), not the row's: a group move changes no row. Separate tables
+per concern would be separate random-key B-trees, and at a production ledger's size every report
+would dirty one page of each; one row is one page. Pure code, no I/O.
 
 Packing (compact JSON, readable in ``sqlite3`` and ``psql``):
 
@@ -47,7 +47,7 @@ _NONE = -(1 << 62)
 
 
 class Counted(Protocol):
-    """Which slots a budget counts (:class:`dp_governor.budget.book.Terms` is one)."""
+    """Which slots a budget counts (:class:`dp_governor.budget.rule.book.Terms` is one)."""
 
     @property
     def budget(self) -> str:

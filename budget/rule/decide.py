@@ -3,12 +3,12 @@
 Pure code, no I/O. :func:`check` asks whether one more report of ``terms`` fits a device's
 state, in order: the budget's daily cap (its members' reports today), window cap (their
 epsilon on the days of the window) and lifetime cap (their epsilon ever); the budget's window
-and lifetime ``(epsilon, delta)`` filters (:mod:`dp_governor.budget.filter_rule`); then, when a
+and lifetime ``(epsilon, delta)`` filters (:mod:`dp_governor.budget.rule.filter`); then, when a
 device-wide budget is in force, its limits, the use case's quota of them and its filters
-(:mod:`dp_governor.budget.device_rule`). The first check that refuses decides, naming the budget
-that refused and when it frees (:mod:`dp_governor.budget.refusal`). :func:`decide_on` also charges
-the state in memory. The gate's transaction (:mod:`dp_governor.budget.batch`, a single report being
-a batch of one), what-if and the tests all decide here.
+(:mod:`dp_governor.budget.rule.device`). The first check that refuses decides, naming the budget
+that refused and when it frees (:mod:`dp_governor.budget.rule.refusal`). :func:`decide_on` also
+charges the state in memory. The gate's transaction (:mod:`dp_governor.budget.gate.charge`, a single
+report being a batch of one), what-if and the tests all decide here.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import json
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from dp_governor.budget.book import Terms
 from dp_governor.budget.clock import day_start
-from dp_governor.budget.device_rule import device_refusal
-from dp_governor.budget.filter_rule import filter_refusal
-from dp_governor.budget.refusal import Reason, Refusal, RefusedBy, free_day, within
-from dp_governor.budget.state import AccountState
+from dp_governor.budget.rule.book import Terms
+from dp_governor.budget.rule.device import device_refusal
+from dp_governor.budget.rule.filter import filter_refusal
+from dp_governor.budget.rule.refusal import Reason, Refusal, RefusedBy, free_day, within
+from dp_governor.budget.rule.state import AccountState
 from dp_governor.policies.model import from_micro
 
 __all__ = ["Decision", "check", "decide_on"]
@@ -121,8 +121,8 @@ def decide_on(
 ) -> Decision:
     """:func:`check`, then an acceptance charges ``state`` in memory (days past horizons cleared).
 
-    The charge transaction (:func:`dp_governor.budget.batch.charge_batch`, a single report being a
-    batch of one) decides every report here; it writes the state.
+    The charge transaction (:func:`dp_governor.budget.gate.charge.charge_batch`, a single report
+    being a batch of one) decides every report here; it writes the state.
     """
     decision = check(terms, day, state, charge_id)
     if decision.accepted:

@@ -3,9 +3,10 @@
 A filter counts a set of slots (a budget's members, or all of a device's) at group-scaled
 epsilon, and admits one more report of ``e`` when, with it counted, either the basic sum
 ``S1`` stays within ``epsilon`` or the advanced-composition filter's ``S2`` within ``V*``
-(:func:`dp_governor.budget.odometer.admit_either`, the same comparisons in exact integers). A
-lifetime filter sums every report ever; a window filter the days ``day - window + 1 .. day``, which
-makes every window of that length a filtered sequence (docs/odometer.md, "Windows"). Pure code.
+(:func:`dp_governor.budget.privacy.odometer.admit_either`, the same comparisons in exact integers).
+A lifetime filter sums every report ever; a window filter the days ``day - window + 1 .. day``,
+which makes every window of that length a filtered sequence (docs/odometer.md, "Windows"). Pure
+code.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dp_governor.budget.odometer import Target, filter_cap_sq
-from dp_governor.budget.refusal import Refusal, RefusedBy, free_day
-from dp_governor.budget.state import AccountState
+from dp_governor.budget.privacy.odometer import Target, filter_cap_sq
+from dp_governor.budget.rule.refusal import Refusal, RefusedBy, free_day
+from dp_governor.budget.rule.state import AccountState
 from dp_governor.policies.model import from_micro
 
 __all__ = ["FilterTarget", "Filters", "filter_refusal", "filters_of", "target"]
@@ -44,7 +45,7 @@ class FilterTarget:
 
 @functools.lru_cache(maxsize=256)
 def target(epsilon_micro: int, delta: float) -> FilterTarget:
-    """The target ``(epsilon, delta)`` with its ``V*`` (:func:`budget.odometer.filter_cap_sq`)."""
+    """The target ``(epsilon, delta)`` with its ``V*`` (:func:`~.odometer.filter_cap_sq`)."""
     return FilterTarget(
         epsilon_micro, delta, filter_cap_sq(Target(from_micro(epsilon_micro), delta))
     )

@@ -15,7 +15,7 @@ at least ``i`` reports (``layers[i - 1]`` devices, one report each). Each sub-ba
 FMT21-amplified shuffle of one report per device, and the device's reports are randomized with
 independent coins, so its loss in the batch is the composition of its sub-batches' losses
 (sequential composition; dp-accounting PLD,
-:func:`dp_governor.budget.amplification.compose_shuffled`).
+:func:`dp_governor.budget.privacy.amplification.compose_shuffled`).
 
 Across batches: a batch that holds none of a device's reports does not depend on its data
 (which batch a report lands in depends on when it arrived, not on what it says), so a device
@@ -41,7 +41,7 @@ import orjson
 from sqlalchemy import Engine, select
 
 from dp_governor.budget.clock import day_date
-from dp_governor.budget.display import fmt_up
+from dp_governor.budget.privacy.display import fmt_up
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies.model import Policy, from_micro
 
@@ -180,7 +180,7 @@ def _round_down(n: int) -> int:
 def _compose(slots: tuple[tuple[float, int], ...], delta: float) -> tuple[float, str]:
     """``compose_shuffled`` of sub-batches ``(eps0, n)`` (memoized by the sorted multiset)."""
     # dp-accounting and scipy load where a central figure is computed, not with the ledger
-    from dp_governor.budget.amplification import compose_shuffled, shuffle_epsilon
+    from dp_governor.budget.privacy.amplification import compose_shuffled, shuffle_epsilon
 
     if len(slots) == 1:
         bound = shuffle_epsilon(slots[0][0], slots[0][1], delta)

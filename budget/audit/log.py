@@ -56,8 +56,8 @@ class Entry(NamedTuple):
     """What to append: who did what, with the action's data.
 
     ``data`` is a JSON-serialisable dict, or a str holding that dict's canonical JSON already
-    (sorted keys, no spaces; :func:`dp_governor.budget.batch.charge_entry` formats a charge's from a
-    template, since a relay's batch appends one entry per report).
+    (sorted keys, no spaces; :func:`dp_governor.budget.gate.charge.charge_entry` formats a charge's
+    from a template, since a relay's batch appends one entry per report).
     """
 
     actor: str
@@ -346,7 +346,7 @@ class AuditLog:
         entry the log still holds with the same hash, so a log truncated back to any earlier
         checkpoint (its later checkpoints deleted with it) is caught. ``observe`` is called
         with ``(seq, actor, action, body)`` of each entry once it is verified (the state check
-        replays them, :mod:`dp_governor.budget.integrity`).
+        replays them, :mod:`dp_governor.budget.audit.verify`).
         """
         problem = self._check_signatures(external)
         if problem is not None:

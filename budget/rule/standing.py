@@ -1,6 +1,6 @@
 """A device's standing against the device-wide budget: spent and remaining, then per use case.
 
-The figures are the rule's own (:func:`dp_governor.budget.device_rule.device_spend`): basic
+The figures are the rule's own (:func:`dp_governor.budget.rule.device.device_spend`): basic
 composition of group-scaled epsilon (a report of ``eps`` at group size ``g`` counts ``g eps``),
 today, over the device window and over the lifetime, with the quota of each use case that has one;
 and the device's running odometer reading beside it (:func:`device_odometer`).
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dp_governor.budget.book import PolicyBook
-from dp_governor.budget.device_rule import device_spend
-from dp_governor.budget.odometer import OdometerState, running_epsilon
-from dp_governor.budget.state import AccountState
+from dp_governor.budget.privacy.odometer import OdometerState, running_epsilon
+from dp_governor.budget.rule.book import PolicyBook
+from dp_governor.budget.rule.device import device_spend
+from dp_governor.budget.rule.state import AccountState
 from dp_governor.policies.model import from_micro
 
 __all__ = ["DeviceOdometer", "DeviceWide", "QuotaStatus", "device_odometer", "device_wide"]
@@ -128,9 +128,9 @@ class DeviceOdometer:
 
     ``basic_epsilon`` is the sum of each report's ``g x eps`` (pure, delta 0);
     ``odometer_epsilon`` the mixture odometer's reading at ``delta``
-    (:func:`dp_governor.budget.odometer.running_epsilon`, never above the basic sum), valid at every
-    time at once however the reports were chosen. Both are computed from the row's lifetime slots
-    (each slot's epsilon, group size and count: a sufficient statistic, docs/odometer.md,
+    (:func:`dp_governor.budget.privacy.odometer.running_epsilon`, never above the basic sum), valid
+    at every time at once however the reports were chosen. Both are computed from the row's lifetime
+    slots (each slot's epsilon, group size and count: a sufficient statistic, docs/odometer.md,
     "Storage"), in time proportional to the slots, whatever the number of reports.
     """
 

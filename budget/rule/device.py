@@ -5,8 +5,8 @@ Every figure counts group-scaled epsilon (a report of ``eps`` at group size ``g`
 of them for the device-wide limits and filters, the use case's own for its quota. Checked in
 order: today (device, quota), the device window (device, quota), the lifetime (device, quota),
 then the device's window and lifetime ``(epsilon, delta)`` filters
-(:mod:`dp_governor.budget.filter_rule`). Pure code; :func:`dp_governor.budget.rule.check` calls
-:func:`device_refusal` after the use case's own checks pass.
+(:mod:`dp_governor.budget.rule.filter`). Pure code; :func:`dp_governor.budget.rule.decide.check`
+calls :func:`device_refusal` after the use case's own checks pass.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from dp_governor.budget.book import Terms
-from dp_governor.budget.filter_rule import filter_refusal, filters_of
-from dp_governor.budget.refusal import Refusal, RefusedBy, free_day, within
-from dp_governor.budget.state import AccountState
+from dp_governor.budget.rule.book import Terms
+from dp_governor.budget.rule.filter import filter_refusal, filters_of
+from dp_governor.budget.rule.refusal import Refusal, RefusedBy, free_day, within
+from dp_governor.budget.rule.state import AccountState
 from dp_governor.policies.device import DeviceLimits
 from dp_governor.policies.model import from_micro
 

@@ -12,15 +12,17 @@ Same caps and the same decisions for one report or many, applied in order, in on
    with ``SELECT ... FOR UPDATE`` in key order (no deadlocks between batches), after the
    policy book's advisory lock is taken shared (before the book is read): a policy write
    takes it exclusively, so no batch decides on a book that changes before it commits;
-4. decide the items in order, in memory, by the rule (:func:`dp_governor.budget.rule.decide_on`);
-5. write everything with ``executemany`` (charge ids are allocated before deciding, so each
+4. decide the items in order, in memory, by the rule
+(:func:`dp_governor.budget.rule.decide.decide_on`); 5. write everything with ``executemany`` (charge
+ids are allocated before deciding, so each
    decision is built once, complete): one ``accounts`` row per touched device, written with a
    compare-and-set on the count read in step 3 (the batch fails whole if any row disagrees),
    one ``charges`` row per acceptance, and each claimed key's decision;
 6. the caller's ``on_accept`` (the inbox rows), then one audit entry per decision, in order.
 
 Idempotency keys and request fingerprints are stored only in keyed form
-(:meth:`dp_governor.budget.gate.Gate.idempotency_key`, :meth:`~budget.gate.Gate.fingerprint`).
+(:meth:`dp_governor.budget.gate.prepared.Gate.idempotency_key`,
+:meth:`~budget.gate.prepared.Gate.fingerprint`).
 """
 
 from __future__ import annotations
@@ -33,13 +35,13 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Connection
 
-from dp_governor.budget.audit_log import Entry
-from dp_governor.budget.book import Terms
+from dp_governor.budget.audit.log import Entry
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.errors import IdempotencyConflict, InvalidRequest, UnknownUseCase
-from dp_governor.budget.gate import Gate, InternalError
-from dp_governor.budget.rule import Decision, decide_on
-from dp_governor.budget.state import AccountState, decode, state_columns
+from dp_governor.budget.gate.prepared import Gate, InternalError
+from dp_governor.budget.rule.book import Terms
+from dp_governor.budget.rule.decide import Decision, decide_on
+from dp_governor.budget.rule.state import AccountState, decode, state_columns
 from dp_governor.budget.storage.db import placeholder
 
 __all__ = [
@@ -77,7 +79,7 @@ def charge_entry(
     """The audit entry of one charge decision (accepted or refused; no report payload).
 
     ``idempotency`` is the digest of the idempotency record the decision was stored in
-    (:meth:`dp_governor.budget.audit_log.AuditLog.idempotency_digest`; ``null`` without a key), so
+    (:meth:`dp_governor.budget.audit.log.AuditLog.idempotency_digest`; ``null`` without a key), so
     ``verify`` checks that table too. Its data is formatted as canonical JSON directly (keys in
     sorted order; the strings encoded by ``orjson``): the same text as encoding the dict, a few
     times cheaper.

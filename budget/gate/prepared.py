@@ -1,11 +1,12 @@
 """The gate: what the charge transaction reads through, prepared once per ledger.
 
-The transaction itself is :func:`dp_governor.budget.batch.charge_batch` (a single report is a batch
-of one, :meth:`dp_governor.budget.ledger.Ledger.charge`): the policy book
-(:mod:`dp_governor.budget.book`), the devices' rows locked and read, each report decided in order by
-the rule (:mod:`dp_governor.budget.rule`), then the rows, the charges, the caller's inbox rows and
-the audit entries written before commit. This module holds its parts: device pseudonyms, the keyed
-forms of idempotency data, the cached policy book, the hot path's statements and the write lock.
+The transaction itself is :func:`dp_governor.budget.gate.charge.charge_batch` (a single report is a
+batch of one, :meth:`dp_governor.budget.ledger.Ledger.charge`): the policy book
+(:mod:`dp_governor.budget.rule.book`), the devices' rows locked and read, each report decided in
+order by the rule (:mod:`dp_governor.budget.rule.decide`), then the rows, the charges, the caller's
+inbox rows and the audit entries written before commit. This module holds its parts: device
+pseudonyms, the keyed forms of idempotency data, the cached policy book, the hot path's statements
+and the write lock.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from contextlib import AbstractContextManager, nullcontext
 
 from sqlalchemy import Connection, Engine
 
-from dp_governor.budget.audit_log import AuditLog
-from dp_governor.budget.book import PolicyBook, Terms
+from dp_governor.budget.audit.log import AuditLog
 from dp_governor.budget.errors import UnknownUseCase
 from dp_governor.budget.keyed import KeyedHash
+from dp_governor.budget.rule.book import PolicyBook, Terms
 from dp_governor.budget.storage.db import placeholder, writer
 from dp_governor.budget.storage.tables import RetentionHorizon
 from dp_governor.policies.device import device_budget_versions, limits_of

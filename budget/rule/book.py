@@ -2,11 +2,11 @@
 
 A device's spend is a fact about the device and the use cases it reported to, never about
 today's grouping. The accounts therefore hold one row per device with a slot per (use case,
-epsilon, group size) (:mod:`dp_governor.budget.state`), and the book says, under the policies now in
-force, which use cases each budget's caps count:
+epsilon, group size) (:mod:`dp_governor.budget.rule.state`), and the book says, under the policies
+now in force, which use cases each budget's caps count:
 
 - **What a budget counts.** Every charge records the budget it was charged under (its slot's
-  budget, :mod:`dp_governor.budget.state`). A budget's caps and filters count
+  budget, :mod:`dp_governor.budget.rule.state`). A budget's caps and filters count
   (:meth:`AccountState.counted`) the whole history of its *members*, the use cases whose latest
   version (active or retired) draws from it now, and every charge made under it, whatever its use
   case did since (left the group, moved to another, was retired and re-created elsewhere). So spend
@@ -20,8 +20,8 @@ force, which use cases each budget's caps count:
   held anywhere again. A window that reaches back past a horizon (retention raised beyond what
   was kept, or a budget whose window is longer than a joining member's history) counts the
   spend it can no longer date as if it all fell inside, an upper bound
-  (:meth:`dp_governor.budget.state.AccountState.unheld`). The reports themselves go sooner, at the
-  latest version's retention (:class:`Retention`, one rule for both purges).
+  (:meth:`dp_governor.budget.rule.state.AccountState.unheld`). The reports themselves go sooner, at
+  the latest version's retention (:class:`Retention`, one rule for both purges).
 
 Pure code: built from the ``policies`` rows and the horizons, cached by the gate per revision.
 """
@@ -32,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dp_governor.budget.filter_rule import Filters, filters_of
+from dp_governor.budget.rule.filter import Filters, filters_of
 from dp_governor.policies.device import DeviceLimits
 from dp_governor.policies.model import Policy, budget_key, to_micro
 

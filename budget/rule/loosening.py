@@ -9,15 +9,15 @@ the version it had), the guarantee its budget states gets weaker in any of its t
   protect (``group_size``), a smaller shuffled batch (``min_batch_devices``);
 - **what the caps allow one device** over 1 day, over the old and the new window and over a
   year (the worst case of every schedule the budget's caps accept, for an individual:
-  :func:`dp_governor.budget.reporting.allowance.allowance`), and over its lifetime (the lifetime
+  :func:`dp_governor.budget.privacy.allowance.allowance`), and over its lifetime (the lifetime
   cap; none is unbounded); and a window cap's window shortened at all, since spend charged before
   the edit then stops counting in full (a device at the old cap is admitted again at once, however
   the new cap is scaled);
 - **the filters**: a window or lifetime ``(epsilon, delta)`` target removed, or admitting a
   total it did not (a larger epsilon or ``V*``, or a shorter window);
 - **what the caps count**: a budget's caps count its members' whole history and every charge
-  made under it (:meth:`dp_governor.budget.state.AccountState.counted`); a change after which the
-  use case's caps no longer count something they counted (a use case leaving its group, a member
+  made under it (:meth:`dp_governor.budget.rule.state.AccountState.counted`); a change after which
+  the use case's caps no longer count something they counted (a use case leaving its group, a member
   re-created outside it) lets some device spend again what it already spent.
 
 Each term holds for every state a device could be in, now or later, so the answer does not
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dp_governor.budget.book import PolicyBook, Terms
-from dp_governor.budget.reporting.allowance import Caps, allowance
+from dp_governor.budget.privacy.allowance import Caps, allowance
+from dp_governor.budget.rule.book import PolicyBook, Terms
 from dp_governor.policies.model import Policy, budget_key, from_micro, to_micro
 
 __all__ = ["loosenings"]

@@ -1,9 +1,9 @@
 """A refusal: which limit refused a report, whose budget it is, and when the report fits again.
 
-The rule's checks (:mod:`dp_governor.budget.rule`, :mod:`dp_governor.budget.filter_rule`,
-:mod:`dp_governor.budget.device_rule`) each return a :class:`Refusal` or ``None``;
-:func:`dp_governor.budget.rule.check` turns the first refusal into the gate's
-:class:`~budget.rule.Decision`. Pure code.
+The rule's checks (:mod:`dp_governor.budget.rule.decide`, :mod:`dp_governor.budget.rule.filter`,
+:mod:`dp_governor.budget.rule.device`) each return a :class:`Refusal` or ``None``;
+:func:`dp_governor.budget.rule.decide.check` turns the first refusal into the gate's
+:class:`~budget.rule.decide.Decision`. Pure code.
 """
 
 from __future__ import annotations
