@@ -252,8 +252,9 @@ def admit_either(state: OdometerState, eps: float, target: Target) -> bool:
     ``delta_g`` on which the filter's supermartingale crosses its line). So the loss at the stop
     exceeds ``eps_g`` only on that event, and the stopped sequence is ``(eps_g, delta_g)``-DP.
 
-    >>> admit_either(OdometerState(), 1.0, Target(4.0, 1e-9)), admit(OdometerState(), 1.0,
-    Target(4.0, 1e-9)) (True, False)
+    >>> state, target = OdometerState(), Target(4.0, 1e-9)
+    >>> admit_either(state, 1.0, target), admit(state, 1.0, target)
+    (True, False)
     """
     return admit_basic(state, eps, target) or admit(state, eps, target)
 
