@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from dp_governor import __version__
 from dp_governor.api import errors
 from dp_governor.api.caches import Caches
 from dp_governor.api.database import database_problem, init_service_db
@@ -53,7 +54,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app = FastAPI(
         responses=ERROR_RESPONSES,
         title="dp-governor",
-        version="0.1.0",
+        version=__version__,  # the installed distribution's, from pyproject.toml
         description="Privacy accounting and budget governance for local-DP telemetry.",
         lifespan=lifespan,
         docs_url=None,  # served by api.openapi from packaged files, not a CDN

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from dp_governor import __version__
 from dp_governor.api.cli import (
     aggregate,
     audit,
@@ -27,8 +28,23 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    """Print the installed distribution's version (``pyproject.toml``'s, read from its metadata)."""
+    if value:
+        typer.echo(f"dpgov {__version__}")
+        raise typer.Exit
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the installed version and exit.",
+    ),
+) -> None:
     """dp-governor: privacy accounting and budget governance for local-DP telemetry."""
 
 

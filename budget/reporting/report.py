@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from importlib.metadata import version
 from typing import Any, Final
 
+from dp_governor import __version__
 from dp_governor.budget.clock import day_date
 from dp_governor.budget.privacy.accountant import NOTES, Accountant, Bound, Kind, PrivacyLoss
 from dp_governor.budget.privacy.allowance import Caps, allowance, max_reports
@@ -448,7 +448,7 @@ def prepare_report(
     window_totals, window_hist = _device_ledgers(window_rows)
     lifetime_totals, lifetime_hist = _device_ledgers(lifetime_rows)
     provenance = {
-        "dp_governor": version("dp-governor"),
+        "dp_governor": __version__,
         "policy_versions": {p.name: p.version for p in active},
         "window": "each use case's charges on days as_of - retention_days + 1 .. as_of",
         "lifetime": "the accounts' lifetime multisets (kept through retention purges)",

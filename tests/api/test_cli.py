@@ -1,10 +1,11 @@
-"""The ``dpgov`` command line: the simulation job and its input errors."""
+"""The ``dpgov`` command line: ``--version``, the simulation job and its input errors."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 from typer.testing import CliRunner
@@ -85,3 +86,16 @@ def test_selftest_audits_every_default_randomizer() -> None:
     assert bad.exit_code != 0 and "--samples" in bad.output
     both = runner.invoke(app, ["selftest", "--defaults", "--database-url", "sqlite:///x.db"])
     assert both.exit_code == 2 and "--defaults or --database-url" in both.stderr
+
+
+def test_version_prints_the_installed_version_and_exits_0() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dp_governor.api.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"dpgov {version('dp-governor')}\n"
+    assert proc.stderr == ""
