@@ -14,10 +14,8 @@ from pydantic import ValidationError
 from dp_governor import __version__
 from dp_governor.api import errors
 from dp_governor.api.caches import Caches
+from dp_governor.api.committer import GroupCommitter
 from dp_governor.api.database import database_problem, init_service_db
-from dp_governor.api.ingestion.committer import GroupCommitter
-from dp_governor.api.ingestion.ingest import Ingestor
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.api.jobs import RUNTIMES, Runtime, start_scheduler
 from dp_governor.api.lane import ReportLane
 from dp_governor.api.metrics import Metrics
@@ -37,6 +35,8 @@ from dp_governor.api.schemas import ERROR_RESPONSES
 from dp_governor.api.server import report_start_failure
 from dp_governor.api.settings import Settings, service_keys
 from dp_governor.budget import Clock, Ledger, SystemClock, create_db_engine
+from dp_governor.pipeline.ingest import Ingestor
+from dp_governor.pipeline.seal import InboxSeal
 
 __all__ = ["create_app"]
 

@@ -13,7 +13,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.api.integrity import kept_checkpoints, verify_service
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Clock, Ledger
@@ -28,6 +27,7 @@ from dp_governor.budget.reporting.views import (
 )
 from dp_governor.mechanisms import SfpSketch
 from dp_governor.mechanisms.sfp import DiscoveredWord
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import Policy
 
 __all__ = ["REPORT_CACHE_ENTRIES", "Caches"]

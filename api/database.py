@@ -14,7 +14,7 @@ import os
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-import dp_governor.api.ingestion.tables  # noqa: F401 - registers the pipeline tables on the models' metadata
+import dp_governor.pipeline.tables  # noqa: F401 - registers the pipeline tables on the models' metadata
 from dp_governor.budget.storage.schema import SchemaOutdated, init_db
 
 __all__ = ["SETTING", "create_private_sqlite_file", "database_problem", "init_service_db"]

@@ -14,11 +14,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dp_governor.api.caches import Caches
 from dp_governor.api.errors import FORBIDDEN, REFUSED, UNAUTHORIZED, HttpError
-from dp_governor.api.ingestion.ingest import Ingestor
 from dp_governor.api.metrics import Metrics
 from dp_governor.api.ratelimit import RateLimiter
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Clock, Ledger
+from dp_governor.pipeline.ingest import Ingestor
 
 __all__ = [
     "ADMIN_BEARER",

@@ -1,7 +1,7 @@
 """The one error mapping: a domain exception to an HTTP status and body.
 
 The exception handlers (:func:`install`), the report fast lane (:mod:`dp_governor.api.lane`) and the
-relay's per-item results (:meth:`dp_governor.api.ingestion.ingest.Ingestor.submit_many`) all take
+relay's per-item results (:meth:`dp_governor.pipeline.ingest.Ingestor.submit_many`) all take
 their statuses from :func:`status_of`, so one error has one status wherever it is answered.
 """
 
@@ -17,8 +17,9 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from dp_governor.budget.errors import BudgetError, IdempotencyConflict, InvalidRequest
+from dp_governor.budget.errors import IdempotencyConflict, InvalidRequest
 from dp_governor.mechanisms import InvalidReport
+from dp_governor.pipeline.ingest import PolicyChanged
 from dp_governor.policies.errors import PolicyConflict, UnknownUseCase
 
 __all__ = [
@@ -53,14 +54,6 @@ INVALID = 422  # a request or report that names the field at fault
 REFUSED = 429  # a report refused at a cap (a decision, not an error), or a rate limit
 SERVICE_UNAVAILABLE = 503  # a job stopped by a database still locked after its busy timeout
 MAX_JSON_DEPTH = 16  # deeper JSON bodies are refused with 422 on `body`
-
-
-class PolicyChanged(BudgetError):
-    """The policy changed between validation and charge; the client may retry at once."""
-
-    def __init__(self, use_case: str) -> None:
-        super().__init__(f"the policy of {use_case!r} changed during the request; retry")
-        self.use_case = use_case
 
 
 class HttpError(Exception):

@@ -30,23 +30,6 @@ import numpy as np
 import orjson
 from sqlalchemy import Connection, func, select
 
-from dp_governor.api.ingestion.ingest import Mechanism
-from dp_governor.api.ingestion.pipeline import (
-    decode_payloads,
-    mechanisms_by_params,
-    part_payloads,
-    sketch_digest,
-    sketch_from_bytes,
-)
-from dp_governor.api.ingestion.seal import InboxSeal, SealError
-from dp_governor.api.ingestion.tables import (
-    BatchPart,
-    InboxMove,
-    InboxOrder,
-    InboxRow,
-    SketchRow,
-    StoredReport,
-)
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import (
     Checkpoint,
@@ -58,6 +41,18 @@ from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.audit.verify import StateCheck
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.storage.tables import ShuffledBatch
+from dp_governor.pipeline.codec import decode_payloads, sketch_digest, sketch_from_bytes
+from dp_governor.pipeline.fold import mechanisms_by_params, part_payloads
+from dp_governor.pipeline.ingest import Mechanism
+from dp_governor.pipeline.seal import InboxSeal, SealError
+from dp_governor.pipeline.tables import (
+    BatchPart,
+    InboxMove,
+    InboxOrder,
+    InboxRow,
+    SketchRow,
+    StoredReport,
+)
 
 __all__ = ["KeptCheckpoints", "kept_checkpoints", "pipeline_problem", "verify_service"]
 

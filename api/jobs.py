@@ -8,7 +8,7 @@ and a heartbeat thread renews the lease while its job runs, so a process that di
 blocks the job for at most that long. The same names are what ``dpgov jobs run NAME [--force]``,
 ``dpgov jobs release NAME`` and ``POST /v1/admin/jobs/{name}:run`` / ``:release`` take.
 
-The jobs are safe to run concurrently (see :mod:`dp_governor.api.ingestion.pipeline`): the leases
+The jobs are safe to run concurrently (see :mod:`dp_governor.pipeline`): the leases
 save work, they are not what keeps a report from being stored or folded twice.
 
 Fencing: a lease carries a token that rises whenever another holder takes it (its lease
@@ -20,7 +20,7 @@ swap storm, a stopped container) writes nothing once another holds it. Each job 
 waits for locks at most ``job_lock_seconds`` (:func:`dp_governor.budget.storage.db.write_step`), so
 a holder stalled inside a transaction delays the next holder that long at most.
 
-This module sits beside the app and the CLI rather than in :mod:`dp_governor.api.ingestion`: it runs
+This module sits beside the app and the CLI rather than in :mod:`dp_governor.pipeline`: it runs
 the pipeline's jobs and the audit log's checkpoints alike, for the service's scheduler, its admin
 routes and ``dpgov jobs``.
 """
@@ -43,9 +43,6 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from dp_governor.api.ingestion.ingest import Ingestor
-from dp_governor.api.ingestion.pipeline import DEFAULT_MIN_BATCH, aggregate, flush_inbox, purge
-from dp_governor.api.ingestion.tables import JobLease
 from dp_governor.api.logs import log_fields
 from dp_governor.budget import Clock, Ledger
 from dp_governor.budget.audit.log import CheckpointFileError, write_checkpoints
@@ -56,6 +53,11 @@ from dp_governor.budget.storage.db import (
     job_lock_seconds,
     job_writer,
 )
+from dp_governor.pipeline.flush import DEFAULT_MIN_BATCH, flush_inbox
+from dp_governor.pipeline.fold import aggregate
+from dp_governor.pipeline.ingest import Ingestor
+from dp_governor.pipeline.purge import purge
+from dp_governor.pipeline.tables import JobLease
 
 if TYPE_CHECKING:
     from dp_governor.api.settings import Settings

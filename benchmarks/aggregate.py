@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from dp_governor.api.demo.simulation import zipf_indices
-from dp_governor.api.ingestion.distributed import DaskOptions, aggregate_files
-from dp_governor.api.ingestion.ingest import params_hash
-from dp_governor.api.ingestion.parquet import dataset_files, partition_dir, write_reports
-from dp_governor.api.ingestion.pipeline import sketch_digest
 from dp_governor.mechanisms import HCMS
+from dp_governor.pipeline.codec import sketch_digest
+from dp_governor.pipeline.distributed import DaskOptions, aggregate_files
+from dp_governor.pipeline.ingest import params_hash
+from dp_governor.pipeline.parquet import dataset_files, partition_dir, write_reports
 from dp_governor.policies import default_policies, mechanism_for
 
 USE_CASE = "safari-energy-domains"
@@ -106,7 +106,7 @@ def run_dask(files: list[Path], workers: int) -> dict[str, object]:
         Client(cluster) as client,  # type: ignore[no-untyped-call]
     ):
         # a running cluster's state
-        client.run(importlib.import_module, "dp_governor.api.ingestion.distributed")
+        client.run(importlib.import_module, "dp_governor.pipeline.distributed")
         baseline = client.run(_peak_mib)
         t0 = time.perf_counter()
         sketch = aggregate_files(

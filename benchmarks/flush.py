@@ -25,11 +25,11 @@ import numpy as np
 from sqlalchemy import Engine, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
-from dp_governor.api.ingestion.pipeline import flush_inbox
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.budget import Ledger, create_db_engine
 from dp_governor.budget.storage.db import PAUSE_FACTOR, scratch_schema
+from dp_governor.pipeline.flush import flush_inbox
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, mechanism_for
 
 SECRET = b"flush-bench-secret-flush-bench-secret"

@@ -8,7 +8,7 @@ compare two versions of the relay path by. The benchmark runs itself under valgr
 (Debian package ``valgrind``) with instrumentation off: the child process builds a fresh SQLite
 ledger with the default policies, charges two untimed batches and builds the timed ones, says
 ``READY``, and this process switches instrumentation on with ``callgrind_control`` for exactly
-the timed :meth:`dp_governor.api.ingestion.ingest.Ingestor.submit_many` calls, as
+the timed :meth:`dp_governor.pipeline.ingest.Ingestor.submit_many` calls, as
 :mod:`benchmarks.relay` times them (automatic checkpoints off, every item a new device). Everything
 the path does is counted: Python, SQLite, hashing.
 """
@@ -49,7 +49,7 @@ def child(size: int, batches: int, signals: Path) -> None:
         accepted = 0
         for items in timed:
             results = ingestor.submit_many(USE_CASE, items, now=NOW)
-            accepted += sum(1 for r in results if r.status == 202)
+            accepted += sum(1 for r in results if r.decision is not None and r.decision.accepted)
         # Write, then rename: the parent sees `done` only once it holds the whole count.
         partial = signals / (DONE + ".partial")
         partial.write_text(str(accepted))

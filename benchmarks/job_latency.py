@@ -185,10 +185,10 @@ class WriteTimes:
 def job_main(name: str, ahead_days: int) -> None:
     """The job process: the job run once as ``dpgov jobs run`` runs it, its clock moved ahead."""
     from dp_governor.api.cli.common import Access, load_settings, open_service
-    from dp_governor.api.ingestion.ingest import Ingestor
-    from dp_governor.api.ingestion.seal import InboxSeal
     from dp_governor.api.jobs import RUNTIMES, Runtime, run_job
     from dp_governor.budget import FixedClock
+    from dp_governor.pipeline.ingest import Ingestor
+    from dp_governor.pipeline.seal import InboxSeal
 
     settings = load_settings(None)
     ledger, keys = open_service(settings, Access.WRITE)

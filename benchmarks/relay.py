@@ -2,7 +2,7 @@
 
 Usage: ``python -m benchmarks.relay [--batch 5000 20000] [--batches 10] [--postgres URL]``.
 
-The service's own :meth:`dp_governor.api.ingestion.ingest.Ingestor.submit_many` on a fresh database
+The service's own :meth:`dp_governor.pipeline.ingest.Ingestor.submit_many` on a fresh database
 with the default policies: Safari HCMS reports that carry their family identifier, every item a new
 device (so every report is accepted and every ledger row is new), ``--warm`` batches first, then
 ``--batches`` timed. On SQLite it also reports what the WAL grew by per report (automatic
@@ -27,10 +27,10 @@ from sqlalchemy import Engine, event
 
 from benchmarks.budget import database
 from dp_governor.api.database import init_service_db
-from dp_governor.api.ingestion.ingest import Ingestor
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.budget import Ledger
 from dp_governor.mechanisms import family_id
+from dp_governor.pipeline.ingest import Ingestor
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import mechanism_for
 
 USE_CASE = "safari-energy-domains"
@@ -93,7 +93,7 @@ def run(kind: str, size: int, warm: int, batches: int, pg_url: str | None) -> st
             t0 = time.perf_counter()
             results = ingestor.submit_many(USE_CASE, items, now=NOW)
             times.append(time.perf_counter() - t0)
-            accepted += sum(1 for r in results if r.status == 202)
+            accepted += sum(1 for r in results if r.decision is not None and r.decision.accepted)
             del items, results
         gc.unfreeze()
         n = size * batches

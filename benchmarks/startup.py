@@ -44,7 +44,7 @@ HEAVY = (
     "pandas",
     "pyarrow",
     "dask",
-    "dp_governor.api.ingestion",
+    "dp_governor.pipeline",
 )
 
 
@@ -73,8 +73,8 @@ def imported(args: list[str], env: dict[str, str]) -> set[str]:
 def heavy(modules: set[str]) -> list[str]:
     """The entries of :data:`HEAVY` among ``modules`` (a package or any of its modules).
 
-    >>> heavy({"numpy", "scipy.stats", "dp_governor.api.ingestion.tables", "dp_governor.api.cli"})
-    ['dp_governor.api.ingestion', 'scipy']
+    >>> heavy({"numpy", "scipy.stats", "dp_governor.pipeline.tables", "dp_governor.api.cli"})
+    ['dp_governor.pipeline', 'scipy']
     """
     return sorted(h for h in HEAVY if any(m == h or m.startswith(h + ".") for m in modules))
 

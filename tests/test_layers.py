@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Each package may import only the packages listed before it.
-ORDER = ("mechanisms", "policies", "budget", "api")
+ORDER = ("mechanisms", "policies", "budget", "pipeline", "api")
 PACKAGES = (*ORDER, "benchmarks", "tests")
 NAMESPACE = "dp_governor"
 

@@ -45,7 +45,7 @@ def test_every_package_imports_first_in_a_fresh_interpreter() -> None:
     for package in (
         *packages,
         "dp_governor.api.errors",
-        "dp_governor.api.ingestion.ingest",
+        "dp_governor.pipeline.ingest",
         "dp_governor.api.routes.reports",
     ):
         proc = subprocess.run(

@@ -64,8 +64,8 @@ def aggregate(
     Needs the ``scale`` extra (pyarrow, dask): ``pip install 'dp-governor[scale]'``.
     """
     try:
-        from dp_governor.api.ingestion.distributed import DaskOptions, aggregate_files
-        from dp_governor.api.ingestion.parquet import dataset_files, export_reports
+        from dp_governor.pipeline.distributed import DaskOptions, aggregate_files
+        from dp_governor.pipeline.parquet import dataset_files, export_reports
 
         if engine is AggregateEngine.dask:
             import dask.distributed  # noqa: F401 - the engine's own package, checked up front
@@ -74,13 +74,10 @@ def aggregate(
             f"`dpgov aggregate` needs the `scale` extra ({exc.name} is not installed):"
             " pip install 'dp-governor[scale]'"
         )
-    from dp_governor.api.ingestion.ingest import params_hash
-    from dp_governor.api.ingestion.pipeline import (
-        mechanisms_by_params,
-        sketch_digest,
-        sketch_to_bytes,
-    )
     from dp_governor.budget import SystemClock, UnknownUseCase, utc_day
+    from dp_governor.pipeline.codec import sketch_digest, sketch_to_bytes
+    from dp_governor.pipeline.fold import mechanisms_by_params
+    from dp_governor.pipeline.ingest import params_hash
     from dp_governor.policies import mechanism_for
 
     if scheduler is not None and engine is not AggregateEngine.dask:

@@ -31,8 +31,6 @@ def jobs_run(
     ] = False,
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
-    from dp_governor.api.ingestion.ingest import Ingestor
-    from dp_governor.api.ingestion.seal import InboxSeal
     from dp_governor.api.jobs import (
         JOBS,
         RUNTIMES,
@@ -44,6 +42,8 @@ def jobs_run(
         run_job,
     )
     from dp_governor.budget import SystemClock
+    from dp_governor.pipeline.ingest import Ingestor
+    from dp_governor.pipeline.seal import InboxSeal
 
     if name not in JOBS:
         typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)

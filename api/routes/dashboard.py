@@ -11,12 +11,12 @@ from dp_governor.api.caches import Caches
 from dp_governor.api.dashboard import EstimatePanel, render_dashboard
 from dp_governor.api.deps import AdminCredential, CachesDep, ClockDep, IngestorDep, LedgerDep
 from dp_governor.api.errors import UNAUTHORIZED, HttpError
-from dp_governor.api.ingestion.ingest import Ingestor
-from dp_governor.api.ingestion.pipeline import load_sketch
 from dp_governor.budget import Clock, Ledger, UnknownUseCase, utc_day
 from dp_governor.budget.reporting.activity import daily_activity
 from dp_governor.budget.reporting.views import cumulative_series, distribution
 from dp_governor.mechanisms import SfpSketch
+from dp_governor.pipeline.fold import load_sketch
+from dp_governor.pipeline.ingest import Ingestor
 
 __all__ = ["render_page", "router"]
 

@@ -8,8 +8,6 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from dp_governor.api.deps import AdminDep, CachesDep, ClockDep, IngestorDep, UseCaseName
-from dp_governor.api.ingestion.ingest import Ingestor
-from dp_governor.api.ingestion.pipeline import load_sketch
 from dp_governor.api.schemas import (
     Discoveries,
     Discovery,
@@ -21,6 +19,8 @@ from dp_governor.api.schemas import (
 from dp_governor.budget import Clock, InvalidRequest, utc_day
 from dp_governor.budget.clock import day_date
 from dp_governor.mechanisms import SfpSketch
+from dp_governor.pipeline.fold import load_sketch
+from dp_governor.pipeline.ingest import Ingestor
 
 __all__ = ["day_range", "router"]
 

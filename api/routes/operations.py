@@ -11,8 +11,8 @@ from sqlalchemy import func, select
 
 from dp_governor.api.deps import AdminDep, LedgerDep, MetricsDep
 from dp_governor.api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
-from dp_governor.api.ingestion.tables import InboxRow
 from dp_governor.api.jobs import JOBS, JobBusy, LeaseLost, lease_of, release_job, run_job
+from dp_governor.pipeline.tables import InboxRow
 
 __all__ = ["router"]
 

@@ -1,8 +1,8 @@
 """Reports: one device's report, and a relay's batch of many devices' reports.
 
 A single report goes from the route (or the fast lane, :mod:`dp_governor.api.lane`) to
-:func:`accept_report`, the group committer (:mod:`dp_governor.api.ingestion.committer`),
-:meth:`dp_governor.api.ingestion.ingest.Ingestor.submit_group` and the ledger's gate.
+:func:`accept_report`, the group committer (:mod:`dp_governor.api.committer`),
+:meth:`dp_governor.pipeline.ingest.Ingestor.submit_group` and the ledger's gate.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
 from dp_governor.api.bodies import check_json
+from dp_governor.api.committer import GroupCommitter
 from dp_governor.api.deps import (
     AdminDep,
     ClockDep,
@@ -27,14 +28,13 @@ from dp_governor.api.deps import (
     SettingsDep,
     UseCaseName,
 )
-from dp_governor.api.errors import ACCEPTED, REFUSED, TOO_LARGE, HttpError
-from dp_governor.api.ingestion.committer import GroupCommitter
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
+from dp_governor.api.errors import ACCEPTED, INVALID, REFUSED, TOO_LARGE, HttpError, status_of
 from dp_governor.api.metrics import Metrics
 from dp_governor.api.ratelimit import RateLimiter
 from dp_governor.api.schemas import BatchResult, Receipt, ReportBody, batch_body
 from dp_governor.budget import Clock, Decision, InvalidRequest, UnknownUseCase
 from dp_governor.budget.clock import day_date
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
 
 __all__ = ["accept_report", "batch_router", "refusal", "router"]
 
@@ -194,7 +194,7 @@ async def submit_batch(
             accepted += d.accepted
             out.append(
                 {
-                    "status": r.status,
+                    "status": ACCEPTED if d.accepted else REFUSED,
                     "receipt": ingestor.receipt(d) if d.accepted else None,
                     "reason": d.reason,
                     "retry_at": d.retry_at,
@@ -205,7 +205,7 @@ async def submit_batch(
         else:
             out.append(
                 {
-                    "status": r.status,
+                    "status": status_of(r.problem) if r.problem is not None else INVALID,
                     "receipt": None,
                     "reason": None,
                     "retry_at": None,

@@ -242,7 +242,7 @@ class PolicyBook:
 
         The one retention rule, applied by both purges: the ledger's to the spend records
         (:meth:`dp_governor.budget.ledger.Ledger.purge`), the pipeline's to the reports and sketches
-        (``dp_governor.api.ingestion.pipeline.purge``). See :class:`Retention` for why the two
+        (``dp_governor.pipeline.purge``). See :class:`Retention` for why the two
         differ.
         """
         out = {}

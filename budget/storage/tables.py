@@ -26,7 +26,7 @@
 
 The policy tables live with the policies (:mod:`dp_governor.policies.model`,
 :mod:`dp_governor.policies.device`) and the pipeline's with the pipeline
-(``dp_governor.api.ingestion.tables``).
+(``dp_governor.pipeline.tables``).
 """
 
 from __future__ import annotations

@@ -18,20 +18,20 @@ from alembic import command
 from sqlalchemy import Engine, inspect, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest, params_hash
-from dp_governor.api.ingestion.pipeline import (
-    aggregate,
-    decode_payloads,
-    flush_inbox,
-    sketch_digest,
-    sketch_from_bytes,
-    sketch_to_bytes,
-)
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.budget import Decision, Ledger, create_db_engine, init_db, utc_day
 from dp_governor.budget.reporting.central import central_figures
 from dp_governor.budget.storage.db import writer
 from dp_governor.budget.storage.schema import alembic_config
+from dp_governor.pipeline.codec import (
+    decode_payloads,
+    sketch_digest,
+    sketch_from_bytes,
+    sketch_to_bytes,
+)
+from dp_governor.pipeline.flush import flush_inbox
+from dp_governor.pipeline.fold import aggregate
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest, params_hash
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, mechanism_for
 
 SECRET = b"batch-secret-batch-secret-batch-secret"

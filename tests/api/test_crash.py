@@ -16,7 +16,6 @@ import json
 import os
 import random as stdlib_random  # noqa: TID251 - test scheduling only, never privacy
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -35,15 +34,10 @@ from sqlalchemy import text
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import default_policies, mechanism_for
+from tests.api.live import free_port
 
 TOKEN = "crash-admin-token-crash-admin-token"
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -52,7 +46,7 @@ class Server:
     def __init__(self, tmp: Path, url: str | None = None, workers: int = 1) -> None:
         self.tmp = tmp
         self.workers = workers
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {
             **os.environ,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.mechanisms import HCMS
 from dp_governor.policies import PolicyCreate, mechanism_for
+from tests.api.live import free_port
 
 webdriver = pytest.importorskip("selenium.webdriver")
 
@@ -48,12 +48,6 @@ def _mechanism(client: httpx.Client, name: str) -> Any:
     return mechanism_for(PolicyCreate.model_validate(fields))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real uvicorn server on an ephemeral port, seeded over HTTP."""
@@ -69,7 +63,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     # Four days of reports, the last one today: the trend panels get several points.
     clock = FixedClock(datetime.now(UTC) - timedelta(days=DAYS - 1))
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(settings, clock=clock), host="127.0.0.1", port=port, log_level="warning"

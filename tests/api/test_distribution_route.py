@@ -8,7 +8,6 @@ devices, 7 s at the median and twice the memory).
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections import Counter
@@ -30,15 +29,10 @@ from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.budget.reporting.views import distribution
 from dp_governor.policies import PolicyCreate, mechanism_for
+from tests.api.live import free_port
 
 TOKEN = "distribution-admin-token-distribution-0123"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -63,7 +57,7 @@ def served(
 
     monkeypatch.setattr(views, "_spends", counted)
     app = create_app(settings, clock=FixedClock(NOW))
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

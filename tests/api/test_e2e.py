@@ -6,7 +6,6 @@ The caps, the jobs, the estimates, and the unlinkability of the report store.
 from __future__ import annotations
 
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,20 +22,15 @@ from scipy import stats
 
 from dp_governor.api.client import Client, Refusal
 from dp_governor.api.demo.simulation import zipf_indices
+from tests.api.live import free_port
 
 TOKEN = "e2e-admin-token-e2e-admin-token-e2e"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     tmp = tmp_path_factory.mktemp("e2e")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DPGOV_DATABASE_URL": f"sqlite:///{tmp / 'e2e.sqlite'}",

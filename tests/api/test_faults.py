@@ -14,9 +14,9 @@ from pydantic import SecretStr
 from sqlalchemy import Connection, text
 
 from dp_governor.api.app import create_app
-from dp_governor.api.ingestion.ingest import Ingestor
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
+from dp_governor.pipeline.ingest import Ingestor
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 

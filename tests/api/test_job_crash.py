@@ -24,12 +24,12 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.api.jobs import lease_of
 from dp_governor.api.settings import Settings, service_keys
 from dp_governor.budget import Decision, Ledger, create_db_engine
 from dp_governor.budget.storage.db import writer
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, mechanism_for
 
 TOKEN = "job-crash-admin-token-job-crash-admin-token"

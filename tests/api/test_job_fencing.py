@@ -22,8 +22,6 @@ import pytest
 from sqlalchemy import Engine, event, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.api.jobs import (
     RUNTIMES,
     JobBusy,
@@ -35,6 +33,8 @@ from dp_governor.api.jobs import (
 )
 from dp_governor.budget import Decision, FixedClock, Ledger, create_db_engine
 from dp_governor.budget.storage.db import WRITE_OPTION, write_step, writer
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.conftest import PG_URL
 

@@ -22,12 +22,14 @@ import pytest
 from sqlalchemy import Engine, event, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
-from dp_governor.api.ingestion.parquet import export_reports
-from dp_governor.api.ingestion.pipeline import aggregate, flush_inbox, mechanisms_by_params, purge
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.api.integrity import verify_service
 from dp_governor.budget import Decision, Ledger, utc_day
+from dp_governor.pipeline.flush import flush_inbox
+from dp_governor.pipeline.fold import aggregate, mechanisms_by_params
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
+from dp_governor.pipeline.parquet import export_reports
+from dp_governor.pipeline.purge import purge
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, mechanism_for
 
 SECRET = b"stop-secret-stop-secret-stop-secret!"

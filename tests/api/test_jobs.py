@@ -15,8 +15,6 @@ import pytest
 from sqlalchemy import Engine, event, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.api.jobs import (
     JOBS,
     RUNTIMES,
@@ -33,6 +31,8 @@ from dp_governor.api.jobs import (
 )
 from dp_governor.budget import Decision, FixedClock, Ledger, create_db_engine
 from dp_governor.budget.storage.db import WRITE_OPTION, writer
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, mechanism_for
 
 SECRET = b"jobs-secret-jobs-secret-jobs-secret!"

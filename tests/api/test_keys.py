@@ -20,10 +20,10 @@ import pytest
 from sqlalchemy import inspect, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.budget import Decision, Ledger, create_db_engine
 from dp_governor.budget.storage.db import scratch_schema, stored_fingerprints
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import default_policies, dump_policies, mechanism_for
 from tests.conftest import BACKENDS, PG_URL
 

@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import Engine, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.api.integrity import pipeline_problem, verify_service
 from dp_governor.api.jobs import RUNTIMES, Runtime, run_job
 from dp_governor.budget import Decision, FixedClock, Ledger, utc_day
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, PolicyUpdate, mechanism_for
 from dp_governor.policies.device import DeviceBudgetCreate
 

@@ -20,7 +20,8 @@ from sqlalchemy import text
 
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.storage.db import scratch_schema
-from tests.api.test_crash import _free_port, _workload
+from tests.api.live import free_port
+from tests.api.test_crash import _workload
 
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is not set")
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is n
 def test_four_workers_hold_the_caps_and_run_each_job_once(tmp_path: Path) -> None:
     assert PG_URL is not None
     with scratch_schema(PG_URL, "workers") as url:
-        port = _free_port()
+        port = free_port()
         base = f"http://127.0.0.1:{port}"
         env = {
             **os.environ,
@@ -142,7 +143,7 @@ def _children(pid: int) -> list[int]:
 def test_two_workers_start_and_serve_under_load(tmp_path: Path) -> None:
     assert PG_URL is not None
     with scratch_schema(PG_URL, "workers2") as url:
-        port = _free_port()
+        port = free_port()
         base = f"http://127.0.0.1:{port}"
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("DPGOV_")},
@@ -225,7 +226,7 @@ def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path: P
             # --port overrides it for the server's socket; each worker reads it and refuses it
             "DPGOV_PORT": "99999",
         }
-        command = ["serve", "--port", str(_free_port()), "--workers", "2"]
+        command = ["serve", "--port", str(free_port()), "--workers", "2"]
         run = subprocess.run(
             [sys.executable, "-m", "dp_governor.api.cli", *command],
             env=env,

@@ -1,7 +1,7 @@
 """The policy book's retention rule: spend kept for the longest retention ever, data for the latest.
 
 Pure: books built from policy versions, no database (the purges that apply the rule are tested
-in tests/api/test_pipeline.py).
+in tests/pipeline/test_pipeline.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
 from sqlmodel import SQLModel
 
-import dp_governor.api.ingestion.tables  # noqa: F401 - registers the pipeline tables the migrations create too
+import dp_governor.pipeline.tables  # noqa: F401 - registers the pipeline tables the migrations create too
 from dp_governor.budget import Ledger, create_db_engine, init_db
 from dp_governor.budget.storage.schema import (
     SchemaOutdated,

@@ -2,7 +2,7 @@
 
 - ``inbox.sealed``: the report and device pseudonym sealed to the shuffler key (kept outside
   the database); ``inbox.payload`` becomes nullable, and the rows queued before this revision
-  keep theirs until the next flush seals them (``dp_governor.api.ingestion.seal``).
+  keep theirs until the next flush seals them (``dp_governor.pipeline.seal``).
 - ``batch_parts.charge_days``: a part's reports per charge day (JSON); a part published
   before this revision held one charge day, all of its reports.
 - ``shuffled_batches.split``: batches published before this revision were stored in parts by

@@ -17,9 +17,9 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from dp_governor.api.ingestion.ingest import Mechanism
-from dp_governor.api.ingestion.parquet import iter_reports
-from dp_governor.api.ingestion.pipeline import Sketch, sketch_arrays, sketch_from_arrays
+from dp_governor.pipeline.codec import Sketch, sketch_arrays, sketch_from_arrays
+from dp_governor.pipeline.ingest import Mechanism
+from dp_governor.pipeline.parquet import iter_reports
 
 __all__ = [
     "DaskOptions",

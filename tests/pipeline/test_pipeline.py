@@ -22,12 +22,13 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.errors import PolicyChanged
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
-from dp_governor.api.ingestion.pipeline import aggregate, flush_inbox, purge
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.api.integrity import _pipeline_problem, verify_service
 from dp_governor.budget import Decision, Ledger, create_db_engine, utc_day
+from dp_governor.pipeline.flush import flush_inbox
+from dp_governor.pipeline.fold import aggregate
+from dp_governor.pipeline.ingest import Ingestor, PolicyChanged, SubmitRequest
+from dp_governor.pipeline.purge import purge
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, PolicyUpdate, mechanism_for
 
 SECRET = b"pipe-secret-pipe-secret-pipe-secret!"

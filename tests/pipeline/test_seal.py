@@ -8,8 +8,8 @@ import numpy as np
 import orjson
 import pytest
 
-from dp_governor.api.ingestion.ingest import params_hash
-from dp_governor.api.ingestion.seal import InboxSeal, SealError, key_id
+from dp_governor.pipeline.ingest import params_hash
+from dp_governor.pipeline.seal import InboxSeal, SealError, key_id
 from dp_governor.policies import PolicyCreate, mechanism_for
 
 KEY = b"seal-test-key-seal-test-key-seal-test-key"

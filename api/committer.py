@@ -1,12 +1,12 @@
 """Group commit: concurrent single-report submissions share one transaction.
 
 Each request waits on a future; one task drains everything queued so far and charges it with
-:meth:`dp_governor.api.ingestion.ingest.Ingestor.submit_group` in a worker thread, then answers
+:meth:`dp_governor.pipeline.ingest.Ingestor.submit_group` in a worker thread, then answers
 every request. While a group commits, the next one gathers, so groups grow with the load and a lone
 request waits for nobody. A request is answered 202 only after its group committed; a failing
 group fails all of its requests and writes nothing. A policy change during a commit is not such
 a failure: only the changed use case's requests answer 409
-(:class:`dp_governor.api.errors.PolicyChanged`), and the rest of the group is committed without
+(:class:`dp_governor.pipeline.ingest.PolicyChanged`), and the rest of the group is committed without
 them.
 """
 
@@ -17,8 +17,8 @@ import contextlib
 
 import anyio.to_thread
 
-from dp_governor.api.ingestion.ingest import Ingestor, SubmitRequest
 from dp_governor.budget import Clock, Decision
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
 
 __all__ = ["GroupCommitter"]
 

@@ -19,9 +19,15 @@ from typer.testing import CliRunner
 from dp_governor.api.cli import app
 from dp_governor.api.database import init_service_db
 from dp_governor.api.demo.simulation import zipf_indices
-from dp_governor.api.ingestion.distributed import DaskOptions, aggregate_files, group_files
-from dp_governor.api.ingestion.ingest import Ingestor, params_hash
-from dp_governor.api.ingestion.parquet import (
+from dp_governor.api.settings import Settings, service_keys
+from dp_governor.budget import Ledger, create_db_engine, utc_day
+from dp_governor.mechanisms import CMS, HCMS, SFP
+from dp_governor.pipeline.codec import sketch_arrays
+from dp_governor.pipeline.distributed import DaskOptions, aggregate_files, group_files
+from dp_governor.pipeline.flush import flush_inbox
+from dp_governor.pipeline.fold import aggregate, load_sketch, mechanisms_by_params
+from dp_governor.pipeline.ingest import Ingestor, params_hash
+from dp_governor.pipeline.parquet import (
     ExportResult,
     dataset_files,
     export_reports,
@@ -29,17 +35,7 @@ from dp_governor.api.ingestion.parquet import (
     partition_dir,
     write_reports,
 )
-from dp_governor.api.ingestion.pipeline import (
-    aggregate,
-    flush_inbox,
-    load_sketch,
-    mechanisms_by_params,
-    sketch_arrays,
-)
-from dp_governor.api.ingestion.seal import InboxSeal
-from dp_governor.api.settings import Settings, service_keys
-from dp_governor.budget import Ledger, create_db_engine, utc_day
-from dp_governor.mechanisms import CMS, HCMS, SFP
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import default_policies, mechanism_for
 
 SECRET = b"dist-secret-dist-secret-dist-secret!"
@@ -134,7 +130,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             reports = mech.privatize(values, rng=rng).to_dicts()
             items = [{"device_id": f"dev-{i}", "report": r} for i, r in enumerate(reports)]
             results = ingestor.submit_many(name, items, now=now)
-            assert all(r.status == 202 for r in results)
+            assert all(r.decision is not None and r.decision.accepted for r in results)
         flush_inbox(engine, seal=SEAL, now=now)  # a batch a day: each stored under its day
     assert aggregate(ledger).reports == 6 * 700
     yield Service(url, ledger, ingestor, (utc_day(DAY0), utc_day(DAY0) + 1))

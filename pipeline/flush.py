@@ -1,34 +1,22 @@
-"""The private pipeline's jobs: shuffle the inbox into the store, fold sketches, apply retention.
+"""The inbox flush: shuffle a use case's waiting reports into published batches in the store.
 
-Every job writes in short transactions (at most ``STEP_ROWS`` rows each, and for the fold one
-sketch), does its reading, shuffling and sketch arithmetic outside them, and can stop between
-any two of them: the next run takes over where it stopped. Each is safe to run concurrently
-with itself (two processes, or a scheduled run beside ``dpgov jobs run``):
-
-- ``flush_inbox`` reads a use case's inbox, opens its sealed rows' device pseudonyms, checks the
-  minimums of each parameter set's pending reports and shuffles a batch outside any write
-  transaction, then claims it in one small transaction (``inbox_moves``: its inbox ids in
-  shuffled order and its figures), which succeeds only if no other batch and no purge moved the
-  inbox since it was read. It then moves the batch a step per transaction with ``DELETE ...
-  RETURNING``, opening and storing exactly the rows each delete returned, all under the batch's
-  one parameter set and day; the transaction that moves its last report publishes it (its
-  record in ``shuffled_batches``, its part in ``batch_parts``) and clears the claim. A flush
-  that finds a batch being moved carries on with it, whoever started it.
-- ``aggregate`` reads a sketch and the reports of its unfolded batch parts outside any write
-  transaction and adds them, then writes the sketch and marks the parts folded in one
-  transaction, only if the sketch is still the one it read (its count unchanged).
-- ``purge`` deletes past each use case's window a chunk per transaction, part by part.
+``flush_inbox`` reads a use case's inbox, opens its sealed rows' device pseudonyms, checks the
+minimums of each parameter set's pending reports and shuffles a batch outside any write
+transaction, then claims it in one small transaction (``inbox_moves``: its inbox ids in shuffled
+order and its figures), which succeeds only if no other batch and no purge moved the inbox since
+it was read. It then moves the batch a step per transaction with ``DELETE ... RETURNING``,
+opening and storing exactly the rows each delete returned, all under the batch's one parameter
+set and day; the transaction that moves its last report publishes it (its record in
+``shuffled_batches``, its part in ``batch_parts``) and clears the claim. A flush that finds a
+batch being moved carries on with it, whoever started it.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -38,16 +26,6 @@ import orjson
 from sqlalchemy import Connection, Engine, and_, bindparam, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from dp_governor.api.ingestion.ingest import Ingestor, Mechanism, params_hash
-from dp_governor.api.ingestion.seal import InboxSeal, SealError
-from dp_governor.api.ingestion.tables import (
-    BatchPart,
-    InboxMove,
-    InboxOrder,
-    InboxRow,
-    SketchRow,
-    StoredReport,
-)
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import AuditLog, Entry
 from dp_governor.budget.audit.row_tags import RowTags
@@ -56,37 +34,21 @@ from dp_governor.budget.reporting.central import batch_layers
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.budget.storage.tables import ShuffledBatch
-from dp_governor.mechanisms import (
-    CMS,
-    HCMS,
-    CmsReports,
-    CmsSketch,
-    HcmsReports,
-    HcmsSketch,
-    SfpReports,
-    SfpSketch,
+from dp_governor.pipeline.ingest import params_hash
+from dp_governor.pipeline.seal import InboxSeal, SealError
+from dp_governor.pipeline.tables import (
+    STEP_ROWS,
+    BatchPart,
+    InboxMove,
+    InboxOrder,
+    InboxRow,
+    SketchRow,
+    StoredReport,
 )
-from dp_governor.policies import Policy, mechanism_for
+from dp_governor.policies import mechanism_for
 from dp_governor.policies.model import to_micro
-from dp_governor.policies.repository import lock_names
 
-__all__ = [
-    "DEFAULT_MIN_BATCH",
-    "STEP_ROWS",
-    "AggregateResult",
-    "aggregate",
-    "decode_payloads",
-    "flush_inbox",
-    "load_sketch",
-    "part_payloads",
-    "published_parts",
-    "purge",
-    "sketch_arrays",
-    "sketch_digest",
-    "sketch_from_arrays",
-    "sketch_from_bytes",
-    "sketch_to_bytes",
-]
+__all__ = ["DEFAULT_MIN_BATCH", "flush_inbox"]
 
 _INBOX = InboxRow.__table__  # type: ignore[attr-defined]
 _MOVES = InboxMove.__table__  # type: ignore[attr-defined]
@@ -95,17 +57,8 @@ _REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
 _PARTS = BatchPart.__table__  # type: ignore[attr-defined]
 _SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
 _BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
-Sketch = CmsSketch | HcmsSketch | SfpSketch
-STEP_ROWS = 500  # rows one job transaction writes at most (milliseconds on SQLite)
 DEFAULT_MIN_BATCH = 100
-_FOLD_ROUND = 1_000_000  # reports one sketch write adds at most (a part is never split)
-_FOLD_ATTEMPTS = 3
-_READ_PAGE = 20_000
 log = logging.getLogger("dpgov.pipeline")
-
-
-class _Stale(Exception):
-    """Rolls a fold's write back: the sketch or its parts changed since they were read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -630,465 +583,3 @@ def _publish(
     if proof is not None:  # what verify compares shuffled_batches with
         data = {"use_case": use_case, "day": today, **figures}
         proof.audit.append(conn, [Entry("job:flush-inbox", "batch.publish", data)], now=proof.at)
-
-
-def sketch_arrays(sketch: Sketch) -> dict[str, np.ndarray]:
-    """A sketch's whole state as named arrays (what persists and what crosses processes)."""
-    if isinstance(sketch, CmsSketch):
-        return {"counts": np.asarray(sketch.counts), "rows": np.asarray(sketch.row_counts)}
-    if isinstance(sketch, HcmsSketch):
-        return {"sums": np.asarray(sketch.sums), "rows": np.asarray(sketch.row_counts)}
-    arrays = {"word_counts": sketch.word.counts, "word_rows": sketch.word.row_counts}
-    for i, frag in enumerate(sketch.fragments):
-        arrays[f"frag{i}_counts"] = frag.counts
-        arrays[f"frag{i}_rows"] = frag.row_counts
-    return {name: np.asarray(a) for name, a in arrays.items()}
-
-
-def sketch_digest(sketch: Sketch) -> str:
-    """SHA-256 over a sketch's arrays as int64: equal digests mean equal sketches, bit for bit."""
-    h = hashlib.sha256()
-    for name, array in sorted(sketch_arrays(sketch).items()):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
-    return h.hexdigest()
-
-
-def sketch_from_arrays(mechanism: Mechanism, arrays: Mapping[str, np.ndarray]) -> Sketch:
-    """Inverse of :func:`sketch_arrays` for the mechanism's parameters (validated)."""
-    if isinstance(mechanism, CMS):
-        return CmsSketch.from_arrays(mechanism, arrays["counts"], arrays["rows"])
-    if isinstance(mechanism, HCMS):
-        return HcmsSketch.from_arrays(mechanism, arrays["sums"], arrays["rows"])
-    sk = SfpSketch(mechanism)
-    sk.word = CmsSketch.from_arrays(mechanism.word_cms, arrays["word_counts"], arrays["word_rows"])
-    frag = mechanism.fragment_cms
-    sk.fragments = tuple(
-        CmsSketch.from_arrays(frag, arrays[f"frag{i}_counts"], arrays[f"frag{i}_rows"])
-        for i in range(len(sk.fragments))
-    )
-    return sk
-
-
-def sketch_to_bytes(sketch: Sketch) -> bytes:
-    """Compressed arrays of a sketch's state (``numpy.savez_compressed``)."""
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **sketch_arrays(sketch))  # type: ignore[arg-type]
-    return buf.getvalue()
-
-
-def sketch_from_bytes(mechanism: Mechanism, data: bytes) -> Sketch:
-    """Inverse of :func:`sketch_to_bytes` for the mechanism's parameters."""
-    with np.load(io.BytesIO(data)) as arrays:
-        return sketch_from_arrays(mechanism, arrays)
-
-
-def _cms_batch(bodies: list[dict[str, Any]], m: int) -> CmsReports:
-    j = np.fromiter((b["j"] for b in bodies), dtype=np.int64, count=len(bodies))
-    raw = b"".join(base64.b64decode(b["bits"]) for b in bodies)
-    bits = np.frombuffer(raw, dtype=np.uint8).reshape(len(bodies), (m + 7) // 8)
-    return CmsReports(j, bits, m)
-
-
-def decode_payloads(
-    mechanism: Mechanism, payloads: Iterable[str | bytes]
-) -> CmsReports | HcmsReports | SfpReports:
-    """Stored JSON payloads (already validated at ingestion) as one report batch."""
-    bodies = [orjson.loads(p) for p in payloads]
-    n = len(bodies)
-    if isinstance(mechanism, CMS):
-        return _cms_batch(bodies, mechanism.m)
-    if isinstance(mechanism, HCMS):
-        return HcmsReports(
-            np.fromiter((b["j"] for b in bodies), dtype=np.int64, count=n),
-            np.fromiter((b["l"] for b in bodies), dtype=np.int64, count=n),
-            np.fromiter((b["bit"] for b in bodies), dtype=np.int8, count=n),
-        )
-    return SfpReports(
-        _cms_batch([b["word"] for b in bodies], mechanism.m),
-        _cms_batch([b["fragment"] for b in bodies], mechanism.m_fragment),
-        np.fromiter((b["position"] for b in bodies), dtype=np.int64, count=n),
-    )
-
-
-def mechanisms_by_params(ledger: Ledger, use_case: str) -> dict[str, Mechanism]:
-    """Every parameter set a use case ever had, by its hash (reports keep theirs)."""
-    out: dict[str, Mechanism] = {}
-    for version in ledger.policies.versions(use_case):
-        mech = mechanism_for(version)
-        out[params_hash(mech)] = mech
-    return out
-
-
-def published_parts(
-    conn: Connection, use_case: str, first_day: int, last_day: int
-) -> dict[tuple[int, str], list[tuple[int, int]]]:
-    """A use case's published batch parts by (day, parameter hash): ``(batch, reports)`` each."""
-    rows = conn.execute(
-        select(_PARTS.c.day, _PARTS.c.params, _PARTS.c.batch, _PARTS.c.reports)
-        .where(
-            and_(_PARTS.c.use_case == use_case, _PARTS.c.day >= first_day, _PARTS.c.day <= last_day)
-        )
-        .order_by(_PARTS.c.day, _PARTS.c.params, _PARTS.c.batch)
-    )
-    out: dict[tuple[int, str], list[tuple[int, int]]] = {}
-    for day, params, batch, reports in rows:
-        out.setdefault((int(day), str(params)), []).append((int(batch), int(reports)))
-    return out
-
-
-def part_payloads(
-    engine: Engine, batch: int, params: str, day: int, page: int = _READ_PAGE
-) -> Iterator[list[str]]:
-    """The stored payloads of one batch part, ``page`` at a time (one read transaction)."""
-    query = select(_REPORTS.c.payload).where(
-        and_(_REPORTS.c.batch == batch, _REPORTS.c.params == params, _REPORTS.c.day == day)
-    )
-    with engine.connect() as conn, conn.execution_options(yield_per=page).execute(query) as result:
-        for rows in result.partitions():
-            yield [r[0] for r in rows]
-
-
-@dataclass(frozen=True, slots=True)
-class AggregateResult:
-    """Reports folded into sketches by one ``aggregate`` run, and the use cases that failed.
-
-    ``failed`` maps a use case to the error that stopped its folding (its reports stay
-    unfolded for the next run); the other use cases were folded regardless.
-    """
-
-    reports: int
-    sketches: int
-    failed: dict[str, str] = field(default_factory=dict)
-
-
-def aggregate(
-    ledger: Ledger, *, progress: Callable[[int, int], None] | None = None
-) -> AggregateResult:
-    """Fold every unfolded published batch part into its (use case, parameters, day) sketch.
-
-    Each group is folded on its own: an error in one (a sketch too large for memory, a
-    corrupt report) is logged and reported in the result, and the other groups go on.
-    ``progress`` is called with the unfolded reports handled so far and those found, before
-    each group and at the end.
-    """
-    engine = ledger.engine
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(
-                _PARTS.c.use_case, _PARTS.c.params, _PARTS.c.day, _PARTS.c.batch, _PARTS.c.reports
-            )
-            .where(_PARTS.c.folded.is_(False))
-            .order_by(_PARTS.c.use_case, _PARTS.c.params, _PARTS.c.day, _PARTS.c.batch)
-        ).all()
-    groups: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
-    for r in rows:
-        groups.setdefault((str(r.use_case), str(r.params), int(r.day)), []).append(
-            (int(r.batch), int(r.reports))
-        )
-    folded = 0
-    touched = 0
-    failed: dict[str, str] = {}
-    known: dict[str, dict[str, Mechanism]] = {}
-    total, handled = sum(n for parts in groups.values() for _, n in parts), 0
-    for group, parts in groups.items():
-        if progress is not None:  # before each group, and once all are done
-            progress(handled, total)
-        handled += sum(n for _, n in parts)
-        use_case, params, day = group
-        if use_case in failed:
-            continue
-        try:
-            if use_case not in known:
-                known[use_case] = mechanisms_by_params(ledger, use_case)
-            mechanism = known[use_case].get(params)
-            if mechanism is None:
-                continue  # parameters of no known version: leave the reports for inspection
-            n = sum(_fold_round(engine, mechanism, group, r) for r in _rounds(parts))
-        except Exception as exc:  # one use case's failure never stops the others
-            log.exception("aggregate: folding %s (day %d) failed", use_case, day)
-            failed[use_case] = f"{type(exc).__name__}: {exc}"
-            continue
-        folded += n
-        touched += n > 0
-    if progress is not None:
-        progress(total, total)
-    return AggregateResult(folded, touched, failed)
-
-
-def _rounds(parts: list[tuple[int, int]]) -> Iterator[list[int]]:
-    """The parts' batches in rounds of about ``_FOLD_ROUND`` reports (whole parts, at least one)."""
-    current: list[int] = []
-    size = 0
-    for batch, reports in parts:
-        if current and size + reports > _FOLD_ROUND:
-            yield current
-            current, size = [], 0
-        current.append(batch)
-        size += reports
-    if current:
-        yield current
-
-
-def _fold_round(
-    engine: Engine, mechanism: Mechanism, group: tuple[str, str, int], batches: list[int]
-) -> int:
-    """Add some parts of a group to its sketch; how many reports (0 if they changed meanwhile).
-
-    The sketch and the parts' reports are read and added outside any write transaction; the
-    write (:func:`_write_sketch`) goes through only if neither changed, else this tries again
-    with what is then left to fold, a few times, and leaves the rest to the next run.
-    """
-    use_case, params, day = group
-    for _ in range(_FOLD_ATTEMPTS):
-        with engine.connect() as conn:
-            batches = [
-                int(b)
-                for b in conn.execute(
-                    select(_PARTS.c.batch).where(
-                        and_(
-                            _PARTS.c.batch.in_(batches),
-                            _PARTS.c.params == params,
-                            _PARTS.c.day == day,
-                            _PARTS.c.folded.is_(False),
-                        )
-                    )
-                ).scalars()
-            ]
-            if not batches:
-                return 0
-            existing = conn.execute(
-                select(_SKETCHES.c.n, _SKETCHES.c.state).where(_group(use_case, params, day))
-            ).first()
-        sketch: Any = (
-            sketch_from_bytes(mechanism, existing.state) if existing else mechanism.sketch()
-        )
-        for batch in batches:
-            for payloads in part_payloads(engine, batch, params, day):
-                sketch.add(decode_payloads(mechanism, payloads))
-        before = None if existing is None else int(existing.n)
-        if _write_sketch(engine, group, before, sketch, batches):
-            return int(sketch.n) - (before or 0)
-    log.warning(
-        "aggregate: the sketch of %s (day %d) changed under the fold %d times; its reports"
-        " wait for the next run",
-        use_case,
-        day,
-        _FOLD_ATTEMPTS,
-    )
-    return 0
-
-
-def _group(use_case: str, params: str, day: int) -> Any:
-    """The condition selecting one (use case, parameters, day) sketch."""
-    return and_(
-        _SKETCHES.c.use_case == use_case, _SKETCHES.c.params == params, _SKETCHES.c.day == day
-    )
-
-
-def _write_sketch(
-    engine: Engine,
-    group: tuple[str, str, int],
-    before: int | None,
-    sketch: Sketch,
-    batches: list[int],
-) -> bool:
-    """Write the sketch and mark its parts folded, if the sketch still counts ``before``.
-
-    One transaction under the group's lock (PostgreSQL; SQLite's writers are serial): the count
-    read must be the one the sketch was built from (``None``: no sketch yet), and every part
-    must still be unfolded (a concurrent fold or purge changes one or the other); otherwise
-    nothing is written. The counts only grow, so an unchanged count is an unchanged sketch.
-    """
-    use_case, params, day = group
-    state = sketch_to_bytes(sketch)  # compressed before the transaction
-    try:
-        with write_step(engine) as conn:
-            lock_names(conn, [f"sketch:{use_case}:{params}:{day}"])
-            current = conn.execute(
-                select(_SKETCHES.c.n).where(_group(use_case, params, day))
-            ).scalar_one_or_none()
-            if current != before:
-                raise _Stale
-            flipped = conn.execute(
-                update(_PARTS)
-                .where(
-                    and_(
-                        _PARTS.c.batch.in_(batches),
-                        _PARTS.c.params == params,
-                        _PARTS.c.day == day,
-                        _PARTS.c.folded.is_(False),
-                    )
-                )
-                .values(folded=True)
-            ).rowcount
-            if flipped != len(batches):
-                raise _Stale
-            if current is None:
-                conn.execute(
-                    _SKETCHES.insert().values(
-                        use_case=use_case, params=params, day=day, n=sketch.n, state=state
-                    )
-                )
-            else:
-                conn.execute(
-                    update(_SKETCHES)
-                    .where(_group(use_case, params, day))
-                    .values(n=sketch.n, state=state)
-                )
-    except _Stale:
-        return False
-    return True
-
-
-def load_sketch(
-    ledger: Ledger, ingestor: Ingestor, policy: Policy, first_day: int, last_day: int
-) -> tuple[Sketch, list[int]]:
-    """The merged sketch of the policy's current parameters over ``first_day..last_day``."""
-    mechanism, params = ingestor.mechanism(policy)
-    merged: Any = mechanism.sketch()
-    days: list[int] = []
-    with ledger.engine.connect() as conn:
-        rows = conn.execute(
-            select(_SKETCHES.c.day, _SKETCHES.c.state)
-            .where(
-                and_(
-                    _SKETCHES.c.use_case == policy.name,
-                    _SKETCHES.c.params == params,
-                    _SKETCHES.c.day >= first_day,
-                    _SKETCHES.c.day <= last_day,
-                )
-            )
-            .order_by(_SKETCHES.c.day)
-        )
-        for day, state in rows:
-            merged.merge(sketch_from_bytes(mechanism, state))
-            days.append(int(day))
-    return merged, days
-
-
-def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, int]:
-    """Retention: the ledger's purge of the spend records, then of the reports themselves.
-
-    Both follow the book's one rule (:meth:`dp_governor.budget.rule.book.PolicyBook.purge_through`)
-    over every use case ever defined, retired ones included: the ledger keeps spend records for the
-    longest retention ever, the inbox rows, stored reports and sketches go at the latest
-    version's retention (``data_through``; docs/decisions/retention.md). Deletes go ``rows`` a
-    transaction; a use case's inbox is left alone while a batch of it is being moved (the next
-    purge takes those rows), and its stored reports go part by part, each part's row with its
-    last reports. The audit entry counts what this run deleted.
-    """
-    result = ledger.purge(now=now, rows=rows)
-    engine = ledger.engine
-    day = utc_day(now)
-    reports = sketches = inbox = 0
-    with engine.connect() as conn:
-        kept = ledger.gate.book(conn).purge_through(day)
-    for name, retention in kept.items():
-        cutoff = retention.data_through
-        inbox += _purge_inbox(engine, name, cutoff, rows)
-        reports += _purge_reports(engine, name, cutoff, rows)
-        with write_step(engine) as conn:
-            sketches += conn.execute(
-                delete(_SKETCHES).where(
-                    and_(_SKETCHES.c.use_case == name, _SKETCHES.c.day <= cutoff)
-                )
-            ).rowcount
-    with write_step(engine) as conn:
-        data = {"day": day, "reports": reports, "sketches": sketches, "inbox": inbox}
-        ledger.audit.append(conn, [Entry("job:purge", "purge.reports", data)], now=now)
-    with engine.connect() as conn:
-        inbox_depth = conn.execute(select(func.count()).select_from(_INBOX)).scalar_one()
-    return {
-        "charges": result.charges,
-        "daily_spend": result.daily_spend,
-        "idempotency": result.idempotency,
-        "reports": reports,
-        "sketches": sketches,
-        "inbox": inbox,
-        "inbox_depth": int(inbox_depth),
-    }
-
-
-def _purge_inbox(engine: Engine, use_case: str, cutoff: int, rows: int) -> int:
-    """Delete a use case's inbox rows on or before ``cutoff``, unless a batch of it is moving.
-
-    Each transaction raises the use case's generation (:class:`InboxMove`), so a flush that
-    read these rows before plans its batch again instead of claiming rows that are gone.
-    """
-    with engine.connect() as conn:
-        ids = (
-            conn.execute(
-                select(_INBOX.c.id).where(
-                    and_(_INBOX.c.use_case == use_case, _INBOX.c.day <= cutoff)
-                )
-            )
-            .scalars()
-            .all()
-        )
-    deleted = 0
-    for start in range(0, len(ids), rows):
-        with write_step(engine) as conn:
-            if not _next_generation(conn, use_case):
-                return deleted  # a batch is being moved: its rows are the next purge's
-            deleted += conn.execute(
-                delete(_INBOX).where(_INBOX.c.id.in_(ids[start : start + rows]))
-            ).rowcount
-    return deleted
-
-
-def _next_generation(conn: Connection, use_case: str) -> bool:
-    """Raise a use case's inbox generation in ``conn``; ``False`` while a batch is moving."""
-    raised = conn.execute(
-        update(_MOVES)
-        .where(and_(_MOVES.c.use_case == use_case, _MOVES.c.batch.is_(None)))
-        .values(generation=_MOVES.c.generation + 1)
-    ).rowcount
-    if raised:
-        return True
-    if conn.execute(select(_MOVES.c.use_case).where(_MOVES.c.use_case == use_case)).first():
-        return False
-    try:
-        with conn.begin_nested():
-            conn.execute(_MOVES.insert().values(use_case=use_case, generation=1, moved=0))
-    except IntegrityError:  # a flush claimed the use case's first batch meanwhile
-        return False
-    return True
-
-
-def _purge_reports(engine: Engine, use_case: str, cutoff: int, rows: int) -> int:
-    """Delete a use case's stored reports on or before ``cutoff``, part by part."""
-    with engine.connect() as conn:
-        parts = conn.execute(
-            select(_PARTS.c.batch, _PARTS.c.params, _PARTS.c.day).where(
-                and_(_PARTS.c.use_case == use_case, _PARTS.c.day <= cutoff)
-            )
-        ).all()
-    deleted = 0
-    for part in parts:
-        in_part = and_(
-            _REPORTS.c.batch == part.batch,
-            _REPORTS.c.params == part.params,
-            _REPORTS.c.day == part.day,
-        )
-        while True:
-            with write_step(engine) as conn:
-                n = conn.execute(
-                    delete(_REPORTS).where(
-                        _REPORTS.c.id.in_(select(_REPORTS.c.id).where(in_part).limit(rows))
-                    )
-                ).rowcount
-                if n < rows:  # the part's last reports: the part goes with them
-                    conn.execute(
-                        delete(_PARTS).where(
-                            and_(
-                                _PARTS.c.batch == part.batch,
-                                _PARTS.c.params == part.params,
-                                _PARTS.c.day == part.day,
-                            )
-                        )
-                    )
-            deleted += n
-            if n < rows:
-                break
-    return deleted

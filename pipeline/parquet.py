@@ -21,9 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import Engine
 
-from dp_governor.api.ingestion.ingest import Mechanism, params_hash
-from dp_governor.api.ingestion.pipeline import decode_payloads, part_payloads, published_parts
 from dp_governor.mechanisms import CMS, HCMS, CmsReports, HcmsReports, SfpReports
+from dp_governor.pipeline.codec import decode_payloads
+from dp_governor.pipeline.fold import part_payloads, published_parts
+from dp_governor.pipeline.ingest import Mechanism, params_hash
 
 __all__ = [
     "ExportResult",

@@ -4,7 +4,7 @@ Trust boundary: none of these has a device column, a timestamp finer than the UT
 key shared with the ledger. The inbox row is written in the charge's transaction (so there is
 never a charge without its report) under a random id (a sequential one would pair with the
 charge's id), and its report and per-use-case device pseudonym are sealed to the shuffler key,
-which the database does not hold (:mod:`dp_governor.api.ingestion.seal`): a copy of the database
+which the database does not hold (:mod:`dp_governor.pipeline.seal`): a copy of the database
 pairs a charge with ciphertext only. The ``flush-inbox`` job opens them, counts distinct devices,
 and moves a use case's inbox rows of one parameter set to ``reports`` as one CSPRNG-shuffled batch
 with random ids once enough are pending, all stored under one day (the batch's first charge
@@ -19,6 +19,7 @@ from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, LargeBinary,
 from sqlmodel import Field, SQLModel
 
 __all__ = [
+    "STEP_ROWS",
     "BatchPart",
     "InboxMove",
     "InboxOrder",
@@ -28,13 +29,15 @@ __all__ = [
     "StoredReport",
 ]
 
+STEP_ROWS = 500  # rows one job transaction writes at most (milliseconds on SQLite)
+
 
 class InboxRow(SQLModel, table=True):
     """A report accepted by the gate, waiting to be shuffled into the store.
 
     ``id`` is a random 63-bit integer the writer draws (``secrets.randbits(63)``); on SQLite
     it is the rowid, so the table's own order is random too. ``sealed`` holds the report and
-    device pseudonym (:class:`dp_governor.api.ingestion.seal.InboxSeal`); rows queued before sealing
+    device pseudonym (:class:`dp_governor.pipeline.seal.InboxSeal`); rows queued before sealing
     hold them in ``payload`` and ``device_tag`` instead, until the next flush seals them.
     """
 

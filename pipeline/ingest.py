@@ -2,7 +2,7 @@
 
 The charge and the inbox row commit together (the gate's ``on_accept``), so an acknowledged
 report always has both, and a refused or failed one has neither. The inbox row's report and
-device pseudonym are sealed to the shuffler key (:mod:`dp_governor.api.ingestion.seal`): what
+device pseudonym are sealed to the shuffler key (:mod:`dp_governor.pipeline.seal`): what
 commits with the charge is ciphertext that nobody reading the database can open.
 """
 
@@ -18,8 +18,6 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Connection
 
-from dp_governor.api.errors import ACCEPTED, INVALID, REFUSED, PolicyChanged, status_of
-from dp_governor.api.ingestion.seal import InboxSeal
 from dp_governor.budget import Decision, Ledger
 from dp_governor.budget.errors import (
     BudgetError,
@@ -33,6 +31,7 @@ from dp_governor.budget.rule.book import Terms
 from dp_governor.budget.storage.db import placeholder
 from dp_governor.mechanisms import CMS, HCMS, SFP, InvalidReport, family_id
 from dp_governor.mechanisms.published import FAMILY_FIELD
+from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import Policy, mechanism_for
 from dp_governor.policies.errors import PolicyError
 
@@ -82,11 +81,22 @@ class SubmitRequest(NamedTuple):
     idempotency_key: str | None = None
 
 
+class PolicyChanged(BudgetError):
+    """The policy changed between validation and charge; the client may retry at once."""
+
+    def __init__(self, use_case: str) -> None:
+        super().__init__(f"the policy of {use_case!r} changed during the request; retry")
+        self.use_case = use_case
+
+
 class ItemResult(NamedTuple):
-    """The outcome of one item of a batch: a decision, or an error naming a field."""
+    """The outcome of one item of a batch: a decision, or the domain error and the field at fault.
+
+    The service maps ``problem`` to its HTTP status; the pipeline knows no HTTP.
+    """
 
     decision: Decision | None = None
-    status: int = ACCEPTED
+    problem: BudgetError | InvalidReport | None = None
     error: str | None = None
     field: str | None = None
 
@@ -351,16 +361,18 @@ class Ingestor:
         allowed = {"device_id", "report", "idempotency_key"}
         for i, item in enumerate(items):
             if not isinstance(item, dict):
-                out[i] = ItemResult(None, INVALID, "must be an object", f"items[{i}]")
+                problem = InvalidRequest(f"items[{i}]", "must be an object")
+                out[i] = ItemResult(None, problem, problem.reason, problem.field)
                 continue
             if "device_id" not in item or len(item) > 3 or not allowed.issuperset(item):
                 extra = sorted(set(item) - allowed)
                 if extra:
-                    out[i] = ItemResult(
-                        None, INVALID, "is not a field of a batch item", f"items[{i}].{extra[0]}"
+                    problem = InvalidRequest(
+                        f"items[{i}].{extra[0]}", "is not a field of a batch item"
                     )
                 else:
-                    out[i] = ItemResult(None, INVALID, "is required", f"items[{i}].device_id")
+                    problem = InvalidRequest(f"items[{i}].device_id", "is required")
+                out[i] = ItemResult(None, problem, problem.reason, problem.field)
                 continue
             requests.append(
                 SubmitRequest(
@@ -371,21 +383,19 @@ class Ingestor:
         results = self.submit_group(requests, now=now) if requests else []
         for i, result in zip(positions, results, strict=True):
             if isinstance(result, Decision):
-                out[i] = ItemResult(result, ACCEPTED if result.accepted else REFUSED)
-                continue
-            status = status_of(result)  # the HTTP mapping's status, item by item
-            if status is None:
-                raise result
-            if isinstance(result, InvalidReport):
+                out[i] = ItemResult(result)
+            elif isinstance(result, InvalidReport):
                 out[i] = ItemResult(
-                    None, status, result.reason, f"items[{i}].report.{result.field}"
+                    None, result, result.reason, f"items[{i}].report.{result.field}"
                 )
             elif isinstance(result, InvalidRequest):
-                out[i] = ItemResult(None, status, result.reason, f"items[{i}].{result.field}")
+                out[i] = ItemResult(None, result, result.reason, f"items[{i}].{result.field}")
             elif isinstance(result, IdempotencyConflict):
-                out[i] = ItemResult(None, status, str(result), f"items[{i}].idempotency_key")
+                out[i] = ItemResult(None, result, str(result), f"items[{i}].idempotency_key")
+            elif isinstance(result, BudgetError):  # an unknown use case, a policy change
+                out[i] = ItemResult(None, result, str(result), None)
             else:
-                out[i] = ItemResult(None, status, str(result), None)
+                raise result
         final: list[ItemResult] = []
         for r in out:
             assert r is not None

@@ -1,0 +1,159 @@
+"""Retention: spend records, inbox rows, stored reports and sketches past each window deleted."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Connection, Engine, and_, delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+
+from dp_governor.budget import Ledger, utc_day
+from dp_governor.budget.audit.log import Entry
+from dp_governor.budget.storage.db import write_step
+from dp_governor.budget.storage.tables import ShuffledBatch
+from dp_governor.pipeline.tables import (
+    STEP_ROWS,
+    BatchPart,
+    InboxMove,
+    InboxOrder,
+    InboxRow,
+    SketchRow,
+    StoredReport,
+)
+
+__all__ = ["purge"]
+
+_INBOX = InboxRow.__table__  # type: ignore[attr-defined]
+_MOVES = InboxMove.__table__  # type: ignore[attr-defined]
+_ORDERS = InboxOrder.__table__  # type: ignore[attr-defined]
+_REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
+_PARTS = BatchPart.__table__  # type: ignore[attr-defined]
+_SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
+_BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
+
+
+def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, int]:
+    """Retention: the ledger's purge of the spend records, then of the reports themselves.
+
+    Both follow the book's one rule (:meth:`dp_governor.budget.rule.book.PolicyBook.purge_through`)
+    over every use case ever defined, retired ones included: the ledger keeps spend records for the
+    longest retention ever, the inbox rows, stored reports and sketches go at the latest
+    version's retention (``data_through``; docs/decisions/retention.md). Deletes go ``rows`` a
+    transaction; a use case's inbox is left alone while a batch of it is being moved (the next
+    purge takes those rows), and its stored reports go part by part, each part's row with its
+    last reports. The audit entry counts what this run deleted.
+    """
+    result = ledger.purge(now=now, rows=rows)
+    engine = ledger.engine
+    day = utc_day(now)
+    reports = sketches = inbox = 0
+    with engine.connect() as conn:
+        kept = ledger.gate.book(conn).purge_through(day)
+    for name, retention in kept.items():
+        cutoff = retention.data_through
+        inbox += _purge_inbox(engine, name, cutoff, rows)
+        reports += _purge_reports(engine, name, cutoff, rows)
+        with write_step(engine) as conn:
+            sketches += conn.execute(
+                delete(_SKETCHES).where(
+                    and_(_SKETCHES.c.use_case == name, _SKETCHES.c.day <= cutoff)
+                )
+            ).rowcount
+    with write_step(engine) as conn:
+        data = {"day": day, "reports": reports, "sketches": sketches, "inbox": inbox}
+        ledger.audit.append(conn, [Entry("job:purge", "purge.reports", data)], now=now)
+    with engine.connect() as conn:
+        inbox_depth = conn.execute(select(func.count()).select_from(_INBOX)).scalar_one()
+    return {
+        "charges": result.charges,
+        "daily_spend": result.daily_spend,
+        "idempotency": result.idempotency,
+        "reports": reports,
+        "sketches": sketches,
+        "inbox": inbox,
+        "inbox_depth": int(inbox_depth),
+    }
+
+
+def _purge_inbox(engine: Engine, use_case: str, cutoff: int, rows: int) -> int:
+    """Delete a use case's inbox rows on or before ``cutoff``, unless a batch of it is moving.
+
+    Each transaction raises the use case's generation (:class:`InboxMove`), so a flush that
+    read these rows before plans its batch again instead of claiming rows that are gone.
+    """
+    with engine.connect() as conn:
+        ids = (
+            conn.execute(
+                select(_INBOX.c.id).where(
+                    and_(_INBOX.c.use_case == use_case, _INBOX.c.day <= cutoff)
+                )
+            )
+            .scalars()
+            .all()
+        )
+    deleted = 0
+    for start in range(0, len(ids), rows):
+        with write_step(engine) as conn:
+            if not _next_generation(conn, use_case):
+                return deleted  # a batch is being moved: its rows are the next purge's
+            deleted += conn.execute(
+                delete(_INBOX).where(_INBOX.c.id.in_(ids[start : start + rows]))
+            ).rowcount
+    return deleted
+
+
+def _next_generation(conn: Connection, use_case: str) -> bool:
+    """Raise a use case's inbox generation in ``conn``; ``False`` while a batch is moving."""
+    raised = conn.execute(
+        update(_MOVES)
+        .where(and_(_MOVES.c.use_case == use_case, _MOVES.c.batch.is_(None)))
+        .values(generation=_MOVES.c.generation + 1)
+    ).rowcount
+    if raised:
+        return True
+    if conn.execute(select(_MOVES.c.use_case).where(_MOVES.c.use_case == use_case)).first():
+        return False
+    try:
+        with conn.begin_nested():
+            conn.execute(_MOVES.insert().values(use_case=use_case, generation=1, moved=0))
+    except IntegrityError:  # a flush claimed the use case's first batch meanwhile
+        return False
+    return True
+
+
+def _purge_reports(engine: Engine, use_case: str, cutoff: int, rows: int) -> int:
+    """Delete a use case's stored reports on or before ``cutoff``, part by part."""
+    with engine.connect() as conn:
+        parts = conn.execute(
+            select(_PARTS.c.batch, _PARTS.c.params, _PARTS.c.day).where(
+                and_(_PARTS.c.use_case == use_case, _PARTS.c.day <= cutoff)
+            )
+        ).all()
+    deleted = 0
+    for part in parts:
+        in_part = and_(
+            _REPORTS.c.batch == part.batch,
+            _REPORTS.c.params == part.params,
+            _REPORTS.c.day == part.day,
+        )
+        while True:
+            with write_step(engine) as conn:
+                n = conn.execute(
+                    delete(_REPORTS).where(
+                        _REPORTS.c.id.in_(select(_REPORTS.c.id).where(in_part).limit(rows))
+                    )
+                ).rowcount
+                if n < rows:  # the part's last reports: the part goes with them
+                    conn.execute(
+                        delete(_PARTS).where(
+                            and_(
+                                _PARTS.c.batch == part.batch,
+                                _PARTS.c.params == part.params,
+                                _PARTS.c.day == part.day,
+                            )
+                        )
+                    )
+            deleted += n
+            if n < rows:
+                break
+    return deleted

@@ -1,0 +1,1 @@
+"""Tests of the private pipeline: ingest, seal, flush, fold, purge, export."""
