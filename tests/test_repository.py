@@ -37,6 +37,7 @@ def test_every_package_imports_first_in_a_fresh_interpreter() -> None:
         "dp_governor.policies",
         "dp_governor.budget",
         "dp_governor.mechanisms",
+        "dp_governor.pipeline",
         "dp_governor.api",
         "dp_governor.api.app",
         "dp_governor.api.cli",
