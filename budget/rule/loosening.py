@@ -10,7 +10,10 @@ the version it had), the guarantee its budget states gets weaker in any of its t
 - **what the caps allow one device** over 1 day, over the old and the new window and over a
   year (the worst case of every schedule the budget's caps accept, for an individual:
   :func:`dp_governor.budget.privacy.allowance.allowance`), and over its lifetime (the lifetime
-  cap; none is unbounded); and a window cap's window shortened at all, since spend charged before
+  cap; none is unbounded); **each cap on its own** (the daily count, the window cap, the lifetime
+  cap raised or removed: a device's spend was charged at the epsilons of its time, so a cap that
+  held it can rise while the allowance at today's epsilons falls); and a window cap's window
+  shortened at all, since spend charged before
   the edit then stops counting in full (a device at the old cap is admitted again at once, however
   the new cap is scaled);
 - **the filters**: a window or lifetime ``(epsilon, delta)`` target removed, or admitting a
@@ -85,6 +88,7 @@ def _weaker(before: PolicyBook, after: PolicyBook, name: str) -> Iterator[str]:
             rises.append(f"{span} {from_micro(was_micro):g} -> {from_micro(now_micro):g}")
     if rises:
         yield f"what one device may spend on budget {budget_key(new)!r} rises: {', '.join(rises)}"
+    yield from _caps_raised(old, new)
     if old.window_epsilon_cap is not None and new.retention_days < old.retention_days:
         yield (
             f"the window cap's window shortens from {old.retention_days} to"
@@ -101,6 +105,24 @@ def _weaker(before: PolicyBook, after: PolicyBook, name: str) -> Iterator[str]:
             continue  # its whole history still counts
         what = f"{use_case}'s spend" if budget == "*" else f"{use_case}'s spend under {budget!r}"
         yield f"its caps no longer count {what}"
+
+
+def _caps_raised(old: Policy, new: Policy) -> Iterator[str]:
+    """Each cap on its own: one raised frees a device it held, whatever the others now hold.
+
+    A device's counted spend was charged at the epsilons of its time, so the allowance at
+    today's epsilons can fall while a cap that bound this device rises (a device at the daily
+    count cap with cheap reports is admitted under a larger count and a new window cap).
+    """
+    if new.max_reports_per_day > old.max_reports_per_day:
+        yield (
+            f"`max_reports_per_day` raised from {old.max_reports_per_day} to"
+            f" {new.max_reports_per_day}"
+        )
+    was, now = old.window_epsilon_cap, new.window_epsilon_cap
+    if was is not None and (now is None or now > was):
+        change = "removed" if now is None else f"raised to {now:g}"
+        yield f"`window_epsilon_cap` {change} (was {was:g})"
 
 
 def _term(policy: Policy, field: str) -> float:

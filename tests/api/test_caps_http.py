@@ -30,8 +30,8 @@ from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import PolicyCreate, mechanism_for
-from tests.api.live import free_port
 from tests.conftest import BACKENDS, PG_URL
+from tests.live import free_port
 
 TOKEN = "caps-admin-token-caps-admin-token-caps-admin"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

@@ -14,7 +14,7 @@ import numpy as np
 
 from dp_governor.budget.privacy.amplification import shuffle_epsilon
 from dp_governor.policies import PolicyCreate, mechanism_for
-from tests.api.live import ADMIN_TOKEN, serve
+from tests.live import ADMIN_TOKEN, serve
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 POLICY: dict[str, Any] = {

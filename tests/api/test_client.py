@@ -28,7 +28,7 @@ from dp_governor.api.client import (
 )
 from dp_governor.api.demo.simulation import zipf_indices
 from dp_governor.mechanisms import HCMS, family_id
-from tests.api.live import ADMIN_TOKEN, serve
+from tests.live import ADMIN_TOKEN, serve
 
 SAFARI = "safari-energy-domains"
 

@@ -27,7 +27,7 @@ from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.mechanisms import HCMS
 from dp_governor.policies import PolicyCreate, mechanism_for
-from tests.api.live import free_port
+from tests.live import free_port
 
 webdriver = pytest.importorskip("selenium.webdriver")
 

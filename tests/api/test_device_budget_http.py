@@ -12,8 +12,8 @@ import httpx
 
 from dp_governor.budget import create_db_engine
 from dp_governor.policies.device import DeviceBudgetCreate, write_device_budget
-from tests.api.live import ADMIN_TOKEN, serve
 from tests.api.test_truth_http import AUDIT_KEY, SECRET, T, _report, _submit
+from tests.live import ADMIN_TOKEN, serve
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

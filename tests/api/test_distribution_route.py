@@ -29,7 +29,7 @@ from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.budget.reporting.views import distribution
 from dp_governor.policies import PolicyCreate, mechanism_for
-from tests.api.live import free_port
+from tests.live import free_port
 
 TOKEN = "distribution-admin-token-distribution-0123"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

@@ -21,8 +21,8 @@ import pytest
 
 from dp_governor.mechanisms import CMS
 from dp_governor.policies import PolicyCreate, mechanism_for
-from tests.api.live import START, Served, free_port, server_env
-from tests.api.live import serve as live_serve
+from tests.live import START, Served, free_port, server_env
+from tests.live import serve as live_serve
 
 TOKEN = "limits-admin-token-limits-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

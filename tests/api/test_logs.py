@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from dp_governor.api.client import Client
-from tests.api.live import ADMIN_TOKEN, serve
+from tests.live import ADMIN_TOKEN, serve
 
 DEVICE = "device-7f3a-logs-must-not-name-me"
 

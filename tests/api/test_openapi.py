@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from dp_governor.api.app import create_app
 from dp_governor.api.settings import Settings
-from tests.api.live import serve
+from tests.live import serve
 
 jsonschema_rs = pytest.importorskip("jsonschema_rs")  # comes with schemathesis (the test extra)
 

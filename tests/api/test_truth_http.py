@@ -16,7 +16,7 @@ import pytest
 
 from dp_governor.budget import Ledger, create_db_engine, init_db
 from dp_governor.policies import PolicyCreate, mechanism_for
-from tests.api.live import ADMIN_TOKEN, serve
+from tests.live import ADMIN_TOKEN, serve
 
 SECRET = "truth-device-secret-truth-device-secret-0123"
 AUDIT_KEY = "truth-audit-key-truth-audit-key-truth-audit-0123"

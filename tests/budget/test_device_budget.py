@@ -5,8 +5,8 @@ a budget group), days passing, purges and edits of the device-wide budget (limit
 targets and quotas tightened, loosened, removed), on SQLite and on PostgreSQL. The model keeps
 only the accepted charges and recomputes each decision, including which budget refused and when
 it frees (the filters' from the theorem's condition,
-:func:`tests.budget.filter_theorem.theorem_admits`). Focused tests pin the refusal names, quotas
-preventing starvation and policy-file round trips.
+:func:`tests.budget.privacy.filter_theorem.theorem_admits`). Focused tests pin the refusal names,
+quotas preventing starvation and policy-file round trips.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dp_governor.policies import PolicyCreate
 from dp_governor.policies.device import DeviceBudgetCreate, loosening, write_device_budget
 from dp_governor.policies.files import PolicyFileError, load_device_budget
 from dp_governor.policies.model import MICRO, to_micro
-from tests.budget.filter_theorem import theorem_admits
+from tests.budget.privacy.filter_theorem import theorem_admits
 from tests.conftest import PG_URL
 
 SECRET = b"device-budget-secret-device-budget-secret"

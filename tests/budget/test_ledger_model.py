@@ -51,7 +51,7 @@ from dp_governor.policies import PolicyCreate
 from dp_governor.policies.errors import PolicyLoosens
 from dp_governor.policies.model import GroupTerms, to_micro
 from dp_governor.policies.repository import GROUP_FIELDS
-from tests.budget.filter_theorem import theorem_admits
+from tests.budget.privacy.filter_theorem import theorem_admits
 from tests.conftest import PG_URL
 
 SECRET = b"model-secret-model-secret-model-secret"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from dp_governor.api.client import Client
-from tests.api.live import ADMIN_TOKEN, serve
+from tests.live import ADMIN_TOKEN, serve
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 JS: Final = ROOT / "devices" / "js"

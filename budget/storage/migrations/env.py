@@ -2,7 +2,7 @@
 
 No ``alembic.ini`` and no URL: the caller opens the connection (with its lock and transaction)
 and puts it in ``config.attributes["connection"]``; ``target_metadata`` is there only when the
-models are compared with the migrated schema (``tests/budget/test_schema_migrations.py``).
+models are compared with the migrated schema (``tests/budget/storage/test_schema_migrations.py``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from sqlalchemy import text
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import default_policies, mechanism_for
-from tests.api.live import free_port
+from tests.live import free_port
 
 TOKEN = "crash-admin-token-crash-admin-token"
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")

@@ -22,7 +22,7 @@ from scipy import stats
 
 from dp_governor.api.client import Client, Refusal
 from dp_governor.api.demo.simulation import zipf_indices
-from tests.api.live import free_port
+from tests.live import free_port
 
 TOKEN = "e2e-admin-token-e2e-admin-token-e2e"
 

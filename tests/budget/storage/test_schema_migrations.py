@@ -32,7 +32,7 @@ from dp_governor.budget.storage.schema import (
 )
 from tests.conftest import SECRET
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PREVIOUS = "ed8e891"
 AUDIT_KEY = bytes(range(32))
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)

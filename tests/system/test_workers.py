@@ -20,8 +20,8 @@ from sqlalchemy import text
 
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.storage.db import scratch_schema
-from tests.api.live import free_port
-from tests.api.test_crash import _workload
+from tests.live import free_port
+from tests.system.test_crash import _workload
 
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is not set")

@@ -4,11 +4,11 @@ Each run builds a real ledger (a SQLite file, or a PostgreSQL scratch schema), s
 per budget or device-wide, over a window or the lifetime, and lets an analyst send reports whose
 epsilon (which use case) and timing depend on what the device released and on the refusals so
 far. Every decision is compared with the theorem's condition evaluated on the admitted history
-(:func:`tests.budget.filter_theorem.theorem_admits`, not the module's ``V*``), each refusal with
-its name, the budget that refused and its retry day (found by trying each later day); then every
-window of the filter's length is checked to hold only what the theorem admits (docs/odometer.md,
-"Windows"). Focused tests pin the figures, the boundaries in integer micro units, what-if, and
-the odometer against the raw charge log.
+(:func:`tests.budget.privacy.filter_theorem.theorem_admits`, not the module's ``V*``), each refusal
+with its name, the budget that refused and its retry day (found by trying each later day); then
+every window of the filter's length is checked to hold only what the theorem admits
+(docs/odometer.md, "Windows"). Focused tests pin the figures, the boundaries in integer micro units,
+what-if, and the odometer against the raw charge log.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dp_governor.budget.storage.tables import Charge
 from dp_governor.policies import Policy, PolicyCreate
 from dp_governor.policies.device import DeviceBudgetCreate, write_device_budget
 from dp_governor.policies.model import to_micro
-from tests.budget.filter_theorem import theorem_admits
+from tests.budget.privacy.filter_theorem import theorem_admits
 from tests.conftest import PG_URL
 
 SECRET = b"filter-secret-filter-secret-filter-secret"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dp_governor.policies.model import to_micro
-from tests.budget.test_odometer import BOUNDARY, theorem_epsilon
+from tests.budget.privacy.test_odometer import BOUNDARY, theorem_epsilon
 
 __all__ = ["theorem_admits"]
 

@@ -33,7 +33,7 @@ from dp_governor.budget.reporting.central import (
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies import PolicyCreate
 from dp_governor.policies.model import Policy
-from tests.budget.test_amplification import exact_rr_delta, others_grid
+from tests.budget.privacy.test_amplification import exact_rr_delta, others_grid
 
 FloatArray = npt.NDArray[np.float64]
 ROUNDING = 1e-14

@@ -51,6 +51,29 @@ def test_retiring_and_recreating_looser_is_a_loosening(ledger: Ledger) -> None:
     ledger.policies.create(_policy("solo", lifetime_epsilon_cap=10.0))  # as it was: no flag
 
 
+def test_a_cap_raised_is_a_loosening_when_another_new_cap_holds_the_allowance(
+    ledger: Ledger,
+) -> None:
+    """A device at the daily count with cheap reports is admitted under a larger count."""
+    ledger.policies.create(_policy("cheap", epsilon_per_report=1.0, max_reports_per_day=2))
+    assert all(ledger.charge("dev", "cheap", now=NOW).accepted for _ in range(2))
+    ledger.policies.apply(_policy("cheap", epsilon_per_report=2.0, max_reports_per_day=2),
+                          allow_loosen=True)  # fmt: skip
+    assert not ledger.charge("dev", "cheap", now=NOW).accepted  # held by the count
+    # a day allows 4 before and 3 after, but this device spent 2 and 2 + 1 > 3 only at eps 2
+    tighter_overall = _policy(
+        "cheap", epsilon_per_report=1.0, max_reports_per_day=3, window_epsilon_cap=3.0
+    )
+    with pytest.raises(PolicyLoosens, match="`max_reports_per_day` raised from 2 to 3"):
+        ledger.policies.apply(tighter_overall)
+    assert not ledger.charge("dev", "cheap", now=NOW).accepted
+    ledger.policies.apply(_policy("cheap", epsilon_per_report=2.0, window_epsilon_cap=6.0))
+    with pytest.raises(PolicyLoosens, match="`window_epsilon_cap` raised to 8"):
+        ledger.policies.apply(
+            _policy("cheap", epsilon_per_report=2.0, max_reports_per_day=1, window_epsilon_cap=8.0)
+        )
+
+
 def test_retiring_a_whole_group_and_recreating_it_apart_is_a_loosening(ledger: Ledger) -> None:
     energy, crash = "safari-energy-domains", "safari-crash-domains"
     both = {n: _fields(ledger, n) for n in (energy, crash)}

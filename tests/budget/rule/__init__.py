@@ -1,0 +1,1 @@
+"""Tests of the pure rule: decisions from terms and state, no database."""

@@ -1,0 +1,1 @@
+"""System tests: real servers, crashes, workers, end to end, attacks, linkage; slow and apart."""
