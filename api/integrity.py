@@ -30,9 +30,7 @@ import numpy as np
 import orjson
 from sqlalchemy import Connection, func, select
 
-from dp_governor.api.ingestion.ingest import Mechanism
 from dp_governor.api.ingestion.pipeline import (
-    decode_payloads,
     mechanisms_by_params,
     part_payloads,
     sketch_digest,
@@ -58,6 +56,7 @@ from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.audit.verify import StateCheck
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.storage.tables import ShuffledBatch
+from dp_governor.mechanisms import Mechanism
 
 __all__ = ["KeptCheckpoints", "kept_checkpoints", "pipeline_problem", "verify_service"]
 
@@ -250,10 +249,10 @@ def _sketches(ledger: Ledger, conn: Connection, cutoff: dict[str, int]) -> str |
         mechanism = known[uc].get(params)
         if mechanism is None:
             return f"sketches: {where} has parameters no version of {uc!r} ever had"
-        rebuilt: Any = mechanism.sketch()
+        rebuilt = mechanism.sketch()
         for batch in folded.get(key, []):
             for payloads in part_payloads(ledger.engine, batch, params, d):
-                rebuilt.add(decode_payloads(mechanism, payloads))
+                rebuilt.add(mechanism.decode(payloads))
         state = conn.execute(
             select(s.state).where((s.use_case == uc) & (s.params == params) & (s.day == d))
         ).scalar_one()

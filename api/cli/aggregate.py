@@ -74,7 +74,6 @@ def aggregate(
             f"`dpgov aggregate` needs the `scale` extra ({exc.name} is not installed):"
             " pip install 'dp-governor[scale]'"
         )
-    from dp_governor.api.ingestion.ingest import params_hash
     from dp_governor.api.ingestion.pipeline import (
         mechanisms_by_params,
         sketch_digest,
@@ -100,7 +99,7 @@ def aggregate(
             typer.echo("Error: --from must not be after --to", err=True)
             raise typer.Exit(2)
         mechanism = mechanism_for(policy)
-        params = params_hash(mechanism)
+        params = mechanism.fingerprint.params
         t0 = time.perf_counter()
         exported = None
         if export:

@@ -22,13 +22,12 @@ with itself (two processes, or a scheduled run beside ``dpgov jobs run``):
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -38,7 +37,7 @@ import orjson
 from sqlalchemy import Connection, Engine, and_, bindparam, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from dp_governor.api.ingestion.ingest import Ingestor, Mechanism, params_hash
+from dp_governor.api.ingestion.ingest import Ingestor
 from dp_governor.api.ingestion.seal import InboxSeal, SealError
 from dp_governor.api.ingestion.tables import (
     BatchPart,
@@ -56,16 +55,7 @@ from dp_governor.budget.reporting.central import batch_layers
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.budget.storage.tables import ShuffledBatch
-from dp_governor.mechanisms import (
-    CMS,
-    HCMS,
-    CmsReports,
-    CmsSketch,
-    HcmsReports,
-    HcmsSketch,
-    SfpReports,
-    SfpSketch,
-)
+from dp_governor.mechanisms import Mechanism, Sketch
 from dp_governor.policies import Policy, mechanism_for
 from dp_governor.policies.model import to_micro
 from dp_governor.policies.repository import lock_names
@@ -75,15 +65,12 @@ __all__ = [
     "STEP_ROWS",
     "AggregateResult",
     "aggregate",
-    "decode_payloads",
     "flush_inbox",
     "load_sketch",
     "part_payloads",
     "published_parts",
     "purge",
-    "sketch_arrays",
     "sketch_digest",
-    "sketch_from_arrays",
     "sketch_from_bytes",
     "sketch_to_bytes",
 ]
@@ -95,7 +82,6 @@ _REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
 _PARTS = BatchPart.__table__  # type: ignore[attr-defined]
 _SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
 _BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
-Sketch = CmsSketch | HcmsSketch | SfpSketch
 STEP_ROWS = 500  # rows one job transaction writes at most (milliseconds on SQLite)
 DEFAULT_MIN_BATCH = 100
 _FOLD_ROUND = 1_000_000  # reports one sketch write adds at most (a part is never split)
@@ -128,7 +114,7 @@ def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
     for version in book.versions:  # by name, then version: each use case's latest last
         if version.name not in use_cases:
             continue
-        found = (params_hash(mechanism_for(version)), to_micro(version.epsilon_per_report))
+        found = (mechanism_for(version).fingerprint.params, to_micro(version.epsilon_per_report))
         known = out.get(version.name)
         eps = {**known.epsilon_micro, found[0]: found[1]} if known else {found[0]: found[1]}
         top = max(found[1], known.max_epsilon_micro if known else 0)
@@ -632,83 +618,26 @@ def _publish(
         proof.audit.append(conn, [Entry("job:flush-inbox", "batch.publish", data)], now=proof.at)
 
 
-def sketch_arrays(sketch: Sketch) -> dict[str, np.ndarray]:
-    """A sketch's whole state as named arrays (what persists and what crosses processes)."""
-    if isinstance(sketch, CmsSketch):
-        return {"counts": np.asarray(sketch.counts), "rows": np.asarray(sketch.row_counts)}
-    if isinstance(sketch, HcmsSketch):
-        return {"sums": np.asarray(sketch.sums), "rows": np.asarray(sketch.row_counts)}
-    arrays = {"word_counts": sketch.word.counts, "word_rows": sketch.word.row_counts}
-    for i, frag in enumerate(sketch.fragments):
-        arrays[f"frag{i}_counts"] = frag.counts
-        arrays[f"frag{i}_rows"] = frag.row_counts
-    return {name: np.asarray(a) for name, a in arrays.items()}
-
-
 def sketch_digest(sketch: Sketch) -> str:
     """SHA-256 over a sketch's arrays as int64: equal digests mean equal sketches, bit for bit."""
     h = hashlib.sha256()
-    for name, array in sorted(sketch_arrays(sketch).items()):
+    for name, array in sorted(sketch.to_arrays().items()):
         h.update(name.encode())
         h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     return h.hexdigest()
 
 
-def sketch_from_arrays(mechanism: Mechanism, arrays: Mapping[str, np.ndarray]) -> Sketch:
-    """Inverse of :func:`sketch_arrays` for the mechanism's parameters (validated)."""
-    if isinstance(mechanism, CMS):
-        return CmsSketch.from_arrays(mechanism, arrays["counts"], arrays["rows"])
-    if isinstance(mechanism, HCMS):
-        return HcmsSketch.from_arrays(mechanism, arrays["sums"], arrays["rows"])
-    sk = SfpSketch(mechanism)
-    sk.word = CmsSketch.from_arrays(mechanism.word_cms, arrays["word_counts"], arrays["word_rows"])
-    frag = mechanism.fragment_cms
-    sk.fragments = tuple(
-        CmsSketch.from_arrays(frag, arrays[f"frag{i}_counts"], arrays[f"frag{i}_rows"])
-        for i in range(len(sk.fragments))
-    )
-    return sk
-
-
 def sketch_to_bytes(sketch: Sketch) -> bytes:
     """Compressed arrays of a sketch's state (``numpy.savez_compressed``)."""
     buf = io.BytesIO()
-    np.savez_compressed(buf, **sketch_arrays(sketch))  # type: ignore[arg-type]
+    np.savez_compressed(buf, **sketch.to_arrays())  # type: ignore[arg-type]
     return buf.getvalue()
 
 
 def sketch_from_bytes(mechanism: Mechanism, data: bytes) -> Sketch:
     """Inverse of :func:`sketch_to_bytes` for the mechanism's parameters."""
     with np.load(io.BytesIO(data)) as arrays:
-        return sketch_from_arrays(mechanism, arrays)
-
-
-def _cms_batch(bodies: list[dict[str, Any]], m: int) -> CmsReports:
-    j = np.fromiter((b["j"] for b in bodies), dtype=np.int64, count=len(bodies))
-    raw = b"".join(base64.b64decode(b["bits"]) for b in bodies)
-    bits = np.frombuffer(raw, dtype=np.uint8).reshape(len(bodies), (m + 7) // 8)
-    return CmsReports(j, bits, m)
-
-
-def decode_payloads(
-    mechanism: Mechanism, payloads: Iterable[str | bytes]
-) -> CmsReports | HcmsReports | SfpReports:
-    """Stored JSON payloads (already validated at ingestion) as one report batch."""
-    bodies = [orjson.loads(p) for p in payloads]
-    n = len(bodies)
-    if isinstance(mechanism, CMS):
-        return _cms_batch(bodies, mechanism.m)
-    if isinstance(mechanism, HCMS):
-        return HcmsReports(
-            np.fromiter((b["j"] for b in bodies), dtype=np.int64, count=n),
-            np.fromiter((b["l"] for b in bodies), dtype=np.int64, count=n),
-            np.fromiter((b["bit"] for b in bodies), dtype=np.int8, count=n),
-        )
-    return SfpReports(
-        _cms_batch([b["word"] for b in bodies], mechanism.m),
-        _cms_batch([b["fragment"] for b in bodies], mechanism.m_fragment),
-        np.fromiter((b["position"] for b in bodies), dtype=np.int64, count=n),
-    )
+        return mechanism.sketch_from_arrays(arrays)
 
 
 def mechanisms_by_params(ledger: Ledger, use_case: str) -> dict[str, Mechanism]:
@@ -716,7 +645,7 @@ def mechanisms_by_params(ledger: Ledger, use_case: str) -> dict[str, Mechanism]:
     out: dict[str, Mechanism] = {}
     for version in ledger.policies.versions(use_case):
         mech = mechanism_for(version)
-        out[params_hash(mech)] = mech
+        out[mech.fingerprint.params] = mech
     return out
 
 
@@ -860,12 +789,10 @@ def _fold_round(
             existing = conn.execute(
                 select(_SKETCHES.c.n, _SKETCHES.c.state).where(_group(use_case, params, day))
             ).first()
-        sketch: Any = (
-            sketch_from_bytes(mechanism, existing.state) if existing else mechanism.sketch()
-        )
+        sketch = sketch_from_bytes(mechanism, existing.state) if existing else mechanism.sketch()
         for batch in batches:
             for payloads in part_payloads(engine, batch, params, day):
-                sketch.add(decode_payloads(mechanism, payloads))
+                sketch.add(mechanism.decode(payloads))
         before = None if existing is None else int(existing.n)
         if _write_sketch(engine, group, before, sketch, batches):
             return int(sketch.n) - (before or 0)
@@ -946,7 +873,7 @@ def load_sketch(
 ) -> tuple[Sketch, list[int]]:
     """The merged sketch of the policy's current parameters over ``first_day..last_day``."""
     mechanism, params = ingestor.mechanism(policy)
-    merged: Any = mechanism.sketch()
+    merged = mechanism.sketch()
     days: list[int] = []
     with ledger.engine.connect() as conn:
         rows = conn.execute(
