@@ -25,7 +25,7 @@ from dp_governor.budget.reporting.views import (
     distribution_of,
     spend_spread,
 )
-from dp_governor.mechanisms import SfpSketch
+from dp_governor.mechanisms import Discovering
 from dp_governor.mechanisms.sfp import DiscoveredWord
 from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import Policy
@@ -62,7 +62,7 @@ class Caches:
         self._spread_lock = threading.Lock()
 
     def discovery(
-        self, policy: Policy, days: Sequence[int], sketch: SfpSketch
+        self, policy: Policy, days: Sequence[int], sketch: Discovering
     ) -> list[DiscoveredWord]:
         """SFP discovery (seconds on a full sketch) once per policy version, days and size."""
         key = (policy.name, policy.version, tuple(days), sketch.n)

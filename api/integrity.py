@@ -41,9 +41,9 @@ from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.audit.verify import StateCheck
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.storage.tables import ShuffledBatch
-from dp_governor.pipeline.codec import decode_payloads, sketch_digest, sketch_from_bytes
+from dp_governor.mechanisms import Mechanism
+from dp_governor.pipeline.codec import sketch_digest, sketch_from_bytes
 from dp_governor.pipeline.fold import mechanisms_by_params, part_payloads
-from dp_governor.pipeline.ingest import Mechanism
 from dp_governor.pipeline.seal import InboxSeal, SealError
 from dp_governor.pipeline.tables import (
     BatchPart,
@@ -245,10 +245,10 @@ def _sketches(ledger: Ledger, conn: Connection, cutoff: dict[str, int]) -> str |
         mechanism = known[uc].get(params)
         if mechanism is None:
             return f"sketches: {where} has parameters no version of {uc!r} ever had"
-        rebuilt: Any = mechanism.sketch()
+        rebuilt = mechanism.sketch()
         for batch in folded.get(key, []):
             for payloads in part_payloads(ledger.engine, batch, params, d):
-                rebuilt.add(decode_payloads(mechanism, payloads))
+                rebuilt.add(mechanism.decode(payloads))
         state = conn.execute(
             select(s.state).where((s.use_case == uc) & (s.params == params) & (s.day == d))
         ).scalar_one()

@@ -9,10 +9,9 @@ generated document is what they cannot carry:
 - an example response for every operation and an example body for every error status, recorded
   from a real server (``openapi_examples.json``; a test checks each against its schema);
 - an example value for every path, query and header parameter (the routes describe them);
-- the report body's schema, one of :class:`dp_governor.api.schemas.HcmsReportBody`,
-``CmsReportBody`` and
-  ``SfpReportBody``: the route reads its body as plain JSON, which the ingestor checks against
-  the use case's policy, so those models describe the body without validating it;
+- the report body's schema, one of ``HcmsReportBody``, ``CmsReportBody`` and ``SfpReportBody``,
+  each its mechanism's own description (``BODY_SHAPE``, beside its ``parse_report``): the route
+  reads its body as plain JSON, which the ingestor checks against the use case's policy;
 - error answers as JSON with :class:`dp_governor.api.schemas.ErrorBody`, on every route
 (``/metrics``
   answers its metrics as text, but its errors as JSON like every other route's);

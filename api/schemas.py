@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, WithJsonSchema
 from pydantic import Field as PydField
-from pydantic.json_schema import models_json_schema
 
 from dp_governor.api.errors import (
     BAD_REQUEST,
@@ -20,6 +20,8 @@ from dp_governor.api.errors import (
 )
 from dp_governor.budget import BudgetStatus
 from dp_governor.budget.rule.standing import DeviceOdometer, DeviceWide
+from dp_governor.mechanisms import CMS, HCMS, SFP
+from dp_governor.mechanisms.published import FAMILY_FIELD
 from dp_governor.policies import DEFAULT_POLICIES, Policy, PolicyPublic, publish
 from dp_governor.policies.model import GroupTerms
 
@@ -31,7 +33,6 @@ __all__ = [
     "BatchItemResult",
     "BatchResult",
     "BudgetGroupPublic",
-    "CmsReportBody",
     "DeviceBudget",
     "Discoveries",
     "Discovery",
@@ -39,21 +40,15 @@ __all__ = [
     "EstimateItem",
     "EstimateQuery",
     "Estimates",
-    "HcmsReportBody",
+    "Health",
     "IsoDay",
+    "JobRelease",
+    "JobRun",
     "Receipt",
     "ReportBody",
-    "SfpReportBody",
     "batch_body",
     "public_policy",
 ]
-
-
-_FAMILY = PydField(
-    default=None,
-    description="The randomizer's `family_id` from the policy; a report under another family is"
-    " refused with 422 (required when the server sets `DPGOV_REQUIRE_REPORT_FAMILY`).",
-)
 
 
 class BudgetGroupPublic(BaseModel):
@@ -64,61 +59,43 @@ class BudgetGroupPublic(BaseModel):
     terms: GroupTerms = PydField(description="The caps, filters and retention they share.")
 
 
-class CmsRow(BaseModel):
-    """One privatized CMS row: its hash row and its ``m`` privatized coordinates."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    j: int = PydField(ge=0, description="The hash row, 0 to k - 1.")
-    bits: str = PydField(
-        description="The m privatized coordinates (1 = +1), packed big-endian into bytes,"
-        " padding bits zero, in standard base64."
-    )
-
-
-class CmsReportBody(CmsRow):
-    """A CMS report (mechanism `cms`)."""
-
-    family: str | None = _FAMILY
-
-
-class HcmsReportBody(BaseModel):
-    """An HCMS report (mechanism `hcms`): one privatized Hadamard coefficient."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    j: int = PydField(ge=0, description="The hash row, 0 to k - 1.")
-    l: int = PydField(ge=0, description="The Hadamard coefficient's index, 0 to m - 1.")  # noqa: E741
-    bit: Literal[-1, 1] = PydField(description="The privatized sign of the coefficient.")
-    family: str | None = _FAMILY
-
-
-class SfpReportBody(BaseModel):
-    """An SFP report (mechanism `sfp`): the word's and a fragment's CMS rows."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    word: CmsRow = PydField(description="The whole word's CMS report (the word sketch's k, m).")
-    fragment: CmsRow = PydField(
-        description="The fragment's CMS report (the fragment sketches' k_fragment, m_fragment)."
-    )
-    position: Literal[0, 2, 4, 6, 8] = PydField(description="Where the fragment starts.")
-    family: str | None = _FAMILY
+_FAMILY_DESCRIPTION = (
+    "The randomizer's `family_id` from the policy; a report under another family is refused with"
+    " 422 (required when the server sets `DPGOV_REQUIRE_REPORT_FAMILY`)."
+)
+_BODIES: dict[str, tuple[dict[str, Any], str]] = {  # each mechanism's own body, described
+    "HcmsReportBody": (
+        HCMS.BODY_SHAPE,
+        "An HCMS report (mechanism `hcms`): one privatized Hadamard coefficient.",
+    ),
+    "CmsReportBody": (CMS.BODY_SHAPE, "A CMS report (mechanism `cms`)."),
+    "SfpReportBody": (
+        SFP.BODY_SHAPE,
+        "An SFP report (mechanism `sfp`): the word's and a fragment's CMS rows.",
+    ),
+}
 
 
 def _report_body_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
-    """The report body's OpenAPI schema (one of the three) and the components it refers to."""
-    models = (HcmsReportBody, CmsReportBody, SfpReportBody)
-    refs, defs = models_json_schema(
-        [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
-    )
+    """The report body's OpenAPI schema (one of the three) and its components.
+
+    Each component is its mechanism's own description of the body
+    (:attr:`dp_governor.mechanisms.Mechanism.BODY_SHAPE`) with the optional ``family`` field.
+    """
+    family = {"type": "string", "description": _FAMILY_DESCRIPTION}
+    components: dict[str, dict[str, Any]] = {}
+    for name, (shape, text) in _BODIES.items():
+        component: dict[str, Any] = copy.deepcopy(shape)
+        components[name] = component | {"title": name, "description": text}
+    for component in components.values():
+        component["properties"][FAMILY_FIELD] = family
     body = {
-        "oneOf": [refs[(m, "validation")] for m in models],
+        "oneOf": [{"$ref": f"#/components/schemas/{name}"} for name in components],
         "description": "One report, in the shape of the use case's mechanism. The exact schema"
         " (bounds of `j`, `l` and the length of `bits` from k and m) is the policy's"
         " `randomizer.report_schema` (`GET /v1/use-cases/{name}`).",
     }
-    return body, defs["$defs"]
+    return body, components
 
 
 _REPORT_BODY, REPORT_BODY_SCHEMAS = _report_body_schemas()
@@ -200,6 +177,27 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         REFUSED: "A budget cap or a rate limit; see `Retry-After`.",
     }.items()
 }
+
+
+class Health(BaseModel):
+    """Liveness: the service answers and its database is reachable."""
+
+    status: Literal["ok"] = PydField(description="Always `ok` (otherwise the route fails).")
+
+
+class JobRun(BaseModel):
+    """A scheduled job run now: its name and what it did."""
+
+    job: str = PydField(description="The job that ran.")
+    result: dict[str, Any] = PydField(description="What the job did (its own figures).")
+
+
+class JobRelease(BaseModel):
+    """A job's lease cleared: which lease, and whether anyone held it."""
+
+    job: str = PydField(description="The job.")
+    lease: str = PydField(description="The lease the job takes (jobs may share one).")
+    released: bool = PydField(description="True when the lease was held and is now free.")
 
 
 class AuditVerification(BaseModel):

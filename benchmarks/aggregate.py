@@ -32,7 +32,6 @@ from dp_governor.api.demo.simulation import zipf_indices
 from dp_governor.mechanisms import HCMS
 from dp_governor.pipeline.codec import sketch_digest
 from dp_governor.pipeline.distributed import DaskOptions, aggregate_files
-from dp_governor.pipeline.ingest import params_hash
 from dp_governor.pipeline.parquet import dataset_files, partition_dir, write_reports
 from dp_governor.policies import default_policies, mechanism_for
 
@@ -50,10 +49,10 @@ def mechanism() -> HCMS:
 def generate(root: Path, n: int, rows_per_file: int, seed: int = 7) -> list[Path]:
     """Write (or reuse) ``n`` privatized reports as Parquet files of ``rows_per_file``."""
     mech = mechanism()
-    part = partition_dir(root, USE_CASE, 0, params_hash(mech))
+    part = partition_dir(root, USE_CASE, 0, mech.fingerprint.params)
     done = root / ".complete"
     if done.exists():
-        return dataset_files(root, USE_CASE, [0], params_hash(mech))
+        return dataset_files(root, USE_CASE, [0], mech.fingerprint.params)
     rng = np.random.default_rng(seed)
     vocab = [f"www.domain{i}.example" for i in range(250_000)]
     written = 0
@@ -70,7 +69,7 @@ def generate(root: Path, n: int, rows_per_file: int, seed: int = 7) -> list[Path
         write_reports(part / f"part-{number:05d}.parquet", mech, batches())  # type: ignore[arg-type]
         written += rows
     done.touch()
-    return dataset_files(root, USE_CASE, [0], params_hash(mech))
+    return dataset_files(root, USE_CASE, [0], mech.fingerprint.params)
 
 
 def _peak_mib() -> float:

@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Self
 
 import numpy as np
 import numpy.typing as npt
 
+from dp_governor.mechanisms.base import (
+    CMS_ROW_SHAPE,
+    Described,
+    RowSketch,
+    cms_body_schema,
+    load_bodies,
+    packed_rows,
+)
 from dp_governor.mechanisms.bitcount import add_bit_counts
-from dp_governor.mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
-from dp_governor.mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
+from dp_governor.mechanisms.hashing import MAX_ROWS, HashFamily, Item, factorize
+from dp_governor.mechanisms.interface import Arrays
 from dp_governor.mechanisms.randomness import (
     OS_COINS,
     Coins,
@@ -47,7 +55,6 @@ __all__ = ["CMS", "CmsReport", "CmsReports", "CmsSketch"]
 
 MAX_M: Final = 1 << 16
 _PRIVATIZE_CHUNK_BITS: Final = 1 << 22
-_INT32_MAX: Final = np.iinfo(np.int32).max
 
 IntArray = npt.NDArray[np.int64]
 ByteArray = npt.NDArray[np.uint8]
@@ -113,6 +120,10 @@ class CmsReports:
         """The JSON bodies of all reports."""
         return [r.to_dict() for r in self]
 
+    def columns(self) -> Arrays:
+        """``{"j": (n,), "bits": (n, ceil(m/8)) uint8}``."""
+        return {"j": self.j, "bits": self.bits}
+
     def select(self, mask: npt.ArrayLike) -> CmsReports:
         """The reports where ``mask`` (boolean or index array) selects."""
         idx = np.asarray(mask)
@@ -129,7 +140,7 @@ class CmsReports:
 
 
 @dataclass(frozen=True, slots=True)
-class CMS:
+class CMS(Described):
     """CMS parameters (frozen, validated) and the mechanism's device and server entry points.
 
     Attributes:
@@ -145,6 +156,7 @@ class CMS:
     hash_family: HashFamily = field(default_factory=HashFamily)
 
     name: ClassVar[str] = "cms"
+    BODY_SHAPE: ClassVar[dict[str, Any]] = CMS_ROW_SHAPE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", check_epsilon("epsilon", self.epsilon))
@@ -224,11 +236,41 @@ class CMS:
         out: npt.NDArray[np.float64] = (p**t) * ((1.0 - p) ** (self.m - t)) / self.k
         return out
 
-    # -- server side ---------------------------------------------------------------------------
+    # -- codec and server side -----------------------------------------------------------------
+
+    def parameters(self) -> dict[str, Any]:
+        """Mechanism, epsilon, ``k``, ``m`` and the hash family's identity form."""
+        return {
+            "mechanism": self.name,
+            "epsilon": self.epsilon,
+            "k": self.k,
+            "m": self.m,
+            "hash_family": self.hash_family.to_dict(),
+        }
+
+    def body_schema(self) -> dict[str, Any]:
+        """``{"j", "bits"}`` bounded by ``k`` and ``m``."""
+        return cms_body_schema(self.k, self.m)
+
+    def decode(self, payloads: Iterable[str | bytes]) -> CmsReports:
+        """Stored JSON payloads (validated at ingestion) as one batch."""
+        return self.decode_bodies(load_bodies(payloads))
+
+    def decode_bodies(self, bodies: Sequence[Mapping[str, Any]]) -> CmsReports:
+        """Parsed bodies (validated at ingestion) as one batch."""
+        return CmsReports(*packed_rows(bodies, self.m), self.m)
+
+    def from_columns(self, columns: Mapping[str, np.ndarray]) -> CmsReports:
+        """The batch of :meth:`CmsReports.columns`."""
+        return CmsReports(np.asarray(columns["j"], dtype=np.int64), columns["bits"], self.m)
 
     def sketch(self) -> CmsSketch:
         """An empty server-side sketch for these parameters."""
         return CmsSketch(self)
+
+    def sketch_from_arrays(self, arrays: Mapping[str, np.ndarray]) -> CmsSketch:
+        """The sketch of :meth:`CmsSketch.to_arrays` (validated)."""
+        return CmsSketch.from_arrays(self, arrays[CmsSketch.TABLE], arrays["rows"])
 
     def variance(self, n: float, f: npt.ArrayLike, f2_others: npt.ArrayLike) -> npt.NDArray[Any]:
         """Exact variance of the estimate (Appendix A)."""
@@ -239,52 +281,23 @@ class CMS:
         return CmsReport.from_dict(data, k=self.k, m=self.m, prefix=prefix)
 
 
-class CmsSketch:
+class CmsSketch(RowSketch[CMS]):
     """Server-side CMS sketch: integer counts ``P[j, l]`` and per-row report counts ``n_j``."""
 
-    __slots__ = ("_counts", "_rows", "params")
+    __slots__ = ()
 
-    def __init__(self, params: CMS) -> None:
-        self.params = params
-        self._counts: npt.NDArray[np.integer] = np.zeros((params.k, params.m), dtype=np.int32)
-        self._rows: IntArray = np.zeros(params.k, dtype=np.int64)
+    TABLE: ClassVar[str] = "counts"
 
-    @property
-    def n(self) -> int:
-        """The number of reports folded in."""
-        return int(self._rows.sum())
+    @staticmethod
+    def _consistent(table: np.ndarray, rows: np.ndarray) -> str | None:
+        if (table < 0).any() or (rows < 0).any() or (table > rows[:, None]).any():
+            return "counts must satisfy 0 <= P[j, l] <= n_j"
+        return None
 
     @property
     def counts(self) -> npt.NDArray[np.integer]:
         """Read-only view of ``P[j, l]``, the number of ``+1`` coordinates per cell."""
-        view = self._counts.view()
-        view.flags.writeable = False
-        return view
-
-    @property
-    def row_counts(self) -> IntArray:
-        """Read-only view of ``n_j``, the number of reports per row."""
-        view = self._rows.view()
-        view.flags.writeable = False
-        return view
-
-    @classmethod
-    def from_arrays(cls, params: CMS, counts: npt.ArrayLike, row_counts: npt.ArrayLike) -> Self:
-        """Rebuild a sketch from persisted arrays (validated for shape and consistency)."""
-        sk = cls(params)
-        c = np.asarray(counts)
-        r = np.asarray(row_counts)
-        if c.shape != (params.k, params.m) or r.shape != (params.k,):
-            raise ValueError(f"arrays must have shapes ({params.k}, {params.m}) and ({params.k},)")
-        if (c < 0).any() or (r < 0).any() or (c > r[:, None]).any():
-            raise ValueError("counts must satisfy 0 <= P[j, l] <= n_j")
-        sk._rows = r.astype(np.int64)
-        sk._counts = c.astype(np.int64 if r.max(initial=0) > _INT32_MAX else np.int32)
-        return sk
-
-    def _reserve(self, extra_rows: IntArray) -> None:
-        if self._counts.dtype == np.int32 and int((self._rows + extra_rows).max()) > _INT32_MAX:
-            self._counts = self._counts.astype(np.int64)
+        return self._table_view()
 
     def add(self, reports: CmsReports | CmsReport, *, threads: int = 1) -> Self:
         """Fold reports in; returns the sketch so calls chain.
@@ -303,37 +316,14 @@ class CmsSketch:
             raise ValueError(f"report rows `j` must be in [0, {self.params.k})")
         per_row = np.bincount(j, minlength=self.params.k)
         self._reserve(per_row)
-        add_bit_counts(self._counts, j, reports.bits, threads=threads)
+        add_bit_counts(self._table, j, reports.bits, threads=threads)
         self._rows += per_row
         return self
 
-    def merge(self, other: CmsSketch) -> Self:
-        """Add another sketch of the same parameters; returns the sketch so calls chain."""
-        if other.params != self.params:
-            raise ValueError("cannot merge sketches with different parameters")
-        self._reserve(other._rows)
-        self._counts += other._counts
-        self._rows += other._rows
-        return self
-
-    def copy(self) -> CmsSketch:
-        """An independent copy."""
-        return CmsSketch.from_arrays(self.params, self._counts.copy(), self._rows.copy())
-
-    def estimate(self, candidates: Sequence[Item]) -> FrequencyEstimate:
-        """Estimate each candidate's count (eq. 2) with its standard error (Appendix A)."""
-        return self.estimate_fingerprinted(
-            tuple(candidates), self.params.hash_family.fingerprint(list(candidates))
-        )
-
-    def estimate_fingerprinted(
-        self, candidates: tuple[Item, ...], fp: Fingerprints
-    ) -> FrequencyEstimate:
-        """As :meth:`estimate`, for candidates whose fingerprints are already known."""
+    def _counts(self, sums: npt.NDArray[np.float64], n: int) -> npt.NDArray[np.float64]:
         p = self.params
-        n = self.n
-        sums = gather_row_sums([self._counts], p.hash_family, fp, p.m)[0].astype(np.float64)
         c = p.c
-        counts = (p.m / (p.m - 1)) * (c * sums - (c - 1.0) * n / 2.0 - n / p.m)
-        stderr = plugin_stderr(lambda f, f2o: p.variance(n, f, f2o), counts, n)
-        return FrequencyEstimate(candidates, counts, stderr, n)
+        out: npt.NDArray[np.float64] = (p.m / (p.m - 1)) * (
+            c * sums - (c - 1.0) * n / 2.0 - n / p.m
+        )
+        return out

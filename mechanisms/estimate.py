@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from dp_governor.mechanisms.hashing import Fingerprints, HashFamily, Item
 
-__all__ = ["FrequencyEstimate", "gather_row_sums", "plugin_stderr"]
+__all__ = ["DiscoveredWord", "FrequencyEstimate", "gather_row_sums", "plugin_stderr"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -44,6 +44,17 @@ class FrequencyEstimate:
     def interval(self, z: float = 1.959963984540054) -> tuple[FloatArray, FloatArray]:
         """Normal-approximation interval ``counts -+ z * stderr`` (95% by default)."""
         return self.counts - z * self.stderr, self.counts + z * self.stderr
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredWord:
+    """A discovered word with its estimate, the puzzle piece it was joined on, and its fragments."""
+
+    word: str
+    count: float
+    stderr: float
+    puzzle: int
+    fragments: tuple[str, ...]
 
 
 def gather_row_sums(

@@ -12,16 +12,17 @@ factor ``k`` cancels against its ``1/k``). The transform is cached until the nex
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Self
 
 import numpy as np
 import numpy.typing as npt
 
-from dp_governor.mechanisms.estimate import FrequencyEstimate, gather_row_sums, plugin_stderr
+from dp_governor.mechanisms.base import Described, RowSketch, load_bodies
 from dp_governor.mechanisms.hadamard import fwht, hadamard_entry, is_power_of_two
 from dp_governor.mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
+from dp_governor.mechanisms.interface import Arrays
 from dp_governor.mechanisms.randomness import (
     OS_COINS,
     Coins,
@@ -42,7 +43,6 @@ from dp_governor.mechanisms.variance import hcms_c, hcms_variance_exact
 __all__ = ["HCMS", "HcmsReport", "HcmsReports", "HcmsSketch"]
 
 MAX_M: Final = 1 << 24
-_INT32_MAX: Final = np.iinfo(np.int32).max
 _FOLD_CHUNK: Final = 1 << 20  # reports folded at a time (8 MiB of cell indices)
 
 IntArray = npt.NDArray[np.int64]
@@ -96,6 +96,10 @@ class HcmsReports:
             for j, l, b in zip(self.j.tolist(), self.l.tolist(), self.bit.tolist(), strict=True)
         ]
 
+    def columns(self) -> Arrays:
+        """``{"j": (n,), "l": (n,), "bit": (n,) int8}``."""
+        return {"j": self.j, "l": self.l, "bit": self.bit}
+
     def select(self, mask: npt.ArrayLike) -> HcmsReports:
         """The reports where ``mask`` (boolean or index array) selects."""
         idx = np.asarray(mask)
@@ -113,7 +117,7 @@ class HcmsReports:
 
 
 @dataclass(frozen=True, slots=True)
-class HCMS:
+class HCMS(Described):
     """HCMS parameters (frozen, validated) and the mechanism's device and server entry points.
 
     Attributes:
@@ -129,6 +133,24 @@ class HCMS:
     hash_family: HashFamily = field(default_factory=HashFamily)
 
     name: ClassVar[str] = "hcms"
+    BODY_SHAPE: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "required": ["j", "l", "bit"],
+        "additionalProperties": False,
+        "properties": {
+            "j": {"type": "integer", "minimum": 0, "description": "The hash row, 0 to k - 1."},
+            "l": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "The Hadamard coefficient's index, 0 to m - 1.",
+            },
+            "bit": {
+                "type": "integer",
+                "enum": [-1, 1],
+                "description": "The privatized sign of the coefficient.",
+            },
+        },
+    }
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", check_epsilon("epsilon", self.epsilon))
@@ -206,11 +228,56 @@ class HCMS:
         out = np.stack([1.0 - plus, plus], axis=-1) / (self.k * self.m)
         return out
 
-    # -- server side ---------------------------------------------------------------------------
+    # -- codec and server side -----------------------------------------------------------------
+
+    def parameters(self) -> dict[str, Any]:
+        """Mechanism, epsilon, ``k``, ``m`` and the hash family's identity form."""
+        return {
+            "mechanism": self.name,
+            "epsilon": self.epsilon,
+            "k": self.k,
+            "m": self.m,
+            "hash_family": self.hash_family.to_dict(),
+        }
+
+    def body_schema(self) -> dict[str, Any]:
+        """``{"j", "l", "bit"}`` bounded by ``k`` and ``m``."""
+        return {
+            "type": "object",
+            "required": ["j", "l", "bit"],
+            "additionalProperties": False,
+            "properties": {
+                "j": {"type": "integer", "minimum": 0, "maximum": self.k - 1},
+                "l": {"type": "integer", "minimum": 0, "maximum": self.m - 1},
+                "bit": {"enum": [-1, 1]},
+            },
+        }
+
+    def decode(self, payloads: Iterable[str | bytes]) -> HcmsReports:
+        """Stored JSON payloads (validated at ingestion) as one batch."""
+        bodies = load_bodies(payloads)
+        n = len(bodies)
+        return HcmsReports(
+            np.fromiter((b["j"] for b in bodies), dtype=np.int64, count=n),
+            np.fromiter((b["l"] for b in bodies), dtype=np.int64, count=n),
+            np.fromiter((b["bit"] for b in bodies), dtype=np.int8, count=n),
+        )
+
+    def from_columns(self, columns: Mapping[str, np.ndarray]) -> HcmsReports:
+        """The batch of :meth:`HcmsReports.columns`."""
+        return HcmsReports(
+            np.asarray(columns["j"], dtype=np.int64),
+            np.asarray(columns["l"], dtype=np.int64),
+            np.asarray(columns["bit"], dtype=np.int8),
+        )
 
     def sketch(self) -> HcmsSketch:
         """An empty server-side sketch for these parameters."""
         return HcmsSketch(self)
+
+    def sketch_from_arrays(self, arrays: Mapping[str, np.ndarray]) -> HcmsSketch:
+        """The sketch of :meth:`HcmsSketch.to_arrays` (validated)."""
+        return HcmsSketch.from_arrays(self, arrays[HcmsSketch.TABLE], arrays["rows"])
 
     def variance(self, n: float, f: npt.ArrayLike, f2_others: npt.ArrayLike) -> npt.NDArray[Any]:
         """Exact variance of the estimate (Appendix B)."""
@@ -221,54 +288,31 @@ class HCMS:
         return HcmsReport.from_dict(data, k=self.k, m=self.m, prefix=prefix)
 
 
-class HcmsSketch:
+class HcmsSketch(RowSketch[HCMS]):
     """Server-side HCMS sketch: integer bit sums ``S[j, l]`` and per-row report counts ``n_j``."""
 
-    __slots__ = ("_rows", "_sums", "_transformed", "params")
+    __slots__ = ("_transformed",)
+
+    TABLE: ClassVar[str] = "sums"
 
     def __init__(self, params: HCMS) -> None:
-        self.params = params
-        self._sums: npt.NDArray[np.integer] = np.zeros((params.k, params.m), dtype=np.int32)
-        self._rows: IntArray = np.zeros(params.k, dtype=np.int64)
+        super().__init__(params)
         self._transformed: npt.NDArray[np.integer] | None = None
 
-    @property
-    def n(self) -> int:
-        """The number of reports folded in."""
-        return int(self._rows.sum())
+    @staticmethod
+    def _consistent(table: np.ndarray, rows: np.ndarray) -> str | None:
+        if (rows < 0).any() or (np.abs(table).sum(axis=1) > rows).any():
+            return "sums must satisfy sum_l |S[j, l]| <= n_j"
+        return None
 
     @property
     def sums(self) -> npt.NDArray[np.integer]:
         """Read-only view of ``S[j, l]``, the sum of received bits per cell."""
-        view = self._sums.view()
-        view.flags.writeable = False
-        return view
+        return self._table_view()
 
-    @property
-    def row_counts(self) -> IntArray:
-        """Read-only view of ``n_j``, the number of reports per row."""
-        view = self._rows.view()
-        view.flags.writeable = False
-        return view
-
-    @classmethod
-    def from_arrays(cls, params: HCMS, sums: npt.ArrayLike, row_counts: npt.ArrayLike) -> Self:
-        """Rebuild a sketch from persisted arrays (validated for shape and consistency)."""
-        sk = cls(params)
-        s = np.asarray(sums)
-        r = np.asarray(row_counts)
-        if s.shape != (params.k, params.m) or r.shape != (params.k,):
-            raise ValueError(f"arrays must have shapes ({params.k}, {params.m}) and ({params.k},)")
-        if (r < 0).any() or (np.abs(s).sum(axis=1) > r).any():
-            raise ValueError("sums must satisfy sum_l |S[j, l]| <= n_j")
-        sk._rows = r.astype(np.int64)
-        sk._sums = s.astype(np.int64 if r.max(initial=0) > _INT32_MAX else np.int32)
-        return sk
-
-    def _reserve(self, extra_rows: IntArray) -> None:
+    def _reserve(self, extra_rows: npt.NDArray[np.int64]) -> None:
         self._transformed = None
-        if self._sums.dtype == np.int32 and int((self._rows + extra_rows).max()) > _INT32_MAX:
-            self._sums = self._sums.astype(np.int64)
+        super()._reserve(extra_rows)
 
     def add(self, reports: HcmsReports | HcmsReport) -> Self:
         """Fold reports in (``S[j, l] += bit``); returns the sketch so calls chain."""
@@ -288,7 +332,7 @@ class HcmsSketch:
             raise ValueError("report bits must be -1 or +1")
         per_row = np.bincount(j, minlength=k)
         self._reserve(per_row)
-        sums = self._sums.reshape(-1)
+        sums = self._table.reshape(-1)
         size = min(len(j), _FOLD_CHUNK)
         flat = np.empty(size, dtype=np.int64)
         signs = np.empty(size, dtype=sums.dtype)
@@ -302,40 +346,19 @@ class HcmsSketch:
         self._rows += per_row
         return self
 
-    def merge(self, other: HcmsSketch) -> Self:
-        """Add another sketch of the same parameters; returns the sketch so calls chain."""
-        if other.params != self.params:
-            raise ValueError("cannot merge sketches with different parameters")
-        self._reserve(other._rows)
-        self._sums += other._sums
-        self._rows += other._rows
-        return self
-
-    def copy(self) -> HcmsSketch:
-        """An independent copy."""
-        return HcmsSketch.from_arrays(self.params, self._sums.copy(), self._rows.copy())
-
     def transformed(self) -> npt.NDArray[np.integer]:
         """``T = S H_m`` row by row (cached until the sketch changes)."""
-        if self._transformed is None:
-            t = fwht(self._sums)
+        found = self._transformed
+        if found is None:
+            t: npt.NDArray[Any] = fwht(self._table)
             t.flags.writeable = False
-            self._transformed = t  # type: ignore[assignment]
-        assert self._transformed is not None
-        return self._transformed
+            self._transformed = found = t
+        return found
 
-    def estimate(self, candidates: Sequence[Item]) -> FrequencyEstimate:
-        """Estimate each candidate's count (eq. 2) with its standard error (Appendix B)."""
-        cands = tuple(candidates)
-        return self.estimate_fingerprinted(cands, self.params.hash_family.fingerprint(cands))
+    def _estimate_table(self) -> npt.NDArray[np.integer]:
+        return self.transformed()
 
-    def estimate_fingerprinted(
-        self, candidates: tuple[Item, ...], fp: Fingerprints
-    ) -> FrequencyEstimate:
-        """As :meth:`estimate`, for candidates whose fingerprints are already known."""
+    def _counts(self, sums: npt.NDArray[np.float64], n: int) -> npt.NDArray[np.float64]:
         p = self.params
-        n = self.n
-        sums = gather_row_sums([self.transformed()], p.hash_family, fp, p.m)[0]
-        counts = (p.m / (p.m - 1)) * (p.c * sums.astype(np.float64) - n / p.m)
-        stderr = plugin_stderr(lambda f, f2o: p.variance(n, f, f2o), counts, n)
-        return FrequencyEstimate(candidates, counts, stderr, n)
+        out: npt.NDArray[np.float64] = (p.m / (p.m - 1)) * (p.c * sums - n / p.m)
+        return out

@@ -22,16 +22,18 @@ from __future__ import annotations
 import itertools
 import string
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Self
 
 import numpy as np
 import numpy.typing as npt
 
+from dp_governor.mechanisms.base import CMS_ROW_SHAPE, Described, cms_body_schema, load_bodies
 from dp_governor.mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
-from dp_governor.mechanisms.estimate import FrequencyEstimate, gather_row_sums
+from dp_governor.mechanisms.estimate import DiscoveredWord, FrequencyEstimate, gather_row_sums
 from dp_governor.mechanisms.hashing import MAX_ROWS, HashFamily, factorize
+from dp_governor.mechanisms.interface import Arrays
 from dp_governor.mechanisms.randomness import OS_COINS, Coins, os_randbelow
 from dp_governor.mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields
 
@@ -111,6 +113,16 @@ class SfpReports:
         """The JSON bodies of all reports."""
         return [r.to_dict() for r in self]
 
+    def columns(self) -> Arrays:
+        """The word's and the fragment's CMS columns (``word_j``, ...) and ``position``."""
+        return {
+            "word_j": self.word.j,
+            "word_bits": self.word.bits,
+            "fragment_j": self.fragment.j,
+            "fragment_bits": self.fragment.bits,
+            "position": self.position,
+        }
+
     @classmethod
     def from_reports(cls, reports: Sequence[SfpReport], m: int, m_fragment: int) -> SfpReports:
         """Stack single reports into a batch."""
@@ -122,18 +134,7 @@ class SfpReports:
 
 
 @dataclass(frozen=True, slots=True)
-class DiscoveredWord:
-    """A discovered word with its estimate, the puzzle piece it was joined on, and its fragments."""
-
-    word: str
-    count: float
-    stderr: float
-    puzzle: int
-    fragments: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SFP:
+class SFP(Described):
     """SFP parameters (frozen, validated) and the mechanism's device and server entry points.
 
     Attributes:
@@ -155,6 +156,25 @@ class SFP:
     alphabet: str = DEFAULT_ALPHABET
 
     name: ClassVar[str] = "sfp"
+    BODY_SHAPE: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "required": ["word", "fragment", "position"],
+        "additionalProperties": False,
+        "properties": {
+            "word": CMS_ROW_SHAPE
+            | {"description": "The whole word's CMS report (the word sketch's k, m)."},
+            "fragment": CMS_ROW_SHAPE
+            | {
+                "description": "The fragment's CMS report (the fragment sketches' k_fragment,"
+                " m_fragment)."
+            },
+            "position": {
+                "type": "integer",
+                "enum": list(POSITIONS),
+                "description": "Where the fragment starts.",
+            },
+        },
+    }
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -240,11 +260,70 @@ class SFP:
         word_report = self.word_cms.privatize_one(norm, coins=coins)
         return SfpReport(word_report, self.fragment_cms.privatize_one(frag, coins=coins), position)
 
-    # -- server side ---------------------------------------------------------------------------
+    # -- codec and server side -----------------------------------------------------------------
+
+    def parameters(self) -> dict[str, Any]:
+        """Mechanism, both epsilons, both sketches' ``k`` and ``m``, alphabet and hash family."""
+        return {
+            "mechanism": self.name,
+            "epsilon_word": self.epsilon_word,
+            "epsilon_fragment": self.epsilon_fragment,
+            "k": self.k,
+            "m": self.m,
+            "k_fragment": self.k_fragment,
+            "m_fragment": self.m_fragment,
+            "alphabet": self.alphabet,
+            "hash_family": self.hash_family.to_dict(),
+        }
+
+    def body_schema(self) -> dict[str, Any]:
+        """``{"word", "fragment", "position"}``: two CMS rows and the fragment's start."""
+        return {
+            "type": "object",
+            "required": ["word", "fragment", "position"],
+            "additionalProperties": False,
+            "properties": {
+                "word": cms_body_schema(self.k, self.m),
+                "fragment": cms_body_schema(self.k_fragment, self.m_fragment),
+                "position": {"enum": list(POSITIONS)},
+            },
+        }
+
+    def decode(self, payloads: Iterable[str | bytes]) -> SfpReports:
+        """Stored JSON payloads (validated at ingestion) as one batch."""
+        bodies = load_bodies(payloads)
+        return SfpReports(
+            self.word_cms.decode_bodies([b["word"] for b in bodies]),
+            self.fragment_cms.decode_bodies([b["fragment"] for b in bodies]),
+            np.fromiter((b["position"] for b in bodies), dtype=np.int64, count=len(bodies)),
+        )
+
+    def from_columns(self, columns: Mapping[str, np.ndarray]) -> SfpReports:
+        """The batch of :meth:`SfpReports.columns`."""
+        return SfpReports(
+            CmsReports(np.asarray(columns["word_j"], dtype=np.int64), columns["word_bits"], self.m),
+            CmsReports(
+                np.asarray(columns["fragment_j"], dtype=np.int64),
+                columns["fragment_bits"],
+                self.m_fragment,
+            ),
+            np.asarray(columns["position"], dtype=np.int64),
+        )
 
     def sketch(self) -> SfpSketch:
         """An empty server-side sketch set (word sketch plus one per fragment position)."""
         return SfpSketch(self)
+
+    def sketch_from_arrays(self, arrays: Mapping[str, np.ndarray]) -> SfpSketch:
+        """The sketch of :meth:`SfpSketch.to_arrays` (validated)."""
+        sk = SfpSketch(self)
+        sk.word = CmsSketch.from_arrays(self.word_cms, arrays["word_counts"], arrays["word_rows"])
+        frag = self.fragment_cms
+        sk.fragments = tuple(
+            CmsSketch.from_arrays(frag, arrays[f"frag{i}_counts"], arrays[f"frag{i}_rows"])
+            for i in range(len(sk.fragments))
+        )
+        return sk
 
     def parse_report(self, data: object, prefix: str = "") -> SfpReport:
         """Validate a JSON report body against these parameters."""
@@ -298,6 +377,14 @@ class SfpSketch:
         for mine, theirs in zip(self.fragments, other.fragments, strict=True):
             mine.merge(theirs)
         return self
+
+    def to_arrays(self) -> Arrays:
+        """The word sketch's arrays and each position's (``frag0_counts``, ``frag0_rows``, ...)."""
+        arrays = {"word_counts": self.word.counts, "word_rows": self.word.row_counts}
+        for i, frag in enumerate(self.fragments):
+            arrays[f"frag{i}_counts"] = frag.counts
+            arrays[f"frag{i}_rows"] = frag.row_counts
+        return {name: np.asarray(a) for name, a in arrays.items()}
 
     def estimate(self, candidates: Sequence[str]) -> FrequencyEstimate:
         """Estimate full-word counts (candidates are padded/truncated to 10 characters)."""

@@ -6,8 +6,8 @@ One job per module, in a report's order:
 - :mod:`.ingest`: validates a report, charges it through the ledger's gate and writes its sealed
   inbox row in the same transaction (:mod:`.seal`: the inbox sealed to the shuffler key).
 - :mod:`.flush`: the inbox shuffled into published batches in the report store.
-- :mod:`.fold`: published batch parts added into per-day sketches; :mod:`.codec` turns sketches
-  into arrays and bytes and stored payloads into a mechanism's reports.
+- :mod:`.fold`: published batch parts added into per-day sketches (each mechanism decodes its
+  own reports); :mod:`.codec`: a sketch's stored form, compressed bytes and a digest.
 - :mod:`.purge`: retention, past each use case's window.
 - :mod:`.parquet` and :mod:`.distributed`: the store exported to Parquet and folded with Dask.
 - :mod:`.tables`: the pipeline's tables (their migrations are the ledger's, in

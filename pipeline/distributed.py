@@ -13,12 +13,9 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
-import numpy as np
-
-from dp_governor.pipeline.codec import Sketch, sketch_arrays, sketch_from_arrays
-from dp_governor.pipeline.ingest import Mechanism
+from dp_governor.mechanisms import Arrays, Mechanism, Sketch
 from dp_governor.pipeline.parquet import iter_reports
 
 __all__ = [
@@ -31,7 +28,6 @@ __all__ = [
 ]
 
 EngineName = Literal["local", "dask"]
-Arrays = dict[str, np.ndarray]
 _CLIENT_FAN_IN = 4  # partials the client merges itself (more: merged pairwise on the cluster)
 
 
@@ -46,20 +42,18 @@ def fold_files(
 
     ``progress`` is called with the files folded so far and their number, after each file.
     """
-    sketch: Any = mechanism.sketch()
+    sketch = mechanism.sketch()
     for i, path in enumerate(files, start=1):
         for reports in iter_reports(path, mechanism, batch_rows=batch_rows):
             sketch.add(reports)
         if progress is not None:
             progress(i, len(files))
-    return sketch_arrays(sketch)
+    return sketch.to_arrays()
 
 
 def merge_arrays(mechanism: Mechanism, a: Arrays, b: Arrays) -> Arrays:
     """The arrays of the sum of two partial sketches."""
-    left: Any = sketch_from_arrays(mechanism, a)
-    left.merge(sketch_from_arrays(mechanism, b))
-    return sketch_arrays(left)
+    return mechanism.sketch_from_arrays(a).merge(mechanism.sketch_from_arrays(b)).to_arrays()
 
 
 def group_files(files: Sequence[Path], groups: int) -> list[list[Path]]:
@@ -101,7 +95,7 @@ def aggregate_files(
     """
     if engine == "local":
         arrays = fold_files(mechanism, files, batch_rows=batch_rows, progress=progress)
-        return sketch_from_arrays(mechanism, arrays)
+        return mechanism.sketch_from_arrays(arrays)
     if engine != "dask":
         raise ValueError(f"unknown engine {engine!r}; engines: local, dask")
     return _on_dask(mechanism, files, dask or DaskOptions(), batch_rows, progress)
@@ -152,14 +146,14 @@ def _on_dask(
         if progress is not None:  # the folds finish while the merges above wait for them
             _report_folds(folds, [len(g) for g in paths], progress)
         del folds  # a fold's result is released once its merge has it
-        total: Any = None
+        total: Sketch | None = None
         for done in as_completed(partials):  # type: ignore[no-untyped-call]
             # fetch the rest as they finish, one at a time
-            part: Any = sketch_from_arrays(mechanism, done.result())
+            part = mechanism.sketch_from_arrays(done.result())
             done.release()
             total = part if total is None else total.merge(part)
         assert total is not None
-        return cast(Sketch, total)
+        return total
     finally:
         client.close()  # type: ignore[no-untyped-call]
         if cluster is not None:

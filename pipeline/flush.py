@@ -34,7 +34,6 @@ from dp_governor.budget.reporting.central import batch_layers
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.budget.storage.tables import ShuffledBatch
-from dp_governor.pipeline.ingest import params_hash
 from dp_governor.pipeline.seal import InboxSeal, SealError
 from dp_governor.pipeline.tables import (
     STEP_ROWS,
@@ -81,7 +80,7 @@ def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
     for version in book.versions:  # by name, then version: each use case's latest last
         if version.name not in use_cases:
             continue
-        found = (params_hash(mechanism_for(version)), to_micro(version.epsilon_per_report))
+        found = (mechanism_for(version).fingerprint.params, to_micro(version.epsilon_per_report))
         known = out.get(version.name)
         eps = {**known.epsilon_micro, found[0]: found[1]} if known else {found[0]: found[1]}
         top = max(found[1], known.max_epsilon_micro if known else 0)

@@ -17,8 +17,9 @@ from sqlalchemy import Connection, Engine, and_, select, update
 from dp_governor.budget import Ledger
 from dp_governor.budget.storage.db import write_step
 from dp_governor.budget.storage.tables import ShuffledBatch
-from dp_governor.pipeline.codec import Sketch, decode_payloads, sketch_from_bytes, sketch_to_bytes
-from dp_governor.pipeline.ingest import Ingestor, Mechanism, params_hash
+from dp_governor.mechanisms import Mechanism, Sketch
+from dp_governor.pipeline.codec import sketch_from_bytes, sketch_to_bytes
+from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.tables import (
     BatchPart,
     InboxMove,
@@ -61,7 +62,7 @@ def mechanisms_by_params(ledger: Ledger, use_case: str) -> dict[str, Mechanism]:
     out: dict[str, Mechanism] = {}
     for version in ledger.policies.versions(use_case):
         mech = mechanism_for(version)
-        out[params_hash(mech)] = mech
+        out[mech.fingerprint.params] = mech
     return out
 
 
@@ -205,12 +206,10 @@ def _fold_round(
             existing = conn.execute(
                 select(_SKETCHES.c.n, _SKETCHES.c.state).where(_group(use_case, params, day))
             ).first()
-        sketch: Any = (
-            sketch_from_bytes(mechanism, existing.state) if existing else mechanism.sketch()
-        )
+        sketch = sketch_from_bytes(mechanism, existing.state) if existing else mechanism.sketch()
         for batch in batches:
             for payloads in part_payloads(engine, batch, params, day):
-                sketch.add(decode_payloads(mechanism, payloads))
+                sketch.add(mechanism.decode(payloads))
         before = None if existing is None else int(existing.n)
         if _write_sketch(engine, group, before, sketch, batches):
             return int(sketch.n) - (before or 0)
@@ -291,7 +290,7 @@ def load_sketch(
 ) -> tuple[Sketch, list[int]]:
     """The merged sketch of the policy's current parameters over ``first_day..last_day``."""
     mechanism, params = ingestor.mechanism(policy)
-    merged: Any = mechanism.sketch()
+    merged = mechanism.sketch()
     days: list[int] = []
     with ledger.engine.connect() as conn:
         rows = conn.execute(

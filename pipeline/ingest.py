@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import json
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -29,15 +28,14 @@ from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.budget.keyed import KeyedHash
 from dp_governor.budget.rule.book import Terms
 from dp_governor.budget.storage.db import placeholder
-from dp_governor.mechanisms import CMS, HCMS, SFP, InvalidReport, family_id
+from dp_governor.mechanisms import InvalidReport, Mechanism
 from dp_governor.mechanisms.published import FAMILY_FIELD
 from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import Policy, mechanism_for
 from dp_governor.policies.errors import PolicyError
 
-__all__ = ["Ingestor", "ItemResult", "SubmitRequest", "params_hash"]
+__all__ = ["Ingestor", "ItemResult", "SubmitRequest"]
 
-Mechanism = CMS | HCMS | SFP
 INBOX_PSEUDONYM_LABEL = b"\0dp-governor/inbox-pseudonym"
 
 
@@ -47,15 +45,6 @@ class _StalePolicies(Exception):
     def __init__(self, use_cases: set[str]) -> None:
         super().__init__(", ".join(sorted(use_cases)))
         self.use_cases = use_cases
-
-
-def params_hash(mechanism: Mechanism) -> str:
-    """A stable fingerprint of a mechanism's parameters (sketches of equal hashes add)."""
-    fields = {f.name: getattr(mechanism, f.name) for f in dataclasses.fields(mechanism)}
-    fields["hash_family"] = mechanism.hash_family.to_dict()
-    fields["mechanism"] = mechanism.name
-    text = json.dumps(fields, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 _BOOK_WIDE = frozenset({"version", "members", "horizons", "device"})
@@ -117,7 +106,7 @@ class Ingestor:
         self._counted: set[tuple[str, int]] = set()  # versions with min_batch_devices > 1
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         self._charging: dict[tuple[str, int], tuple[str, tuple[Any, ...]]] = {}
-        self._families: dict[str, str] = {}  # parameter hash -> published family identifier
+        self._families: dict[str, str] = {}  # stored parameter key -> published family id
         self._known: set[str] = set()
         ph = placeholder(ledger.engine)
         self._inbox_sql = (
@@ -171,10 +160,11 @@ class Ingestor:
         key = (policy.name, policy.version)
         found = self._mechanisms.get(key)
         if found is None:
-            mech = mechanism_for(policy)
-            found = (mech, params_hash(mech))
+            mech: Mechanism = mechanism_for(policy)
+            fingerprint = mech.fingerprint
+            found = (mech, fingerprint.params)
             self._mechanisms[key] = found
-            self._families[found[1]] = family_id(mech)
+            self._families[found[1]] = fingerprint.family_id
             # what a report is decoded and charged by; the version number itself is neither
             self._charging[key] = (found[1], _own_terms(Terms.of(policy)))
             if policy.min_batch_devices > 1:

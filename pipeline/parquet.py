@@ -21,10 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import Engine
 
-from dp_governor.mechanisms import CMS, HCMS, CmsReports, HcmsReports, SfpReports
-from dp_governor.pipeline.codec import decode_payloads
+from dp_governor.mechanisms import (
+    Mechanism,
+    Reports,
+)
 from dp_governor.pipeline.fold import part_payloads, published_parts
-from dp_governor.pipeline.ingest import Mechanism, params_hash
 
 __all__ = [
     "ExportResult",
@@ -37,7 +38,6 @@ __all__ = [
     "write_reports",
 ]
 
-Reports = CmsReports | HcmsReports | SfpReports
 _META_PARAMS = b"dpgov.params"
 _READ_CHUNK = 50_000
 
@@ -47,79 +47,39 @@ def partition_dir(root: Path, use_case: str, day: int, params: str) -> Path:
     return root / f"use_case={use_case}" / f"day={day}" / f"params={params}"
 
 
-def _bits(bits: np.ndarray, width: int) -> pa.Array:
-    flat = pa.py_buffer(np.ascontiguousarray(bits, dtype=np.uint8).tobytes())
-    return pa.Array.from_buffers(pa.binary(width), len(bits), [None, flat])
+def _column(values: np.ndarray) -> pa.Array:
+    """A report column: packed-bit rows as fixed-width binary, integers as int32 (int8 kept)."""
+    if values.ndim == 2:
+        flat = pa.py_buffer(np.ascontiguousarray(values, dtype=np.uint8).tobytes())
+        return pa.Array.from_buffers(pa.binary(values.shape[1]), len(values), [None, flat])
+    return pa.array(values if values.dtype == np.int8 else values.astype(np.int32))
 
 
-def reports_table(mechanism: Mechanism, reports: Reports) -> pa.Table:
-    """A batch of reports as an Arrow table of the mechanism's columns."""
-    if isinstance(reports, HcmsReports):
-        return pa.table(
-            {
-                "j": pa.array(reports.j.astype(np.int32)),
-                "l": pa.array(reports.l.astype(np.int32)),
-                "bit": pa.array(reports.bit.astype(np.int8)),
-            }
-        )
-    if isinstance(reports, CmsReports):
-        return pa.table(
-            {
-                "j": pa.array(reports.j.astype(np.int32)),
-                "bits": _bits(reports.bits, reports.bits.shape[1]),
-            }
-        )
-    return pa.table(
-        {
-            "word_j": pa.array(reports.word.j.astype(np.int32)),
-            "word_bits": _bits(reports.word.bits, reports.word.bits.shape[1]),
-            "fragment_j": pa.array(reports.fragment.j.astype(np.int32)),
-            "fragment_bits": _bits(reports.fragment.bits, reports.fragment.bits.shape[1]),
-            "position": pa.array(reports.position.astype(np.int32)),
-        }
-    )
+def reports_table(reports: Reports) -> pa.Table:
+    """A batch of reports as an Arrow table of its mechanism's columns."""
+    return pa.table({name: _column(values) for name, values in reports.columns().items()})
 
 
-def _column_bits(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
+def _values(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A column back as numpy: fixed-width binary as ``(n, width)`` uint8 rows, else integers."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    data = arr.buffers()[1]
-    out = np.frombuffer(data, dtype=np.uint8, count=len(arr) * width, offset=arr.offset * width)
-    return out.reshape(len(arr), width)
-
-
-def _ints(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
+    if pa.types.is_fixed_size_binary(arr.type):
+        width = arr.type.byte_width
+        data = arr.buffers()[1]
+        out = np.frombuffer(data, dtype=np.uint8, count=len(arr) * width, offset=arr.offset * width)
+        return out.reshape(len(arr), width)
+    return np.asarray(arr.to_numpy(zero_copy_only=False))
 
 
 def _from_batch(mechanism: Mechanism, batch: pa.RecordBatch) -> Reports:
-    if isinstance(mechanism, HCMS):
-        bit = np.asarray(batch.column("bit").to_numpy(zero_copy_only=False), dtype=np.int8)
-        return HcmsReports(_ints(batch.column("j")), _ints(batch.column("l")), bit)
-    if isinstance(mechanism, CMS):
-        width = (mechanism.m + 7) // 8
-        bits = _column_bits(batch.column("bits"), width)
-        return CmsReports(_ints(batch.column("j")), bits, mechanism.m)
-    word_width = (mechanism.m + 7) // 8
-    frag_width = (mechanism.m_fragment + 7) // 8
-    return SfpReports(
-        CmsReports(
-            _ints(batch.column("word_j")),
-            _column_bits(batch.column("word_bits"), word_width),
-            mechanism.m,
-        ),
-        CmsReports(
-            _ints(batch.column("fragment_j")),
-            _column_bits(batch.column("fragment_bits"), frag_width),
-            mechanism.m_fragment,
-        ),
-        _ints(batch.column("position")),
-    )
+    columns = {name: _values(batch.column(name)) for name in batch.schema.names}
+    return mechanism.from_columns(columns)
 
 
 def _tagged(mechanism: Mechanism, reports: Reports) -> pa.Table:
     """The reports' table with the parameter hash in its schema metadata."""
-    meta = {_META_PARAMS: params_hash(mechanism).encode()}
-    return reports_table(mechanism, reports).replace_schema_metadata(meta)
+    meta = {_META_PARAMS: mechanism.fingerprint.params.encode()}
+    return reports_table(reports).replace_schema_metadata(meta)
 
 
 def write_reports(path: Path, mechanism: Mechanism, reports: Iterator[Reports]) -> int:
@@ -149,7 +109,7 @@ def iter_reports(
     """
     file = pq.ParquetFile(path)
     meta = file.schema_arrow.metadata or {}
-    expected = params_hash(mechanism)
+    expected = mechanism.fingerprint.params
     if meta.get(_META_PARAMS, b"").decode() != expected:
         raise ValueError(f"{path}: reports of parameters other than {expected}")
     for batch in file.iter_batches(batch_size=batch_rows):
@@ -190,7 +150,7 @@ def _write_partition(
     in_file = rows = 0
     try:
         for payloads in pages:
-            table = _tagged(mechanism, decode_payloads(mechanism, payloads))
+            table = _tagged(mechanism, mechanism.decode(payloads))
             while table.num_rows:
                 if writer is None:
                     files.append(staging / f"part-{len(files):05d}.parquet")

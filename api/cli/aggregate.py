@@ -77,7 +77,6 @@ def aggregate(
     from dp_governor.budget import SystemClock, UnknownUseCase, utc_day
     from dp_governor.pipeline.codec import sketch_digest, sketch_to_bytes
     from dp_governor.pipeline.fold import mechanisms_by_params
-    from dp_governor.pipeline.ingest import params_hash
     from dp_governor.policies import mechanism_for
 
     if scheduler is not None and engine is not AggregateEngine.dask:
@@ -97,7 +96,7 @@ def aggregate(
             typer.echo("Error: --from must not be after --to", err=True)
             raise typer.Exit(2)
         mechanism = mechanism_for(policy)
-        params = params_hash(mechanism)
+        params = mechanism.fingerprint.params
         t0 = time.perf_counter()
         exported = None
         if export:

@@ -14,7 +14,7 @@ from dp_governor.api.errors import UNAUTHORIZED, HttpError
 from dp_governor.budget import Clock, Ledger, UnknownUseCase, utc_day
 from dp_governor.budget.reporting.activity import daily_activity
 from dp_governor.budget.reporting.views import cumulative_series, distribution
-from dp_governor.mechanisms import SfpSketch
+from dp_governor.mechanisms import Discovering
 from dp_governor.pipeline.fold import load_sketch
 from dp_governor.pipeline.ingest import Ingestor
 
@@ -76,7 +76,7 @@ def render_page(
         if p.mechanism != "sfp" and p.name != estimate:
             continue
         sketch, days = load_sketch(ledger, ingestor, p, today - p.retention_days + 1, today)
-        if isinstance(sketch, SfpSketch):
+        if isinstance(sketch, Discovering):
             found = caches.discovery(p, days, sketch)
             rows = [(w.word, w.count, w.stderr) for w in found]
             panels.append(EstimatePanel(p.name, f"{p.name}: discovered words", sketch.n, rows))

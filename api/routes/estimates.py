@@ -18,7 +18,7 @@ from dp_governor.api.schemas import (
 )
 from dp_governor.budget import Clock, InvalidRequest, utc_day
 from dp_governor.budget.clock import day_date
-from dp_governor.mechanisms import SfpSketch
+from dp_governor.mechanisms import Discovering
 from dp_governor.pipeline.fold import load_sketch
 from dp_governor.pipeline.ingest import Ingestor
 
@@ -124,11 +124,10 @@ def discoveries(
 ) -> Discoveries:
     """Words discovered by SFP over the chosen days, above the publication threshold."""
     policy = ingestor.ledger.policies.get(name)
-    if policy.mechanism != "sfp":
-        raise InvalidRequest("name", f"use case {name!r} is not an SFP use case")
     first, last = day_range(start, end, clock)
     sketch, days = load_sketch(ingestor.ledger, ingestor, policy, first, last)
-    assert isinstance(sketch, SfpSketch)
+    if not isinstance(sketch, Discovering):
+        raise InvalidRequest("name", f"use case {name!r} is not an SFP use case")
     found = caches.discovery(policy, days, sketch)
     return Discoveries(
         use_case=name,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import PlainTextResponse
@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from dp_governor.api.deps import AdminDep, LedgerDep, MetricsDep
 from dp_governor.api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
 from dp_governor.api.jobs import JOBS, JobBusy, LeaseLost, lease_of, release_job, run_job
+from dp_governor.api.schemas import Health, JobRelease, JobRun
 from dp_governor.pipeline.tables import InboxRow
 
 __all__ = ["router"]
@@ -24,12 +25,12 @@ JobName = Annotated[
 ]
 
 
-@router.get("/healthz")
-def healthz(ledger: LedgerDep) -> dict[str, str]:
+@router.get("/healthz", response_model=Health)
+def healthz(ledger: LedgerDep) -> Health:
     """Liveness and database reachability."""
     with ledger.engine.connect() as conn:
         conn.execute(select(1))
-    return {"status": "ok"}
+    return Health(status="ok")
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
@@ -44,7 +45,7 @@ def metrics(ledger: LedgerDep, service_metrics: MetricsDep) -> PlainTextResponse
     )
 
 
-@router.post("/v1/admin/jobs/{job}:run")
+@router.post("/v1/admin/jobs/{job}:run", response_model=JobRun)
 def run_job_now(
     job: JobName,
     request: Request,
@@ -52,7 +53,7 @@ def run_job_now(
     force: Annotated[
         bool, Query(description="Take the job's lease from whoever holds it (after a crash).")
     ] = False,
-) -> dict[str, Any]:
+) -> JobRun:
     """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``, ``checkpoint``)."""
     if job not in JOBS:
         raise HttpError(NOT_FOUND, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
@@ -66,13 +67,13 @@ def run_job_now(
         raise HttpError(
             CONFLICT, f"job {job!r} is running in another process; force=true takes its lease"
         )
-    return {"job": job, "result": result}
+    return JobRun(job=job, result=result)
 
 
-@router.post("/v1/admin/jobs/{job}:release")
-def release_job_now(job: JobName, ledger: LedgerDep, _admin: None = AdminDep) -> dict[str, Any]:
+@router.post("/v1/admin/jobs/{job}:release", response_model=JobRelease)
+def release_job_now(job: JobName, ledger: LedgerDep, _admin: None = AdminDep) -> JobRelease:
     """Clear a job's lease whoever holds it (a crashed process); ``released``: it was held."""
     if job not in JOBS:
         raise HttpError(NOT_FOUND, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
     released = release_job(ledger.engine, job)
-    return {"job": job, "lease": lease_of(job), "released": released}
+    return JobRelease(job=job, lease=lease_of(job), released=released)

@@ -23,14 +23,13 @@ from dp_governor.budget.reporting.central import central_figures
 from dp_governor.budget.storage.db import writer
 from dp_governor.budget.storage.schema import alembic_config
 from dp_governor.pipeline.codec import (
-    decode_payloads,
     sketch_digest,
     sketch_from_bytes,
     sketch_to_bytes,
 )
 from dp_governor.pipeline.flush import flush_inbox
 from dp_governor.pipeline.fold import aggregate
-from dp_governor.pipeline.ingest import Ingestor, SubmitRequest, params_hash
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
 from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, mechanism_for
 
@@ -191,11 +190,11 @@ def test_reports_stored_before_batch_parts_are_folded_once_after_the_upgrade(
         command.upgrade(alembic_config(conn), "0005")  # the layout of the release before
     policy = _policy("legacy", 1)
     mech = mechanism_for(policy)
-    params, day = params_hash(mech), utc_day(NOW)
+    params, day = mech.fingerprint.params, utc_day(NOW)
     bodies = mech.privatize(["a", "b", "c"] * 10, rng=np.random.default_rng(5)).to_dicts()
     payloads = [orjson.dumps(b).decode() for b in bodies]
     folded: Any = mech.sketch()
-    folded.add(decode_payloads(mech, payloads[:10]))
+    folded.add(mech.decode(payloads[:10]))
     with engine.begin() as conn:
         conn.execute(
             text(
@@ -223,7 +222,7 @@ def test_reports_stored_before_batch_parts_are_folded_once_after_the_upgrade(
     assert aggregate(ledger).reports == 20
     assert aggregate(ledger).reports == 0
     everything: Any = mech.sketch()
-    everything.add(decode_payloads(mech, payloads))
+    everything.add(mech.decode(payloads))
     with engine.connect() as conn:
         state = conn.execute(text("SELECT state FROM sketches")).scalar_one()
     assert sketch_digest(sketch_from_bytes(mech, state)) == sketch_digest(everything)

@@ -22,11 +22,10 @@ from dp_governor.api.demo.simulation import zipf_indices
 from dp_governor.api.settings import Settings, service_keys
 from dp_governor.budget import Ledger, create_db_engine, utc_day
 from dp_governor.mechanisms import CMS, HCMS, SFP
-from dp_governor.pipeline.codec import sketch_arrays
 from dp_governor.pipeline.distributed import DaskOptions, aggregate_files, group_files
 from dp_governor.pipeline.flush import flush_inbox
 from dp_governor.pipeline.fold import aggregate, load_sketch, mechanisms_by_params
-from dp_governor.pipeline.ingest import Ingestor, params_hash
+from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.parquet import (
     ExportResult,
     dataset_files,
@@ -67,7 +66,7 @@ def test_parquet_round_trip_keeps_every_report(tmp_path: Path, name: str) -> Non
     folded: Any = mech.sketch()
     for r in read:
         folded.add(r)
-    assert _same(sketch_arrays(direct), sketch_arrays(folded))
+    assert _same(direct.to_arrays(), folded.to_arrays())
 
 
 def test_files_of_other_parameters_are_refused(tmp_path: Path) -> None:
@@ -147,13 +146,13 @@ def test_export_then_aggregate_equals_the_services_sketches(
     exported = service.export(tmp_path, name, rows_per_file=97, progress=lambda *p: read.append(p))
     assert exported.rows == 1400 and read[-1] == (1400, 1400) and read == sorted(read)
     mech = mechanism_for(policy)
-    params = params_hash(mech)
+    params = mech.fingerprint.params
     assert exported.partitions == {(first, params): 700, (last, params): 700}
     files = dataset_files(tmp_path, name, [first, last], params)
     assert len(files) == 2 * 8  # 700 rows in files of at most 97
     stored, _ = load_sketch(service.ledger, service.ingestor, policy, first, last)
     local = aggregate_files(mech, files)
-    assert _same(sketch_arrays(local), sketch_arrays(stored))
+    assert _same(local.to_arrays(), stored.to_arrays())
     # re-exporting replaces the partitions and leaves no staging directory behind
     service.export(tmp_path, name)
     assert len(dataset_files(tmp_path, name, [first, last], params)) == 2
@@ -170,7 +169,10 @@ def test_dask_local_cluster_gives_the_same_sketch_bit_for_bit(
     for name in CASES:
         mech = mechanism_for(service.ledger.policies.get(name))
         service.export(tmp_path, name, rows_per_file=150)
-        sketches[name] = (mech, dataset_files(tmp_path, name, [first, last], params_hash(mech)))
+        sketches[name] = (
+            mech,
+            dataset_files(tmp_path, name, [first, last], mech.fingerprint.params),
+        )
     # one cluster, three use cases (start-up is the slow part); six threads make six partials,
     # so some are merged on the cluster and the rest in this process
     from dask.distributed import Client, LocalCluster
@@ -194,7 +196,7 @@ def test_dask_local_cluster_gives_the_same_sketch_bit_for_bit(
             )
             assert on_dask.n == local.n == 1400
             assert folded[-1] == (len(files), len(files)) and folded == sorted(folded)
-            a, b = sketch_arrays(local), sketch_arrays(on_dask)
+            a, b = local.to_arrays(), on_dask.to_arrays()
             assert _same(a, b), name
             assert all(a[k].dtype == b[k].dtype for k in a)
             assert isinstance(mech, CMS | HCMS | SFP)

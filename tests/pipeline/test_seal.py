@@ -8,7 +8,6 @@ import numpy as np
 import orjson
 import pytest
 
-from dp_governor.pipeline.ingest import params_hash
 from dp_governor.pipeline.seal import InboxSeal, SealError, key_id
 from dp_governor.policies import PolicyCreate, mechanism_for
 
@@ -37,7 +36,7 @@ def _payloads(kind: str, n: int) -> tuple[str, list[str]]:
     mech = mechanism_for(policy)
     values = [f"w{i}" for i in range(n)]
     bodies = mech.privatize(values, rng=np.random.default_rng(7)).to_dicts()
-    return params_hash(mech), [
+    return mech.fingerprint.params, [
         orjson.dumps(b, option=orjson.OPT_SORT_KEYS).decode() for b in bodies
     ]
 
