@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Path, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Engine
 
 from dp_governor.api.caches import Caches
 from dp_governor.api.errors import FORBIDDEN, REFUSED, UNAUTHORIZED, HttpError
@@ -19,6 +20,7 @@ from dp_governor.api.ratelimit import RateLimiter
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Clock, Ledger
 from dp_governor.pipeline.ingest import Ingestor
+from dp_governor.policies.repository import PolicyStore
 
 __all__ = [
     "ADMIN_BEARER",
@@ -29,11 +31,13 @@ __all__ = [
     "ClockDep",
     "DeviceHeader",
     "DevicePath",
+    "EngineDep",
     "GroupName",
     "IdempotencyKeyHeader",
     "IngestorDep",
     "LedgerDep",
     "MetricsDep",
+    "PolicyStoreDep",
     "ReadableDevice",
     "SettingsDep",
     "UseCaseName",
@@ -151,6 +155,20 @@ def require_admin(
 
 
 LedgerDep = Annotated[Ledger, Depends(get_ledger)]
+
+
+def get_policy_store(ledger: LedgerDep) -> PolicyStore:
+    """The store of every policy version, the one way routes read and write policies."""
+    return ledger.policies
+
+
+def get_engine(ledger: LedgerDep) -> Engine:
+    """The ledger's engine, for the operations routes' lease and activity queries."""
+    return ledger.engine
+
+
+PolicyStoreDep = Annotated[PolicyStore, Depends(get_policy_store)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
 IngestorDep = Annotated[Ingestor, Depends(get_ingestor)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ClockDep = Annotated[Clock, Depends(get_clock)]

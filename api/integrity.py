@@ -148,7 +148,7 @@ def pipeline_problem(
     day = utc_day(now)
     book = ledger.book()
     cutoff = {name: kept.data_through for name, kept in book.purge_through(day).items()}
-    with ledger.engine.connect() as conn:
+    with ledger.connect() as conn:
         problem = _tags(conn, ledger.row_tags, state.legacy_through, seal)
         if problem is None:
             problem = _pipeline_problem(conn, book, day, dict(state.accepted))

@@ -150,6 +150,14 @@ class Ledger:
         )
         self.accountant = accountant or Accountant()
 
+    def connect(self) -> Connection:
+        """A read connection to the ledger's database; use it as a context manager."""
+        return self.engine.connect()
+
+    def close(self) -> None:
+        """Release the database connections (a command's last step; the service's shutdown)."""
+        self.engine.dispose()
+
     def _policy_changed(self, conn: Connection, old: Policy | None, new: Policy) -> None:
         """Audit a policy write in its transaction: the old and the new version."""
         action = "policy.create" if old is None or not old.active else "policy.update"

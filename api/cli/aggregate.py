@@ -116,7 +116,7 @@ def aggregate(
                 typer.echo(f"Error: cannot write {out}: {exc.strerror}", err=True)
                 raise typer.Exit(1) from None
     finally:
-        ledger.engine.dispose()
+        ledger.close()
     t1 = time.perf_counter()
     files = dataset_files(out, use_case, range(first, last + 1), params)
     try:

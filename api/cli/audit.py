@@ -38,7 +38,7 @@ def audit_verify(
     try:
         result = verify_service(ledger, now=datetime.now(UTC), kept=kept)
     finally:
-        ledger.engine.dispose()
+        ledger.close()
     typer.echo(json.dumps(result.to_dict(), indent=2))
     if not result.ok:
         where = "" if result.first_bad is None else f" at entry {result.first_bad}"
@@ -64,7 +64,7 @@ def audit_checkpoints(
     except CheckpointFileError as exc:
         refuse(str(exc), 1)
     finally:
-        ledger.engine.dispose()
+        ledger.close()
     typer.echo(f"{added} new checkpoint(s) appended to {output}")
 
 
@@ -88,7 +88,7 @@ def audit_report(
     try:
         report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
     finally:
-        ledger.engine.dispose()
+        ledger.close()
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -124,7 +124,7 @@ def audit_export(
         typer.echo(f"Error: cannot write {out}: {exc.strerror}", err=True)
         raise typer.Exit(1) from None
     finally:
-        ledger.engine.dispose()
+        ledger.close()
     typer.echo(f"{n} records written to {out}")
 
 

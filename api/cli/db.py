@@ -29,7 +29,7 @@ def db_init(database_url: DatabaseOption = None) -> None:
 
     settings = load_settings(database_url)
     ledger, keys = open_service(settings, Access.CREATE, upgrade=True)
-    ledger.engine.dispose()
+    ledger.close()
     shown = make_url(settings.database_url).render_as_string(hide_password=True)
     typer.echo(
         f"{shown}: ready; device-key secret from {keys.sources[0]}, audit key from"

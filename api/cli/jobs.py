@@ -68,7 +68,7 @@ def jobs_run(
         raise typer.Exit(1) from None
     finally:
         RUNTIMES.pop(key, None)
-        ledger.engine.dispose()
+        ledger.close()
     if result is None:
         by = "" if held is None else f" ({held[0]} holds its lease for {held[1]:.0f} s more)"
         typer.echo(
@@ -99,5 +99,5 @@ def jobs_release(
     try:
         released = release_job(ledger.engine, name)
     finally:
-        ledger.engine.dispose()
+        ledger.close()
     typer.echo(json.dumps({"job": name, "lease": lease_of(name), "released": released}))

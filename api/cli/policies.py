@@ -112,7 +112,7 @@ def policies_apply(
         for row in stored:
             print(f"{row.name}: version {row.version} written")
     finally:
-        ledger.engine.dispose()
+        ledger.close()
 
 
 def _review_device_budget(
@@ -123,7 +123,7 @@ def _review_device_budget(
     from dp_governor.policies.device import device_budget_versions
     from dp_governor.policies.device import loosening as device_loosening
 
-    with ledger.engine.connect() as conn:
+    with ledger.connect() as conn:
         held = device_budget_versions(conn)
     old = held[-1].body() if held else None
     changed = old != device
@@ -165,7 +165,7 @@ def _review(
         ):
             changed.append(policy)
     try:
-        with ledger.engine.connect() as conn:
+        with ledger.connect() as conn:
             rows = ledger.policies.proposed(conn, changed)
     except PolicyConflict as exc:
         return [str(exc)], [], changed

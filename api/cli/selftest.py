@@ -90,4 +90,4 @@ def _policies(defaults: bool, database_url: str | None) -> list[PolicyBase]:
     try:
         return list(ledger.policies.list())
     finally:
-        ledger.engine.dispose()
+        ledger.close()

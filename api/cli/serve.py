@@ -43,7 +43,7 @@ def serve(
     settings = load_settings(database_url, host=host, port=port, log_format=fmt)
     # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
     ledger, keys = open_service(settings, Access.CREATE)
-    ledger.engine.dispose()
+    ledger.close()
     os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
     os.environ["DPGOV_LOG_FORMAT"] = settings.log_format
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())

@@ -32,5 +32,5 @@ def device_budget_versions_route(ledger: LedgerDep) -> list[DeviceBudgetPublic]:
     Public, as the use cases' policies are: a device plans its reports by the limits and
     quotas it draws from.
     """
-    with ledger.engine.connect() as conn:
+    with ledger.connect() as conn:
         return [v.public() for v in device_budget_versions(conn)]

@@ -7,7 +7,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from dp_governor.api.deps import AdminDep, CachesDep, ClockDep, IngestorDep, UseCaseName
+from dp_governor.api.deps import (
+    AdminDep,
+    CachesDep,
+    ClockDep,
+    IngestorDep,
+    PolicyStoreDep,
+    UseCaseName,
+)
 from dp_governor.api.schemas import (
     Discoveries,
     Discovery,
@@ -21,6 +28,7 @@ from dp_governor.budget.clock import day_date
 from dp_governor.mechanisms import Discovering
 from dp_governor.pipeline.fold import load_sketch
 from dp_governor.pipeline.ingest import Ingestor
+from dp_governor.policies.repository import PolicyStore
 
 __all__ = ["day_range", "router"]
 
@@ -55,6 +63,7 @@ def day_range(start: date | None, end: date | None, clock: Clock) -> tuple[int, 
 def estimates(
     name: UseCaseName,
     ingestor: IngestorDep,
+    store: PolicyStoreDep,
     clock: ClockDep,
     candidates: Annotated[
         list[str],
@@ -70,30 +79,32 @@ def estimates(
     _admin: None = AdminDep,
 ) -> Estimates:
     """Frequency estimates with standard errors from the chosen days' sketches (>= T)."""
-    return _estimate(ingestor, clock, name, candidates, start, end)
+    return _estimate(ingestor, store, clock, name, candidates, start, end)
 
 
 @router.post("/v1/use-cases/{name}/estimates:query", response_model=Estimates)
 def estimates_query(
     name: UseCaseName,
     ingestor: IngestorDep,
+    store: PolicyStoreDep,
     query: EstimateQuery,
     clock: ClockDep,
     _admin: None = AdminDep,
 ) -> Estimates:
     """As ``GET .../estimates``, with the candidates in the body (for long lists)."""
-    return _estimate(ingestor, clock, name, query.candidates, query.start, query.end)
+    return _estimate(ingestor, store, clock, name, query.candidates, query.start, query.end)
 
 
 def _estimate(
     ingestor: Ingestor,
+    store: PolicyStore,
     clock: Clock,
     name: str,
     candidates: list[str],
     start: date | None,
     end: date | None,
 ) -> Estimates:
-    policy = ingestor.ledger.policies.get(name)
+    policy = store.get(name)
     first, last = day_range(start, end, clock)
     sketch, days = load_sketch(ingestor.ledger, ingestor, policy, first, last)
     est = sketch.estimate(candidates)
@@ -116,6 +127,7 @@ def _estimate(
 def discoveries(
     name: UseCaseName,
     ingestor: IngestorDep,
+    store: PolicyStoreDep,
     caches: CachesDep,
     clock: ClockDep,
     start: FromDay = None,
@@ -123,7 +135,7 @@ def discoveries(
     _admin: None = AdminDep,
 ) -> Discoveries:
     """Words discovered by SFP over the chosen days, above the publication threshold."""
-    policy = ingestor.ledger.policies.get(name)
+    policy = store.get(name)
     first, last = day_range(start, end, clock)
     sketch, days = load_sketch(ingestor.ledger, ingestor, policy, first, last)
     if not isinstance(sketch, Discovering):

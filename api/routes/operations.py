@@ -9,7 +9,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
-from dp_governor.api.deps import AdminDep, LedgerDep, MetricsDep
+from dp_governor.api.deps import AdminDep, EngineDep, LedgerDep, MetricsDep
 from dp_governor.api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
 from dp_governor.api.jobs import JOBS, JobBusy, LeaseLost, lease_of, release_job, run_job
 from dp_governor.api.schemas import Health, JobRelease, JobRun
@@ -28,7 +28,7 @@ JobName = Annotated[
 @router.get("/healthz", response_model=Health)
 def healthz(ledger: LedgerDep) -> Health:
     """Liveness and database reachability."""
-    with ledger.engine.connect() as conn:
+    with ledger.connect() as conn:
         conn.execute(select(1))
     return Health(status="ok")
 
@@ -36,7 +36,7 @@ def healthz(ledger: LedgerDep) -> Health:
 @router.get("/metrics", response_class=PlainTextResponse)
 def metrics(ledger: LedgerDep, service_metrics: MetricsDep) -> PlainTextResponse:
     """Prometheus metrics."""
-    with ledger.engine.connect() as conn:
+    with ledger.connect() as conn:
         service_metrics.inbox_depth.set(
             conn.execute(select(func.count()).select_from(InboxRow.__table__)).scalar_one()  # type: ignore[attr-defined]
         )
@@ -71,9 +71,9 @@ def run_job_now(
 
 
 @router.post("/v1/admin/jobs/{job}:release", response_model=JobRelease)
-def release_job_now(job: JobName, ledger: LedgerDep, _admin: None = AdminDep) -> JobRelease:
+def release_job_now(job: JobName, engine: EngineDep, _admin: None = AdminDep) -> JobRelease:
     """Clear a job's lease whoever holds it (a crashed process); ``released``: it was held."""
     if job not in JOBS:
         raise HttpError(NOT_FOUND, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
-    released = release_job(ledger.engine, job)
+    released = release_job(engine, job)
     return JobRelease(job=job, lease=lease_of(job), released=released)

@@ -11,13 +11,21 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
-from dp_governor.api.deps import AdminDep, AllowLoosen, ClockDep, GroupName, LedgerDep, UseCaseName
+from dp_governor.api.deps import (
+    AdminDep,
+    AllowLoosen,
+    ClockDep,
+    GroupName,
+    LedgerDep,
+    PolicyStoreDep,
+    UseCaseName,
+)
 from dp_governor.api.schemas import POLICY_EXAMPLES, BudgetGroupPublic, public_policy
 from dp_governor.budget import InvalidRequest, UnknownUseCase
 from dp_governor.budget.reporting.views import WhatIf, what_if
 from dp_governor.policies import PolicyBase, PolicyCreate, PolicyPublic
 from dp_governor.policies.model import GroupTerms
-from dp_governor.policies.repository import GROUP_FIELDS
+from dp_governor.policies.repository import GROUP_FIELDS, PolicyStore
 
 __all__ = ["router"]
 
@@ -25,21 +33,21 @@ router = APIRouter(tags=["use cases"])
 
 
 @router.get("/v1/use-cases", response_model=list[PolicyPublic])
-def list_use_cases(ledger: LedgerDep) -> list[PolicyPublic]:
+def list_use_cases(store: PolicyStoreDep) -> list[PolicyPublic]:
     """Every active use case's current policy."""
-    return [public_policy(p) for p in ledger.policies.list()]
+    return [public_policy(p) for p in store.list()]
 
 
 @router.get("/v1/use-cases/{name}", response_model=PolicyPublic)
-def get_use_case(name: UseCaseName, ledger: LedgerDep) -> PolicyPublic:
+def get_use_case(name: UseCaseName, store: PolicyStoreDep) -> PolicyPublic:
     """A use case's current policy."""
-    return public_policy(ledger.policies.get(name))
+    return public_policy(store.get(name))
 
 
 @router.get("/v1/use-cases/{name}/versions", response_model=list[PolicyPublic])
-def use_case_versions(name: UseCaseName, ledger: LedgerDep) -> list[PolicyPublic]:
+def use_case_versions(name: UseCaseName, store: PolicyStoreDep) -> list[PolicyPublic]:
     """Every version of a use case's policy, oldest first (deleted ones too)."""
-    return [public_policy(p) for p in ledger.policies.versions(name)]
+    return [public_policy(p) for p in store.versions(name)]
 
 
 @router.put("/v1/use-cases/{name}", response_model=PolicyPublic)
@@ -52,7 +60,7 @@ def put_use_case(
             openapi_examples=POLICY_EXAMPLES,
         ),
     ],
-    ledger: LedgerDep,
+    store: PolicyStoreDep,
     allow_loosen: AllowLoosen = False,
     _admin: None = AdminDep,
 ) -> PolicyPublic:
@@ -66,13 +74,15 @@ def put_use_case(
     if data.setdefault("name", name) != name:
         raise InvalidRequest("name", f"must equal the path's use case {name!r}")
     policy = PolicyCreate.model_validate(data)
-    return public_policy(ledger.policies.apply(policy, actor="admin", allow_loosen=allow_loosen))
+    return public_policy(store.apply(policy, actor="admin", allow_loosen=allow_loosen))
 
 
 @router.delete("/v1/use-cases/{name}", response_model=PolicyPublic)
-def delete_use_case(name: UseCaseName, ledger: LedgerDep, _admin: None = AdminDep) -> PolicyPublic:
+def delete_use_case(
+    name: UseCaseName, store: PolicyStoreDep, _admin: None = AdminDep
+) -> PolicyPublic:
     """Retire a use case (an inactive version); its history and charges stay."""
-    return public_policy(ledger.policies.delete(name, actor="admin"))
+    return public_policy(store.delete(name, actor="admin"))
 
 
 @router.post("/v1/use-cases/{name}/what-if", response_model=WhatIf)
@@ -89,6 +99,7 @@ def what_if_route(
         ),
     ],
     ledger: LedgerDep,
+    store: PolicyStoreDep,
     clock: ClockDep,
     _admin: None = AdminDep,
 ) -> WhatIf:
@@ -97,7 +108,7 @@ def what_if_route(
     Devices whose next report today would be refused, devices over the proposed caps, and
     the effective-epsilon figures, each under the current and the proposed policy.
     """
-    current = ledger.policies.get(name)
+    current = store.get(name)
     data = current.model_dump(include=set(PolicyBase.model_fields))
     if body.get("name", name) != name:
         raise InvalidRequest("name", f"must equal the path's use case {name!r}")
@@ -105,8 +116,8 @@ def what_if_route(
     return what_if(ledger, name, PolicyCreate.model_validate(data), now=clock.now())
 
 
-def _group(ledger: LedgerDep, group: str) -> BudgetGroupPublic:
-    members = [p for p in ledger.policies.list() if p.budget_group == group]
+def _group(store: PolicyStore, group: str) -> BudgetGroupPublic:
+    members = [p for p in store.list() if p.budget_group == group]
     if not members:
         raise UnknownUseCase(f"budget group {group!r}")
     terms = GroupTerms.model_validate(members[0].model_dump(include=set(GROUP_FIELDS)))
@@ -114,16 +125,16 @@ def _group(ledger: LedgerDep, group: str) -> BudgetGroupPublic:
 
 
 @router.get("/v1/budget-groups/{group}", response_model=BudgetGroupPublic)
-def get_budget_group(group: GroupName, ledger: LedgerDep) -> BudgetGroupPublic:
+def get_budget_group(group: GroupName, store: PolicyStoreDep) -> BudgetGroupPublic:
     """A budget group's active members and the terms they share."""
-    return _group(ledger, group)
+    return _group(store, group)
 
 
 @router.put("/v1/budget-groups/{group}", response_model=BudgetGroupPublic)
 def put_budget_group(
     group: GroupName,
     terms: GroupTerms,
-    ledger: LedgerDep,
+    store: PolicyStoreDep,
     allow_loosen: AllowLoosen = False,
     _admin: None = AdminDep,
 ) -> BudgetGroupPublic:
@@ -133,8 +144,8 @@ def put_budget_group(
     loosens needs `allow_loosen=true`. A member whose policy would no longer validate (a cap
     below its epsilon per report) refuses the whole change with 422 naming the field.
     """
-    ledger.policies.update_group(group, terms, actor="admin", allow_loosen=allow_loosen)
-    return _group(ledger, group)
+    store.update_group(group, terms, actor="admin", allow_loosen=allow_loosen)
+    return _group(store, group)
 
 
 @router.post("/v1/budget-groups/{group}/what-if", response_model=list[WhatIf])
@@ -142,6 +153,7 @@ def group_what_if(
     group: GroupName,
     terms: GroupTerms,
     ledger: LedgerDep,
+    store: PolicyStoreDep,
     clock: ClockDep,
     _admin: None = AdminDep,
 ) -> list[WhatIf]:
@@ -150,7 +162,7 @@ def group_what_if(
     Each member's answer compares its current policy with the proposal, all members changed
     together; `loosens` lists what writing it would need `allow_loosen` for.
     """
-    members = [p for p in ledger.policies.list() if p.budget_group == group]
+    members = [p for p in store.list() if p.budget_group == group]
     if not members:
         raise UnknownUseCase(f"budget group {group!r}")
     shared = terms.model_dump()
