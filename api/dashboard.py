@@ -374,7 +374,9 @@ share its caps; a use case in no group has a budget of its own.</p>
 
 
 def _central_loss(loss: CentralLoss | None) -> str:
-    return "&#8212;" if loss is None else f"{_num(loss.epsilon)} at &#948;={loss.delta:g}"
+    if loss is None:
+        return "&#8212;"
+    return f"{_num(loss.epsilon)} at &#948;={loss.delta:g} ({escape(loss.kind)})"
 
 
 def central_section(lines: Sequence[CentralLine]) -> str:
@@ -390,7 +392,8 @@ def central_section(lines: Sequence[CentralLine]) -> str:
         f"<td>{'; '.join(f'{b.devices} / {b.reports} / {b.max_per_device}' for b in day.batches)}"
         f"</td><td>{'; '.join(_central_loss(b.central) for b in day.batches)}</td>"
         f"<td>{_central_loss(day.composed)}</td><td>{_central_loss(line.window)}</td>"
-        f"<td>{_central_loss(line.year)}</td></tr>"
+        f"<td>{_central_loss(line.year)}</td><td>{_central_loss(line.window_adaptive)}</td>"
+        f"<td>{_central_loss(line.year_adaptive)}</td></tr>"
         for line in lines
         for day in line.days
     )
@@ -399,7 +402,8 @@ def central_section(lines: Sequence[CentralLine]) -> str:
         "<h2>Central &#949; after shuffling</h2>"
         '<table id="central"><tr><th>use case</th><th>published</th><th>&#949;/report</th>'
         "<th>batches: devices / reports / most per device</th><th>central per batch</th>"
-        "<th>day, composed</th><th>window, composed</th><th>year, composed</th></tr>"
+        "<th>day, composed</th><th>window, composed</th><th>year, composed</th>"
+        "<th>window, adaptive</th><th>year, adaptive</th></tr>"
         f'{rows}</table><p class="muted">Per batch: FMT21 Theorem 3.2 (numerical) per'
         f" sub-batch; composed with {escape('; '.join(methods) or 'dp-accounting PLD')}."
         f" {escape(PRECONDITIONS)}</p>"

@@ -217,7 +217,29 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         " basic sum and the odometer reading (docs/odometer.md says which to quote when).",
         "central": "Per use case, the central epsilon of the shuffled batches it was in.",
     },
+    "EpsilonAdvice": {
+        "use_case": "The use case.",
+        "mechanism": "`cms`, `hcms` or `sfp`.",
+        "epsilon_per_report": "Local epsilon per report.",
+        "sketches": "Each sketch the use case publishes (SFP: word and fragment).",
+        "epsilon_same_accuracy": "The epsilon at which the best known frequency oracle is as"
+        " accurate (summed over the sketches).",
+        "wasted_fraction": "1 - epsilon_same_accuracy / epsilon_per_report.",
+        "warning": "Set when more than a quarter of the epsilon is wasted.",
+        "reference": "The oracle compared against, and its variance.",
+    },
+    "SketchAdvice": {
+        "part": "`report`, or SFP's `word` or `fragment`.",
+        "mechanism": "`cms` or `hcms`.",
+        "epsilon": "The sketch's epsilon per report.",
+        "variance": "Exact per-report variance of a rare item's estimate (mechanisms.variance).",
+        "optimal_variance": "The best known oracle's per-report variance at the same epsilon.",
+        "ratio": "variance / optimal_variance.",
+        "epsilon_same_accuracy": "The epsilon at which the best known oracle matches it.",
+    },
     "UseCaseLine": {
+        "epsilon_advice": "The mechanism against the best known frequency oracle at equal"
+        " epsilon, and the epsilon that would give the same accuracy.",
         "use_case": "The use case.",
         "policy_version": "The policy version in force.",
         "mechanism": "`cms`, `hcms` or `sfp`.",
@@ -280,6 +302,9 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "reports_per_device": "The reports per device the figure covers.",
         "method": "How the sub-batches were composed.",
         "note": _LOSS["note"],
+        "kind": "What the figure is: `one batch`, `fixed schedule` (the smallest sub-batches"
+        " composed as a schedule fixed in advance), `running total` (the same for one device's"
+        " own reports) or `valid under adaptive choices`.",
     },
     "BatchFigure": {
         "published": "When the batch was published (UTC).",
@@ -313,6 +338,9 @@ DOMAIN_FIELDS: dict[str, dict[str, str]] = {
         "year": "Composed over a year; null when none holds.",
         "preconditions": "What the central figures assume (the shuffler's trust model).",
         "notes": "Why a figure is missing or weaker, when it is.",
+        "window_adaptive": "Over the retention window, valid however batches, policies and"
+        " reports are chosen after seeing earlier outputs; null when none holds.",
+        "year_adaptive": "Over a year, valid under adaptive choices; null when none holds.",
     },
     "HTTPValidationError": {"detail": "The field errors."},
     "ValidationError": {

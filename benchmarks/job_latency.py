@@ -11,7 +11,9 @@ would: ``flush-inbox`` after the relay filled the inbox with ``--reports`` repor
 ``aggregate`` after it filled the inbox again (it flushes, then folds both lots),
 ``checkpoint``, and ``purge`` run with its clock ten years ahead (every retention window has
 passed: it deletes everything). Each row gives the job's own run time (without the process's
-start-up), what it handled, and the latency of the single reports sent while it ran.
+start-up), what it handled, and the latency of the single reports sent while it ran. The
+Safari policy's batch minimum is lowered to 1 first (the default holds a batch for 5,000
+distinct devices), so a short run's flush publishes as a long one's does.
 """
 
 from __future__ import annotations
@@ -101,6 +103,21 @@ def fill(base: str, bodies: list[dict[str, int]], reports: int, batch_items: int
             )
             r.raise_for_status()
             assert r.json()["accepted"] == len(items), r.text
+
+
+def no_batch_minimum(base: str) -> None:
+    """Set the Safari policy's ``min_batch_devices`` to 1 (a loosening, written openly)."""
+    from dp_governor.policies.defaults import DEFAULT_POLICIES
+
+    (policy,) = [p for p in DEFAULT_POLICIES if p["name"] == USE_CASE]
+    r = httpx.put(
+        f"{base}/v1/use-cases/{USE_CASE}",
+        params={"allow_loosen": "true"},
+        json={**policy, "min_batch_devices": 1},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=60,
+    )
+    r.raise_for_status()
 
 
 def handled(result: dict[str, Any] | None) -> str:
@@ -212,6 +229,7 @@ def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str
     interval = args.interval_ms / 1000
     rows = []
     try:
+        no_batch_minimum(base)
         bodies = report_bodies(base)
         with Probe(base, bodies, interval) as probe:
             time.sleep(args.baseline_seconds)

@@ -64,8 +64,9 @@ log = logging.getLogger("dpgov.pipeline")
 class _Terms:
     """What the flush needs of a use case's policies: its minimum and each version's epsilon.
 
-    ``tagged``: whether any version set a minimum (only then were pseudonyms computed, and the
-    flush opens the sealed rows to count them; otherwise no row holds one).
+    ``tagged``: whether the flush opens the sealed rows to count their pseudonyms: always, as
+    every report is queued with one (rows an earlier release queued without one count as
+    untagged).
     """
 
     min_devices: int
@@ -84,7 +85,7 @@ def _terms(book: PolicyBook, use_cases: set[str]) -> dict[str, _Terms]:
         known = out.get(version.name)
         eps = {**known.epsilon_micro, found[0]: found[1]} if known else {found[0]: found[1]}
         top = max(found[1], known.max_epsilon_micro if known else 0)
-        tagged = version.min_batch_devices > 1 or (known is not None and known.tagged)
+        tagged = True
         out[version.name] = _Terms(version.min_batch_devices, eps, top, tagged)
     return out
 

@@ -103,7 +103,6 @@ class Ingestor:
         key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
         self._pseudonym_base = hashlib.blake2b(key=key, digest_size=8)
         self._pseudonym_states: dict[str, Any] = {}  # per use case, its name already hashed
-        self._counted: set[tuple[str, int]] = set()  # versions with min_batch_devices > 1
         self._mechanisms: dict[tuple[str, int], tuple[Mechanism, str]] = {}
         self._charging: dict[tuple[str, int], tuple[str, tuple[Any, ...]]] = {}
         self._families: dict[str, str] = {}  # stored parameter key -> published family id
@@ -167,8 +166,6 @@ class Ingestor:
             self._families[found[1]] = fingerprint.family_id
             # what a report is decoded and charged by; the version number itself is neither
             self._charging[key] = (found[1], _own_terms(Terms.of(policy)))
-            if policy.min_batch_devices > 1:
-                self._counted.add(key)
         return found
 
     def _changes_reports(self, use_case: str, validated: int, charged: Policy | None) -> bool:
@@ -204,9 +201,10 @@ class Ingestor:
         Keyed BLAKE2b (a PRF) under a key derived from the secret for this purpose alone, so it
         equals no device key, receipt or tag of the ledger; the flush drops it (the store has
         none). 64 bits: two devices that collide are counted as one, which only understates
-        ``n`` (a weaker, still valid, central figure). Computed only for policy versions with
-        ``min_batch_devices > 1`` (about 9,000 instructions a report): a use case that sets no
-        minimum gets no central figure, and the report path of the others is unchanged.
+        ``n`` (a weaker, still valid, central figure). Computed for every report (about 9,000
+        instructions, within the report path's guard: docs/performance.md), so every batch
+        counts its distinct devices and has a central figure, whatever its policy's
+        ``min_batch_devices``; its privacy is argued in docs/pipeline.md.
         """
         state = self._pseudonym_states.get(use_case)
         if state is None:
@@ -289,7 +287,7 @@ class Ingestor:
             batch.append(BatchItem(req.device_id, req.use_case, req.idempotency_key, request_hash))
             tag = (  # a device id that is not a string is refused by the charge, unhashed
                 self.inbox_pseudonym(req.use_case, req.device_id)
-                if (req.use_case, found[2]) in self._counted and isinstance(req.device_id, str)
+                if isinstance(req.device_id, str)
                 else None
             )
             payloads.append((req.use_case, found[1], payload, tag))

@@ -8,6 +8,12 @@ choice. Safari's energy-draining and crashing domains share ONE budget ("a singl
 budget with epsilon of 4", 2 donations per day), modelled as budget group ``safari-domains``.
 Apple publishes no publication threshold; ``publish_threshold`` is 0 here, so publication is
 governed by the estimates' own significance until a team sets one.
+
+``min_batch_devices`` (Apple publishes none) is the smallest of 1,000, 2,000, 5,000, 10,000,
+20,000, 50,000, 100,000, 200,000, ... at which one shuffled batch's central epsilon at the
+policy's delta (1e-9) is at most half its local epsilon per report (FMT21 Theorem 3.2,
+:func:`dp_governor.budget.privacy.amplification.shuffle_epsilon`): 1,000 at epsilon 2 (0.75), 5,000
+at 4 (1.29), 200,000 at 8 (1.75; 100,000 gives 7.98). See docs/amplification.md.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ _SAFARI_HCMS = {
     "epsilon_per_report": 4.0,
     "max_reports_per_day": 2,
     "budget_group": "safari-domains",
+    "min_batch_devices": 5_000,
 }
 
 DEFAULT_POLICIES: tuple[dict[str, object], ...] = (
@@ -39,6 +46,7 @@ DEFAULT_POLICIES: tuple[dict[str, object], ...] = (
         "epsilon_word": 2.0,
         "epsilon_fragment": 6.0,
         "max_reports_per_day": 2,
+        "min_batch_devices": 200_000,
     },
     {
         "name": "emoji",
@@ -46,6 +54,7 @@ DEFAULT_POLICIES: tuple[dict[str, object], ...] = (
         **_CMS_BIG,
         "epsilon_per_report": 4.0,
         "max_reports_per_day": 1,
+        "min_batch_devices": 5_000,
     },
     {
         "name": "lookup-hints",
@@ -53,6 +62,7 @@ DEFAULT_POLICIES: tuple[dict[str, object], ...] = (
         **_CMS_BIG,
         "epsilon_per_report": 4.0,
         "max_reports_per_day": 2,
+        "min_batch_devices": 5_000,
     },
     {
         "name": "safari-energy-domains",
@@ -70,6 +80,7 @@ DEFAULT_POLICIES: tuple[dict[str, object], ...] = (
         **_CMS_BIG,
         "epsilon_per_report": 8.0,
         "max_reports_per_day": 2,
+        "min_batch_devices": 200_000,
     },
     {
         "name": "health-types",
@@ -79,6 +90,7 @@ DEFAULT_POLICIES: tuple[dict[str, object], ...] = (
         "m": 256,
         "epsilon_per_report": 2.0,
         "max_reports_per_day": 1,
+        "min_batch_devices": 1_000,
     },
 )
 

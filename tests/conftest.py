@@ -85,3 +85,23 @@ def ledger(engine: Engine) -> Ledger:
     led = Ledger(engine, SECRET)
     led.policies.ensure_defaults()
     return led
+
+
+@pytest.fixture(scope="module")
+def small_batches() -> Iterator[None]:
+    """Apple's default policies without their batch minimums (``min_batch_devices`` 1).
+
+    For tests of the pipeline's mechanics with a few devices in-process, which would otherwise
+    wait for the 1,000 to 200,000 distinct devices the defaults require before a batch
+    publishes (policies/defaults.py); the defaults' own minimums are tested in
+    tests/policies/test_defaults.py.
+    """
+    import dp_governor.policies.defaults as defaults
+
+    with pytest.MonkeyPatch.context() as patch:  # module scope: module-scoped servers see it
+        patch.setattr(
+            defaults,
+            "DEFAULT_POLICIES",
+            tuple({**p, "min_batch_devices": 1} for p in defaults.DEFAULT_POLICIES),
+        )
+        yield

@@ -91,3 +91,24 @@ def serve(folder: Path, **settings: str | None) -> Iterator[Served]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def lower_batch_minimums(base: str, names: list[str], token: str = ADMIN_TOKEN) -> None:
+    """Set ``min_batch_devices`` to 1 for default use cases on a running server (a loosening).
+
+    For tests of the pipeline with a few devices against a server process, which the
+    ``small_batches`` fixture does not reach: each named use case gets a new version of its
+    default policy with no batch minimum, written with ``allow_loosen``.
+    """
+    from dp_governor.policies.defaults import DEFAULT_POLICIES
+
+    for policy in DEFAULT_POLICIES:
+        if policy["name"] in names:
+            response = httpx.put(
+                f"{base}/v1/use-cases/{policy['name']}",
+                params={"allow_loosen": "true"},
+                json={**policy, "min_batch_devices": 1},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=60,
+            )
+            assert response.status_code == 200, response.text

@@ -196,7 +196,19 @@ def _review(
         print("  what-if on today's ledger (current -> proposed):")
         for line in _what_if_lines(result.to_dict()):
             print(f"    {line}")
+    _print_advice(policies)
     return problems, loosening, changed
+
+
+def _print_advice(policies: list[PolicyCreate]) -> None:
+    """Each policy's mechanism against the best known frequency oracle at equal epsilon."""
+    from dp_governor.budget.privacy.epsilon_advisor import REFERENCE, advise, render_advice
+
+    if not policies:
+        return
+    print(f"epsilon advisor (against {REFERENCE}):")
+    for policy in policies:
+        print(f"  {render_advice(advise(policy))}")
 
 
 def _what_if_lines(result: dict[str, Any], prefix: str = "") -> list[str]:

@@ -38,6 +38,7 @@ from dp_governor.mechanisms import CMS, SFP
 __all__ = ["DemoResult", "demo_reports", "run_demo"]
 
 ADMIN_TOKEN = "demo-admin-token-demo-admin-token"
+DEMO_USE_CASES = ("emoji", "quicktype")  # what the demo's fleet reports to
 BATCH = 2_000
 
 
@@ -97,6 +98,7 @@ def run_demo(
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         own = {"admin_token": SecretStr(ADMIN_TOKEN), "scheduler": False}
         limits = {"max_body_bytes": 64 << 20, "max_batch_items": BATCH}
+        own_database = settings is None
         if settings is None:
             settings = Settings(
                 database_url=f"sqlite:///{Path(tmp) / 'demo.sqlite'}",
@@ -129,10 +131,38 @@ def run_demo(
                 raise RuntimeError("the demo server did not start")
             time.sleep(0.05)
         try:
+            if own_database:
+                _fit_minimums(base, devices)
             return _simulate(base, clock, devices, days, rng, progress, start)
         finally:
             server.should_exit = True
             thread.join(timeout=30)
+
+
+def _fit_minimums(base: str, devices: int) -> None:
+    """On the demo's own database: lower its use cases' batch minimum to its fleet, if above.
+
+    Apple's defaults hold a batch until enough distinct devices are pending for its central
+    figure to mean something (5,000 for Emoji, 200,000 for QuickType): more than a small demo
+    fleet. The demo's temporary database takes them down to the fleet's size (a loosening, made
+    openly as a new policy version), so its batches publish and their central figures show
+    what so few devices give. A served database (``--database-url``) keeps its policies.
+    """
+    from dp_governor.policies.defaults import DEFAULT_POLICIES
+
+    for policy in DEFAULT_POLICIES:
+        if policy["name"] not in DEMO_USE_CASES:
+            continue
+        minimum = policy.get("min_batch_devices", 1)
+        if isinstance(minimum, int) and minimum > devices:
+            response = httpx.put(
+                f"{base}/v1/use-cases/{policy['name']}",
+                params={"allow_loosen": "true"},
+                json={**policy, "min_batch_devices": devices},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                timeout=60,
+            )
+            response.raise_for_status()
 
 
 def _check_database(settings: Settings) -> None:

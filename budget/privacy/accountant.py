@@ -27,7 +27,9 @@ Group privacy with group size
 ledger's multiset, so a population with repeated ledgers is cheap to audit.
 
 Note: do not use ``PLDAccountant`` with ``RandomizedResponseDpEvent`` and a count: in
-dp-accounting 0.6.0 it ignores the count (90 reports at eps 4 come out as 4.0 instead of 360).
+dp-accounting 0.6.0 it ignores the count (90 reports at eps 8 come out as 8.0 instead of 720).
+Its ``get_epsilon_for_delta`` overflows to ``inf`` past a loss of about 709; every figure here
+then falls back to the basic sum, labelled so (:mod:`dp_governor.budget.privacy.pld_read`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from dp_governor.budget.privacy.pld_read import epsilon_for_delta
 
 if TYPE_CHECKING:  # dp-accounting (and scipy under it) load where a PLD is computed
     from dp_accounting.pld import privacy_loss_distribution as pld
@@ -239,9 +243,21 @@ def pld_epsilon(
     delta: float,
     discretization: float = 1e-3,
 ) -> float:
-    """dp-accounting's pessimistic PLD bound for a pure ledger (valid, slightly loose)."""
+    """dp-accounting's pessimistic PLD bound for a pure ledger (valid, slightly loose).
+
+    Where dp-accounting's answer is not finite (it overflows to ``inf`` once the composed loss
+    passes about 709: :mod:`dp_governor.budget.privacy.pld_read`), the basic sum, also a valid
+    bound, is returned.
+
+    >>> pld_epsilon({8.0: 89}, 1e-6)  # dp-accounting alone says inf
+    712.0
+    """
     composed = composed_pld(events, discretization)
-    return 0.0 if composed is None else float(composed.get_epsilon_for_delta(delta))
+    if composed is None:
+        return 0.0
+    found = epsilon_for_delta(composed, delta)
+    basic = basic_composition(events)
+    return basic if found is None else min(found, basic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +365,8 @@ class Accountant:
             if points <= self.max_exact_points:
                 tight, method = optimal_epsilon(scaled, delta), "optimal-rr"
             elif (grid := pld_grid(scaled, self.pld_discretization)) is not None:
-                tight, method = float(_PLDS.get(scaled, grid).get_epsilon_for_delta(delta)), "pld"
+                found = epsilon_for_delta(_PLDS.get(scaled, grid), delta)
+                tight, method = (basic, "basic") if found is None else (found, "pld")
             if not math.isfinite(tight) or tight >= basic:
                 tight, method = basic, "basic"
         bound = BOUNDS[method]  # type: ignore[index]

@@ -75,8 +75,10 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import optimize, stats
 
 from dp_governor.budget.privacy.display import fmt_up
+from dp_governor.budget.privacy.pld_read import epsilon_for_delta
 
 __all__ = [
+    "BASIC_METHOD",
     "CURVE_METHOD",
     "MAX_EPS0",
     "METHOD",
@@ -93,6 +95,7 @@ __all__ = [
 METHOD: Final = "FMT21 Theorem 3.2 (hiding among the clones), exact numerical evaluation"
 PAIRS_METHOD: Final = "dp-accounting PLD of each batch's (eps, delta) pair, composed"
 CURVE_METHOD: Final = "dp-accounting PLD of each batch's FMT21 pair (P, Q), composed"
+BASIC_METHOD: Final = "basic sum of the batches' local epsilons (delta 0)"
 MAX_EPS0: Final = 100.0  # e^eps0 stays finite; n e^-eps0 clones is 0 for any real n anyway
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -104,6 +107,10 @@ _PLD_SLACK: Final = 1e-12  # infinite-loss mass covering rounding in the PLD's p
 _REL: Final = 1e-9  # rounding allowance per term (scipy's binomial functions: ~1e-13 relative)
 _NO_GAIN: Final = 1e-6  # a bound within this fraction of eps0 is reported as eps0 itself
 _EPS_RTOL: Final = 1e-6  # first step up from the root finder's crossing, relative to epsilon
+# "best" tries the (eps, delta) pairs only over this many batches: the curve dominates them
+# exactly, and won in every case measured from 2 batches on (docs/amplification.md), while the
+# pairs' self-composition is most of the cost of a long horizon (3.6 s of 3.9 s for 730 batches)
+_PAIRS_MAX_BEST: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,10 +403,10 @@ def _pair_pld(epsilon: float, delta: float, interval: float) -> pld.PrivacyLossD
 
 
 def _read_epsilon(composed: pld.PrivacyLossDistribution, delta: float) -> float:
-    # dp-accounting divides numpy scalars that can overflow to inf when the composed loss is
-    # huge; inf is then its (pessimistic) answer, so the warning carries nothing
-    with np.errstate(over="ignore"):
-        return float(composed.get_epsilon_for_delta(delta))
+    # dp-accounting overflows to inf once the composed loss passes about 709; inf is a valid
+    # (useless) bound here, and compose_shuffled then keeps the basic sum instead
+    found = epsilon_for_delta(composed, delta)
+    return math.inf if found is None else found
 
 
 def _compose(parts: list[tuple[pld.PrivacyLossDistribution, int]]) -> pld.PrivacyLossDistribution:
@@ -449,7 +456,14 @@ def compose_shuffled(
       curve), far tighter over long windows; losses on a grid of ``min(discretization,
       e_1 / 50)``, ``e_1`` the smallest batch's own ``epsilon`` at ``delta``.
 
-    ``"best"`` computes both and keeps the smaller. Equal batches compose by ``self_compose``.
+    ``"best"`` computes both and keeps the smaller (the pairs only over at most
+    ``_PAIRS_MAX_BEST`` batches: the ``(e_i, d_i)`` pair dominates the batch's curve, so the
+    pairs can only win through the curve's grid, which they never did from 2 batches on in
+    the cases measured). Equal batches compose by ``self_compose``.
+    Whatever the method, the basic sum of the batches' ``eps0`` (delta 0, sequential
+    composition) is kept instead where it is smaller or the PLD's answer is not finite
+    (dp-accounting overflows to ``inf`` past a loss of about 709), named ``BASIC_METHOD``:
+    no ``inf`` or NaN leaves this function.
 
     >>> day = compose_shuffled([(4.0, 10**6)], 1e-6)
     >>> day.epsilon < 0.07
@@ -470,7 +484,8 @@ def compose_shuffled(
         raise ValueError(f"`discretization` must be finite and > 0, got {discretization!r}")
     own = {key: shuffle_epsilon(key[0], key[1], delta) for key in counts}
     results: list[tuple[float, float, str]] = []
-    if method in ("best", "pairs"):
+    total = sum(counts.values())
+    if method == "pairs" or (method == "best" and total <= _PAIRS_MAX_BEST):
         epsilon, batch_delta = _compose_pairs(counts, delta, discretization)
         results.append((epsilon, batch_delta, PAIRS_METHOD))
     if method in ("best", "curve"):
@@ -478,10 +493,13 @@ def compose_shuffled(
         interval = min(discretization, max(smallest / 50.0, 1e-7))
         parts = [(_clones_pld(eps0, n, interval), count) for (eps0, n), count in counts.items()]
         results.append((_read_epsilon(_compose(parts), delta), delta, CURVE_METHOD))
-    epsilon, batch_delta, name = min(results)
+    basic = math.fsum(eps0 * count for (eps0, _), count in counts.items())
+    results.append((basic, delta, BASIC_METHOD))
+    # a tie goes to the basic sum: the simplest figure to check
+    epsilon, batch_delta, name = min(results, key=lambda r: (r[0], r[2] != BASIC_METHOD))
     shown = (
         own
-        if name == CURVE_METHOD
+        if name != PAIRS_METHOD
         else {key: shuffle_epsilon(key[0], key[1], batch_delta) for key in counts}
     )
     return ComposedBound(

@@ -26,10 +26,26 @@ largest local epsilon, bounds every device of the use case that sent at most ``R
 (``R`` = the policy's reports per day times the days the batches' reports were charged on).
 Sizes are rounded down to a grid of ``2^(1/8)`` steps (never up: smaller ``n`` is weaker) so
 a year of batches composes a few distinct pairs, memoized.
+
+Every figure says what it is (``kind``): ``one batch`` (a batch's own bound);
+``fixed schedule`` (the ``R`` smallest sub-batches composed: the PLD of their FMT21 pairs, tight
+for a schedule fixed in advance up to the grid, and valid when which batches a device's reports
+land in and how large they are does not depend on what was published); ``running total`` (the
+same, for the reports one device actually sent); ``valid under adaptive choices`` (``R`` copies
+of the horizon's smallest sub-batch composed: each of a device's at most ``R`` reports, ``R``
+capped by the gate, is dominated by that one pair whatever was chosen after seeing earlier
+outputs, so the adaptive composition of dominating pairs applies; Zhu, Dong and Wang,
+"Optimal accounting of differential privacy via characteristic function", AISTATS 2022).
+
+A batch's record is checked before it counts (``layers`` positive and non-increasing, as many
+as ``max_per_device``, the first equal to ``devices``, their sum plus ``untagged`` equal to
+``reports``): a record that fails (a damaged or hand-edited row) hides nobody, and each of its
+reports counts as a sub-batch of one device, with a note.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,9 +62,13 @@ from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies.model import Policy, from_micro
 
 __all__ = [
+    "ADAPTIVE",
     "DAYS_PER_YEAR",
+    "FIXED_SCHEDULE",
     "MAX_BATCHES_SHOWN",
+    "ONE_BATCH",
     "PRECONDITIONS",
+    "RUNNING_TOTAL",
     "BatchFigure",
     "CentralLine",
     "CentralLoss",
@@ -58,6 +78,7 @@ __all__ = [
     "central_line",
     "central_lines",
     "compose_sizes",
+    "consistent",
     "read_batches",
     "render_central",
 ]
@@ -74,6 +95,20 @@ PRECONDITIONS: Final = (
 )
 _GRID: Final = 8  # sizes rounded down to 2^(i / _GRID)
 MAX_BATCHES_SHOWN: Final = 24  # a day's batches listed one by one (frequent flushes make many)
+ONE_BATCH: Final = "one batch"
+FIXED_SCHEDULE: Final = "fixed schedule"
+RUNNING_TOTAL: Final = "running total"
+ADAPTIVE: Final = "valid under adaptive choices"
+KIND_NOTES: Final = {
+    ONE_BATCH: "one batch's own bound, its layers composed",
+    FIXED_SCHEDULE: "the smallest sub-batches composed as a schedule fixed in advance (PLD of"
+    " their FMT21 pairs): valid when the batches a device's reports land in, and their sizes,"
+    " do not depend on published outputs",
+    RUNNING_TOTAL: "the reports this device sent, composed over as many of the smallest"
+    " sub-batches as a schedule fixed in advance",
+    ADAPTIVE: "the policy's cap of reports, each at the smallest sub-batch of the horizon:"
+    " valid however batches, policies and reports are chosen after seeing earlier outputs",
+}
 
 
 def batch_layers(per_device: Iterable[int]) -> list[int]:
@@ -102,6 +137,7 @@ class CentralLoss:
     reports_per_device: int
     method: str
     note: str
+    kind: str = FIXED_SCHEDULE
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +187,8 @@ class CentralLine:
     year: CentralLoss | None
     preconditions: str = PRECONDITIONS
     notes: list[str] = field(default_factory=list)
+    window_adaptive: CentralLoss | None = None
+    year_adaptive: CentralLoss | None = None
 
 
 def read_batches(engine: Engine, first_day: int) -> list[ShuffledBatch]:
@@ -205,7 +243,11 @@ def compose_sizes(eps0: float, sizes: Sequence[int], delta: float) -> tuple[floa
 
 
 def _worst(
-    batches: Sequence[ShuffledBatch], reports_per_device: int, delta: float, what: str
+    batches: Sequence[ShuffledBatch],
+    reports_per_device: int,
+    delta: float,
+    what: str,
+    kind: str = FIXED_SCHEDULE,
 ) -> CentralLoss | None:
     """The ``reports_per_device`` smallest sub-batches of ``batches``, composed (module doc).
 
@@ -213,17 +255,18 @@ def _worst(
     every report of a ``split`` batch, whose parts were not counted) may each be a device's
     report in a sub-batch of one: each enters as a sub-batch of size 1 (no amplification, the
     local epsilon), up to ``reports_per_device`` of them a batch. ``None`` when no batch
-    counted its devices: no amplification is claimed at all.
+    counted its devices: no amplification is claimed at all. With ``kind`` :data:`ADAPTIVE`,
+    ``reports_per_device`` copies of the smallest sub-batch are composed instead.
     """
     if not batches or all(_uncounted(b) >= b.reports for b in batches):
         return None
     eps0 = max(from_micro(b.epsilon_micro) for b in batches)
     want = max(1, reports_per_device)
     sizes = sorted(
-        [n for b in batches if not b.split for n in orjson.loads(b.layers)]
+        [n for b in batches if _counted(b) for n in orjson.loads(b.layers)]
         + [1] * sum(min(_uncounted(b), want) for b in batches)
     )
-    taken = sizes[:want]
+    taken = sizes[:want] if kind != ADAPTIVE else [sizes[0]] * want
     epsilon, method = compose_sizes(eps0, taken, delta)
     alone = taken.count(1)
     why = []
@@ -231,8 +274,15 @@ def _worst(
         why.append("queued without a device pseudonym")
     if any(b.split for b in batches):
         why.append("of batches published in parts before revision 0009")
+    if any(not b.split and not consistent(b) for b in batches):
+        why.append("of batches whose records fail the check of their device counts")
     unamplified = (
         f"; {alone} of them reports {' or '.join(why)}, counted unamplified" if why else ""
+    )
+    which = (
+        f"{len(taken)} copies of the smallest of {len(sizes)} sub-batches"
+        if kind == ADAPTIVE
+        else f"the {len(taken)} smallest of {len(sizes)} sub-batches"
     )
     return CentralLoss(
         epsilon=epsilon,
@@ -241,17 +291,43 @@ def _worst(
         reports_per_device=reports_per_device,
         method=method,
         note=(
-            f"{what}: a device with at most {reports_per_device} report(s) in these batches,"
-            f" composed over the {len(taken)} smallest of {len(sizes)} sub-batches (sizes"
-            f" {taken[0]:,}..{taken[-1]:,} devices, rounded down), local epsilon {eps0:g}"
-            f" each{unamplified}"
+            f"{what}, {kind}: a device with at most {reports_per_device} report(s) in these"
+            f" batches, composed over {which} (sizes {taken[0]:,}..{taken[-1]:,} devices,"
+            f" rounded down), local epsilon {eps0:g} each{unamplified}; {KIND_NOTES[kind]}"
         ),
+        kind=kind,
     )
+
+
+def consistent(batch: ShuffledBatch) -> bool:
+    """Whether a batch's record satisfies the counts the flush writes (the module docstring).
+
+    >>> consistent(ShuffledBatch(devices=3, reports=5, max_per_device=2, layers="[3, 2]"))
+    True
+    >>> consistent(ShuffledBatch(devices=3, reports=5, max_per_device=2, layers="[2, 3]"))
+    False
+    """
+    try:
+        layers = orjson.loads(batch.layers)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(layers, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers
+    ):
+        return False
+    if any(a < b for a, b in itertools.pairwise(layers)) or len(layers) != batch.max_per_device:
+        return False
+    first = layers[0] if layers else 0
+    return first == batch.devices and sum(layers) + batch.untagged == batch.reports
+
+
+def _counted(batch: ShuffledBatch) -> bool:
+    return not batch.split and consistent(batch)
 
 
 def _uncounted(batch: ShuffledBatch) -> int:
     """The batch's reports whose devices were not counted (all of a ``split`` batch's)."""
-    return batch.reports if batch.split else batch.untagged
+    return batch.untagged if _counted(batch) else batch.reports
 
 
 def _covered_days(batches: Sequence[ShuffledBatch]) -> int:
@@ -259,7 +335,7 @@ def _covered_days(batches: Sequence[ShuffledBatch]) -> int:
 
 
 def _figure(batch: ShuffledBatch, delta: float) -> BatchFigure:
-    layers = [int(n) for n in orjson.loads(batch.layers)]
+    layers = [int(n) for n in orjson.loads(batch.layers)] if consistent(batch) else []
     return BatchFigure(
         published=day_date(batch.day).isoformat(),
         first_day=day_date(batch.first_day).isoformat(),
@@ -271,7 +347,7 @@ def _figure(batch: ShuffledBatch, delta: float) -> BatchFigure:
         untagged=batch.untagged,
         epsilon_per_report=from_micro(batch.epsilon_micro),
         min_batch_devices=batch.min_batch_devices,
-        central=_worst([batch], batch.max_per_device, delta, "this batch"),
+        central=_worst([batch], batch.max_per_device, delta, "this batch", ONE_BATCH),
     )
 
 
@@ -315,8 +391,8 @@ def central_line(
     notes = []
     if any(b.untagged for b in mine):
         notes.append(
-            "some batches hold reports queued without a device pseudonym (their policy"
-            " version set no min_batch_devices >= 2): their devices were not counted, so each"
+            "some batches hold reports queued without a device pseudonym (by a release before"
+            " every report carried one): their devices were not counted, so each"
             " such report counts as a sub-batch of one device (its local epsilon, no"
             " amplification) in the figures that include it; a batch of such reports alone"
             " has no central figure"
@@ -330,11 +406,28 @@ def central_line(
             " epsilon, no amplification) in the figures that include it"
         )
 
+    if any(not b.split and not consistent(b) for b in mine):
+        notes.append(
+            "some batch records fail the check of their device counts (layers positive and"
+            " non-increasing, the first equal to the devices, their sum plus the untagged"
+            " reports equal to the reports): each of their reports counts as a sub-batch of"
+            " one device (its local epsilon, no amplification)"
+        )
+
     def horizon(group: list[ShuffledBatch], what: str, own: int | None) -> CentralLoss | None:
         if not group or own == 0:
             return None
-        bound = per_day * _covered_days(group) if own is None else own
-        return _worst(group, bound, delta, what)
+        if own is None:
+            return _worst(group, per_day * _covered_days(group), delta, what)
+        return _worst(group, own, delta, what, RUNNING_TOTAL)
+
+    def adaptive(group: list[ShuffledBatch], what: str) -> CentralLoss | None:
+        if not group:
+            return None
+        return _worst(group, per_day * _covered_days(group), delta, what, ADAPTIVE)
+
+    window_what = f"retention window ({policy.retention_days} days)"
+    year_what = f"year ({DAYS_PER_YEAR} days)"
 
     return CentralLine(
         use_case=policy.name,
@@ -343,13 +436,11 @@ def central_line(
         min_batch_devices=policy.min_batch_devices,
         delta=delta,
         days=days,
-        window=horizon(
-            window,
-            f"retention window ({policy.retention_days} days)",
-            None if reports is None else reports[0],
-        ),
-        year=horizon(year, f"year ({DAYS_PER_YEAR} days)", None if reports is None else reports[1]),
+        window=horizon(window, window_what, None if reports is None else reports[0]),
+        year=horizon(year, year_what, None if reports is None else reports[1]),
         notes=notes,
+        window_adaptive=adaptive(window, window_what),
+        year_adaptive=adaptive(year, year_what),
     )
 
 
@@ -396,7 +487,10 @@ def render_central(lines: Sequence[CentralLine]) -> list[str]:
         out.append(
             f"  {line.use_case}: local {line.epsilon_per_report:g} per report, at most"
             f" {line.reports_per_day}/day, batches of >= {line.min_batch_devices} devices;"
-            f" window {_loss(line.window)}, year {_loss(line.year)} [{method}]"
+            f" window {_loss(line.window)}, year {_loss(line.year)}"
+            f" [{line.window.kind if line.window else 'n/a'}; {method}];"
+            f" {ADAPTIVE}: window {_loss(line.window_adaptive)},"
+            f" year {_loss(line.year_adaptive)}"
         )
         for day in line.days:
             sizes = ", ".join(

@@ -35,6 +35,12 @@ from dp_governor.budget.clock import day_date
 from dp_governor.budget.privacy.accountant import NOTES, Accountant, Bound, Kind, PrivacyLoss
 from dp_governor.budget.privacy.allowance import Caps, allowance, max_reports
 from dp_governor.budget.privacy.display import fmt_up
+from dp_governor.budget.privacy.epsilon_advisor import (
+    REFERENCE,
+    EpsilonAdvice,
+    advise,
+    render_advice,
+)
 from dp_governor.budget.reporting.central import CentralLine, render_central
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import ANY_BUDGET
@@ -123,6 +129,7 @@ class UseCaseLine:
     spent_budget_window_max: float = 0.0
     devices_over_window_cap: int = 0
     window_note: str = ""
+    epsilon_advice: EpsilonAdvice | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,6 +449,7 @@ def prepare_report(
                 spent_budget_window_max=from_micro(max(in_window.values(), default=0)),
                 devices_over_window_cap=window_over,
                 window_note=window_note,
+                epsilon_advice=advise(p),
             )
         )
     max_retention = max((p.retention_days for p in active), default=1)
@@ -609,6 +617,10 @@ def render_text(report: EffectiveEpsilonReport) -> str:
         out.append(
             f"- {line.use_case}: {line.lifetime_note}" + (shared if line.shares_budget_with else "")
         )
+    advice = [line.epsilon_advice for line in report.use_cases if line.epsilon_advice]
+    if advice:
+        out += ["", f"Epsilon advisor (each mechanism against {REFERENCE}):"]
+        out += [f"  {render_advice(a)}" for a in advice]
     t = report.totals
 
     def loss(label: str, p: PrivacyLoss) -> str:

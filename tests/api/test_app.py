@@ -23,6 +23,9 @@ from dp_governor.mechanisms import CMS, HCMS, SFP, SfpSketch, from_published
 from dp_governor.policies import PolicyCreate, mechanism_for
 from dp_governor.policies.model import default_hash_seed
 
+# a few devices publish: the pipeline here, not the defaults' batch minimums
+pytestmark = pytest.mark.usefixtures("small_batches")
+
 ADMIN = {"Authorization": "Bearer admin-secret-token-admin-secret-token"}
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 

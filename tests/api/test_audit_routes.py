@@ -18,6 +18,9 @@ from dp_governor.api.cli import app as cli
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 
+# a few devices publish: the pipeline here, not the defaults' batch minimums
+pytestmark = pytest.mark.usefixtures("small_batches")
+
 ADMIN = {"Authorization": "Bearer admin-secret-token-admin-secret-token"}
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 runner = CliRunner()

@@ -109,8 +109,8 @@ def test_batch_waits_for_distinct_devices_and_records_its_sizes(engine: Engine) 
     assert batch["epsilon_micro"] == 2_000_000 and batch["min_batch_devices"] == 5
     assert batch["untagged"] == 0
     opened = [r for r in rows if r["use_case"] == "open"]
-    # no minimum set: devices are not counted (no pseudonym computed), no central figure
-    assert [(r["devices"], r["reports"], r["untagged"]) for r in opened] == [(0, 3, 3)]
+    # no minimum set: devices are counted all the same (every report carries its pseudonym)
+    assert [(r["devices"], r["reports"], r["untagged"]) for r in opened] == [(3, 3, 0)]
     # nothing that names a device reached the store or the records
     columns = {c["name"] for c in inspect(engine).get_columns("reports")}
     columns |= {c["name"] for c in inspect(engine).get_columns("shuffled_batches")}
@@ -123,8 +123,10 @@ def test_batch_waits_for_distinct_devices_and_records_its_sizes(engine: Engine) 
     figure = lines["held"].days[0].batches[0]
     assert figure.layers == [5, 3, 1] and figure.central is not None
     assert figure.central.sub_batches == 3  # a device with three reports in it
-    assert lines["open"].window is None and lines["open"].days[0].batches[0].central is None
-    assert "min_batch_devices" in lines["open"].notes[0]
+    # three devices hide nobody at epsilon 2, and the figure says so rather than omit it
+    opened_figure = lines["open"].days[0].batches[0].central
+    assert opened_figure is not None and opened_figure.epsilon == 2.0
+    assert lines["open"].window is not None and not lines["open"].notes
 
 
 def test_inbox_pseudonyms_are_per_use_case_and_not_device_keys(engine: Engine) -> None:

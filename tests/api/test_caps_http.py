@@ -33,6 +33,9 @@ from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.conftest import BACKENDS, PG_URL
 from tests.live import free_port
 
+# a few devices publish: the pipeline here, not the defaults' batch minimums
+pytestmark = pytest.mark.usefixtures("small_batches")
+
 TOKEN = "caps-admin-token-caps-admin-token-caps-admin"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 START = datetime(2026, 6, 1, 12, tzinfo=UTC)

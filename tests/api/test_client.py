@@ -96,7 +96,9 @@ def test_the_client_adds_the_family_and_a_stale_one_is_refused(base: str) -> Non
         assert isinstance(first, Receipt) and first.accepted
         # The policy changes its parameters: the family the client holds is stale.
         policy = client.policy("health-types")
-        changed = policy.model_dump(include={"mechanism", "k", "m", "max_reports_per_day"})
+        changed = policy.model_dump(
+            include={"mechanism", "k", "m", "max_reports_per_day", "min_batch_devices"}
+        )
         changed |= {"epsilon_per_report": policy.epsilon_per_report, "m": policy.m // 2}
         put = httpx.put(
             f"{base}/v1/use-cases/health-types",

@@ -23,6 +23,9 @@ from dp_governor.budget import Ledger, create_db_engine
 from dp_governor.budget.reporting.views import what_if
 from dp_governor.policies import PolicyCreate
 
+# a few devices publish: the pipeline here, not the defaults' batch minimums
+pytestmark = pytest.mark.usefixtures("small_batches")
+
 runner = CliRunner()
 
 
@@ -279,3 +282,14 @@ def test_a_file_that_is_not_utf8_is_one_line_and_exit_1(db: Database, suffix: st
         assert isinstance(result.exception, SystemExit)
         assert "not UTF-8" in result.output and str(path) in result.output
         assert "Traceback" not in result.output
+
+
+def test_dry_run_shows_the_epsilon_advisor_and_warns_on_waste(db: Database) -> None:
+    emoji = db.emoji()
+    hcms = {**emoji, "name": "emoji-hcms", "mechanism": "hcms", "description": "HCMS at 4."}
+    dry = db.cli(["policies", "apply", "--dry-run", db.write(emoji, hcms)])
+    assert dry.exit_code == 0, dry.output
+    assert "epsilon advisor (against optimized local hashing" in dry.stdout
+    assert "  emoji: report cms at 4: variance 2.4x the best known oracle's" in dry.stdout
+    assert "  WARNING emoji-hcms: report hcms at 4: variance 14.2x" in dry.stdout
+    assert "57% of epsilon 4 wasted (would do: 1.71)" in dry.stdout

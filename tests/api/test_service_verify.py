@@ -18,6 +18,9 @@ from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.policies import PolicyCreate, mechanism_for
 
+# a few devices publish: the pipeline here, not the defaults' batch minimums
+pytestmark = pytest.mark.usefixtures("small_batches")
+
 TOKEN = "verify-admin-token-verify-admin-token-0123"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

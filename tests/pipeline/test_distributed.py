@@ -37,6 +37,9 @@ from dp_governor.pipeline.parquet import (
 from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import default_policies, mechanism_for
 
+# a few devices publish: the pipeline here, not the defaults' batch minimums
+pytestmark = pytest.mark.usefixtures("small_batches")
+
 SECRET = b"dist-secret-dist-secret-dist-secret!"
 SEAL = InboxSeal([b"dist-shuffler-dist-shuffler-dist-shuffler"])
 AUDIT_KEY = b"dist-audit-dist-audit-dist-audit-key!"

@@ -22,7 +22,7 @@ from scipy import stats
 
 from dp_governor.api.client import Client, Refusal
 from dp_governor.api.demo.simulation import zipf_indices
-from tests.live import free_port
+from tests.live import free_port, lower_batch_minimums
 
 TOKEN = "e2e-admin-token-e2e-admin-token-e2e"
 
@@ -72,6 +72,7 @@ def test_fleet_caps_estimates_and_unlinkability(server: tuple[str, Path]) -> Non
     rng = np.random.default_rng(2026)
     domains = [f"site{i}.example" for i in range(50)]
     devices = 1000
+    lower_batch_minimums(base, ["safari-energy-domains", "safari-crash-domains"], TOKEN)
     with Client(base, admin_token=TOKEN) as admin:
         mech = admin.randomizer("safari-energy-domains")
         index = zipf_indices(len(domains), devices, 1.1, rng=rng)

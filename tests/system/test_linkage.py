@@ -36,6 +36,9 @@ from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.conftest import BACKENDS, PG_URL
 
+# a few devices publish: the pipeline here, not the defaults' batch minimums
+pytestmark = pytest.mark.usefixtures("small_batches")
+
 ADMIN = {"Authorization": "Bearer linkage-admin-token-linkage-admin-token"}
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 DEVICES = 60

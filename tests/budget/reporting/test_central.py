@@ -11,6 +11,7 @@ composed) must never be below it at its own ``epsilon``.
 from __future__ import annotations
 
 import math
+import time
 from datetime import UTC, datetime
 
 import numpy as np
@@ -22,13 +23,26 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from dp_governor.budget.clock import utc_day
-from dp_governor.budget.privacy.amplification import shuffle_epsilon
+from dp_governor.budget.privacy.accountant import Accountant
+from dp_governor.budget.privacy.amplification import (
+    CURVE_METHOD,
+    clear_caches,
+    compose_shuffled,
+    shuffle_epsilon,
+)
 from dp_governor.budget.reporting.central import (
+    ADAPTIVE,
+    FIXED_SCHEDULE,
     MAX_BATCHES_SHOWN,
+    ONE_BATCH,
     PRECONDITIONS,
+    RUNNING_TOTAL,
+    _compose,
     batch_layers,
     central_line,
     compose_sizes,
+    consistent,
+    render_central,
 )
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies import PolicyCreate
@@ -147,7 +161,7 @@ def _batch(day: int, layers: list[int], *, untagged: int = 0) -> ShuffledBatch:
         first_day=day,
         last_day=day,
         devices=layers[0],
-        reports=sum(layers),
+        reports=sum(layers) + untagged,
         max_per_device=len(layers),
         layers=orjson.dumps(layers).decode(),
         untagged=untagged,
@@ -242,3 +256,81 @@ def test_batches_published_in_parts_count_unamplified() -> None:
     assert any("revision 0009" in note for note in line.notes)
     alone = central_line(policy, [policy], [split], today - 1)
     assert alone.window is None and alone.days[0].composed is None
+
+
+def test_every_figure_is_labelled_and_adaptive_composes_the_smallest() -> None:
+    today = 20_000
+    policy = _policy()  # 2 reports a device a day
+    batches = [_batch(today - d, [10**5, 10**3]) for d in range(10)]
+    line = central_line(policy, [policy], batches, today)
+    assert line.days[0].batches[0].central is not None
+    assert line.days[0].batches[0].central.kind == ONE_BATCH
+    assert line.days[0].composed is not None and line.days[0].composed.kind == FIXED_SCHEDULE
+    assert line.window is not None and line.window.kind == FIXED_SCHEDULE
+    assert line.window_adaptive is not None and line.window_adaptive.kind == ADAPTIVE
+    assert line.year_adaptive is not None and line.year_adaptive.kind == ADAPTIVE
+    # the fixed schedule: 10 days of (10^5, 10^3); adaptive: 20 copies of 10^3
+    assert line.window.epsilon == compose_sizes(4.0, [10**5, 10**3] * 10, 1e-9)[0]
+    assert line.window_adaptive.epsilon == compose_sizes(4.0, [10**3] * 20, 1e-9)[0]
+    assert line.window.epsilon < line.window_adaptive.epsilon
+    assert ADAPTIVE in line.window_adaptive.note and "copies of the smallest" in (
+        line.window_adaptive.note
+    )
+    mine = central_line(policy, [policy], batches, today, reports=(3, 5))
+    assert mine.window is not None and mine.window.kind == RUNNING_TOTAL
+    assert mine.window_adaptive == line.window_adaptive  # the policy's cap, not the count
+    text = "\n".join(render_central([line]))
+    assert FIXED_SCHEDULE in text and ADAPTIVE in text
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"layers": "[10, 500]"},  # increasing: not a batch's layers
+        {"devices": 20_000},  # more devices than the first layer counts
+        {"reports": 7},  # fewer reports than the layers hold
+        {"max_per_device": 3},
+        {"layers": "not json"},
+        {"layers": "[500, 0]"},
+    ],
+)
+def test_a_batch_record_that_fails_its_counts_hides_nobody(damage: dict[str, object]) -> None:
+    today = 20_000
+    policy = _policy(max_reports_per_day=1)
+    bad = _batch(today, [500, 10])
+    for name, value in damage.items():
+        setattr(bad, name, value)
+    assert not consistent(bad) and consistent(_batch(today, [500, 10]))
+    line = central_line(policy, [policy], [_batch(today - 1, [6000]), bad], today)
+    assert line.window is not None and line.window.epsilon == compose_sizes(4.0, [1, 1], 1e-9)[0]
+    assert any("fail the check" in n for n in line.notes)
+    assert line.days[1].batches[0].central is None
+
+
+def test_a_year_of_daily_batches_composes_fast_and_is_cached() -> None:
+    """365 batches of 10^6 at eps0 = 4: well under 2 s on a first call, then from the cache."""
+    clear_caches()
+    _compose.cache_clear()
+    started = time.perf_counter()
+    year = compose_sizes(4.0, [10**6] * 365, 1e-6)
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    assert compose_sizes(4.0, [10**6] * 365, 1e-6) == year
+    cached = time.perf_counter() - started
+    assert first < 2.0 and cached < 0.05, (first, cached)
+    assert 1.0 < year[0] < 1.3 and "FMT21 pair" in year[1]
+
+
+def test_ninety_days_beat_advanced_and_local_composition() -> None:
+    """The issue's check: 90 daily batches of 10^6 at eps0 = 4, delta 1e-6."""
+    composed = compose_shuffled([(4.0, 10**6)] * 90, 1e-6)
+    assert composed.method == CURVE_METHOD
+    assert 0.5 < composed.epsilon < 0.56  # the FMT21 pair composed (0.549 on a finer grid)
+    # advanced composition (Dwork, Rothblum and Vadhan 2010), its best split of delta
+    advanced = min(
+        math.sqrt(2 * 90 * math.log(1 / ((1 - f) * 1e-6))) * e + 90 * e * math.expm1(e)
+        for f in (0.1, 0.25, 0.5, 0.75, 0.9)
+        for e in [shuffle_epsilon(4.0, 10**6, f * 1e-6 / 90).epsilon]
+    )
+    assert composed.epsilon < advanced / 5 and advanced > 2.45
+    assert Accountant().loss({4.0: 90}, delta=1e-6).epsilon > 359.0
