@@ -34,6 +34,7 @@ from dp_governor.api.routes import (
 from dp_governor.api.schemas import ERROR_RESPONSES
 from dp_governor.api.server import report_start_failure
 from dp_governor.api.settings import Settings, service_keys
+from dp_governor.api.unknown_settings import UnknownSetting
 from dp_governor.budget import Clock, Ledger, SystemClock, create_db_engine
 from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.seal import InboxSeal
@@ -50,6 +51,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     except ValidationError as exc:  # a worker of `dpgov serve`: its supervisor says why
         err = exc.errors()[0]
         report_start_failure(f"invalid setting `{'.'.join(map(str, err['loc']))}`: {err['msg']}")
+        raise
+    except UnknownSetting as exc:
+        report_start_failure(str(exc))
         raise
     app = FastAPI(
         responses=ERROR_RESPONSES,
@@ -125,6 +129,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     RUNTIMES[key] = Runtime.configured(ledger, ingestor, clock, settings)
     app.state.ledger = ledger
     app.state.ingestor = ingestor
+    app.state.metrics.registry.register(ingestor.health)
     app.state.runtime_key = key
     committer = GroupCommitter(ingestor, clock)
     committer.start()

@@ -24,6 +24,7 @@ from dp_governor.budget.reporting.activity import Activity
 from dp_governor.budget.reporting.central import PRECONDITIONS, CentralLine, CentralLoss
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, LossSpread
 from dp_governor.budget.reporting.views import CumulativeSeries, Distribution
+from dp_governor.pipeline.health import HealthLine
 from dp_governor.policies import Policy
 
 __all__ = ["EstimatePanel", "render_dashboard"]
@@ -40,6 +41,7 @@ padding:10px 12px}.ok{color:#0a7d32;font-weight:600}.bad{color:#b3261e;font-weig
 .key i{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px}
 svg text{font:12px system-ui,sans-serif;fill:#3d4550}.grid-line{stroke:#e3e7ec}
 """
+_HEALTH_ALERT = 0.01  # an implausible share above this is shown in red: far above chance (2e-9)
 _EMPTY = '<p class="muted">no charges in the window</p>'
 _COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563"]
 _REASON_COLORS = {
@@ -226,6 +228,7 @@ def render_dashboard(
     verified_at: datetime,
     now: datetime,
     hint: str,
+    health: Sequence[HealthLine] = (),
 ) -> str:
     """The whole page; ``verified_at``: when ``chain`` was checked, ``now``: the page's time."""
     policy_rows = "".join(
@@ -362,6 +365,7 @@ share its caps; a use case in no group has a budget of its own.</p>
 {totals}
 <p class="muted">Computed by {escape(str(report.provenance["accountant"]))}.</p>
 {central_section(report.central)}
+{health_section(health)}
 <h2>Cumulative epsilon over the window (solid: most-spent device, dashed: p99 device)</h2>
 <div class="grid" id="cumulative">{charts}</div>
 <h2>Devices by epsilon spent in the window</h2>
@@ -377,6 +381,29 @@ def _central_loss(loss: CentralLoss | None) -> str:
     if loss is None:
         return "&#8212;"
     return f"{_num(loss.epsilon)} at &#948;={loss.delta:g} ({escape(loss.kind)})"
+
+
+def health_section(lines: Sequence[HealthLine]) -> str:
+    """Each use case's share of reports implausible under its policy (``pipeline.health``)."""
+    rows = "".join(
+        f"<tr><td>{escape(h.use_case)}</td><td>{h.checked:,d}</td><td>{h.implausible:,d}</td>"
+        f'<td class="{"bad" if h.share > _HEALTH_ALERT else "ok"}">{100 * h.share:.2f}%</td></tr>'
+        for h in lines
+    )
+    table = (
+        '<table id="health"><tr><th>use case</th><th>reports checked</th><th>implausible</th>'
+        f"<th>share</th></tr>{rows}</table>"
+        if lines
+        else '<p class="muted" id="health">No CMS or SFP report received since this worker'
+        " started.</p>"
+    )
+    return (
+        "<h2>Report health</h2>"
+        f'{table}<p class="muted">Reports whose count of +1 coordinates is implausible under'
+        " the policy's epsilon (outside 6 standard deviations): near 0% from correct devices,"
+        " near 100% from a fleet built with another epsilon. Counted by this worker since it"
+        " started; HCMS reports (one bit) are not checked. docs/operations.md, the dashboard.</p>"
+    )
 
 
 def central_section(lines: Sequence[CentralLine]) -> str:

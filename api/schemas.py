@@ -51,6 +51,14 @@ __all__ = [
 ]
 
 
+_FAMILY = PydField(
+    default=None,
+    description="The `family_id` of the randomizer the device built (it must equal the policy's);"
+    " a report under another family is refused with 422 naming what differs. Required unless"
+    " the server sets `DPGOV_REQUIRE_REPORT_FAMILY=false`.",
+)
+
+
 class BudgetGroupPublic(BaseModel):
     """A budget group: its active members and the terms they share."""
 

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from sqlalchemy import Engine, inspect, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from dp_governor.api.device_secret import DeviceAdoption, holds_devices
+from dp_governor.api.unknown_settings import PREFIX, check_environment
 from dp_governor.budget.audit.log import AuditLog
 from dp_governor.budget.storage.db import (
     META_TABLE,
@@ -43,14 +45,15 @@ __all__ = [
     "Settings",
     "default_secrets_dir",
     "service_keys",
+    "setting_names",
 ]
 
 SECRET_FILE = "dpgov.secret"
 AUDIT_KEY_FILE = "dpgov-audit.key"
 SHUFFLER_KEY_FILE = "dpgov-shuffler.key"
 _NOT_RECORDED = (
-    "this database records no fingerprints of its keys yet: start `dpgov serve` or run"
-    " `dpgov db init` once with the server's settings, which records them"
+    "this database records no fingerprints of its keys yet: run `dpgov db upgrade` once with"
+    " the server's settings, which checks the keys and records them (docs/operations.md)"
 )
 NOT_INITIALISED = (
     "this database was not initialised by dp-governor: point DPGOV_DATABASE_URL (or"
@@ -140,9 +143,10 @@ class Settings(BaseSettings):
         default=120, ge=1, description="Requests a device may make a minute before 429."
     )
     require_report_family: bool = Field(
-        default=False,
-        description="Refuse (422) reports without the `family` field; a wrong one is always"
-        " refused (docs/api.md).",
+        default=True,
+        description="Refuse (422) reports without the `family` field; `false` accepts them, for"
+        " fleets built before the field. A wrong one is always refused, naming what differs"
+        " (docs/api.md).",
     )
     admin_failures_per_minute: int = Field(
         default=20,
@@ -242,6 +246,23 @@ class Settings(BaseSettings):
         " seen are forgotten first.",
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The usual sources, after refusing a ``DPGOV_`` variable that names no setting.
+
+        The environment source alone would ignore it (``extra="forbid"`` covers only
+        arguments), and a typo would silently leave the default in force.
+        """
+        check_environment(os.environ, setting_names())
+        return init_settings, env_settings, dotenv_settings, file_secret_settings
+
     @field_validator("admin_token")
     @classmethod
     def _admin_token_is_long(cls, value: SecretStr | None) -> SecretStr | None:
@@ -305,6 +326,11 @@ class Settings(BaseSettings):
         return self.secrets_dir if self.secrets_dir is not None else default_secrets_dir()
 
 
+def setting_names() -> list[str]:
+    """Every setting's variable: ``DPGOV_`` and the upper-case field name."""
+    return [PREFIX + name.upper() for name in Settings.model_fields]
+
+
 def default_secrets_dir() -> Path:
     """``$XDG_CONFIG_HOME/dp-governor`` (an absolute path, per the XDG spec), else ``~/.config``'s.
 
@@ -365,14 +391,21 @@ _SHUFFLER = _Key(
 
 
 def service_keys(
-    settings: Settings, engine: Engine, *, generate: bool = False, record: bool = False
+    settings: Settings,
+    engine: Engine,
+    *,
+    generate: bool = False,
+    record: bool = False,
+    adopt: DeviceAdoption | None = None,
 ) -> ServiceKeys:
     """The device-key secret, audit key and shuffler key for ``engine``'s database, checked.
 
     Each key comes from its setting's value, else from its file. A key whose fingerprint the
     database records must match it. ``record`` (the server's start and writing commands)
     records the fingerprint of a key the database has none of yet (an audit key only if it
-    tags the first audit entry); ``generate`` (the server's start, ``dpgov db init``) writes a
+    tags the first audit entry, a device-key secret on a ledger that holds devices only as
+    ``adopt`` allows: :class:`dp_governor.api.device_secret.DeviceAdoption`, ``dpgov db upgrade``'s
+    ``--known-device``); ``generate`` (the server's start, ``dpgov db init``) writes a
     new key file, but only for a database with no audit history and no fingerprint. The
     shuffler key is read only with ``record`` (a read opens no inbox row), and generated for a
     database that records none even if it has history: it seals the reports queued from then
@@ -412,6 +445,10 @@ def service_keys(
                 )
         elif not record:
             problems.append(_NOT_RECORDED)
+        elif spec is _DEVICE and holds_devices(engine):
+            problem = (adopt or DeviceAdoption()).problem(engine, key, source)
+            if problem is not None:
+                problems.append(problem)
         elif spec is _AUDIT and first_entry is not None:
             entry_hash, tag = first_entry
             if not hmac.compare_digest(AuditLog(engine, key).tag(entry_hash), tag):

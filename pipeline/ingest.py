@@ -30,6 +30,8 @@ from dp_governor.budget.rule.book import Terms
 from dp_governor.budget.storage.db import placeholder
 from dp_governor.mechanisms import InvalidReport, Mechanism
 from dp_governor.mechanisms.published import FAMILY_FIELD
+from dp_governor.pipeline.family_mismatch import mismatch_reason
+from dp_governor.pipeline.health import ReportHealth
 from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import Policy, mechanism_for
 from dp_governor.policies.errors import PolicyError
@@ -99,6 +101,7 @@ class Ingestor:
         self.ledger = ledger
         self.seal = seal
         self.require_family = require_family
+        self.health = ReportHealth()  # implausible reports per use case, for metrics and dashboard
         self._keyed = KeyedHash(secret)
         key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
         self._pseudonym_base = hashlib.blake2b(key=key, digest_size=8)
@@ -182,13 +185,16 @@ class Ingestor:
         return self._charging[(use_case, validated)] != self._charging[(use_case, charged.version)]
 
     def wrong_family(self, use_case: str, sent: object, params: str) -> InvalidReport:
-        """The error of a report whose ``family`` is not the current policy's randomizer."""
-        return InvalidReport(
-            FAMILY_FIELD,
-            f"is {sent!r}, but {use_case!r} decodes reports of family"
-            f" {self._families[params]!r}: the report was built under another hash family or"
-            f" parameters; build the randomizer from GET /v1/use-cases/{use_case}",
-        )
+        """The error of a report whose ``family`` is not the current policy's randomizer.
+
+        Names what differs when the family is one this service published (a misbuilt device's
+        reports are refused, so the error path may read every policy version).
+        """
+        current = next(m for m, p in self._mechanisms.values() if p == params)
+        with self.ledger.engine.connect() as conn:
+            versions = self.ledger.gate.book(conn).versions
+        published = ((v.name, v.version, mechanism_for(v)) for v in reversed(versions))
+        return InvalidReport(FAMILY_FIELD, mismatch_reason(sent, use_case, current, published))
 
     def receipt(self, decision: Decision) -> str:
         """An opaque charge receipt (never the report's id, which does not exist yet)."""
@@ -279,6 +285,7 @@ class Ingestor:
             except InvalidReport as exc:
                 out[i] = exc
                 continue
+            self.health.observe(req.use_case, found[0], report)
             payload = orjson.dumps(report.to_dict(), option=orjson.OPT_SORT_KEYS)
             request_hash = None
             if req.idempotency_key is not None:

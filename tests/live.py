@@ -36,7 +36,8 @@ def free_port() -> int:
 def server_env(folder: Path, **settings: str | None) -> dict[str, str]:
     """The environment of a server on a SQLite file in ``folder``.
 
-    The caller's ``DPGOV_*`` variables are left out; ``settings`` are ``DPGOV_*`` variables
+    The caller's ``DPGOV_*`` variables are left out (but ``DPGOV_REQUIRE_REPORT_FAMILY``, which
+    the suite sets for its bodies without ``family``); ``settings`` are ``DPGOV_*`` variables
     (lowercase names without the prefix) on top of the defaults, ``None`` removing one (e.g.
     ``admin_token=None`` for a server without an admin token).
     """
@@ -47,6 +48,7 @@ def server_env(folder: Path, **settings: str | None) -> dict[str, str]:
         "shuffler_key_file": str(folder / "shuffler.key"),
         "admin_token": ADMIN_TOKEN,
         "scheduler": "false",
+        "require_report_family": os.environ.get("DPGOV_REQUIRE_REPORT_FAMILY"),
         **settings,
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPGOV_")}

@@ -17,6 +17,7 @@ from dp_governor.api.cli import (
     serve,
     simulate,
 )
+from dp_governor.api.cli.common import refuse_unknown_settings
 
 __all__ = ["app", "main"]
 
@@ -46,6 +47,7 @@ def _root(
     ),
 ) -> None:
     """dp-governor: privacy accounting and budget governance for local-DP telemetry."""
+    refuse_unknown_settings()
 
 
 app.command()(simulate.simulate)

@@ -51,6 +51,26 @@ def long_lived_imports() -> Iterator[None]:
             gc.enable()
 
 
+def refuse_unknown_settings() -> None:
+    """Exit 2 naming a ``DPGOV_`` variable that is no setting, before any command runs.
+
+    Every command, those that read no setting included: a typo must never pass for a default.
+    The settings' names are imported only when some such variable is set (``--help`` stays light).
+    """
+    import os
+
+    from dp_governor.api.unknown_settings import PREFIX, UnknownSetting, check_environment
+
+    if not any(name.upper().startswith(PREFIX) for name in os.environ):
+        return
+    with long_lived_imports():
+        from dp_governor.api.settings import setting_names
+    try:
+        check_environment(os.environ, setting_names())
+    except UnknownSetting as exc:
+        refuse(str(exc))
+
+
 def load_settings(database_url: str | None, **overrides: object) -> Settings:
     """Settings from the environment with command-line overrides; exits 2 on invalid values.
 
@@ -58,6 +78,8 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     settings name its keys and their checks), through :func:`long_lived_imports`.
     """
     from pydantic import ValidationError
+
+    from dp_governor.api.unknown_settings import UnknownSetting
 
     with long_lived_imports():
         from dp_governor.api.settings import Settings
@@ -67,6 +89,8 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
         if database_url is not None:
             values["database_url"] = database_url
         return Settings(**values)  # type: ignore[arg-type]
+    except UnknownSetting as exc:
+        refuse(str(exc))
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "settings"

@@ -104,6 +104,7 @@ def render_page(
         estimates=panels,
         activity=daily_activity(ledger.engine, now=now, days=ACTIVITY_DAYS),
         chain=chain,
+        health=ingestor.health.lines(),
         verified_at=caches.verified_at or now,
         now=now,
         hint=hint + " JSON for all of this: /v1/audit/effective-epsilon, /v1/audit/use-cases/"

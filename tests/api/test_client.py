@@ -296,11 +296,11 @@ def test_the_readme_client_example_runs_as_written(
     assert printed[2].startswith("BudgetStatus(")
 
 
-def test_a_server_that_requires_the_family_refuses_a_body_without_it(tmp_path: Path) -> None:
+def test_a_server_refuses_a_body_without_the_family_by_default(tmp_path: Path) -> None:
     readme_of_old = HCMS(epsilon=4.0, k=1024, m=32768)  # no family: cannot be checked
     body = readme_of_old.privatize_one("www.example.com").to_dict()
     with (
-        serve(tmp_path, require_report_family="true") as served,
+        serve(tmp_path, require_report_family=None) as served,  # the default: required
         Client(served.base, admin_token=ADMIN_TOKEN) as client,
     ):
         with pytest.raises(BadRequest) as raised:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -16,7 +17,8 @@ from dp_governor.budget import create_db_engine
 from dp_governor.budget.reporting.activity import daily_activity
 
 
-def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
+def test_demo_runs_the_whole_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DPGOV_REQUIRE_REPORT_FAMILY")  # the default: every report its family
     seen: list[tuple[int, int]] = []
     result = run_demo(3000, 2, seed=11, progress=lambda *p: seen.append(p), workdir=tmp_path)
     total = demo_reports(3000, 2)

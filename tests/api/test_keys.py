@@ -288,14 +288,14 @@ def _legacy_database(tmp_path: Path) -> tuple[str, Path]:
     return url, keys
 
 
-def test_a_database_without_fingerprints_gets_them_from_the_first_start_with_its_keys(
+def test_a_database_without_fingerprints_gets_them_from_db_upgrade_with_its_keys(
     tmp_path: Path,
 ) -> None:
     url, keys = _legacy_database(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     env = {"DPGOV_DATABASE_URL": url, "DPGOV_SECRETS_DIR": str(keys)}
-    refused(dpgov(["budget", "device-1"], cwd=run, home=run, **env), "dpgov db init")
+    refused(dpgov(["budget", "device-1"], cwd=run, home=run, **env), "dpgov db upgrade")
     wrong = tmp_path / "wrong"
     wrong.mkdir()
     (wrong / "audit.key").write_text(secrets.token_hex(32))
@@ -309,6 +309,11 @@ def test_a_database_without_fingerprints_gets_them_from_the_first_start_with_its
     engine = create_db_engine(url)
     assert not stored_fingerprints(engine)  # nothing recorded by a refused start
     engine.dispose()
+    unchecked = dpgov(["jobs", "run", "checkpoint"], cwd=run, home=run, **env)
+    refused(unchecked, "DPGOV_SECRET_FILE", "--known-device")  # never adopted unchecked
+    upgrade = dpgov(["db", "upgrade", "--known-device", "device-1"], cwd=run, home=run, **env)
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert "key fingerprints recorded" in upgrade.stdout
     first_write = dpgov(["jobs", "run", "checkpoint"], cwd=run, home=run, **env)
     assert first_write.returncode == 0, first_write.stderr
     budget = dpgov(["budget", "device-1"], cwd=run, home=run, **env)

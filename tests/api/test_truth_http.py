@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from dp_governor.budget import Ledger, create_db_engine, init_db
+from dp_governor.budget.storage.db import key_fingerprint, record_fingerprints
 from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.live import ADMIN_TOKEN, serve
 
@@ -32,6 +33,9 @@ def folder(tmp_path: Path) -> Path:
 def _ledger(folder: Path) -> Ledger:
     engine = create_db_engine(f"sqlite:///{folder / 'ledger.sqlite'}")
     init_db(engine)
+    keys = {"device_key_secret": SECRET.encode(), "audit_key": AUDIT_KEY.encode()}
+    # as a new database's first start records them: the server then adopts no secret unchecked
+    record_fingerprints(engine, {f"fingerprint.{k}": key_fingerprint(v) for k, v in keys.items()})
     ledger = Ledger(engine, SECRET.encode(), audit_key=AUDIT_KEY.encode())
     ledger.policies.ensure_defaults()
     return ledger
