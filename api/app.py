@@ -17,6 +17,7 @@ from dp_governor.api.caches import Caches
 from dp_governor.api.committer import GroupCommitter
 from dp_governor.api.database import database_problem, init_service_db
 from dp_governor.api.jobs import RUNTIMES, Runtime, start_scheduler
+from dp_governor.api.keys import service_keys
 from dp_governor.api.lane import ReportLane
 from dp_governor.api.metrics import Metrics
 from dp_governor.api.middleware import BodyLimit, Timing
@@ -33,7 +34,7 @@ from dp_governor.api.routes import (
 )
 from dp_governor.api.schemas import ERROR_RESPONSES
 from dp_governor.api.server import report_start_failure
-from dp_governor.api.settings import Settings, service_keys
+from dp_governor.api.settings import Settings
 from dp_governor.api.unknown_settings import UnknownSetting
 from dp_governor.budget import Clock, Ledger, SystemClock, create_db_engine
 from dp_governor.pipeline.ingest import Ingestor

@@ -231,7 +231,53 @@ def render_dashboard(
     health: Sequence[HealthLine] = (),
 ) -> str:
     """The whole page; ``verified_at``: when ``chain`` was checked, ``now``: the page's time."""
-    policy_rows = "".join(
+    accepted, refused, refusal_table = _activity(activity)
+    report_rows, totals = _report(report)
+    charts, hists, panels = _cards(series, distributions, estimates)
+    chain_panel = _chain_panel(chain, verified_at, now)
+    policy_rows = _policy_rows(policies)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>dp-governor</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,"><style>{_CSS}</style></head><body>
+<h1>dp-governor</h1>
+<p class="muted">Privacy accounting as of {escape(report.as_of)},
+computed at {escape(report.computed_at)}.</p>
+{chain_panel}
+<h2>Policies</h2>
+<table id="policies"><tr><th>use case</th><th>mechanism</th><th>&#949;/report</th>
+<th>daily cap (reports)</th><th>window cap (&#949;)</th><th>lifetime cap (&#949;)</th>
+<th>budget group</th><th>k</th><th>m</th><th>window (days)</th><th>group size</th>
+<th>threshold</th><th>version</th></tr>{policy_rows}</table>
+<p class="muted">A cap of "none" does not bound that spend. Use cases of one budget group
+share its caps; a use case in no group has a budget of its own.</p>
+<h2>Reports per day, last {len(activity.days)} days (UTC)</h2>
+<div class="grid"><div class="card" id="accepted-trend"><b>accepted, by use case</b><br>
+{accepted}</div><div class="card" id="refusals-trend"><b>refused by a cap, by reason</b><br>
+{refused}</div><div class="card"><b>refusals by use case</b><br>{refusal_table}</div></div>
+<h2>Effective epsilon (Tang et al. 2017)</h2>
+<table id="effective-epsilon"><tr><th>use case</th><th>&#949;/report</th><th>/day</th>
+<th>&#949;/day</th><th>&#949;/window</th><th>&#949;/year</th><th>group</th>
+<th>group &#949;/day</th><th>lifetime bounded</th><th>spent in window max / p99 / median</th>
+<th>lifetime max / p99 / median</th><th>devices</th></tr>{report_rows}</table>
+{totals}
+<p class="muted">Computed by {escape(str(report.provenance["accountant"]))}.</p>
+{central_section(report.central)}
+{health_section(health)}
+<h2>Cumulative epsilon over the window (solid: most-spent device, dashed: p99 device)</h2>
+<div class="grid" id="cumulative">{charts}</div>
+<h2>Devices by epsilon spent in the window</h2>
+<div class="grid" id="histograms">{hists}</div>
+<h2>Latest estimates (95% error bars)</h2>
+<div class="grid" id="estimates">{panels}</div>
+<p class="muted">{escape(hint)}</p>
+</body></html>
+"""
+
+
+def _policy_rows(policies: Sequence[Policy]) -> str:
+    """The policies table's rows."""
+    return "".join(
         f"<tr><td>{escape(p.name)}</td><td>{escape(p.mechanism)}</td>"
         f"<td>{_num(p.epsilon_per_report)}</td><td>{p.max_reports_per_day}</td>"
         f"<td>{_num(p.window_epsilon_cap)}</td><td>{_num(p.lifetime_epsilon_cap)}</td>"
@@ -240,6 +286,10 @@ def render_dashboard(
         f"<td>{_num(p.publish_threshold)}</td><td>{p.version}</td></tr>"
         for p in policies
     )
+
+
+def _activity(activity: Activity) -> tuple[str, str, str]:
+    """The accepted and refused trends and the refusals-by-use-case table."""
     colors = {name: _COLORS[i % len(_COLORS)] for i, name in enumerate(activity.accepted)}
     accepted = (
         _trend(activity.days, activity.accepted, colors, "accepted reports per day")
@@ -258,6 +308,11 @@ def render_dashboard(
         if refusal_rows
         else '<p class="muted" id="refusals-by-use-case">no refusal in these days</p>'
     )
+    return accepted, refused, refusal_table
+
+
+def _report(report: EffectiveEpsilonReport) -> tuple[str, str]:
+    """The effective-epsilon table's rows and the totals paragraph."""
     report_rows = "".join(
         f"<tr><td>{escape(u.use_case)}</td><td>{_num(u.epsilon_per_report)}</td>"
         f"<td>{u.reports_per_day}</td><td>{_num(u.epsilon_per_day)}</td>"
@@ -300,6 +355,15 @@ def render_dashboard(
         f"{spread_cell('in the window', t.device_bound_window)}"
         f"{spread_cell('over lifetimes', t.device_bound_lifetime)}</p>"
     )
+    return report_rows, totals
+
+
+def _cards(
+    series: Sequence[CumulativeSeries],
+    distributions: Sequence[Distribution],
+    estimates: Sequence[EstimatePanel],
+) -> tuple[str, str, str]:
+    """The cumulative charts, the histograms and the estimate panels."""
     charts = "".join(
         f'<div class="card"><b>{escape(s.use_case)}</b> <span class="muted">'
         f"{s.devices} devices{'' if s.sampled == s.devices else f', p99 of {s.sampled}'}"
@@ -316,6 +380,11 @@ def render_dashboard(
         f"{_error_bars(p)}</div>"
         for p in estimates
     )
+    return charts, hists, panels
+
+
+def _chain_panel(chain: Verification, verified_at: datetime, now: datetime) -> str:
+    """The audit chain's status line."""
     status = (
         '<span class="ok" id="chain-status">verified</span>'
         if chain.ok
@@ -338,43 +407,7 @@ def render_dashboard(
         f' <span id="chain-checkpoint">{escape(checkpoint)}</span>'
         f"{f'; {behind:,d} entries since it' if chain.latest_checkpoint_at else ''}.</p>"
     )
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>dp-governor</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,"><style>{_CSS}</style></head><body>
-<h1>dp-governor</h1>
-<p class="muted">Privacy accounting as of {escape(report.as_of)},
-computed at {escape(report.computed_at)}.</p>
-{chain_panel}
-<h2>Policies</h2>
-<table id="policies"><tr><th>use case</th><th>mechanism</th><th>&#949;/report</th>
-<th>daily cap (reports)</th><th>window cap (&#949;)</th><th>lifetime cap (&#949;)</th>
-<th>budget group</th><th>k</th><th>m</th><th>window (days)</th><th>group size</th>
-<th>threshold</th><th>version</th></tr>{policy_rows}</table>
-<p class="muted">A cap of "none" does not bound that spend. Use cases of one budget group
-share its caps; a use case in no group has a budget of its own.</p>
-<h2>Reports per day, last {len(activity.days)} days (UTC)</h2>
-<div class="grid"><div class="card" id="accepted-trend"><b>accepted, by use case</b><br>
-{accepted}</div><div class="card" id="refusals-trend"><b>refused by a cap, by reason</b><br>
-{refused}</div><div class="card"><b>refusals by use case</b><br>{refusal_table}</div></div>
-<h2>Effective epsilon (Tang et al. 2017)</h2>
-<table id="effective-epsilon"><tr><th>use case</th><th>&#949;/report</th><th>/day</th>
-<th>&#949;/day</th><th>&#949;/window</th><th>&#949;/year</th><th>group</th>
-<th>group &#949;/day</th><th>lifetime bounded</th><th>spent in window max / p99 / median</th>
-<th>lifetime max / p99 / median</th><th>devices</th></tr>{report_rows}</table>
-{totals}
-<p class="muted">Computed by {escape(str(report.provenance["accountant"]))}.</p>
-{central_section(report.central)}
-{health_section(health)}
-<h2>Cumulative epsilon over the window (solid: most-spent device, dashed: p99 device)</h2>
-<div class="grid" id="cumulative">{charts}</div>
-<h2>Devices by epsilon spent in the window</h2>
-<div class="grid" id="histograms">{hists}</div>
-<h2>Latest estimates (95% error bars)</h2>
-<div class="grid" id="estimates">{panels}</div>
-<p class="muted">{escape(hint)}</p>
-</body></html>
-"""
+    return chain_panel
 
 
 def _central_loss(loss: CentralLoss | None) -> str:

@@ -17,7 +17,8 @@ import typer
 # Each command imports what it uses, so that `dpgov --help` and a read command start fast
 # (benchmarks/startup.py): no FastAPI, scipy, dp-accounting or pyarrow unless the command needs it.
 if TYPE_CHECKING:
-    from dp_governor.api.settings import ServiceKeys, Settings
+    from dp_governor.api.keys import ServiceKeys
+    from dp_governor.api.settings import Settings
     from dp_governor.budget import Ledger
 
 
@@ -157,7 +158,8 @@ def open_service(
     """
     from sqlalchemy import inspect
 
-    from dp_governor.api.settings import NOT_INITIALISED, KeyRefused, service_keys
+    from dp_governor.api.keys import NOT_INITIALISED, service_keys
+    from dp_governor.api.settings import KeyRefused
     from dp_governor.budget import Ledger, create_db_engine
 
     url = (

@@ -123,7 +123,8 @@ def _record_fingerprints(settings: Settings, engine: Engine, adoption: DeviceAdo
     Nothing is read for a database that records both (the upgrade needs no key); otherwise
     the keys are checked as a first start checks them, and a refusal exits 2 naming the setting.
     """
-    from dp_governor.api.settings import KeyRefused, service_keys
+    from dp_governor.api.keys import service_keys
+    from dp_governor.api.settings import KeyRefused
     from dp_governor.budget.storage.db import stored_fingerprints
 
     stored = stored_fingerprints(engine) or {}

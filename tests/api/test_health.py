@@ -54,26 +54,33 @@ def test_sfp_checks_both_parts_and_hcms_is_not_checked() -> None:
     assert health.lines() == []
 
 
+TIMEOUT = 300  # the first page imports the accounting and computes every figure: seconds on a busy
+# machine, never a measure here
+
+
 def test_a_misbuilt_fleet_shows_on_the_dashboard_and_in_metrics(tmp_path: Path) -> None:
-    with serve(tmp_path, require_report_family=None) as served:
-        published = httpx.get(f"{served.base}/v1/use-cases/emoji").json()
+    with (
+        serve(tmp_path, require_report_family=None) as served,
+        httpx.Client(timeout=TIMEOUT) as http,
+    ):
+        published = http.get(f"{served.base}/v1/use-cases/emoji").json()
         right = from_published(published)
         assert isinstance(right, CMS)
         family = published["randomizer"]["family_id"]
         wrong = dataclasses.replace(right, epsilon=1.0)  # the family copied, not computed
         for i, mech in enumerate([right] * 20 + [wrong] * 20):
             body = mech.privatize_one("😂").to_dict() | {"family": family}
-            sent = httpx.post(
+            sent = http.post(
                 f"{served.base}/v1/use-cases/emoji/reports",
                 json=body,
                 headers={"X-Device-Id": f"device-{i}"},
             )
             assert sent.status_code == 202, sent.text
-        metrics = httpx.get(f"{served.base}/metrics").text
+        metrics = http.get(f"{served.base}/metrics").text
         assert 'dpgov_reports_checked_total{use_case="emoji"} 40.0' in metrics
         assert 'dpgov_reports_implausible_total{use_case="emoji"} 20.0' in metrics
         assert 'dpgov_reports_implausible_share{use_case="emoji"} 0.5' in metrics
-        page = httpx.get(f"{served.base}/").text
+        page = http.get(f"{served.base}/").text
         row = re.search(r'<table id="health">.*?</table>', page, re.S)
         assert row is not None, page
         assert re.search(r"<td>emoji</td><td>40</td><td>20</td><td class=\"bad\">50.00%", row[0])

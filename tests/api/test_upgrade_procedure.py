@@ -40,7 +40,8 @@ pytestmark = pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is n
 CHARGE = """
 from datetime import UTC, datetime
 from dp_governor.api.ingest import Ingestor, SubmitRequest
-from dp_governor.api.settings import Settings, service_keys
+from dp_governor.api.keys import service_keys
+from dp_governor.api.settings import Settings
 from dp_governor.budget import Ledger, create_db_engine
 settings = Settings()
 engine = create_db_engine(settings.database_url)

@@ -18,7 +18,8 @@ from dp_governor.budget.privacy.epsilon_advisor import (
     render_advice,
     same_accuracy_epsilon,
 )
-from dp_governor.budget.reporting.report import build_report, render_text
+from dp_governor.budget.reporting.report import build_report
+from dp_governor.budget.reporting.report_text import render_text
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.mechanisms.variance import cms_c, hcms_c
 from dp_governor.policies import PolicyCreate
