@@ -40,30 +40,21 @@ from dp_governor.budget.audit.log import (
 from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.audit.verify import StateCheck
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
-from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.mechanisms import Mechanism
 from dp_governor.pipeline.codec import sketch_digest, sketch_from_bytes
 from dp_governor.pipeline.fold import mechanisms_by_params, part_payloads
 from dp_governor.pipeline.seal import InboxSeal, SealError
-from dp_governor.pipeline.tables import (
-    BatchPart,
-    InboxMove,
-    InboxOrder,
-    InboxRow,
-    SketchRow,
-    StoredReport,
-)
+from dp_governor.pipeline.tables import BATCHES as _BATCHES
+from dp_governor.pipeline.tables import INBOX as _INBOX
+from dp_governor.pipeline.tables import MOVES as _MOVES
+from dp_governor.pipeline.tables import ORDERS as _ORDERS
+from dp_governor.pipeline.tables import PARTS as _PARTS
+from dp_governor.pipeline.tables import REPORTS as _REPORTS
+from dp_governor.pipeline.tables import SKETCHES as _SKETCHES
 
 __all__ = ["KeptCheckpoints", "kept_checkpoints", "pipeline_problem", "verify_service"]
 
-_INBOX = InboxRow.__table__  # type: ignore[attr-defined]
-_REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
-_PARTS = BatchPart.__table__  # type: ignore[attr-defined]
-_SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
-_MOVES = InboxMove.__table__  # type: ignore[attr-defined]
 _PAGE = 10_000
-_ORDERS = InboxOrder.__table__  # type: ignore[attr-defined]
-_BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,29 +33,20 @@ from dp_governor.budget.gate.prepared import InternalError, load_book
 from dp_governor.budget.reporting.central import batch_layers
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.storage.db import placeholder, write_step
-from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.pipeline.seal import InboxSeal, SealError
+from dp_governor.pipeline.tables import BATCHES as _BATCHES
+from dp_governor.pipeline.tables import INBOX as _INBOX
+from dp_governor.pipeline.tables import MOVES as _MOVES
+from dp_governor.pipeline.tables import ORDERS as _ORDERS
+from dp_governor.pipeline.tables import PARTS as _PARTS
 from dp_governor.pipeline.tables import (
     STEP_ROWS,
-    BatchPart,
-    InboxMove,
-    InboxOrder,
-    InboxRow,
-    SketchRow,
-    StoredReport,
 )
 from dp_governor.policies import mechanism_for
 from dp_governor.policies.model import to_micro
 
 __all__ = ["DEFAULT_MIN_BATCH", "flush_inbox"]
 
-_INBOX = InboxRow.__table__  # type: ignore[attr-defined]
-_MOVES = InboxMove.__table__  # type: ignore[attr-defined]
-_ORDERS = InboxOrder.__table__  # type: ignore[attr-defined]
-_REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
-_PARTS = BatchPart.__table__  # type: ignore[attr-defined]
-_SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
-_BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
 DEFAULT_MIN_BATCH = 100
 log = logging.getLogger("dpgov.pipeline")
 

@@ -16,24 +16,15 @@ from sqlalchemy import Connection, Engine, and_, select, update
 
 from dp_governor.budget import Ledger
 from dp_governor.budget.storage.db import write_step
-from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.mechanisms import Mechanism, Sketch
 from dp_governor.pipeline.codec import sketch_from_bytes, sketch_to_bytes
 from dp_governor.pipeline.ingest import Ingestor
-from dp_governor.pipeline.tables import (
-    BatchPart,
-    InboxMove,
-    InboxOrder,
-    InboxRow,
-    SketchRow,
-    StoredReport,
-)
+from dp_governor.pipeline.tables import PARTS as _PARTS
+from dp_governor.pipeline.tables import REPORTS as _REPORTS
+from dp_governor.pipeline.tables import SKETCHES as _SKETCHES
 from dp_governor.policies import Policy, mechanism_for
 from dp_governor.policies.repository import lock_names
 
-_INBOX = InboxRow.__table__  # type: ignore[attr-defined]
-_MOVES = InboxMove.__table__  # type: ignore[attr-defined]
-_ORDERS = InboxOrder.__table__  # type: ignore[attr-defined]
 __all__ = [
     "AggregateResult",
     "aggregate",
@@ -43,10 +34,6 @@ __all__ = [
     "published_parts",
 ]
 
-_REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
-_PARTS = BatchPart.__table__  # type: ignore[attr-defined]
-_SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
-_BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
 _FOLD_ROUND = 1_000_000  # reports one sketch write adds at most (a part is never split)
 _FOLD_ATTEMPTS = 3
 _READ_PAGE = 20_000

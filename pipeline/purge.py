@@ -10,26 +10,16 @@ from sqlalchemy.exc import IntegrityError
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import Entry
 from dp_governor.budget.storage.db import write_step
-from dp_governor.budget.storage.tables import ShuffledBatch
+from dp_governor.pipeline.tables import INBOX as _INBOX
+from dp_governor.pipeline.tables import MOVES as _MOVES
+from dp_governor.pipeline.tables import PARTS as _PARTS
+from dp_governor.pipeline.tables import REPORTS as _REPORTS
+from dp_governor.pipeline.tables import SKETCHES as _SKETCHES
 from dp_governor.pipeline.tables import (
     STEP_ROWS,
-    BatchPart,
-    InboxMove,
-    InboxOrder,
-    InboxRow,
-    SketchRow,
-    StoredReport,
 )
 
 __all__ = ["purge"]
-
-_INBOX = InboxRow.__table__  # type: ignore[attr-defined]
-_MOVES = InboxMove.__table__  # type: ignore[attr-defined]
-_ORDERS = InboxOrder.__table__  # type: ignore[attr-defined]
-_REPORTS = StoredReport.__table__  # type: ignore[attr-defined]
-_PARTS = BatchPart.__table__  # type: ignore[attr-defined]
-_SKETCHES = SketchRow.__table__  # type: ignore[attr-defined]
-_BATCHES = ShuffledBatch.__table__  # type: ignore[attr-defined]
 
 
 def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, int]:

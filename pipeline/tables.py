@@ -15,10 +15,19 @@ transactions and published by the one that moves its last report (``inbox_moves`
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, LargeBinary, Text
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, LargeBinary, Table, Text
 from sqlmodel import Field, SQLModel
 
+from dp_governor.budget.storage.tables import ShuffledBatch
+
 __all__ = [
+    "BATCHES",
+    "INBOX",
+    "MOVES",
+    "ORDERS",
+    "PARTS",
+    "REPORTS",
+    "SKETCHES",
     "STEP_ROWS",
     "BatchPart",
     "InboxMove",
@@ -184,3 +193,13 @@ class JobLease(SQLModel, table=True):
     holder: str = Field(max_length=64)
     until: float
     token: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+
+
+# The tables as SQLAlchemy Core, for the jobs' statements (one name each, shared by every job).
+INBOX: Table = InboxRow.__table__  # type: ignore[attr-defined]
+MOVES: Table = InboxMove.__table__  # type: ignore[attr-defined]
+ORDERS: Table = InboxOrder.__table__  # type: ignore[attr-defined]
+REPORTS: Table = StoredReport.__table__  # type: ignore[attr-defined]
+PARTS: Table = BatchPart.__table__  # type: ignore[attr-defined]
+SKETCHES: Table = SketchRow.__table__  # type: ignore[attr-defined]
+BATCHES: Table = ShuffledBatch.__table__  # type: ignore[attr-defined]

@@ -94,10 +94,6 @@ def _weaker(before: PolicyBook, after: PolicyBook, name: str) -> Iterator[str]:
             f"the window cap's window shortens from {old.retention_days} to"
             f" {new.retention_days} days (spend before the edit no longer counts in full)"
         )
-    was_life, now_life = old.lifetime_epsilon_cap, new.lifetime_epsilon_cap
-    if was_life is not None and (now_life is None or now_life > was_life):
-        change = "removed" if now_life is None else f"raised to {now_life:g}"
-        yield f"`lifetime_epsilon_cap` {change} (was {was_life:g})"
     yield from _filters(before.terms_of(name), after.terms[name])
     counted_after = _counted(after.terms[name])
     for use_case, budget in sorted(_counted(before.terms_of(name)) - counted_after):
@@ -119,10 +115,11 @@ def _caps_raised(old: Policy, new: Policy) -> Iterator[str]:
             f"`max_reports_per_day` raised from {old.max_reports_per_day} to"
             f" {new.max_reports_per_day}"
         )
-    was, now = old.window_epsilon_cap, new.window_epsilon_cap
-    if was is not None and (now is None or now > was):
-        change = "removed" if now is None else f"raised to {now:g}"
-        yield f"`window_epsilon_cap` {change} (was {was:g})"
+    for field in ("window_epsilon_cap", "lifetime_epsilon_cap"):
+        was, now = getattr(old, field), getattr(new, field)
+        if was is not None and (now is None or now > was):
+            change = "removed" if now is None else f"raised to {now:g}"
+            yield f"`{field}` {change} (was {was:g})"
 
 
 def _term(policy: Policy, field: str) -> float:
