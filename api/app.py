@@ -31,7 +31,6 @@ from dp_governor.api.routes import (
     reports,
     use_cases,
 )
-from dp_governor.api.schemas import ERROR_RESPONSES
 from dp_governor.api.server import report_start_failure
 from dp_governor.api.settings import Settings, service_keys
 from dp_governor.budget import Clock, Ledger, SystemClock, create_db_engine
@@ -52,7 +51,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         report_start_failure(f"invalid setting `{'.'.join(map(str, err['loc']))}`: {err['msg']}")
         raise
     app = FastAPI(
-        responses=ERROR_RESPONSES,
+        responses=errors.ERROR_RESPONSES,
         title="dp-governor",
         version=__version__,  # the installed distribution's, from pyproject.toml
         description="Privacy accounting and budget governance for local-DP telemetry.",

@@ -317,3 +317,19 @@ def test_the_client_answers_every_refusal_the_rule_can_give() -> None:
     from dp_governor.budget.rule.refusal import REFUSALS
 
     assert frozenset(REFUSALS) == CAP_REASONS  # a filter's 429 is an answer, not a rate limit
+
+
+def test_the_client_imports_no_server_code() -> None:
+    """A device or relay needs neither SQLAlchemy nor the server (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    server = ("sqlalchemy", "sqlmodel", "fastapi", "starlette", "alembic", "apscheduler")
+    layers = ("dp_governor.budget", "dp_governor.pipeline", "dp_governor.policies")
+    code = (
+        "import sys, dp_governor.client; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {server!r}"
+        f" or m.startswith(tuple(p + '.' for p in {layers!r})) or m in {layers!r}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout
