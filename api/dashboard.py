@@ -214,6 +214,32 @@ def _error_bars(panel: EstimatePanel) -> str:
     )
 
 
+def _chain_panel(chain: Verification, verified_at: datetime, now: datetime) -> str:
+    """The audit chain's line: its status, when it was checked, its latest checkpoint."""
+    status = (
+        '<span class="ok" id="chain-status">verified</span>'
+        if chain.ok
+        else f'<span class="bad" id="chain-status">FAILED at entry {chain.first_bad}:'
+        f" {escape(str(chain.problem))}</span>"
+    )
+    if chain.latest_checkpoint_at is not None:
+        at = datetime.fromisoformat(chain.latest_checkpoint_at)
+        checkpoint = (
+            f"latest signed checkpoint: entry {chain.latest_checkpoint_seq} at"
+            f" {at:%Y-%m-%d %H:%M} UTC, {_age((now - at).total_seconds())} ago"
+        )
+    else:
+        checkpoint = "no signed checkpoint yet (the checkpoint job writes one)"
+    behind = chain.head_seq - (chain.latest_checkpoint_seq or 0)
+    return (
+        f'<p id="chain">Audit chain: {status}, {chain.entries:,d} entries, checked'
+        f" {_age((now - verified_at).total_seconds())} ago"
+        f' (<span id="chain-verified-at">{verified_at:%Y-%m-%d %H:%M:%S} UTC</span>);'
+        f' <span id="chain-checkpoint">{escape(checkpoint)}</span>'
+        f"{f'; {behind:,d} entries since it' if chain.latest_checkpoint_at else ''}.</p>"
+    )
+
+
 def render_dashboard(
     *,
     policies: Sequence[Policy],
@@ -313,28 +339,7 @@ def render_dashboard(
         f"{_error_bars(p)}</div>"
         for p in estimates
     )
-    status = (
-        '<span class="ok" id="chain-status">verified</span>'
-        if chain.ok
-        else f'<span class="bad" id="chain-status">FAILED at entry {chain.first_bad}:'
-        f" {escape(str(chain.problem))}</span>"
-    )
-    if chain.latest_checkpoint_at is not None:
-        at = datetime.fromisoformat(chain.latest_checkpoint_at)
-        checkpoint = (
-            f"latest signed checkpoint: entry {chain.latest_checkpoint_seq} at"
-            f" {at:%Y-%m-%d %H:%M} UTC, {_age((now - at).total_seconds())} ago"
-        )
-    else:
-        checkpoint = "no signed checkpoint yet (the checkpoint job writes one)"
-    behind = chain.head_seq - (chain.latest_checkpoint_seq or 0)
-    chain_panel = (
-        f'<p id="chain">Audit chain: {status}, {chain.entries:,d} entries, checked'
-        f" {_age((now - verified_at).total_seconds())} ago"
-        f' (<span id="chain-verified-at">{verified_at:%Y-%m-%d %H:%M:%S} UTC</span>);'
-        f' <span id="chain-checkpoint">{escape(checkpoint)}</span>'
-        f"{f'; {behind:,d} entries since it' if chain.latest_checkpoint_at else ''}.</p>"
-    )
+    chain_panel = _chain_panel(chain, verified_at, now)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>dp-governor</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">

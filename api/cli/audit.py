@@ -79,7 +79,7 @@ def audit_report(
     """The effective-epsilon report: what each policy allows and what devices spent."""
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.loss import effective_epsilon
-    from dp_governor.budget.reporting.report import render_text
+    from dp_governor.budget.reporting.text import render_text
 
     if delta is not None and not 0 < delta < 1:
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
@@ -152,7 +152,7 @@ def audit_recompute(
 ) -> None:
     """Recompute the effective-epsilon report from an export, offline (no database)."""
     from dp_governor.budget.reporting.export import read_export, report_from_export
-    from dp_governor.budget.reporting.report import render_text
+    from dp_governor.budget.reporting.text import render_text
 
     try:
         report = report_from_export(read_export(file))

@@ -33,7 +33,8 @@ def demo(
     from pydantic import TypeAdapter
 
     from dp_governor.api.demo.demo import run_demo
-    from dp_governor.budget.reporting.report import EffectiveEpsilonReport, render_text
+    from dp_governor.budget.reporting.report import EffectiveEpsilonReport
+    from dp_governor.budget.reporting.text import render_text
 
     settings = None if database_url is None else load_settings(database_url)
     where = "a temporary database" if settings is None else "the database given"

@@ -290,8 +290,8 @@ def test_the_readme_client_example_runs_as_written(
     monkeypatch.setenv("DPGOV_ADMIN_TOKEN", ADMIN_TOKEN)
     exec(compile(code.replace("http://127.0.0.1:8000", base), "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("Receipt(") and printed[1] == "3"
-    assert printed[2].startswith("BudgetStatus(")
+    assert printed[0].startswith("receipt=") and printed[0].endswith("accepted=True")
+    assert printed[1] == "3" and printed[2].startswith("use_case=")
 
 
 def test_a_server_that_requires_the_family_refuses_a_body_without_it(tmp_path: Path) -> None:

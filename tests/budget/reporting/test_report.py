@@ -18,7 +18,8 @@ from dp_governor.budget.reporting.loss import (
     effective_epsilon_basis,
     population_window_loss,
 )
-from dp_governor.budget.reporting.report import finish_report, render_text
+from dp_governor.budget.reporting.report import finish_report
+from dp_governor.budget.reporting.text import render_text
 from dp_governor.policies import PolicyCreate, PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

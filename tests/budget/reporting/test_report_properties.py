@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dp_governor.budget.privacy.accountant import Accountant
-from dp_governor.budget.reporting.report import Row, build_report, render_text
+from dp_governor.budget.reporting.report import Row, build_report
+from dp_governor.budget.reporting.text import render_text
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.policies.model import MAX_EPSILON, MICRO, Policy, PolicyCreate, budget_key
 
