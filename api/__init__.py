@@ -1,7 +1,9 @@
-"""The service: the FastAPI app (``app``, ``routes``), the ingestion pipeline, jobs and the CLI.
+"""The service and its tools: the FastAPI app, its wire contract, jobs, the CLI and the client.
 
 ``dp_governor.api.app`` builds the HTTP service from ``routes`` (one router per resource), ``deps``,
-``schemas``, ``errors`` and the report fast lane ``lane``; ``ingestion`` charges, stores and
-aggregates reports; ``jobs`` schedules the pipeline's and the audit log's work; ``cli`` is the
-``dpgov`` command; ``demo`` (a simulated fleet) and ``client`` stand apart from the service.
+``errors`` and the report fast lane ``lane``; every route answers with a model of ``schemas`` (the
+wire contract, pure pydantic), converted from the read side by ``wire``; ``jobs`` schedules the
+pipeline's and the audit log's work; ``cli`` is the ``dpgov`` command; ``demo`` (a simulated
+fleet) and ``client`` stand apart from the service, and ``client`` and ``schemas`` import no
+server code. This ``__init__`` imports nothing.
 """

@@ -32,7 +32,6 @@ from dp_governor.api.routes import (
     reports,
     use_cases,
 )
-from dp_governor.api.schemas import ERROR_RESPONSES
 from dp_governor.api.server import report_start_failure
 from dp_governor.api.settings import Settings
 from dp_governor.api.unknown_settings import UnknownSetting
@@ -57,7 +56,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         report_start_failure(str(exc))
         raise
     app = FastAPI(
-        responses=ERROR_RESPONSES,
+        responses=errors.ERROR_RESPONSES,
         title="dp-governor",
         version=__version__,  # the installed distribution's, from pyproject.toml
         description="Privacy accounting and budget governance for local-DP telemetry.",

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from dp_governor.api.schemas import ErrorBody
 from dp_governor.budget.errors import IdempotencyConflict, InvalidRequest
 from dp_governor.mechanisms import InvalidReport
 from dp_governor.pipeline.ingest import PolicyChanged
@@ -27,6 +28,7 @@ __all__ = [
     "BAD_REQUEST",
     "CONFLICT",
     "DOMAIN_ERRORS",
+    "ERROR_RESPONSES",
     "FORBIDDEN",
     "INVALID",
     "MAX_JSON_DEPTH",
@@ -54,6 +56,20 @@ INVALID = 422  # a request or report that names the field at fault
 REFUSED = 429  # a report refused at a cap (a decision, not an error), or a rate limit
 SERVICE_UNAVAILABLE = 503  # a job stopped by a database still locked after its busy timeout
 MAX_JSON_DEPTH = 16  # deeper JSON bodies are refused with 422 on `body`
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        BAD_REQUEST: "A body that cannot be read (not UTF-8, not the declared encoding).",
+        UNAUTHORIZED: "No credentials: `X-Device-Id` or `Authorization: Bearer <admin token>`.",
+        FORBIDDEN: "Credentials that do not allow this.",
+        NOT_FOUND: "Unknown use case (or route).",
+        CONFLICT: "Idempotency-key or policy conflict.",
+        TOO_LARGE: "Body or batch too large.",
+        REFUSED: "A budget cap or a rate limit; see `Retry-After`.",
+    }.items()
+}
+"""The error statuses every route may answer, each with :class:`ErrorBody` (see ``app.py``)."""
 
 
 class HttpError(Exception):

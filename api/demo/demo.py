@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -234,7 +234,7 @@ def _simulate(
         clock.advance(days=-1)
         first = (clock.now() - timedelta(days=days - 1)).date()
         top = client.estimates("emoji", emoji, start=first).estimates[:10]
-        estimates = [asdict(e) for e in top]
+        estimates = [e.model_dump() for e in top]
         http = httpx.get(
             base + "/v1/use-cases/quicktype/discoveries",
             params={"from": first.isoformat()},
@@ -246,7 +246,7 @@ def _simulate(
         spend = []
         for row in client.budget(ids[0], as_device=True).use_cases:
             if row.epsilon_lifetime > 0:
-                spend.append(asdict(row))
+                spend.append(row.model_dump())
         client.run_job("checkpoint")
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         report = httpx.get(base + "/v1/audit/effective-epsilon", timeout=600)

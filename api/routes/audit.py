@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
+from dp_governor.api import wire
 from dp_governor.api.deps import (
     AdminDep,
     CachesDep,
@@ -17,9 +18,13 @@ from dp_governor.api.deps import (
     UseCaseName,
 )
 from dp_governor.api.integrity import kept_checkpoints, verify_service
-from dp_governor.api.schemas import AuditVerification
-from dp_governor.budget.reporting.report import EffectiveEpsilonReport
-from dp_governor.budget.reporting.views import Distribution, Timeline, device_timeline
+from dp_governor.api.schemas import (
+    AuditVerification,
+    Distribution,
+    EffectiveEpsilonReport,
+    Timeline,
+)
+from dp_governor.budget.reporting.views import device_timeline
 
 __all__ = ["router"]
 
@@ -50,7 +55,7 @@ def audit_device(device_id: ReadableDevice, ledger: LedgerDep, clock: ClockDep) 
 
     Window and lifetime curves, with the tight bounds; a device reads its own, admins any.
     """
-    return device_timeline(ledger, device_id, now=clock.now())
+    return wire.timeline(device_timeline(ledger, device_id, now=clock.now()))
 
 
 @router.get("/v1/audit/use-cases/{name}/distribution", response_model=Distribution)
@@ -69,7 +74,7 @@ def audit_distribution(
     The ledger is read at most once per ``report_cache_seconds`` for each use case and scope,
     by one request at a time; any bin count is derived from that reading.
     """
-    return caches.distribution(ledger, name, scope, bins)
+    return wire.distribution(caches.distribution(ledger, name, scope, bins))
 
 
 @router.get("/v1/audit/effective-epsilon", response_model=EffectiveEpsilonReport)
@@ -90,4 +95,4 @@ def effective_epsilon(
     ledger (the last 32 deltas asked are kept). ``as_of`` and ``provenance`` say how it was
     computed; each (epsilon, delta) figure says what it is (``bound``, ``kind``, ``note``).
     """
-    return caches.report(ledger, delta)
+    return wire.effective_epsilon(caches.report(ledger, delta))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from dp_governor.api import wire
 from dp_governor.api.deps import ClockDep, LedgerDep, ReadableDevice
-from dp_governor.api.schemas import DeviceBudget
-from dp_governor.policies.device import DeviceBudgetPublic, device_budget_versions
+from dp_governor.api.schemas import DeviceBudget, DeviceBudgetPublic
+from dp_governor.policies.device import device_budget_versions
 
 __all__ = ["router"]
 
@@ -17,7 +18,7 @@ router = APIRouter(tags=["budgets"])
 def device_budget(device_id: ReadableDevice, ledger: LedgerDep, clock: ClockDep) -> DeviceBudget:
     """A device reads its own budget (X-Device-Id equal to the path); admins read any."""
     status = ledger.status(device_id, now=clock.now())
-    return DeviceBudget(
+    return wire.device_budget(
         device_id=device_id,
         device=ledger.device_wide(device_id, now=clock.now()),
         odometer=ledger.device_odometer(device_id),
@@ -33,4 +34,4 @@ def device_budget_versions_route(ledger: LedgerDep) -> list[DeviceBudgetPublic]:
     quotas it draws from.
     """
     with ledger.connect() as conn:
-        return [v.public() for v in device_budget_versions(conn)]
+        return [wire.device_budget_version(v) for v in device_budget_versions(conn)]

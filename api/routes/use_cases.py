@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 
+from dp_governor.api import wire
 from dp_governor.api.deps import (
     AdminDep,
     AllowLoosen,
@@ -20,11 +21,11 @@ from dp_governor.api.deps import (
     PolicyStoreDep,
     UseCaseName,
 )
-from dp_governor.api.schemas import POLICY_EXAMPLES, BudgetGroupPublic, public_policy
+from dp_governor.api.schemas import BudgetGroupPublic, GroupTerms, PolicyPublic, WhatIf
 from dp_governor.budget import InvalidRequest, UnknownUseCase
-from dp_governor.budget.reporting.views import WhatIf, what_if
-from dp_governor.policies import PolicyBase, PolicyCreate, PolicyPublic
-from dp_governor.policies.model import GroupTerms
+from dp_governor.budget.reporting.views import what_if
+from dp_governor.policies import DEFAULT_POLICIES, PolicyBase, PolicyCreate
+from dp_governor.policies.model import GroupTerms as StoredTerms
 from dp_governor.policies.repository import GROUP_FIELDS, PolicyStore
 
 __all__ = ["router"]
@@ -32,22 +33,38 @@ __all__ = ["router"]
 router = APIRouter(tags=["use cases"])
 
 
+def _policy_example(name: str, **changes: Any) -> dict[str, Any]:
+    """A default policy's fields (without name and description) as an OpenAPI example."""
+    base = next(p for p in DEFAULT_POLICIES if p["name"] == name)
+    value = {k: v for k, v in base.items() if k not in ("name", "description")}
+    return {"value": {**value, **changes}}
+
+
+POLICY_EXAMPLES = {
+    "emoji with caps": _policy_example(
+        "emoji", window_epsilon_cap=120.0, lifetime_epsilon_cap=1000.0
+    ),
+    "safari domains (shared budget)": _policy_example("safari-energy-domains"),
+    "new words (SFP)": _policy_example("quicktype"),
+}
+
+
 @router.get("/v1/use-cases", response_model=list[PolicyPublic])
 def list_use_cases(store: PolicyStoreDep) -> list[PolicyPublic]:
     """Every active use case's current policy."""
-    return [public_policy(p) for p in store.list()]
+    return [wire.policy(p) for p in store.list()]
 
 
 @router.get("/v1/use-cases/{name}", response_model=PolicyPublic)
 def get_use_case(name: UseCaseName, store: PolicyStoreDep) -> PolicyPublic:
     """A use case's current policy."""
-    return public_policy(store.get(name))
+    return wire.policy(store.get(name))
 
 
 @router.get("/v1/use-cases/{name}/versions", response_model=list[PolicyPublic])
 def use_case_versions(name: UseCaseName, store: PolicyStoreDep) -> list[PolicyPublic]:
     """Every version of a use case's policy, oldest first (deleted ones too)."""
-    return [public_policy(p) for p in store.versions(name)]
+    return [wire.policy(p) for p in store.versions(name)]
 
 
 @router.put("/v1/use-cases/{name}", response_model=PolicyPublic)
@@ -74,7 +91,7 @@ def put_use_case(
     if data.setdefault("name", name) != name:
         raise InvalidRequest("name", f"must equal the path's use case {name!r}")
     policy = PolicyCreate.model_validate(data)
-    return public_policy(store.apply(policy, actor="admin", allow_loosen=allow_loosen))
+    return wire.policy(store.apply(policy, actor="admin", allow_loosen=allow_loosen))
 
 
 @router.delete("/v1/use-cases/{name}", response_model=PolicyPublic)
@@ -82,7 +99,7 @@ def delete_use_case(
     name: UseCaseName, store: PolicyStoreDep, _admin: None = AdminDep
 ) -> PolicyPublic:
     """Retire a use case (an inactive version); its history and charges stay."""
-    return public_policy(store.delete(name, actor="admin"))
+    return wire.policy(store.delete(name, actor="admin"))
 
 
 @router.post("/v1/use-cases/{name}/what-if", response_model=WhatIf)
@@ -113,15 +130,16 @@ def what_if_route(
     if body.get("name", name) != name:
         raise InvalidRequest("name", f"must equal the path's use case {name!r}")
     data.update(body)
-    return what_if(ledger, name, PolicyCreate.model_validate(data), now=clock.now())
+    return wire.what_if(what_if(ledger, name, PolicyCreate.model_validate(data), now=clock.now()))
 
 
 def _group(store: PolicyStore, group: str) -> BudgetGroupPublic:
     members = [p for p in store.list() if p.budget_group == group]
     if not members:
         raise UnknownUseCase(f"budget group {group!r}")
-    terms = GroupTerms.model_validate(members[0].model_dump(include=set(GROUP_FIELDS)))
-    return BudgetGroupPublic(name=group, members=[p.name for p in members], terms=terms)
+    terms = StoredTerms.model_validate(members[0].model_dump(include=set(GROUP_FIELDS)))
+    names = [p.name for p in members]
+    return BudgetGroupPublic(name=group, members=names, terms=wire.group_terms(terms))
 
 
 @router.get("/v1/budget-groups/{group}", response_model=BudgetGroupPublic)
@@ -144,7 +162,7 @@ def put_budget_group(
     loosens needs `allow_loosen=true`. A member whose policy would no longer validate (a cap
     below its epsilon per report) refuses the whole change with 422 naming the field.
     """
-    store.update_group(group, terms, actor="admin", allow_loosen=allow_loosen)
+    store.update_group(group, wire.submitted_terms(terms), actor="admin", allow_loosen=allow_loosen)
     return _group(store, group)
 
 
@@ -173,4 +191,4 @@ def group_what_if(
         for p in members
     ]
     now = clock.now()
-    return [what_if(ledger, p.name, p, now=now, alongside=proposed) for p in proposed]
+    return [wire.what_if(what_if(ledger, p.name, p, now=now, alongside=proposed)) for p in proposed]

@@ -292,8 +292,8 @@ def test_the_readme_client_example_runs_as_written(
     monkeypatch.setenv("DPGOV_ADMIN_TOKEN", ADMIN_TOKEN)
     exec(compile(code.replace("http://127.0.0.1:8000", base), "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("Receipt(") and printed[1] == "3"
-    assert printed[2].startswith("BudgetStatus(")
+    assert printed[0].startswith("receipt=") and printed[0].endswith("accepted=True")
+    assert printed[1] == "3" and printed[2].startswith("use_case=")
 
 
 def test_a_server_refuses_a_body_without_the_family_by_default(tmp_path: Path) -> None:
@@ -319,3 +319,19 @@ def test_the_client_answers_every_refusal_the_rule_can_give() -> None:
     from dp_governor.budget.rule.refusal import REFUSALS
 
     assert frozenset(REFUSALS) == CAP_REASONS  # a filter's 429 is an answer, not a rate limit
+
+
+def test_the_client_imports_no_server_code() -> None:
+    """A device or relay needs neither SQLAlchemy nor the server (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    server = ("sqlalchemy", "sqlmodel", "fastapi", "starlette", "alembic", "apscheduler")
+    layers = ("dp_governor.budget", "dp_governor.pipeline", "dp_governor.policies")
+    code = (
+        "import sys, dp_governor.client; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {server!r}"
+        f" or m.startswith(tuple(p + '.' for p in {layers!r})) or m in {layers!r}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout
