@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -50,6 +50,30 @@ def _ones(report: CmsReport) -> int:
     return int.from_bytes(report.bits, "big").bit_count()
 
 
+Check = Callable[[Report], bool]
+
+
+def _test(mech: Mechanism) -> Check | None:
+    """Whether a report's ``+1`` counts fall in their bands (``None``: HCMS, not checked)."""
+    if isinstance(mech, SFP):
+        (wl, wh), (fl, fh) = plausible_ones(mech.word_cms), plausible_ones(mech.fragment_cms)
+
+        def sfp(report: Report) -> bool:
+            assert isinstance(report, SfpReport)
+            return wl <= _ones(report.word) <= wh and fl <= _ones(report.fragment) <= fh
+
+        return sfp
+    if isinstance(mech, CMS):
+        low, high = plausible_ones(mech)
+
+        def cms(report: Report) -> bool:
+            assert isinstance(report, CmsReport)
+            return low <= _ones(report) <= high
+
+        return cms
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class HealthLine:
     """One use case's reports checked since this process started, and those implausible."""
@@ -70,33 +94,31 @@ class ReportHealth(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, list[int]] = {}  # use case -> [checked, implausible]
-        self._bands: dict[tuple[int, float], tuple[int, int]] = {}  # (m, epsilon) -> band
+        self._tests: dict[str, Check | None] = {}  # parameter fingerprint -> its test
 
-    def _band(self, mech: CMS) -> tuple[int, int]:
-        key = (mech.m, mech.epsilon)
-        band = self._bands.get(key)
-        if band is None:
-            band = self._bands[key] = plausible_ones(mech)
-        return band
+    def test(self, params: str, mech: Mechanism) -> Check | None:
+        """The plausibility test of reports under ``mech`` (``params`` its fingerprint).
 
-    def _fits(self, mech: CMS, report: CmsReport) -> bool:
-        low, high = self._band(mech)
-        return low <= _ones(report) <= high
+        ``None``: its reports are not checked (HCMS). Built once per parameter set, so a report
+        costs one popcount per sketch row it carries.
+        """
+        if params not in self._tests:
+            self._tests[params] = _test(mech)
+        return self._tests[params]
+
+    def add(self, tallies: dict[str, list[int]]) -> None:
+        """Add ``{use case: [checked, implausible]}`` (a group's reports, counted together)."""
+        with self._lock:
+            for use_case, (checked, implausible) in tallies.items():
+                counts = self._counts.setdefault(use_case, [0, 0])
+                counts[0] += checked
+                counts[1] += implausible
 
     def observe(self, use_case: str, mech: Mechanism, report: Report) -> None:
         """Count one parsed report of ``use_case`` under its policy's ``mech`` (HCMS: ignored)."""
-        if isinstance(mech, SFP) and isinstance(report, SfpReport):
-            fits = self._fits(mech.word_cms, report.word) and self._fits(
-                mech.fragment_cms, report.fragment
-            )
-        elif isinstance(mech, CMS) and isinstance(report, CmsReport):
-            fits = self._fits(mech, report)
-        else:
-            return
-        with self._lock:
-            counts = self._counts.setdefault(use_case, [0, 0])
-            counts[0] += 1
-            counts[1] += not fits
+        test = _test(mech)
+        if test is not None:
+            self.add({use_case: [1, int(not test(report))]})
 
     def lines(self) -> list[HealthLine]:
         """Every use case with a checked report, by name."""

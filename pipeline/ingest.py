@@ -255,6 +255,7 @@ class Ingestor:
         batch: list[BatchItem] = []
         payloads: list[tuple[str, str, bytes, int | None]] = []
         positions: list[int] = []
+        tallies: dict[str, list[int]] = {}  # use case -> [checked, implausible] (report health)
         for i, req in enumerate(requests):
             found = current.get(req.use_case)
             if found is None:
@@ -285,7 +286,11 @@ class Ingestor:
             except InvalidReport as exc:
                 out[i] = exc
                 continue
-            self.health.observe(req.use_case, found[0], report)
+            test = self.health.test(found[1], found[0])
+            if test is not None:
+                tally = tallies.get(req.use_case) or tallies.setdefault(req.use_case, [0, 0])
+                tally[0] += 1
+                tally[1] += not test(report)
             payload = orjson.dumps(report.to_dict(), option=orjson.OPT_SORT_KEYS)
             request_hash = None
             if req.idempotency_key is not None:
@@ -299,6 +304,8 @@ class Ingestor:
             )
             payloads.append((req.use_case, found[1], payload, tag))
             positions.append(i)
+        if tallies:
+            self.health.add(tallies)
 
         def enqueue(conn: Connection, accepted: list[tuple[int, Decision]]) -> None:
             stale = set()
