@@ -1,4 +1,11 @@
-"""The per-device privacy ledger, the atomic check-and-charge gate, and the accountant."""
+"""The per-device privacy ledger, the atomic check-and-charge gate, and the accountant.
+
+Start at :class:`Ledger` (``ledger.py``, the facade: charge, standing, policy writes, purge,
+verify). Below it, in the order to read them: ``privacy/`` (the mathematics), ``rule/`` (the
+decision, no I/O), ``storage/`` (tables and migrations), ``audit/`` (the log and its replay) and
+``gate/`` (the one charge transaction); above it, ``reporting/`` (the read side: effective
+epsilon, central figures, what-if, export). docs/architecture.md draws the layers.
+"""
 
 from dp_governor.budget.clock import Clock, FixedClock, SystemClock, utc_day
 from dp_governor.budget.errors import (
