@@ -220,7 +220,8 @@ def report_from_export(
     retention = book.retention()
     group_size = {(p.name, p.version): p.group_size for p in export.policies}
     window: dict[tuple[str, str, int, int, str], int] = defaultdict(int)
-    held: dict[tuple[str, str, int, int], int] = defaultdict(int)
+    held: dict[tuple[str, str, int, int, str], int] = defaultdict(int)
+    held_all: dict[tuple[str, str, int, int], int] = defaultdict(int)
     for dk, use_case, policy_version, eps, charge_day, budget in export.charges:
         group = group_size.get((use_case, policy_version))
         if group is None:
@@ -230,18 +231,28 @@ def report_from_export(
             )
         if charge_day <= export.horizons.get(use_case, NO_HORIZON):
             continue  # purged from the live ledger's windows
-        held[(dk, use_case, eps, group)] += 1
+        held[(dk, use_case, eps, group, budget)] += 1
+        held_all[(dk, use_case, eps, group)] += 1
         if day - retention[use_case] < charge_day <= day:
             window[(dk, use_case, eps, group, budget)] += 1
-    ever: dict[tuple[str, str, int, int], int] = defaultdict(int)
-    for dk, use_case, eps, group, n, _ in export.lifetime:
-        ever[(dk, use_case, eps, group)] += n
-    for (dk, use_case, eps, group), n in ever.items():
+    ever: dict[tuple[str, str, int, int, str], int] = defaultdict(int)
+    own: dict[tuple[str, str, int, int], int] = defaultdict(int)  # held in a budget's own slot
+    for dk, use_case, eps, group, n, budget in export.lifetime:
+        ever[(dk, use_case, eps, group, budget)] += n
+        if budget != ANY_BUDGET:
+            own[(dk, use_case, eps, group)] += held.get((dk, use_case, eps, group, budget), 0)
+    for slot, n in ever.items():  # a slot: its spend keeps the budget it was charged under
+        use_case = slot[1]
         horizon = export.horizons.get(use_case, NO_HORIZON)
         if use_case in retention and day - retention[use_case] < horizon <= day:
-            missing = n - held.get((dk, use_case, eps, group), 0)
+            # charges made before slots recorded their budget (revision 0007) are held in the
+            # slot of any budget, whatever budget their row names, as the live ledger's days
+            mine = (
+                held.get(slot, 0) if slot[4] != ANY_BUDGET else held_all[slot[:4]] - own[slot[:4]]
+            )
+            missing = n - max(0, mine)
             if missing > 0:  # the window reaches back past the horizon: undated spend
-                window[(dk, use_case, eps, group, ANY_BUDGET)] += missing
+                window[slot] += missing
     return build_report(
         book,
         day,

@@ -517,3 +517,24 @@ def test_the_ledger_agrees_with_its_model_under_membership_edits() -> None:
 def test_the_ledger_agrees_with_its_model_on_postgresql() -> None:
     assert PG_URL is not None
     _run(PG_URL, 6)
+
+
+def test_a_window_raised_past_a_purge_counts_undated_spend_under_its_own_budget() -> None:
+    """The export recomputes what the live report says when a moved member's window grows.
+
+    ``a`` leaves group ``g`` for ``h``, spends, its day is purged, then ``h``'s window grows past
+    the purge: the spend it can no longer date counts for ``h`` (the budget it was charged
+    under), not for ``g``, which ``a`` once drew from, in the export's report as in the live one.
+    """
+    machine: Any = type("Machine", (LedgerMachine,), {"server": ""})()
+    try:
+        machine.membership(loosen=True, move="h", name="a")
+        machine.charge_everything()
+        machine.advance(days=4, purge=False)
+        machine.purge_now()
+        machine.set_group_terms(
+            group="h", lifetime=None, loosen=False, per_day=1, retention=7, window=None
+        )
+        machine.report_agrees_with_its_export()
+    finally:
+        machine.teardown()
