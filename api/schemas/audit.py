@@ -360,6 +360,13 @@ class CentralLine(BaseModel):
         description="Composed over the retention window; null when none holds."
     )
     year: CentralLoss | None = PydField(description="Composed over a year; null when none holds.")
+    preconditions: str = PydField(
+        default=PRECONDITIONS,
+        description="What the central figures assume (the shuffler's trust model).",
+    )
+    notes: list[str] = PydField(
+        default_factory=list, description="Why a figure is missing or weaker, when it is."
+    )
     window_adaptive: CentralLoss | None = PydField(
         default=None,
         description="Over the retention window, valid however batches, policies and reports are"
@@ -368,13 +375,6 @@ class CentralLine(BaseModel):
     year_adaptive: CentralLoss | None = PydField(
         default=None,
         description="Over a year, valid under adaptive choices; null when none holds.",
-    )
-    preconditions: str = PydField(
-        default=PRECONDITIONS,
-        description="What the central figures assume (the shuffler's trust model).",
-    )
-    notes: list[str] = PydField(
-        default_factory=list, description="Why a figure is missing or weaker, when it is."
     )
 
 

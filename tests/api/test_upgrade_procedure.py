@@ -39,10 +39,9 @@ pytestmark = pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is n
 # Run by release 0.1's code: its database, its keys' fingerprints, spend by two devices.
 CHARGE = """
 from datetime import UTC, datetime
-from dp_governor.api.ingest import Ingestor, SubmitRequest
-from dp_governor.api.keys import service_keys
-from dp_governor.api.settings import Settings
-from dp_governor.budget import Ledger, create_db_engine
+from api.ingest import Ingestor, SubmitRequest
+from api.settings import Settings, service_keys
+from budget import Ledger, create_db_engine
 settings = Settings()
 engine = create_db_engine(settings.database_url)
 keys = service_keys(settings, engine)
@@ -121,7 +120,7 @@ def installation(tmp_path: Path) -> Iterator[Installation]:
             "DPGOV_SECRETS_DIR": str(tmp_path / "keys"),
         }
         old = {**env, "PYTHONPATH": str(_release_code(tmp_path))}
-        for args in (["-m", "dp_governor.api.cli", "db", "init"], ["-c", CHARGE]):
+        for args in (["-m", "api.cli", "db", "init"], ["-c", CHARGE]):  # release 0.1: top level
             made = subprocess.run(
                 [sys.executable, *args], cwd=folder, env=old, capture_output=True, text=True
             )
