@@ -130,6 +130,26 @@ class Described(ABC):
         }
 
 
+class RowDescribed(Described):
+    """A mechanism of one sketch of ``k`` rows of ``m`` buckets (CMS, HCMS): its identity."""
+
+    __slots__ = ()
+
+    epsilon: float
+    k: int
+    m: int
+
+    def parameters(self) -> dict[str, Any]:
+        """Mechanism, epsilon, ``k``, ``m`` and the hash family's identity form."""
+        return {
+            "mechanism": self.name,
+            "epsilon": self.epsilon,
+            "k": self.k,
+            "m": self.m,
+            "hash_family": self.hash_family.to_dict(),
+        }
+
+
 class RowParams(Protocol):
     """What a row sketch reads of its mechanism's parameters."""
 

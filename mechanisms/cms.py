@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from dp_governor.mechanisms.base import (
     CMS_ROW_SHAPE,
-    Described,
+    RowDescribed,
     RowSketch,
     cms_body_schema,
     load_bodies,
@@ -140,7 +140,7 @@ class CmsReports:
 
 
 @dataclass(frozen=True, slots=True)
-class CMS(Described):
+class CMS(RowDescribed):
     """CMS parameters (frozen, validated) and the mechanism's device and server entry points.
 
     Attributes:
@@ -237,16 +237,6 @@ class CMS(Described):
         return out
 
     # -- codec and server side -----------------------------------------------------------------
-
-    def parameters(self) -> dict[str, Any]:
-        """Mechanism, epsilon, ``k``, ``m`` and the hash family's identity form."""
-        return {
-            "mechanism": self.name,
-            "epsilon": self.epsilon,
-            "k": self.k,
-            "m": self.m,
-            "hash_family": self.hash_family.to_dict(),
-        }
 
     def body_schema(self) -> dict[str, Any]:
         """``{"j", "bits"}`` bounded by ``k`` and ``m``."""

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from dp_governor.mechanisms.base import Described, RowSketch, load_bodies
+from dp_governor.mechanisms.base import RowDescribed, RowSketch, load_bodies
 from dp_governor.mechanisms.hadamard import fwht, hadamard_entry, is_power_of_two
 from dp_governor.mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
 from dp_governor.mechanisms.interface import Arrays
@@ -117,7 +117,7 @@ class HcmsReports:
 
 
 @dataclass(frozen=True, slots=True)
-class HCMS(Described):
+class HCMS(RowDescribed):
     """HCMS parameters (frozen, validated) and the mechanism's device and server entry points.
 
     Attributes:
@@ -229,16 +229,6 @@ class HCMS(Described):
         return out
 
     # -- codec and server side -----------------------------------------------------------------
-
-    def parameters(self) -> dict[str, Any]:
-        """Mechanism, epsilon, ``k``, ``m`` and the hash family's identity form."""
-        return {
-            "mechanism": self.name,
-            "epsilon": self.epsilon,
-            "k": self.k,
-            "m": self.m,
-            "hash_family": self.hash_family.to_dict(),
-        }
 
     def body_schema(self) -> dict[str, Any]:
         """``{"j", "l", "bit"}`` bounded by ``k`` and ``m``."""
