@@ -13,16 +13,18 @@ from pydantic import ValidationError
 
 from dp_governor import __version__
 from dp_governor.api import errors
-from dp_governor.api.caches import Caches
-from dp_governor.api.committer import GroupCommitter
+from dp_governor.api._caches import Caches
+from dp_governor.api._committer import GroupCommitter
+from dp_governor.api._handles import policy_store
+from dp_governor.api._keys import service_keys
+from dp_governor.api._lane import ReportLane
+from dp_governor.api._middleware import BodyLimit, Timing
+from dp_governor.api._ratelimit import RateLimiter
+from dp_governor.api._unknown_settings import UnknownSetting
 from dp_governor.api.database import database_problem, init_service_db
 from dp_governor.api.jobs import RUNTIMES, Runtime, start_scheduler
-from dp_governor.api.keys import service_keys
-from dp_governor.api.lane import ReportLane
 from dp_governor.api.metrics import Metrics
-from dp_governor.api.middleware import BodyLimit, Timing
 from dp_governor.api.openapi import install_docs, install_openapi
-from dp_governor.api.ratelimit import RateLimiter
 from dp_governor.api.routes import (
     audit,
     budgets,
@@ -34,7 +36,6 @@ from dp_governor.api.routes import (
 )
 from dp_governor.api.server import report_start_failure
 from dp_governor.api.settings import Settings
-from dp_governor.api.unknown_settings import UnknownSetting
 from dp_governor.budget import Clock, Ledger, SystemClock, create_db_engine
 from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.seal import InboxSeal
@@ -116,7 +117,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         raise
     secret = keys.device_key_secret
     ledger = Ledger(engine, secret, audit_key=keys.audit_key)
-    loaded = ledger.policies.ensure_defaults()
+    loaded = policy_store(ledger).ensure_defaults()
     if loaded:
         log.info("loaded %d default policies into an empty database", len(loaded))
     ingestor = Ingestor(

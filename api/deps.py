@@ -13,10 +13,11 @@ from fastapi import Depends, Header, Path, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 
-from dp_governor.api.caches import Caches
+from dp_governor.api._caches import Caches
+from dp_governor.api._handles import ledger_engine, policy_store
+from dp_governor.api._ratelimit import RateLimiter
 from dp_governor.api.errors import FORBIDDEN, REFUSED, UNAUTHORIZED, HttpError
 from dp_governor.api.metrics import Metrics
-from dp_governor.api.ratelimit import RateLimiter
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Clock, Ledger
 from dp_governor.pipeline.ingest import Ingestor
@@ -78,7 +79,7 @@ def get_clock(request: Request) -> Clock:
 
 
 def get_caches(request: Request) -> Caches:
-    """The app's read caches (:class:`dp_governor.api.caches.Caches`)."""
+    """The app's read caches (:class:`dp_governor.api._caches.Caches`)."""
     caches: Caches = request.app.state.caches
     return caches
 
@@ -159,12 +160,12 @@ LedgerDep = Annotated[Ledger, Depends(get_ledger)]
 
 def get_policy_store(ledger: LedgerDep) -> PolicyStore:
     """The store of every policy version, the one way routes read and write policies."""
-    return ledger.policies
+    return policy_store(ledger)
 
 
 def get_engine(ledger: LedgerDep) -> Engine:
     """The ledger's engine, for the operations routes' lease and activity queries."""
-    return ledger.engine
+    return ledger_engine(ledger)
 
 
 PolicyStoreDep = Annotated[PolicyStore, Depends(get_policy_store)]

@@ -1,7 +1,7 @@
 """The one error mapping: a domain exception to an HTTP status and body.
 
-The exception handlers (:func:`install`), the report fast lane (:mod:`dp_governor.api.lane`) and the
-relay's per-item results (:meth:`dp_governor.pipeline.ingest.Ingestor.submit_many`) all take
+The exception handlers (:func:`install`), the report fast lane (:mod:`dp_governor.api._lane`)
+and the relay's per-item results (:meth:`dp_governor.pipeline.ingest.Ingestor.submit_many`) all take
 their statuses from :func:`status_of`, so one error has one status wherever it is answered.
 """
 

@@ -43,6 +43,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from dp_governor.api._handles import ledger_engine
 from dp_governor.api.logs import log_fields
 from dp_governor.budget import Clock, Ledger
 from dp_governor.budget.audit.log import CheckpointFileError, write_checkpoints
@@ -137,7 +138,7 @@ def _flush(rt: Runtime) -> dict[str, Any]:
 
 def _flush_inbox(rt: Runtime) -> int:
     return flush_inbox(
-        rt.ledger.engine,
+        ledger_engine(rt.ledger),
         seal=rt.ingestor.seal,
         batch=rt.shuffle_batch,
         min_batch=rt.min_batch,
@@ -435,7 +436,7 @@ def _run(
     name: str, rt: Runtime, slot_seconds: float, wait_seconds: float, *, force: bool
 ) -> dict[str, Any] | None:
     """:func:`run_job` once the job is known: lease, slot, heartbeat, run, log."""
-    engine = rt.ledger.engine
+    engine = ledger_engine(rt.ledger)
     lease = lease_of(name)
     deadline = time.monotonic() + wait_seconds
     while (token := acquire_lease(engine, lease, rt.holder, rt.lease_seconds, force=force)) is None:

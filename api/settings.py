@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from dp_governor.api.unknown_settings import PREFIX, check_environment
+from dp_governor.api._unknown_settings import PREFIX, check_environment
 
 __all__ = [
     "AUDIT_KEY_FILE",

@@ -7,6 +7,7 @@ Each implements :class:`Mechanism` (``interface.py``). Device side: ``privatize(
 ``merge``, ``estimate`` and ``to_arrays``. No I/O, no logging, no global state.
 """
 
+from dp_governor.mechanisms._validation import InvalidReport
 from dp_governor.mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
 from dp_governor.mechanisms.estimate import FrequencyEstimate
 from dp_governor.mechanisms.hashing import HashFamily
@@ -22,7 +23,6 @@ from dp_governor.mechanisms.interface import (
 )
 from dp_governor.mechanisms.published import describe, family_id, from_published
 from dp_governor.mechanisms.sfp import SFP, DiscoveredWord, SfpReport, SfpReports, SfpSketch
-from dp_governor.mechanisms.validation import InvalidReport
 
 __all__ = [
     "CMS",

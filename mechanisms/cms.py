@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Self
 
 import numpy as np
 import numpy.typing as npt
 
-from dp_governor.mechanisms.base import (
+from dp_governor.mechanisms._base import (
     CMS_ROW_SHAPE,
     RowDescribed,
     RowSketch,
@@ -31,9 +32,16 @@ from dp_governor.mechanisms.base import (
     load_bodies,
     packed_rows,
 )
-from dp_governor.mechanisms.bitcount import add_bit_counts
+from dp_governor.mechanisms._bitcount import add_bit_counts
+from dp_governor.mechanisms._validation import (
+    InvalidReport,
+    check_epsilon,
+    check_int,
+    report_fields,
+    report_int,
+)
 from dp_governor.mechanisms.hashing import MAX_ROWS, HashFamily, Item, factorize
-from dp_governor.mechanisms.interface import Arrays
+from dp_governor.mechanisms.interface import Arrays, Report
 from dp_governor.mechanisms.randomness import (
     OS_COINS,
     Coins,
@@ -41,13 +49,6 @@ from dp_governor.mechanisms.randomness import (
     flip_probability,
     os_bernoulli,
     os_randbelow,
-)
-from dp_governor.mechanisms.validation import (
-    InvalidReport,
-    check_epsilon,
-    check_int,
-    report_fields,
-    report_int,
 )
 from dp_governor.mechanisms.variance import cms_c, cms_variance_exact
 
@@ -91,6 +92,10 @@ class CmsReport:
         if m % 8 and bits[-1] & ((1 << (8 - m % 8)) - 1):
             raise InvalidReport(prefix + "bits", f"has padding bits set beyond m={m}")
         return cls(j, bits)
+
+    def ones(self) -> int:
+        """The number of ``+1`` coordinates."""
+        return int.from_bytes(self.bits, "big").bit_count()
 
     def signs(self, m: int) -> npt.NDArray[np.int8]:
         """The ``+-1`` vector of length ``m``."""
@@ -236,6 +241,31 @@ class CMS(RowDescribed):
         out: npt.NDArray[np.float64] = (p**t) * ((1.0 - p) ** (self.m - t)) / self.k
         return out
 
+    def plausible_ones(self, z: float) -> tuple[int, int]:
+        """The band ``[low, high]`` that a report's count of ``+1`` coordinates falls in.
+
+        The count is ``Bernoulli(1 - p) + Binomial(m - 1, p)`` whatever the value (mean
+        ``1 - p + (m - 1) p``, variance at most ``m p (1 - p)``); the band is ``z`` standard
+        deviations plus one either side (the Bernoulli and rounding).
+
+        >>> CMS(4.0, 16, 1024).plausible_ones(6.0)
+        (59, 187)
+        """
+        p = self.flip_probability
+        mean = 1 - p + (self.m - 1) * p
+        spread = z * math.sqrt(self.m * p * (1 - p)) + 1
+        return max(0, math.floor(mean - spread)), min(self.m, math.ceil(mean + spread))
+
+    def plausibility(self, z: float) -> Callable[[Report], bool]:
+        """Whether a report's ``+1`` count falls in :meth:`plausible_ones`' band."""
+        low, high = self.plausible_ones(z)
+
+        def plausible(report: Report) -> bool:
+            assert isinstance(report, CmsReport)
+            return low <= report.ones() <= high
+
+        return plausible
+
     # -- codec and server side -----------------------------------------------------------------
 
     def body_schema(self) -> dict[str, Any]:
@@ -292,7 +322,7 @@ class CmsSketch(RowSketch[CMS]):
     def add(self, reports: CmsReports | CmsReport, *, threads: int = 1) -> Self:
         """Fold reports in; returns the sketch so calls chain.
 
-        The bits are counted without unpacking them (:mod:`dp_governor.mechanisms.bitcount`);
+        The bits are counted without unpacking them (:mod:`dp_governor.mechanisms._bitcount`);
         ``threads`` counts blocks of rows concurrently.
         """
         if isinstance(reports, CmsReport):

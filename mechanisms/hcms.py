@@ -19,7 +19,14 @@ from typing import Any, ClassVar, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from dp_governor.mechanisms.base import RowDescribed, RowSketch, load_bodies
+from dp_governor.mechanisms._base import RowDescribed, RowSketch, load_bodies
+from dp_governor.mechanisms._validation import (
+    InvalidReport,
+    check_epsilon,
+    check_int,
+    report_fields,
+    report_int,
+)
 from dp_governor.mechanisms.hadamard import fwht, hadamard_entry, is_power_of_two
 from dp_governor.mechanisms.hashing import MAX_ROWS, Fingerprints, HashFamily, Item, factorize
 from dp_governor.mechanisms.interface import Arrays
@@ -30,13 +37,6 @@ from dp_governor.mechanisms.randomness import (
     flip_probability,
     os_bernoulli,
     os_randbelow,
-)
-from dp_governor.mechanisms.validation import (
-    InvalidReport,
-    check_epsilon,
-    check_int,
-    report_fields,
-    report_int,
 )
 from dp_governor.mechanisms.variance import hcms_c, hcms_variance_exact
 
@@ -272,6 +272,10 @@ class HCMS(RowDescribed):
     def variance(self, n: float, f: npt.ArrayLike, f2_others: npt.ArrayLike) -> npt.NDArray[Any]:
         """Exact variance of the estimate (Appendix B)."""
         return hcms_variance_exact(self.epsilon, self.k, self.m, n, f, f2_others)
+
+    def plausibility(self, z: float) -> None:
+        """``None``: one bit whose mean depends on the value makes no single report implausible."""
+        return None
 
     def parse_report(self, data: object, prefix: str = "") -> HcmsReport:
         """Validate a JSON report body against these parameters."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol, Self, runtime_checkable
 
@@ -178,6 +178,14 @@ class Mechanism(Protocol):
 
     def sketch(self) -> Sketch:
         """An empty sketch for these parameters."""
+        ...
+
+    def plausibility(self, z: float) -> Callable[[Report], bool] | None:
+        """A test that one report is plausible under these parameters, at ``z`` deviations.
+
+        A device built with other parameters (another epsilon) sends reports that fail it;
+        ``None``: no single report of this mechanism is implausible (HCMS's one bit).
+        """
         ...
 
     def sketch_from_arrays(self, arrays: Mapping[str, np.ndarray]) -> Sketch:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dp_governor.mechanisms.base import FAMILY_FIELD
+from dp_governor.mechanisms._base import FAMILY_FIELD
 from dp_governor.mechanisms.cms import CMS
 from dp_governor.mechanisms.hashing import HashFamily
 from dp_governor.mechanisms.hcms import HCMS

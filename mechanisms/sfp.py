@@ -22,20 +22,25 @@ from __future__ import annotations
 import itertools
 import string
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Self
 
 import numpy as np
 import numpy.typing as npt
 
-from dp_governor.mechanisms.base import CMS_ROW_SHAPE, Described, cms_body_schema, load_bodies
+from dp_governor.mechanisms._base import CMS_ROW_SHAPE, Described, cms_body_schema, load_bodies
+from dp_governor.mechanisms._validation import (
+    InvalidReport,
+    check_epsilon,
+    check_int,
+    report_fields,
+)
 from dp_governor.mechanisms.cms import CMS, CmsReport, CmsReports, CmsSketch
 from dp_governor.mechanisms.estimate import DiscoveredWord, FrequencyEstimate, gather_row_sums
 from dp_governor.mechanisms.hashing import MAX_ROWS, HashFamily, factorize
-from dp_governor.mechanisms.interface import Arrays
+from dp_governor.mechanisms.interface import Arrays, Report
 from dp_governor.mechanisms.randomness import OS_COINS, Coins, os_randbelow
-from dp_governor.mechanisms.validation import InvalidReport, check_epsilon, check_int, report_fields
 
 __all__ = [
     "PAD",
@@ -324,6 +329,16 @@ class SFP(Described):
             for i in range(len(sk.fragments))
         )
         return sk
+
+    def plausibility(self, z: float) -> Callable[[Report], bool]:
+        """Whether both of a report's CMS parts are plausible (:meth:`CMS.plausibility`)."""
+        word, fragment = self.word_cms.plausibility(z), self.fragment_cms.plausibility(z)
+
+        def plausible(report: Report) -> bool:
+            assert isinstance(report, SfpReport)
+            return word(report.word) and fragment(report.fragment)
+
+        return plausible
 
     def parse_report(self, data: object, prefix: str = "") -> SfpReport:
         """Validate a JSON report body against these parameters."""

@@ -10,14 +10,13 @@ a correct fleet's share stays near 0 (``Z = 6``: about 2e-9 a report). SFP's wor
 reports are two such CMS reports. An HCMS report is one bit whose mean depends on the value,
 so no single report is implausible: its use cases show no figure. Another hash seed moves no
 count either: that misbuild is what ``family`` catches
-(:mod:`dp_governor.pipeline.family_mismatch`).
+(:mod:`dp_governor.pipeline._family_mismatch`).
 
 Counted per process since it started (each worker its own), for the dashboard and Prometheus.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,53 +24,14 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from dp_governor.mechanisms import CMS, SFP, Mechanism, Report
-from dp_governor.mechanisms.cms import CmsReport
-from dp_governor.mechanisms.sfp import SfpReport
+from dp_governor.mechanisms import Mechanism, Report
 
-__all__ = ["HealthLine", "ReportHealth", "Z", "plausible_ones"]
+__all__ = ["HealthLine", "ReportHealth", "Z"]
 
 Z = 6.0  # standard deviations of the band: a correct report falls outside it about 2e-9 of the time
 
 
-def plausible_ones(mech: CMS) -> tuple[int, int]:
-    """The band ``[low, high]`` of ``+1`` counts a CMS report under ``mech`` falls in.
-
-    >>> plausible_ones(CMS(4.0, 16, 1024))
-    (59, 187)
-    """
-    p = mech.flip_probability
-    mean = 1 - p + (mech.m - 1) * p
-    spread = Z * math.sqrt(mech.m * p * (1 - p)) + 1  # + 1: the Bernoulli and rounding
-    return max(0, math.floor(mean - spread)), min(mech.m, math.ceil(mean + spread))
-
-
-def _ones(report: CmsReport) -> int:
-    return int.from_bytes(report.bits, "big").bit_count()
-
-
 Check = Callable[[Report], bool]
-
-
-def _test(mech: Mechanism) -> Check | None:
-    """Whether a report's ``+1`` counts fall in their bands (``None``: HCMS, not checked)."""
-    if isinstance(mech, SFP):
-        (wl, wh), (fl, fh) = plausible_ones(mech.word_cms), plausible_ones(mech.fragment_cms)
-
-        def sfp(report: Report) -> bool:
-            assert isinstance(report, SfpReport)
-            return wl <= _ones(report.word) <= wh and fl <= _ones(report.fragment) <= fh
-
-        return sfp
-    if isinstance(mech, CMS):
-        low, high = plausible_ones(mech)
-
-        def cms(report: Report) -> bool:
-            assert isinstance(report, CmsReport)
-            return low <= _ones(report) <= high
-
-        return cms
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +63,7 @@ class ReportHealth(Collector):
         costs one popcount per sketch row it carries.
         """
         if params not in self._tests:
-            self._tests[params] = _test(mech)
+            self._tests[params] = mech.plausibility(Z)
         return self._tests[params]
 
     def add(self, tallies: dict[str, list[int]]) -> None:
@@ -116,7 +76,7 @@ class ReportHealth(Collector):
 
     def observe(self, use_case: str, mech: Mechanism, report: Report) -> None:
         """Count one parsed report of ``use_case`` under its policy's ``mech`` (HCMS: ignored)."""
-        test = _test(mech)
+        test = mech.plausibility(Z)
         if test is not None:
             self.add({use_case: [1, int(not test(report))]})
 

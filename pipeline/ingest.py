@@ -30,7 +30,7 @@ from dp_governor.budget.rule.book import Terms
 from dp_governor.budget.storage.db import placeholder
 from dp_governor.mechanisms import InvalidReport, Mechanism
 from dp_governor.mechanisms.published import FAMILY_FIELD
-from dp_governor.pipeline.family_mismatch import mismatch_reason
+from dp_governor.pipeline._family_mismatch import mismatch_reason
 from dp_governor.pipeline.health import ReportHealth
 from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import Policy, mechanism_for

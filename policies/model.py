@@ -24,7 +24,7 @@ from sqlmodel import Field, SQLModel
 from dp_governor.mechanisms import CMS, HCMS, SFP, HashFamily
 from dp_governor.mechanisms.hadamard import is_power_of_two
 from dp_governor.mechanisms.sfp import POSITIONS
-from dp_governor.policies.randomizer import Randomizer
+from dp_governor.policies._randomizer import Randomizer
 
 __all__ = [
     "FILTER_FIELDS",

@@ -189,3 +189,47 @@ def test_no_module_imports_itself_back() -> None:
         "dp_governor.budget.gate.prepared",
     }  # the graph is read
     assert not _cycles(graph), _cycles(graph)
+
+
+def _owner(module: str) -> str:
+    """Who may import a private module: its package, or its sub-layer inside ``budget``."""
+    return ".".join(module.split(".")[: 3 if _budget_layer(module) is not None else 2])
+
+
+def _private_part(module: str) -> str | None:
+    """The module's private owner if any of its parts is ``_private``, else ``None``."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return _owner(".".join(parts[: i + 1]))
+    return None
+
+
+def test_no_package_imports_anothers_private_module() -> None:
+    """``_private`` modules are their package's own (inside ``budget``: their sub-layer's)."""
+    sources = [path for package in ORDER for path in _modules(package)]
+    modules = {_module_name(path) for path in sources}
+    assert any(_private_part(m) for m in modules), "no private module found: is the test blind?"
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {target}"
+        for path in sources
+        for target in _module_imports(path, modules)
+        if (owner := _private_part(target)) is not None
+        and not _module_name(path).startswith(f"{owner}.")
+        and _module_name(path) != owner
+    ]
+    assert not wrong, wrong
+
+
+def test_the_service_reaches_the_ledgers_parts_only_through_its_handles() -> None:
+    """``api`` asks the ledger facade, or takes its engine and policy store from ``_handles``."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{node.lineno} reads .{node.attr} of the ledger"
+        for path in _modules("api")
+        if path.name != "_handles.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute)
+        and node.attr in {"engine", "policies"}
+        and ast.unparse(node.value).split(".")[-1] == "ledger"
+    ]
+    assert not wrong, wrong

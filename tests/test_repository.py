@@ -41,7 +41,7 @@ def test_every_package_imports_first_in_a_fresh_interpreter() -> None:
         "dp_governor.api",
         "dp_governor.api.app",
         "dp_governor.api.cli",
-        "dp_governor.api.lane",
+        "dp_governor.api._lane",
     )
     for package in (
         *packages,

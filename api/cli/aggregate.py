@@ -63,6 +63,8 @@ def aggregate(
 
     Needs the ``scale`` extra (pyarrow, dask): ``pip install 'dp-governor[scale]'``.
     """
+    from dp_governor.api._handles import ledger_engine, policy_store
+
     try:
         from dp_governor.pipeline.distributed import DaskOptions, aggregate_files
         from dp_governor.pipeline.parquet import dataset_files, export_reports
@@ -85,7 +87,7 @@ def aggregate(
     ledger = open_ledger(load_settings(database_url))
     try:
         try:
-            policy = ledger.policies.get(use_case)
+            policy = policy_store(ledger).get(use_case)
         except UnknownUseCase:
             typer.echo(f"Error: unknown use case {use_case!r}", err=True)
             raise typer.Exit(1) from None
@@ -103,7 +105,7 @@ def aggregate(
             try:
                 with Progress(f"aggregate {use_case}: export", "reports") as progress:
                     exported = export_reports(
-                        ledger.engine,
+                        ledger_engine(ledger),
                         out,
                         use_case,
                         first,

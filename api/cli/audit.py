@@ -27,7 +27,7 @@ def audit_verify(
     database_url: DatabaseOption = None,
 ) -> None:
     """Check the audit chain and the state the gate decides on; exit 1 naming what fails."""
-    from dp_governor.api.integrity import kept_checkpoints, verify_service
+    from dp_governor.api._integrity import kept_checkpoints, verify_service
 
     settings = load_settings(database_url)
     path = checkpoints or settings.checkpoint_file

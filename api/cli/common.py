@@ -17,7 +17,7 @@ import typer
 # Each command imports what it uses, so that `dpgov --help` and a read command start fast
 # (benchmarks/startup.py): no FastAPI, scipy, dp-accounting or pyarrow unless the command needs it.
 if TYPE_CHECKING:
-    from dp_governor.api.keys import ServiceKeys
+    from dp_governor.api._keys import ServiceKeys
     from dp_governor.api.settings import Settings
     from dp_governor.budget import Ledger
 
@@ -60,7 +60,7 @@ def refuse_unknown_settings() -> None:
     """
     import os
 
-    from dp_governor.api.unknown_settings import PREFIX, UnknownSetting, check_environment
+    from dp_governor.api._unknown_settings import PREFIX, UnknownSetting, check_environment
 
     if not any(name.upper().startswith(PREFIX) for name in os.environ):
         return
@@ -80,7 +80,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     """
     from pydantic import ValidationError
 
-    from dp_governor.api.unknown_settings import UnknownSetting
+    from dp_governor.api._unknown_settings import UnknownSetting
 
     with long_lived_imports():
         from dp_governor.api.settings import Settings
@@ -158,7 +158,8 @@ def open_service(
     """
     from sqlalchemy import inspect
 
-    from dp_governor.api.keys import NOT_INITIALISED, service_keys
+    from dp_governor.api._handles import policy_store
+    from dp_governor.api._keys import NOT_INITIALISED, service_keys
     from dp_governor.api.settings import KeyRefused
     from dp_governor.budget import Ledger, create_db_engine
 
@@ -185,7 +186,7 @@ def open_service(
         )
         ledger = Ledger(engine, keys.device_key_secret, audit_key=keys.audit_key)
         if access is Access.CREATE:
-            ledger.policies.ensure_defaults()
+            policy_store(ledger).ensure_defaults()
     except KeyRefused as exc:
         engine.dispose()
         refuse(str(exc))

@@ -19,8 +19,8 @@ from dp_governor.api.cli.common import (
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from dp_governor.api.device_secret import DeviceAdoption
-    from dp_governor.api.schema_status import SchemaStatus
+    from dp_governor.api._device_secret import DeviceAdoption
+    from dp_governor.api._schema_status import SchemaStatus
     from dp_governor.api.settings import Settings
 
 app = typer.Typer(
@@ -82,8 +82,8 @@ def db_upgrade(
     """
     from sqlalchemy import inspect
 
+    from dp_governor.api._device_secret import DeviceAdoption
     from dp_governor.api.database import database_problem, shown_url
-    from dp_governor.api.device_secret import DeviceAdoption
     from dp_governor.budget import create_db_engine
     from dp_governor.budget.storage.schema import head_revision, upgrade_db
 
@@ -123,7 +123,7 @@ def _record_fingerprints(settings: Settings, engine: Engine, adoption: DeviceAdo
     Nothing is read for a database that records both (the upgrade needs no key); otherwise
     the keys are checked as a first start checks them, and a refusal exits 2 naming the setting.
     """
-    from dp_governor.api.keys import service_keys
+    from dp_governor.api._keys import service_keys
     from dp_governor.api.settings import KeyRefused
     from dp_governor.budget.storage.db import stored_fingerprints
 
@@ -160,7 +160,7 @@ def db_current(database_url: DatabaseOption = None) -> None:
     Only reads (works on a read-only connection). Exit 0 at this release's revision, 1 behind
     it (`dpgov db upgrade`), 2 for a database that holds no ledger.
     """
-    from dp_governor.api.schema_status import schema_status
+    from dp_governor.api._schema_status import schema_status
 
     shown, status = _read_status(database_url, schema_status)
     typer.echo(f"{shown}: {status.describe()}")
@@ -176,7 +176,7 @@ def db_history(database_url: DatabaseOption = None) -> None:
 
     Only reads: the revisions come from the packaged migrations, the marks from the database.
     """
-    from dp_governor.api.schema_status import migrations, schema_status
+    from dp_governor.api._schema_status import migrations, schema_status
 
     shown, status = _read_status(database_url, schema_status)
     order = [m.revision for m in migrations()]

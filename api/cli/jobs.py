@@ -31,6 +31,7 @@ def jobs_run(
     ] = False,
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
+    from dp_governor.api._handles import ledger_engine
     from dp_governor.api.jobs import (
         JOBS,
         RUNTIMES,
@@ -62,7 +63,7 @@ def jobs_run(
     try:
         with progress:
             result = run_job(name, key, force=force)
-        held = None if result is not None else lease_holder(ledger.engine, lease_of(name))
+        held = None if result is not None else lease_holder(ledger_engine(ledger), lease_of(name))
     except (JobBusy, LeaseLost) as exc:
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -90,6 +91,7 @@ def jobs_release(
     database_url: DatabaseOption = None,
 ) -> None:
     """Clear a job's lease whoever holds it, so the next run need not wait for it to expire."""
+    from dp_governor.api._handles import ledger_engine
     from dp_governor.api.jobs import JOBS, lease_of, release_job
 
     if name not in JOBS:
@@ -97,7 +99,7 @@ def jobs_release(
         raise typer.Exit(2)
     ledger = open_ledger(load_settings(database_url))
     try:
-        released = release_job(ledger.engine, name)
+        released = release_job(ledger_engine(ledger), name)
     finally:
         ledger.close()
     typer.echo(json.dumps({"job": name, "lease": lease_of(name), "released": released}))

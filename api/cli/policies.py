@@ -21,11 +21,13 @@ app = typer.Typer(help="List, show, apply and export use-case policies.", no_arg
 @app.command("list")
 def policies_list(database_url: DatabaseOption = None) -> None:
     """The current policies, one line each."""
+    from dp_governor.api._handles import policy_store
+
     ledger = open_ledger(load_settings(database_url))
     print(
         f"{'use case':<24} {'mech':<5} {'eps':>5} {'/day':>4} {'eps/day':>7} {'window':>6}  budget"
     )
-    for p in ledger.policies.list():
+    for p in policy_store(ledger).list():
         print(
             f"{p.name:<24} {p.mechanism:<5} {p.epsilon_per_report:>5g} {p.max_reports_per_day:>4}"
             f" {p.epsilon_per_report * p.max_reports_per_day:>7g} {p.retention_days:>5}d"
@@ -38,12 +40,13 @@ def policies_show(
     name: Annotated[str, typer.Argument(help="The use case.")], database_url: DatabaseOption = None
 ) -> None:
     """One policy as YAML, with its version."""
+    from dp_governor.api._handles import policy_store
     from dp_governor.budget import UnknownUseCase
     from dp_governor.policies import dump_policies
 
     ledger = open_ledger(load_settings(database_url))
     try:
-        policy = ledger.policies.get(name)
+        policy = policy_store(ledger).get(name)
     except UnknownUseCase:
         typer.echo(f"Error: unknown use case {name!r}", err=True)
         raise typer.Exit(1) from None
@@ -75,6 +78,7 @@ def policies_apply(
     budget group's members may change their shared terms together; nothing is written unless
     every check passes, and --dry-run runs them all and writes nothing.
     """
+    from dp_governor.api._handles import policy_store
     from dp_governor.budget import PolicyConflict, SystemClock
     from dp_governor.policies import PolicyFileError, load_device_budget, load_policies
 
@@ -106,7 +110,7 @@ def policies_apply(
             version = ledger.set_device_budget(device, actor="cli", allow_loosen=allow_loosen)
             print(f"device_budget: version {version.version} written")
         try:
-            stored = ledger.policies.write_all(changed, actor="cli", allow_loosen=allow_loosen)
+            stored = policy_store(ledger).write_all(changed, actor="cli", allow_loosen=allow_loosen)
         except PolicyConflict as exc:  # a concurrent change since the review
             refuse(str(exc), 1)
         for row in stored:
@@ -147,6 +151,7 @@ def _review(
     checks, :meth:`dp_governor.policies.repository.PolicyStore.proposed`, and its loosening review,
     :meth:`dp_governor.budget.ledger.Ledger.loosenings`).
     """
+    from dp_governor.api._handles import policy_store
     from dp_governor.budget import InvalidRequest, PolicyConflict, UnknownUseCase
     from dp_governor.budget.reporting.views import what_if
     from dp_governor.policies import PolicyBase
@@ -156,7 +161,7 @@ def _review(
     current: dict[str, Policy] = {}
     for policy in policies:
         try:
-            current[policy.name] = ledger.policies.get(policy.name)
+            current[policy.name] = policy_store(ledger).get(policy.name)
         except UnknownUseCase:
             changed.append(policy)
             continue
@@ -166,7 +171,7 @@ def _review(
             changed.append(policy)
     try:
         with ledger.connect() as conn:
-            rows = ledger.policies.proposed(conn, changed)
+            rows = policy_store(ledger).proposed(conn, changed)
     except PolicyConflict as exc:
         return [str(exc)], [], changed
     loosening = ledger.loosenings(rows)
@@ -248,10 +253,11 @@ def policies_export(
     database_url: DatabaseOption = None,
 ) -> None:
     """Print the current policies as a file that `apply` reads."""
+    from dp_governor.api._handles import policy_store
     from dp_governor.policies import dump_policies
 
     if fmt not in ("yaml", "toml"):
         typer.echo(f"Error: --format must be yaml or toml, got {fmt!r}", err=True)
         raise typer.Exit(2)
     ledger = open_ledger(load_settings(database_url))
-    print(dump_policies(ledger.policies.list(), fmt), end="")
+    print(dump_policies(policy_store(ledger).list(), fmt), end="")

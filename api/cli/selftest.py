@@ -82,12 +82,14 @@ def selftest(
 
 def _policies(defaults: bool, database_url: str | None) -> list[PolicyBase]:
     """Apple's defaults, or the active policies of the configured database (read-only)."""
+    from dp_governor.api._handles import policy_store
+
     if defaults:
         from dp_governor.policies import default_policies
 
         return list(default_policies())
     ledger = open_ledger(load_settings(database_url))
     try:
-        return list(ledger.policies.list())
+        return list(policy_store(ledger).list())
     finally:
         ledger.close()

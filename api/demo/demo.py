@@ -27,11 +27,11 @@ import numpy as np
 import uvicorn
 from pydantic import SecretStr
 
+from dp_governor.api._keys import service_keys
 from dp_governor.api.app import create_app
 from dp_governor.api.client import Client, RelayItem
 from dp_governor.api.database import init_service_db
 from dp_governor.api.demo.simulation import emoji_vocabulary, made_up_words, zipf_indices
-from dp_governor.api.keys import service_keys
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock, create_db_engine
 from dp_governor.mechanisms import CMS, SFP

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from dp_governor.api import wire
+from dp_governor.api._integrity import kept_checkpoints, verify_service
 from dp_governor.api.deps import (
     AdminDep,
     CachesDep,
@@ -17,7 +18,6 @@ from dp_governor.api.deps import (
     SettingsDep,
     UseCaseName,
 )
-from dp_governor.api.integrity import kept_checkpoints, verify_service
 from dp_governor.api.schemas import (
     AuditVerification,
     Distribution,

@@ -7,7 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
-from dp_governor.api.caches import Caches
+from dp_governor.api._caches import Caches
+from dp_governor.api._handles import ledger_engine, policy_store
 from dp_governor.api.dashboard import EstimatePanel, render_dashboard
 from dp_governor.api.deps import AdminCredential, CachesDep, ClockDep, IngestorDep, LedgerDep
 from dp_governor.api.errors import UNAUTHORIZED, HttpError
@@ -68,7 +69,7 @@ def render_page(
     """The dashboard's HTML; ``candidates`` None: the public page, with no estimates."""
     now = clock.now()
     today = utc_day(now)
-    policies = ledger.policies.list()
+    policies = policy_store(ledger).list()
     if estimate is not None and estimate not in {p.name for p in policies}:
         raise UnknownUseCase(estimate)
     panels = []
@@ -102,7 +103,7 @@ def render_page(
         series=[cumulative_series(ledger, p.name, now=now) for p in policies],
         distributions=[distribution(ledger, p.name, now=now) for p in policies],
         estimates=panels,
-        activity=daily_activity(ledger.engine, now=now, days=ACTIVITY_DAYS),
+        activity=daily_activity(ledger_engine(ledger), now=now, days=ACTIVITY_DAYS),
         chain=chain,
         health=ingestor.health.lines(),
         verified_at=caches.verified_at or now,

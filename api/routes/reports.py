@@ -1,7 +1,7 @@
 """Reports: one device's report, and a relay's batch of many devices' reports.
 
-A single report goes from the route (or the fast lane, :mod:`dp_governor.api.lane`) to
-:func:`accept_report`, the group committer (:mod:`dp_governor.api.committer`),
+A single report goes from the route (or the fast lane, :mod:`dp_governor.api._lane`) to
+:func:`accept_report`, the group committer (:mod:`dp_governor.api._committer`),
 :meth:`dp_governor.pipeline.ingest.Ingestor.submit_group` and the ledger's gate.
 """
 
@@ -16,8 +16,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 
-from dp_governor.api.bodies import check_json
-from dp_governor.api.committer import GroupCommitter
+from dp_governor.api._bodies import check_json
+from dp_governor.api._committer import GroupCommitter
+from dp_governor.api._ratelimit import RateLimiter
 from dp_governor.api.deps import (
     AdminDep,
     ClockDep,
@@ -30,7 +31,6 @@ from dp_governor.api.deps import (
 )
 from dp_governor.api.errors import ACCEPTED, INVALID, REFUSED, TOO_LARGE, HttpError, status_of
 from dp_governor.api.metrics import Metrics
-from dp_governor.api.ratelimit import RateLimiter
 from dp_governor.api.schemas import BatchResult, Receipt, ReportBody, batch_body
 from dp_governor.budget import Clock, Decision, InvalidRequest, UnknownUseCase
 from dp_governor.budget.clock import day_date

@@ -29,7 +29,7 @@ ledger's multiset, so a population with repeated ledgers is cheap to audit.
 Note: do not use ``PLDAccountant`` with ``RandomizedResponseDpEvent`` and a count: in
 dp-accounting 0.6.0 it ignores the count (90 reports at eps 8 come out as 8.0 instead of 720).
 Its ``get_epsilon_for_delta`` overflows to ``inf`` past a loss of about 709; every figure here
-then falls back to the basic sum, labelled so (:mod:`dp_governor.budget.privacy.pld_read`).
+then falls back to the basic sum, labelled so (:mod:`dp_governor.budget.privacy._pld_read`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from dp_governor.budget.privacy.pld_read import epsilon_for_delta
+from dp_governor.budget.privacy._pld_read import epsilon_for_delta
 
 if TYPE_CHECKING:  # dp-accounting (and scipy under it) load where a PLD is computed
     from dp_accounting.pld import privacy_loss_distribution as pld
@@ -246,7 +246,7 @@ def pld_epsilon(
     """dp-accounting's pessimistic PLD bound for a pure ledger (valid, slightly loose).
 
     Where dp-accounting's answer is not finite (it overflows to ``inf`` once the composed loss
-    passes about 709: :mod:`dp_governor.budget.privacy.pld_read`), the basic sum, also a valid
+    passes about 709: :mod:`dp_governor.budget.privacy._pld_read`), the basic sum, also a valid
     bound, is returned.
 
     >>> pld_epsilon({8.0: 89}, 1e-6)  # dp-accounting alone says inf

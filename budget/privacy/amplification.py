@@ -74,8 +74,8 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import optimize, stats
 
+from dp_governor.budget.privacy._pld_read import epsilon_for_delta
 from dp_governor.budget.privacy.display import fmt_up
-from dp_governor.budget.privacy.pld_read import epsilon_for_delta
 
 __all__ = [
     "BASIC_METHOD",

@@ -252,7 +252,7 @@ class SpendSpread:
 
     ``values`` are the devices' micro-epsilon, sorted; ``eps`` the same in epsilon; the
     quantiles do not depend on the bins. What :func:`distribution` computes from, and what the
-    service keeps between requests (``dp_governor.api.caches``).
+    service keeps between requests (``dp_governor.api._caches``).
     """
 
     use_case: str

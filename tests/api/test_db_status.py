@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import inspect, make_url, text
 from typer.testing import CliRunner
 
+from dp_governor.api._schema_status import migrations
 from dp_governor.api.cli import app as cli
-from dp_governor.api.schema_status import migrations
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.budget.storage.schema import head_revision

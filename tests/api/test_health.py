@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from dp_governor.mechanisms import CMS, HCMS, SFP, from_published
-from dp_governor.pipeline.health import ReportHealth, plausible_ones
+from dp_governor.pipeline.health import ReportHealth, Z
 from tests.live import serve
 
 N = 2000  # reports per fleet in the band checks; a correct one falls outside about 2e-9 a report
@@ -39,7 +39,7 @@ def test_correct_cms_reports_fall_in_the_band_and_another_epsilon_out_of_it(m: i
     if m >= 1024:  # enough coordinates to tell epsilon 1 from 4 in one report
         assert _count(ReportHealth(), policy, dataclasses.replace(policy, epsilon=1.0)) == 1.0
         assert _count(ReportHealth(), policy, dataclasses.replace(policy, epsilon=8.0)) == 1.0
-    low, high = plausible_ones(policy)
+    low, high = policy.plausible_ones(Z)
     assert 0 <= low < high <= m
 
 

@@ -21,8 +21,8 @@ import orjson
 import pytest
 from sqlalchemy import Engine, event, text
 
+from dp_governor.api._integrity import verify_service
 from dp_governor.api.database import init_service_db
-from dp_governor.api.integrity import verify_service
 from dp_governor.budget import Decision, Ledger, utc_day
 from dp_governor.pipeline.flush import flush_inbox
 from dp_governor.pipeline.fold import aggregate, mechanisms_by_params

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dp_governor.api.ratelimit import RateLimiter
+from dp_governor.api._ratelimit import RateLimiter
 
 
 def test_a_burst_of_per_minute_then_one_every_interval() -> None:

@@ -12,10 +12,10 @@ from pydantic import SecretStr, ValidationError
 from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
+from dp_governor.api._keys import service_keys
 from dp_governor.api.app import create_app
 from dp_governor.api.cli import app as cli
 from dp_governor.api.database import init_service_db
-from dp_governor.api.keys import service_keys
 from dp_governor.api.settings import KeyRefused, Settings, default_secrets_dir
 from dp_governor.budget import Ledger, create_db_engine
 from dp_governor.budget.storage.db import key_fingerprint, stored_fingerprints

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from dp_governor.api._unknown_settings import NOT_SETTINGS, UnknownSetting, check_environment
 from dp_governor.api.app import create_app
 from dp_governor.api.cli import app as cli
 from dp_governor.api.settings import Settings, setting_names
-from dp_governor.api.unknown_settings import NOT_SETTINGS, UnknownSetting, check_environment
 
 TYPO = "DPGOV_DATABASE_ULR"
 SUGGESTION = "did you mean DPGOV_DATABASE_URL?"

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine, text
 
+from dp_governor.api._integrity import pipeline_problem, verify_service
 from dp_governor.api.database import init_service_db
-from dp_governor.api.integrity import pipeline_problem, verify_service
 from dp_governor.api.jobs import RUNTIMES, Runtime, run_job
 from dp_governor.budget import Decision, FixedClock, Ledger, utc_day
 from dp_governor.pipeline.ingest import Ingestor, SubmitRequest

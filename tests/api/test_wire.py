@@ -14,9 +14,9 @@ from dp_governor.budget.privacy.accountant import PrivacyLoss
 from dp_governor.budget.reporting import central, report, views
 from dp_governor.budget.reporting.loss import DeviceLoss
 from dp_governor.budget.rule.standing import DeviceOdometer, DeviceWide, QuotaStatus
+from dp_governor.policies._randomizer import PublishedHashFamily, Randomizer
 from dp_governor.policies.device import DeviceBudgetPublic
 from dp_governor.policies.model import GroupTerms, PolicyPublic
-from dp_governor.policies.randomizer import PublishedHashFamily, Randomizer
 
 DATACLASSES: list[tuple[Any, type[BaseModel]]] = [
     (BudgetStatus, schemas.BudgetStatus),

@@ -29,8 +29,8 @@ from dp_governor.budget import Ledger, create_db_engine, init_db, utc_day
 from dp_governor.budget.clock import day_start
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import PolicyCreate
+from dp_governor.policies._files import PolicyFileError, load_device_budget
 from dp_governor.policies.device import DeviceBudgetCreate, loosening, write_device_budget
-from dp_governor.policies.files import PolicyFileError, load_device_budget
 from dp_governor.policies.model import MICRO, to_micro
 from tests.budget.privacy.filter_theorem import theorem_admits
 from tests.conftest import PG_URL

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dp_governor.mechanisms import CMS, HashFamily, bitcount
-from dp_governor.mechanisms.bitcount import add_bit_counts
+from dp_governor.mechanisms import CMS, HashFamily, _bitcount
+from dp_governor.mechanisms._bitcount import add_bit_counts
 
 
 def reference(
@@ -93,7 +93,7 @@ def test_counts_add_to_what_is_there_and_accept_views() -> None:
 
 
 def test_input_is_taken_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bitcount, "_CHUNK", 1_000)
+    monkeypatch.setattr(_bitcount, "_CHUNK", 1_000)
     rows, bits = random_input(64, 256, 4_500, seed=4)
     counts = np.zeros((64, 256), dtype=np.int64)
     add_bit_counts(counts, rows, bits)
@@ -112,7 +112,7 @@ def test_the_grouping_order_is_a_stable_sort_of_the_rows(k: int) -> None:
     # up to 65,536 rows a radix sort of 16-bit row numbers, above a sort of (row, index) words
     rng = np.random.default_rng(k)
     rows = np.concatenate([rng.integers(0, k, 50_000), [k - 1, 0, k - 1]])
-    order = bitcount._group_order(rows, k)
+    order = _bitcount._group_order(rows, k)
     np.testing.assert_array_equal(order, np.argsort(rows, kind="stable"))
 
 

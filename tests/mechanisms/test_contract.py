@@ -120,10 +120,10 @@ def test_estimates_have_aligned_float_arrays(mech: Any) -> None:
 def test_folding_in_chunks_equals_the_definition(
     mech: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dp_governor.mechanisms import bitcount, hcms
+    from dp_governor.mechanisms import _bitcount, hcms
 
     monkeypatch.setattr(hcms, "_FOLD_CHUNK", 37)
-    monkeypatch.setattr(bitcount, "_CHUNK", 37)
+    monkeypatch.setattr(_bitcount, "_CHUNK", 37)
     reports = mech.privatize(VALUES * 5, rng=np.random.default_rng(4))
     sketch = mech.sketch().add(reports)
     j = np.asarray(reports.j, dtype=np.int64)

@@ -8,7 +8,7 @@ import pytest
 
 from dp_governor.mechanisms import CMS, HCMS, HashFamily, describe, family_id, from_published
 from dp_governor.policies import Policy, PolicyCreate, default_policies, mechanism_for, publish
-from dp_governor.policies.randomizer import Randomizer
+from dp_governor.policies._randomizer import Randomizer
 
 
 @pytest.mark.parametrize("policy", default_policies(), ids=lambda p: p.name)

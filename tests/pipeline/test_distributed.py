@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dp_governor.api._keys import service_keys
 from dp_governor.api.cli import app
 from dp_governor.api.database import init_service_db
 from dp_governor.api.demo.simulation import zipf_indices
-from dp_governor.api.keys import service_keys
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Ledger, create_db_engine, utc_day
 from dp_governor.mechanisms import CMS, HCMS, SFP

@@ -21,8 +21,8 @@ import orjson
 import pytest
 from sqlalchemy import Connection, Engine, text
 
+from dp_governor.api._integrity import _pipeline_problem, verify_service
 from dp_governor.api.database import init_service_db
-from dp_governor.api.integrity import _pipeline_problem, verify_service
 from dp_governor.budget import Decision, Ledger, create_db_engine, utc_day
 from dp_governor.pipeline.flush import flush_inbox
 from dp_governor.pipeline.fold import aggregate

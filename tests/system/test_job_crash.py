@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from sqlalchemy import Connection, Engine, text
 
+from dp_governor.api._keys import service_keys
 from dp_governor.api.database import init_service_db
 from dp_governor.api.jobs import lease_of
-from dp_governor.api.keys import service_keys
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Decision, Ledger, create_db_engine
 from dp_governor.budget.storage.db import writer

@@ -23,9 +23,9 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld
 
 from dp_governor.budget.clock import utc_day
+from dp_governor.budget.privacy._pld_read import epsilon_for_delta
 from dp_governor.budget.privacy.accountant import Accountant, optimal_epsilon, pld_epsilon
 from dp_governor.budget.privacy.amplification import BASIC_METHOD, compose_shuffled
-from dp_governor.budget.privacy.pld_read import epsilon_for_delta
 from dp_governor.budget.reporting.central import central_line, compose_sizes
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies import PolicyCreate

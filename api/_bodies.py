@@ -2,7 +2,7 @@
 
 A JSON body nests at most :data:`dp_governor.api.errors.MAX_JSON_DEPTH` levels and holds no lone
 surrogate; ``X-Device-Id`` and ``Idempotency-Key`` are sent at most once. Used by the report route
-and by the fast lane (:mod:`dp_governor.api.lane`), so both read a request the same way.
+and by the fast lane (:mod:`dp_governor.api._lane`), so both read a request the same way.
 """
 
 from __future__ import annotations

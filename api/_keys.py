@@ -18,7 +18,7 @@ from sqlalchemy import Engine, inspect, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from dp_governor.api.device_secret import DeviceAdoption, holds_devices
+from dp_governor.api._device_secret import DeviceAdoption, holds_devices
 from dp_governor.api.settings import KeyRefused, Settings
 from dp_governor.budget.audit.log import AuditLog
 from dp_governor.budget.storage.db import (
@@ -94,7 +94,7 @@ def service_keys(
     database records must match it. ``record`` (the server's start and writing commands)
     records the fingerprint of a key the database has none of yet (an audit key only if it
     tags the first audit entry, a device-key secret on a ledger that holds devices only as
-    ``adopt`` allows: :class:`dp_governor.api.device_secret.DeviceAdoption`, ``dpgov db upgrade``'s
+    ``adopt`` allows: :class:`dp_governor.api._device_secret.DeviceAdoption`, ``dpgov db upgrade``'s
     ``--known-device``); ``generate`` (the server's start, ``dpgov db init``) writes a
     new key file, but only for a database with no audit history and no fingerprint. The
     shuffler key is read only with ``record`` (a read opens no inbox row), and generated for a

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from dp_governor.api.integrity import kept_checkpoints, verify_service
+from dp_governor.api._integrity import kept_checkpoints, verify_service
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Clock, Ledger
 from dp_governor.budget.audit.log import Verification

@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 from sqlalchemy import Connection, func, select
 
+from dp_governor.api._handles import ledger_engine
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import (
     Checkpoint,
@@ -238,7 +239,7 @@ def _sketches(ledger: Ledger, conn: Connection, cutoff: dict[str, int]) -> str |
             return f"sketches: {where} has parameters no version of {uc!r} ever had"
         rebuilt = mechanism.sketch()
         for batch in folded.get(key, []):
-            for payloads in part_payloads(ledger.engine, batch, params, d):
+            for payloads in part_payloads(ledger_engine(ledger), batch, params, d):
                 rebuilt.add(mechanism.decode(payloads))
         state = conn.execute(
             select(s.state).where((s.use_case == uc) & (s.params == params) & (s.day == d))

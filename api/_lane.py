@@ -15,7 +15,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dp_governor.api.bodies import decode_json, duplicated_header
+from dp_governor.api._bodies import decode_json, duplicated_header
 from dp_governor.api.errors import BAD_REQUEST, error_response
 from dp_governor.api.routes.reports import accept_report
 from dp_governor.budget.errors import InvalidRequest
