@@ -233,3 +233,23 @@ def test_the_service_reaches_the_ledgers_parts_only_through_its_handles() -> Non
         and ast.unparse(node.value).split(".")[-1] == "ledger"
     ]
     assert not wrong, wrong
+
+
+MAX_MODULE_LINES = 600  # a module a reader can hold in mind; split it by what it does
+MAX_FUNCTION_LINES = 150  # a function on a few screens; past that it hides its steps
+
+
+def test_modules_and_functions_stay_readable() -> None:
+    """No module of the packages over 600 lines, no function over 150 (docstrings included)."""
+    wrong = []
+    for package in ORDER:
+        for path in _modules(package):
+            text = path.read_text(encoding="utf-8")
+            if (lines := text.count("\n")) > MAX_MODULE_LINES:
+                wrong.append(f"{path.relative_to(ROOT)}: {lines} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        wrong.append(f"{path.relative_to(ROOT)}: {node.name}() {length} lines")
+    assert not wrong, wrong
