@@ -28,11 +28,26 @@ def demo(
             " so that its dashboard shows the demo; default: a temporary database.",
         ),
     ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="Port of the demo's own server on 127.0.0.1 (default: a free one).",
+        ),
+    ] = None,
 ) -> None:
-    """Start the service on a database, run a fleet over real HTTP, show the results."""
+    """Start the service on a database, run a fleet over real HTTP, show the results.
+
+    Into a served database, the demo waits for the server's own job runs, and the same
+    command run again the same UTC day completes an interrupted fleet instead of adding another.
+    """
+    import httpx
     from pydantic import TypeAdapter
 
+    from dp_governor.api.client import ServiceError
     from dp_governor.api.demo.demo import run_demo
+    from dp_governor.api.server import PortInUse
     from dp_governor.budget.reporting.report import EffectiveEpsilonReport
     from dp_governor.budget.reporting.report_text import render_text
 
@@ -44,14 +59,31 @@ def demo(
     )
     with Progress("demo", "reports") as progress:
         try:
-            result = run_demo(devices, days, seed=seed, progress=progress, settings=settings)
+            result = run_demo(
+                devices, days, seed=seed, progress=progress, settings=settings, port=port
+            )
         except RuntimeError as exc:
             refuse(f"{exc} (check --database-url and the keys beside it)")
+        except PortInUse as exc:
+            refuse(f"--port: {exc.strerror}")
+        except (ServiceError, httpx.HTTPError) as exc:
+            again = (
+                ""
+                if settings is None
+                else "; run the same command again today (UTC) to complete"
+                " this fleet: what it sent is replayed, not charged twice"
+            )
+            refuse(f"the demo stopped: {exc}{again}", 1)
     true_top = sorted(result.emoji_truth, key=lambda k: -result.emoji_truth[k])[:10]
     print(
         f"\n{result.accepted:,d} of {result.submitted:,d} reports accepted, {result.refused:,d}"
         f" refused by a cap ({result.seconds:.0f} s)."
     )
+    if result.replayed:
+        print(
+            f"{result.replayed:,d} of them were sent by an interrupted run of this fleet"
+            f" ({result.fleet}): replayed from their first decision, not charged again."
+        )
     print("\nEmoji (CMS, eps 4): estimated top 10 beside the truth")
     print(f"{'rank':>4}  {'emoji':<6} {'estimate':>10} {'95% +-':>8} {'true':>8}  true rank")
     for rank, e in enumerate(result.emoji_top, start=1):
@@ -59,6 +91,11 @@ def demo(
         print(
             f"{rank:>4}  {e['item']:<6} {e['count']:>10,.0f} {1.96 * e['stderr']:>8,.0f}"
             f" {result.emoji_truth[e['item']]:>8,d}  {true_rank}"
+        )
+    if result.others:
+        print(
+            f"  The database holds {result.others:,d} more emoji reports in these days (another"
+            " fleet or real devices): the estimates count them, the true column does not."
         )
     print("\nQuickType new words (SFP, eps 2 + 6): discovered without a dictionary")
     for d in result.words:
