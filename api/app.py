@@ -18,7 +18,7 @@ from dp_governor.api._committer import GroupCommitter
 from dp_governor.api._handles import policy_store
 from dp_governor.api._keys import service_keys
 from dp_governor.api._lane import ReportLane
-from dp_governor.api._middleware import BodyLimit, Timing
+from dp_governor.api._middleware import BodyLimit, HeadAsGet, Timing
 from dp_governor.api._ratelimit import RateLimiter
 from dp_governor.api._unknown_settings import UnknownSetting
 from dp_governor.api.database import database_problem, init_service_db
@@ -75,6 +75,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.state.admin_failures = RateLimiter(
         settings.admin_failures_per_minute, max_keys=settings.rate_limit_keys
     )
+    app.add_middleware(HeadAsGet)  # innermost: the request log still says HEAD
     app.add_middleware(ReportLane)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Timing, histogram=app.state.metrics.latency)
