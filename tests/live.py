@@ -57,23 +57,20 @@ def server_env(folder: Path, **settings: str | None) -> dict[str, str]:
 
 
 @contextmanager
-def serve(
-    folder: Path, *args: str, stdout_to_log: bool = False, **settings: str | None
-) -> Iterator[Served]:
+def serve(folder: Path, **settings: str | None) -> Iterator[Served]:
     """Start the service (:func:`server_env`); yields it running, stops it after.
 
     Waits up to :data:`START` seconds for ``/healthz``; the server's own error output is the
-    failure message if it never answers. ``args``: more options of ``dpgov serve``;
-    ``stdout_to_log``: its standard output goes to the log too (else nowhere).
+    failure message if it never answers. The log holds its standard output and error.
     """
     port = free_port()
     log = folder / f"serve-{port}.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dp_governor.api.cli", "serve", "--port", str(port), *args],
+            [sys.executable, "-m", "dp_governor.api.cli", "serve", "--port", str(port)],
             env=server_env(folder, **settings),
             cwd=folder,
-            stdout=err if stdout_to_log else subprocess.DEVNULL,
+            stdout=err,
             stderr=err,
         )
     base = f"http://127.0.0.1:{port}"

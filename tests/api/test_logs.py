@@ -19,7 +19,7 @@ DEVICE = "device-7f3a-logs-must-not-name-me"
 def test_json_logs_have_one_line_a_request_and_a_job_and_no_device_or_address(
     tmp_path: Path,
 ) -> None:
-    with serve(tmp_path, log_format="json", stdout_to_log=True) as served:
+    with serve(tmp_path, log_format="json") as served:
         with Client(served.base) as device:
             mech = device.randomizer("emoji")
             device.submit("emoji", DEVICE, mech.privatize_one("😂"))
