@@ -19,7 +19,7 @@ START = 300  # seconds a busy machine may take to start a server: generous, neve
 
 
 class Served(NamedTuple):
-    """A running server: its base URL, process id and standard-error file."""
+    """A running server: its base URL, process id and log (its standard output and error)."""
 
     base: str
     pid: int
