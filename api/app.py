@@ -68,7 +68,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.state.settings = settings
     app.state.clock = clock or SystemClock()
     app.state.metrics = Metrics()
-    app.state.caches = Caches(settings, app.state.clock)
+    app.state.caches = Caches(settings, app.state.clock, on_verified=app.state.metrics.verified)
     app.state.device_limit = RateLimiter(
         settings.device_rate_per_minute, max_keys=settings.rate_limit_keys
     )
@@ -128,7 +128,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         require_family=settings.require_report_family,
     )
     key = uuid.uuid4().hex
-    RUNTIMES[key] = Runtime.configured(ledger, ingestor, clock, settings)
+    RUNTIMES[key] = Runtime.configured(ledger, ingestor, clock, settings, metrics=app.state.metrics)
     app.state.ledger = ledger
     app.state.ingestor = ingestor
     app.state.metrics.registry.register(ingestor.health)
