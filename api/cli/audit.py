@@ -10,7 +10,14 @@ from typing import Annotated, TextIO, cast
 
 import typer
 
-from dp_governor.api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
+from dp_governor.api.cli.common import (
+    DatabaseOption,
+    Progress,
+    Stages,
+    load_settings,
+    open_ledger,
+    refuse,
+)
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
 
@@ -33,12 +40,14 @@ def audit_verify(
     path = checkpoints or settings.checkpoint_file
     if checkpoints is not None and not checkpoints.exists():
         refuse(f"no checkpoint file at {checkpoints}")
-    kept = kept_checkpoints(path)  # one it cannot read fails the verification, naming it
-    ledger = open_ledger(settings)
-    try:
-        result = verify_service(ledger, now=datetime.now(UTC), kept=kept)
-    finally:
-        ledger.close()
+    with Stages("audit verify") as stages:
+        stages("the kept checkpoints and the database")
+        kept = kept_checkpoints(path)  # one it cannot read fails the verification, naming it
+        ledger = open_ledger(settings)
+        try:
+            result = verify_service(ledger, now=datetime.now(UTC), kept=kept, stage=stages)
+        finally:
+            ledger.close()
     typer.echo(json.dumps(result.to_dict(), indent=2))
     if not result.ok:
         where = "" if result.first_bad is None else f" at entry {result.first_bad}"
@@ -84,11 +93,15 @@ def audit_report(
     if delta is not None and not 0 < delta < 1:
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
         raise typer.Exit(2)
-    ledger = open_ledger(load_settings(database_url))
-    try:
-        report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
-    finally:
-        ledger.close()
+    settings = load_settings(database_url)
+    with Stages("audit report") as stages:
+        stages("the database")
+        ledger = open_ledger(settings)
+        try:
+            stages("every device's spend, and the bounds of every policy")
+            report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
+        finally:
+            ledger.close()
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

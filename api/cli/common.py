@@ -17,8 +17,10 @@ import typer
 # Each command imports what it uses, so that `dpgov --help` and a read command start fast
 # (benchmarks/startup.py): no FastAPI, scipy, dp-accounting or pyarrow unless the command needs it.
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress as RichProgress
     from rich.progress import TaskID
+    from rich.status import Status
     from rich.table import Table
 
     from dp_governor.api._keys import ServiceKeys
@@ -377,3 +379,80 @@ class Progress:
         self._rich.update(self._task, completed=done, total=total, count=self._count())
         self._rich.refresh()
         self._shown = now
+
+
+class Stages:
+    """The parts of a long command that give no count, on stderr, each with the time it took.
+
+    Call it with the name of the part that starts (``stages("the chain")``). On a terminal,
+    a rich spinner names the part under way and a line is left for each part done; in a pipe
+    or a log, a line when each part starts and one with the total time at :meth:`close`.
+
+    >>> import io
+    >>> clock = iter([0.0, 1.5, 1.5, 4.0]).__next__
+    >>> log = io.StringIO()
+    >>> with Stages("audit verify", stream=log, clock=clock) as stages:
+    ...     stages("the chain")
+    ...     stages("the sketches")
+    >>> print(log.getvalue(), end="")
+    audit verify: the chain...
+    audit verify: the chain: 1.5 s
+    audit verify: the sketches...
+    audit verify: the sketches: 2.5 s
+    """
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock
+        self._current: tuple[str, float] | None = None
+        self._status: Status | None = None
+        self._console: Console | None = None
+        if self.stream.isatty():
+            from rich.console import Console
+
+            self._console = Console(file=self.stream, force_terminal=True, highlight=False)
+
+    def __call__(self, stage: str) -> None:
+        """``stage`` starts (the one under way, if any, is done)."""
+        self._end()
+        self._current = (stage, self.clock())
+        if self._console is None:
+            self.stream.write(f"{self.label}: {stage}...\n")
+            self.stream.flush()
+        elif self._status is None:
+            self._status = self._console.status(f"{self.label}: {stage}...")
+            self._status.start()
+        else:
+            self._status.update(f"{self.label}: {stage}...")
+
+    def _end(self) -> None:
+        if self._current is None:
+            return
+        stage, began = self._current
+        line = f"{self.label}: {stage}: {self.clock() - began:.1f} s"
+        if self._console is None:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        else:
+            self._console.print(line)
+        self._current = None
+
+    def close(self) -> None:
+        """The part under way is done; the spinner stops."""
+        self._end()
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

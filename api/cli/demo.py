@@ -6,7 +6,13 @@ from typing import Annotated
 
 import typer
 
-from dp_governor.api.cli.common import Progress, load_settings, refuse
+from dp_governor.api.cli.common import (
+    Progress,
+    load_settings,
+    print_table,
+    refuse,
+    result_table,
+)
 
 
 def _cap(value: float | None) -> str:
@@ -85,24 +91,33 @@ def demo(
             f" ({result.fleet}): replayed from their first decision, not charged again."
         )
     print("\nEmoji (CMS, eps 4): estimated top 10 beside the truth")
-    print(f"{'rank':>4}  {'emoji':<6} {'estimate':>10} {'95% +-':>8} {'true':>8}  true rank")
+    table = result_table("rank", "emoji", "estimate", "95% +-", "true", "true rank")
     for rank, e in enumerate(result.emoji_top, start=1):
         true_rank = true_top.index(e["item"]) + 1 if e["item"] in true_top else "-"
-        print(
-            f"{rank:>4}  {e['item']:<6} {e['count']:>10,.0f} {1.96 * e['stderr']:>8,.0f}"
-            f" {result.emoji_truth[e['item']]:>8,d}  {true_rank}"
+        table.add_row(
+            str(rank),
+            e["item"],
+            f"{e['count']:,.0f}",
+            f"{1.96 * e['stderr']:,.0f}",
+            f"{result.emoji_truth[e['item']]:,d}",
+            str(true_rank),
         )
+    print_table(table)
     if result.others:
         print(
             f"  The database holds {result.others:,d} more emoji reports in these days (another"
             " fleet or real devices): the estimates count them, the true column does not."
         )
     print("\nQuickType new words (SFP, eps 2 + 6): discovered without a dictionary")
+    words = result_table("word", "estimate", "95% +-", "true", left=1)
     for d in result.words:
-        print(
-            f"  {d['word']:<12} {d['count']:>9,.0f} +- {1.96 * d['stderr']:,.0f}"
-            f"   true {result.word_truth.get(d['word'], 0):,d}"
+        words.add_row(
+            d["word"],
+            f"{d['count']:,.0f}",
+            f"{1.96 * d['stderr']:,.0f}",
+            f"{result.word_truth.get(d['word'], 0):,d}",
         )
+    print_table(words)
     alike = "the same for every demo device: a refused report spends nothing"
     print(f"\nPrivacy spent by {result.spend_device}, from its ledger ({alike}):")
     for row in result.spend:
