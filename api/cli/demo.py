@@ -87,8 +87,9 @@ def demo(
     )
     if result.replayed:
         print(
-            f"{result.replayed:,d} of them were sent by an interrupted run of this fleet"
-            f" ({result.fleet}): replayed from their first decision, not charged again."
+            f"{result.replayed:,d} of them had been sent by an earlier run of this fleet"
+            f" ({result.fleet}), interrupted or not: replayed from their first decision, not"
+            " charged again."
         )
     print("\nEmoji (CMS, eps 4): estimated top 10 beside the truth")
     table = result_table("rank", "emoji", "estimate", "95% +-", "true", "true rank")

@@ -57,8 +57,8 @@ JOB_WAIT_SECONDS = 600.0  # the longest the server waits for a job another proce
 class DemoResult:
     """What the demo measured, for printing and tests.
 
-    ``fleet``: the fleet's name (:func:`fleet_name`); ``replayed``: reports an earlier,
-    interrupted run of the same fleet had sent, answered from their first decision and not
+    ``fleet``: the fleet's name (:func:`fleet_name`); ``replayed``: reports an earlier run of
+    the same fleet (interrupted or not) had sent, answered from their first decision and not
     charged again; ``others``: emoji reports in the estimates' days that are not this fleet's
     (an earlier demo or real devices), which the estimates include and the true counts do not.
     """
