@@ -40,14 +40,13 @@ def audit_verify(
     path = checkpoints or settings.checkpoint_file
     if checkpoints is not None and not checkpoints.exists():
         refuse(f"no checkpoint file at {checkpoints}")
-    with Stages("audit verify") as stages:
-        stages("the kept checkpoints and the database")
-        kept = kept_checkpoints(path)  # one it cannot read fails the verification, naming it
-        ledger = open_ledger(settings)
-        try:
+    kept = kept_checkpoints(path)  # one it cannot read fails the verification, naming it
+    ledger = open_ledger(settings)  # a refusal is one line, before any progress
+    try:
+        with Stages("audit verify") as stages:
             result = verify_service(ledger, now=datetime.now(UTC), kept=kept, stage=stages)
-        finally:
-            ledger.close()
+    finally:
+        ledger.close()
     typer.echo(json.dumps(result.to_dict(), indent=2))
     if not result.ok:
         where = "" if result.first_bad is None else f" at entry {result.first_bad}"
@@ -93,15 +92,13 @@ def audit_report(
     if delta is not None and not 0 < delta < 1:
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
         raise typer.Exit(2)
-    settings = load_settings(database_url)
-    with Stages("audit report") as stages:
-        stages("the database")
-        ledger = open_ledger(settings)
-        try:
+    ledger = open_ledger(load_settings(database_url))  # a refusal: one line, no progress
+    try:
+        with Stages("audit report") as stages:
             stages("every device's spend, and the bounds of every policy")
             report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
-        finally:
-            ledger.close()
+    finally:
+        ledger.close()
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -454,5 +454,7 @@ class Stages:
     def __enter__(self) -> Stages:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, error: type[BaseException] | None, *exc: object) -> None:
+        if error is not None:
+            self._current = None  # stopped, not done: the error says why
         self.close()

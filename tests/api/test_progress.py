@@ -107,7 +107,6 @@ def test_audit_verify_and_report_show_their_stages_on_stderr(tmp_path: Path) -> 
     assert json.loads(verify.stdout)["ok"]  # stdout stays the result
     started = [line for line in verify.stderr.splitlines() if line.endswith("...")]
     assert started == [
-        "audit verify: the kept checkpoints and the database...",
         "audit verify: the chain, its tags, its checkpoints and the deciding state...",
         "audit verify: the inbox, the report store and the sketches against the charges...",
     ]
