@@ -47,9 +47,16 @@ class Caches:
     same rule. The locks make one thread compute while the others wait for its answer.
     """
 
-    def __init__(self, settings: Settings, clock: Clock) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        *,
+        on_verified: Callable[[bool], None] | None = None,
+    ) -> None:
         self._settings = settings
         self._clock = clock
+        self._on_verified = on_verified  # told each verification's result (the metrics)
         self._basis: list[tuple[float, tuple[int, int], ReportBasis]] = []  # at most one entry
         self.reports: OrderedDict[float | None, EffectiveEpsilonReport] = OrderedDict()
         self._report_lock = threading.Lock()
@@ -122,6 +129,8 @@ class Caches:
         kept = kept_checkpoints(self._settings.checkpoint_file)
         now = self._clock.now()
         result = verify_service(ledger, now=now, kept=kept, seal=seal)
+        if self._on_verified is not None:
+            self._on_verified(result.ok)
         self.verified_at = now
         expires = time.monotonic() + self._settings.verify_cache_seconds
         self._verification["chain"] = (expires, result)

@@ -19,7 +19,7 @@ fails the verification too (a copy nobody can read, or that is gone, protects no
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -90,6 +90,7 @@ def verify_service(
     now: datetime,
     kept: KeptCheckpoints | Sequence[Checkpoint],
     seal: InboxSeal | None = None,
+    stage: Callable[[str], None] | None = None,
 ) -> Verification:
     """The chain, the deciding state, and the inbox and store against the recorded charges.
 
@@ -99,9 +100,11 @@ def verify_service(
     it, so from then on it must be there. Either is named after any problem of the ledger
     itself. ``seal`` (the service's) opens every sealed inbox row, which authenticates it;
     without it (a command that reads no shuffler key) sealed rows are counted, not opened, and
-    the verdict's note says so.
+    the verdict's note says so. ``stage`` is told each part as it starts (a command's progress).
     """
     copy = kept if isinstance(kept, KeptCheckpoints) else KeptCheckpoints(points=tuple(kept))
+    if stage is not None:
+        stage("the chain, its tags, its checkpoints and the deciding state")
     verdict, state = ledger.verify(kept=copy.points)
     if not verdict.ok:
         return verdict
@@ -116,6 +119,8 @@ def verify_service(
         return replace(verdict, ok=False, problem=file_problem)
     if not state.checked:
         return verdict
+    if stage is not None:
+        stage("the inbox, the report store and the sketches against the charges")
     problem = pipeline_problem(ledger, state, now=now, seal=seal)
     if problem is not None:
         return replace(verdict, ok=False, problem=problem)

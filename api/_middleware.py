@@ -1,4 +1,4 @@
-"""ASGI middleware around every route: the request body limit and latency by route."""
+"""ASGI middleware around every route: HEAD as GET, the request body limit, latency by route."""
 
 from __future__ import annotations
 
@@ -11,9 +11,40 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dp_governor.api.errors import TOO_LARGE
 from dp_governor.api.logs import log_fields
 
-__all__ = ["BodyLimit", "Timing"]
+__all__ = ["BodyLimit", "HeadAsGet", "Timing"]
 
 _requests = logging.getLogger("dpgov.requests")  # one line a request: its route template
+
+
+class HeadAsGet:
+    """ASGI middleware: a HEAD request is answered as its GET, with the same headers, no body.
+
+    RFC 9110 (section 9.3.2) asks a server to answer HEAD wherever it answers GET; FastAPI
+    routes declare GET alone. The route sees a GET (on a copy of the scope: the server's own
+    view stays HEAD), and every body chunk it sends is dropped, so ``Content-Length`` and the
+    status are the GET's. A path without GET answers 405 naming ``Allow``, as for any method.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run a HEAD as a GET and send its answer without the body."""
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        inner = {**scope, "method": "GET"}
+        try:
+            await self.app(inner, receive, headers_only)
+        finally:
+            if "route" in inner:  # the request's route template, for the latency and log lines
+                scope["route"] = inner["route"]
 
 
 class BodyLimit:

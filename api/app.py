@@ -18,7 +18,7 @@ from dp_governor.api._committer import GroupCommitter
 from dp_governor.api._handles import policy_store
 from dp_governor.api._keys import service_keys
 from dp_governor.api._lane import ReportLane
-from dp_governor.api._middleware import BodyLimit, Timing
+from dp_governor.api._middleware import BodyLimit, HeadAsGet, Timing
 from dp_governor.api._ratelimit import RateLimiter
 from dp_governor.api._unknown_settings import UnknownSetting
 from dp_governor.api.database import database_problem, init_service_db
@@ -32,6 +32,7 @@ from dp_governor.api.routes import (
     estimates,
     operations,
     reports,
+    signin,
     use_cases,
 )
 from dp_governor.api.server import report_start_failure
@@ -68,13 +69,14 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.state.settings = settings
     app.state.clock = clock or SystemClock()
     app.state.metrics = Metrics()
-    app.state.caches = Caches(settings, app.state.clock)
+    app.state.caches = Caches(settings, app.state.clock, on_verified=app.state.metrics.verified)
     app.state.device_limit = RateLimiter(
         settings.device_rate_per_minute, max_keys=settings.rate_limit_keys
     )
     app.state.admin_failures = RateLimiter(
         settings.admin_failures_per_minute, max_keys=settings.rate_limit_keys
     )
+    app.add_middleware(HeadAsGet)  # innermost: the request log still says HEAD
     app.add_middleware(ReportLane)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Timing, histogram=app.state.metrics.latency)
@@ -87,6 +89,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.include_router(operations.router)
     app.include_router(audit.router)
     app.include_router(dashboard.router)
+    app.include_router(signin.router)
     install_openapi(app)
     install_docs(app)
     return app
@@ -127,7 +130,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         require_family=settings.require_report_family,
     )
     key = uuid.uuid4().hex
-    RUNTIMES[key] = Runtime.configured(ledger, ingestor, clock, settings)
+    RUNTIMES[key] = Runtime.configured(ledger, ingestor, clock, settings, metrics=app.state.metrics)
     app.state.ledger = ledger
     app.state.ingestor = ingestor
     app.state.metrics.registry.register(ingestor.health)

@@ -6,7 +6,8 @@ cumulative epsilon over the window per use case (the most-spent and the p99 devi
 population histogram per use case and, for admins only (the estimate routes' protection), the
 latest estimates with 95% error bars (SFP discoveries, and any dictionary passed in the URL).
 Everything else is public: counts and spreads, never a device. Every dynamic string is
-HTML-escaped; the page runs no script.
+HTML-escaped; the page runs no script. A browser signs in with the admin token through a
+form (:func:`render_sign_in`, :mod:`dp_governor.api._session`) to see the estimates.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
+from dp_governor.api._session import SESSION_SECONDS
 from dp_governor.budget.audit.log import Verification
 from dp_governor.budget.privacy.display import fmt_up
 from dp_governor.budget.reporting.activity import Activity
@@ -27,7 +29,7 @@ from dp_governor.budget.reporting.views import CumulativeSeries, Distribution
 from dp_governor.pipeline.health import HealthLine
 from dp_governor.policies import Policy
 
-__all__ = ["EstimatePanel", "render_dashboard"]
+__all__ = ["EstimatePanel", "render_dashboard", "render_sign_in"]
 
 _CSS = """
 body{font:15px/1.45 system-ui,sans-serif;margin:24px;color:#1d2430;background:#fafbfc}
@@ -229,8 +231,13 @@ def render_dashboard(
     now: datetime,
     hint: str,
     health: Sequence[HealthLine] = (),
+    admin: bool = False,
 ) -> str:
-    """The whole page; ``verified_at``: when ``chain`` was checked, ``now``: the page's time."""
+    """The whole page; ``verified_at``: when ``chain`` was checked, ``now``: the page's time.
+
+    ``admin``: the page with estimates, which offers to sign out; else the public page, which
+    offers to sign in.
+    """
     accepted, refused, refusal_table = _activity(activity)
     report_rows, totals = _report(report)
     charts, hists, panels = _cards(series, distributions, estimates)
@@ -241,6 +248,7 @@ def render_dashboard(
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,"><style>{_CSS}</style></head><body>
 <h1>dp-governor</h1>
+{_SIGN_OUT if admin else _SIGN_IN_LINK}
 <p class="muted">Privacy accounting as of {escape(report.as_of)},
 computed at {escape(report.computed_at)}.</p>
 {chain_panel}
@@ -271,6 +279,43 @@ share its caps; a use case in no group has a budget of its own.</p>
 <h2>Latest estimates (95% error bars)</h2>
 <div class="grid" id="estimates">{panels}</div>
 <p class="muted">{escape(hint)}</p>
+</body></html>
+"""
+
+
+_SIGN_IN_LINK = (
+    '<p id="account"><a href="/sign-in">Sign in with the admin token</a> to see the estimates.</p>'
+)
+_SIGN_OUT = (
+    '<form id="account" method="post" action="/sign-out"><span class="muted">Signed in as'
+    ' admin: estimates shown.</span> <button type="submit">Sign out</button></form>'
+)
+
+
+def render_sign_in(*, next_path: str, problem: str | None = None) -> str:
+    """The sign-in page: a form that posts the admin token, and why the last try failed.
+
+    ``next_path`` (a local path, :func:`dp_governor.api._session.local_path`) is where the
+    browser goes once signed in: the page it asked for.
+    """
+    error = "" if problem is None else f'<p class="bad" id="problem">{escape(problem)}</p>'
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>dp-governor: sign in</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,"><style>{_CSS}</style></head><body>
+<h1>dp-governor</h1>
+<h2>Sign in</h2>
+<p>The estimates are for admins, as on the API. Enter the admin token
+(<code>DPGOV_ADMIN_TOKEN</code>); this browser then keeps a session for
+{SESSION_SECONDS // 3600} hours, which ends when you sign out or the token changes.</p>
+{error}
+<form id="sign-in" method="post" action="/sign-in">
+<input type="hidden" name="next" value="{escape(next_path)}">
+<p><label for="token">Admin token</label><br>
+<input id="token" name="token" type="password" autocomplete="current-password" required
+size="48"></p>
+<p><button type="submit">Sign in</button> <a href="/">the public dashboard</a></p>
+</form>
 </body></html>
 """
 

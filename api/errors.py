@@ -12,10 +12,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import Scope
 
 from dp_governor.api.schemas import ErrorBody
 from dp_governor.budget.errors import IdempotencyConflict, InvalidRequest
@@ -39,6 +39,7 @@ __all__ = [
     "UNAUTHORIZED",
     "HttpError",
     "PolicyChanged",
+    "allowed_methods",
     "error_response",
     "field_errors",
     "install",
@@ -166,15 +167,29 @@ async def _http(request: Request, exc: Exception) -> Response:
         assert response is not None
         return response
     headers = dict(exc.headers or {})
-    if exc.status_code == 405:  # Allow: every method of every route on this path
-        methods = {
-            m
-            for route in request.app.router.routes
-            if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE
-            for m in route.methods or ()
-        }
-        headers["Allow"] = ", ".join(sorted(methods))
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope))
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+
+
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods some route answers on this scope's path, for a 405's ``Allow``.
+
+    Each method is tried against the router (its included routers too), rather than read
+    from the routes, which FastAPI may nest; HEAD goes with GET (:class:`HeadAsGet`).
+    """
+    allowed = [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**scope, "method": method})[0] == Match.FULL
+            for route in app.router.routes
+        )
+    ]
+    return sorted(allowed + ["HEAD"] * ("GET" in allowed))
 
 
 def install(app: FastAPI) -> None:

@@ -45,6 +45,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api.logs import log_fields
+from dp_governor.api.metrics import Metrics
 from dp_governor.budget import Clock, Ledger
 from dp_governor.budget.audit.log import CheckpointFileError, write_checkpoints
 from dp_governor.budget.storage.db import (
@@ -92,6 +93,7 @@ class Runtime:
 
     ``progress``, given a step's name (``flush-inbox``, ``aggregate``), returns the callback
     that step reports its counts to (``dpgov jobs run`` passes its progress bar's ``step``).
+    ``metrics``: where each run's outcome, duration and success time are counted (the app's).
     """
 
     ledger: Ledger
@@ -102,6 +104,7 @@ class Runtime:
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     checkpoint_file: Path | None = None
     progress: Callable[[str], Callable[[int, int], None]] | None = None
+    metrics: Metrics | None = None
     holder: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
@@ -114,6 +117,8 @@ class Runtime:
         clock: Clock,
         settings: Settings,
         progress: Callable[[str], Callable[[int, int], None]] | None = None,
+        *,
+        metrics: Metrics | None = None,
     ) -> Runtime:
         """The runtime the service's settings describe (``dpgov serve`` and ``dpgov jobs``)."""
         return cls(
@@ -125,6 +130,7 @@ class Runtime:
             lease_seconds=settings.job_lease_seconds,
             checkpoint_file=settings.checkpoint_file,
             progress=progress,
+            metrics=metrics,
         )
 
     def step(self, name: str) -> Callable[[int, int], None] | None:
@@ -397,10 +403,16 @@ def run_job(
     """
     if name not in JOBS:
         raise KeyError(name)
+    runtime = RUNTIMES[runtime_key]
     started = time.monotonic()
+    began: list[float] = []  # when the job itself started, once it has its lease
+    outcome = "failed"
     try:
-        return _run(name, RUNTIMES[runtime_key], slot_seconds, wait_seconds, force=force)
+        result = _run(name, runtime, slot_seconds, wait_seconds, force=force, began=began)
+        outcome = "done" if result is not None else "skipped"
+        return result
     except LeaseLost as exc:
+        outcome = "lease_lost"
         ms = round((time.monotonic() - started) * 1000, 1)
         named = LeaseLost(exc.lease, exc.token, exc.current, name)
         lost = log_fields(job=name, outcome="lease_lost", duration_ms=ms, token=exc.token)
@@ -409,6 +421,7 @@ def run_job(
     except DBAPIError as exc:
         if not is_busy(exc):
             raise
+        outcome = "busy"
         ms = round((time.monotonic() - started) * 1000, 1)
         cause = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
         fields = log_fields(job=name, outcome="busy", duration_ms=ms, error=cause)
@@ -420,6 +433,10 @@ def run_job(
             extra=fields,
         )
         raise JobBusy(name, cause) from None
+    finally:
+        if runtime.metrics is not None:
+            seconds = time.monotonic() - began[0] if began else None
+            runtime.metrics.job_finished(name, outcome, seconds)
 
 
 def run_scheduled(
@@ -433,9 +450,18 @@ def run_scheduled(
 
 
 def _run(
-    name: str, rt: Runtime, slot_seconds: float, wait_seconds: float, *, force: bool
+    name: str,
+    rt: Runtime,
+    slot_seconds: float,
+    wait_seconds: float,
+    *,
+    force: bool,
+    began: list[float],
 ) -> dict[str, Any] | None:
-    """:func:`run_job` once the job is known: lease, slot, heartbeat, run, log."""
+    """:func:`run_job` once the job is known: lease, slot, heartbeat, run, log.
+
+    ``began`` receives the moment the job itself starts (its lease and slot taken).
+    """
     engine = ledger_engine(rt.ledger)
     lease = lease_of(name)
     deadline = time.monotonic() + wait_seconds
@@ -453,6 +479,7 @@ def _run(
             log.info("job %s skipped: another process ran it in this interval", name, extra=skip)
             return None
         started = time.monotonic()
+        began.append(started)
         try:
             with (
                 fenced(_fence(lease, token)),

@@ -64,6 +64,7 @@ PARAMETER_EXAMPLES: dict[str, Any] = {
     "Idempotency-Key": "2026-11-23-emoji-1",
     "job": "aggregate",
     "force": False,
+    "wait": 60.0,
     "candidates": ["😂", "❤️"],
     "from": "2026-11-01",
     "to": "2026-11-23",

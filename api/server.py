@@ -13,9 +13,11 @@ app's own settings (``dpgov serve`` puts them in every worker's environment).
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import inspect
 import os
+import socket
 import tempfile
 from collections.abc import Callable
 from typing import Any, Literal
@@ -30,6 +32,8 @@ from dp_governor.api.settings import Settings
 __all__ = [
     "DeadlineH11Protocol",
     "DeadlineHttpToolsProtocol",
+    "PortInUse",
+    "bind_port",
     "report_start_failure",
     "run_server",
     "serve_options",
@@ -197,6 +201,35 @@ class DeadlineH11Protocol(H11Protocol):
         self._follow()
 
 
+class PortInUse(OSError):
+    """The address to listen on is taken (or not this machine's); the message names it."""
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0: a free port), as uvicorn would bind it.
+
+    Bound before anything is announced, and handed to uvicorn, so that a port another
+    process holds is one clear error up front (:class:`PortInUse`) rather than a banner
+    followed by uvicorn's log line, and nobody can take the port in between.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # uvicorn's own choice
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        what = {
+            errno.EADDRINUSE: "is in use by another process",
+            errno.EACCES: "needs privileges this process lacks",
+            errno.EADDRNOTAVAIL: "is not an address of this machine",
+        }.get(exc.errno or 0, f"cannot be bound ({exc.strerror})")
+        raise PortInUse(exc.errno, f"{host}:{port} {what}") from None
+    sock.set_inheritable(True)  # the workers of --workers serve on it
+    return sock
+
+
 def serve_options(settings: Settings) -> dict[str, Any]:
     """The uvicorn options for these settings: protocol, keep-alive, header cap, limit."""
     try:
@@ -232,13 +265,16 @@ def report_start_failure(reason: str) -> None:
             out.write(" ".join(reason.split()) + "\n")
 
 
-def run_server(app: str, workers: int, **options: Any) -> str | None:
+def run_server(
+    app: str, workers: int, *, sock: socket.socket | None = None, **options: Any
+) -> str | None:
     """Serve ``app`` (a factory's import path) until stopped; the reason a worker could not start.
 
     uvicorn restarts a worker that dies while serving. A worker that fails while starting (its
     settings, keys or database: it would fail the same way on every restart) reports why, and
     the server stops instead of restarting it forever; that one-line reason is returned
-    (``None``: a normal stop).
+    (``None``: a normal stop). ``sock``: the socket :func:`bind_port` bound (default: uvicorn
+    binds ``host`` and ``port`` itself).
     """
     from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors.multiprocess import Multiprocess
@@ -246,7 +282,7 @@ def run_server(app: str, workers: int, **options: Any) -> str | None:
     config = uvicorn.Config(app, factory=True, workers=workers, **options)
     if workers == 1:
         server = uvicorn.Server(config)
-        server.run()
+        server.run(sockets=None if sock is None else [sock])
         return None if server.started else "the server could not start (see the log above)"
 
     class Supervisor(Multiprocess):
@@ -264,7 +300,7 @@ def run_server(app: str, workers: int, **options: Any) -> str | None:
     with tempfile.NamedTemporaryFile("r", prefix="dpgov-workers-", encoding="utf-8") as report:
         os.environ[WORKER_REPORT_ENV] = report.name
         try:
-            supervisor = Supervisor(config, sockets=[config.bind_socket()])
+            supervisor = Supervisor(config, sockets=[sock or config.bind_socket()])
             supervisor.run()
         finally:
             del os.environ[WORKER_REPORT_ENV]

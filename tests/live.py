@@ -19,7 +19,7 @@ START = 300  # seconds a busy machine may take to start a server: generous, neve
 
 
 class Served(NamedTuple):
-    """A running server: its base URL, process id and standard-error file."""
+    """A running server: its base URL, process id and log (its standard output and error)."""
 
     base: str
     pid: int
@@ -61,7 +61,7 @@ def serve(folder: Path, **settings: str | None) -> Iterator[Served]:
     """Start the service (:func:`server_env`); yields it running, stops it after.
 
     Waits up to :data:`START` seconds for ``/healthz``; the server's own error output is the
-    failure message if it never answers.
+    failure message if it never answers. The log holds its standard output and error.
     """
     port = free_port()
     log = folder / f"serve-{port}.log"
@@ -70,7 +70,7 @@ def serve(folder: Path, **settings: str | None) -> Iterator[Served]:
             [sys.executable, "-m", "dp_governor.api.cli", "serve", "--port", str(port)],
             env=server_env(folder, **settings),
             cwd=folder,
-            stdout=subprocess.DEVNULL,
+            stdout=err,
             stderr=err,
         )
     base = f"http://127.0.0.1:{port}"

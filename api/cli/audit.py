@@ -10,7 +10,14 @@ from typing import Annotated, TextIO, cast
 
 import typer
 
-from dp_governor.api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
+from dp_governor.api.cli.common import (
+    DatabaseOption,
+    Progress,
+    Stages,
+    load_settings,
+    open_ledger,
+    refuse,
+)
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
 
@@ -34,9 +41,10 @@ def audit_verify(
     if checkpoints is not None and not checkpoints.exists():
         refuse(f"no checkpoint file at {checkpoints}")
     kept = kept_checkpoints(path)  # one it cannot read fails the verification, naming it
-    ledger = open_ledger(settings)
+    ledger = open_ledger(settings)  # a refusal is one line, before any progress
     try:
-        result = verify_service(ledger, now=datetime.now(UTC), kept=kept)
+        with Stages("audit verify") as stages:
+            result = verify_service(ledger, now=datetime.now(UTC), kept=kept, stage=stages)
     finally:
         ledger.close()
     typer.echo(json.dumps(result.to_dict(), indent=2))
@@ -84,9 +92,11 @@ def audit_report(
     if delta is not None and not 0 < delta < 1:
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
         raise typer.Exit(2)
-    ledger = open_ledger(load_settings(database_url))
+    ledger = open_ledger(load_settings(database_url))  # a refusal: one line, no progress
     try:
-        report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
+        with Stages("audit report") as stages:
+            stages("every device's spend, and the bounds of every policy")
+            report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
     finally:
         ledger.close()
     if as_json:

@@ -17,6 +17,12 @@ import typer
 # Each command imports what it uses, so that `dpgov --help` and a read command start fast
 # (benchmarks/startup.py): no FastAPI, scipy, dp-accounting or pyarrow unless the command needs it.
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
+    from rich.status import Status
+    from rich.table import Table
+
     from dp_governor.api._keys import ServiceKeys
     from dp_governor.api.settings import Settings
     from dp_governor.budget import Ledger
@@ -206,16 +212,43 @@ def _database_problem(url: str, exc: Exception) -> str | None:
     return database_problem(url, exc)
 
 
+def result_table(*columns: str, left: int = 2) -> Table:
+    """A :class:`rich.table.Table` for a command's result: a header row, no frame.
+
+    The first ``left`` columns (names, ranks) are left-aligned, the others (figures) right.
+    Plain text in a pipe or a file; ``print_table`` writes it to stdout.
+    """
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i < left else "right", no_wrap=True)
+    return table
+
+
+def print_table(table: Table) -> None:
+    """Print ``table`` on stdout, as wide as it needs (a pipe is not cut to 80 columns)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    width = Measurement.get(console, console.options, table).maximum
+    console.width = max(console.width if console.is_terminal else 0, width)
+    console.print(table)
+
+
 def open_ledger(settings: Settings, access: Access = Access.READ) -> Ledger:
     """The ledger of :func:`open_service`, for commands that need no key themselves."""
     return open_service(settings, access)[0]
 
 
 class Progress:
-    """How far a long command has got, on stderr: a bar on a terminal, plain lines otherwise.
+    """How far a long command has got, on stderr: rich's bar on a terminal, plain lines otherwise.
 
     Call it with ``(done, total)``: it is the ``Callable[[int, int], None]`` that the library's
-    long functions take as ``progress``. On a terminal it redraws one bar line; in a pipe or a
+    long functions take as ``progress``. On a terminal it is a :class:`rich.progress.Progress`
+    (a bar, the count and the time left, redrawn in place, one row per step); in a pipe or a
     log it writes a plain line each time another tenth of the total is done (and at least every
     ``interval`` seconds when a tenth takes longer), so that a log shows the work moving
     without a line per item. :meth:`step` gives a callback for a named part of the work;
@@ -234,7 +267,6 @@ class Progress:
     export: 100 of 100 reports (100%)
     """
 
-    _WIDTH = 30  # characters of the bar
     _REDRAW = 0.1  # seconds between two bar redraws
 
     def __init__(
@@ -257,15 +289,16 @@ class Progress:
         self._tenth = -1  # the last tenth written as a plain line
         self._shown = clock()  # when the last line or bar was written (or the work began)
         self._started = False  # reported on since the start, or since the last close
-        self._drawn = False  # the bar is on screen (its line not ended yet)
         self._last: tuple[int, int | None] | None = None  # the count of the last plain line
+        self._rich: RichProgress | None = None  # the terminal's bar, once drawn
+        self._task: TaskID | None = None  # its row for the current label
 
     def step(self, label: str) -> Callable[[int, int], None]:
         """A callback for one named part of the work (the count starts again under its name)."""
 
         def report(done: int, total: int) -> None:
             if label != self.label:
-                self.close()
+                self._end_row()
                 self.label, self.done, self.total = label, 0, None
             self(done, total)
 
@@ -276,7 +309,7 @@ class Progress:
         self.done, self.total, self._started = done, total, True
         now = self.clock()
         if self.bar:
-            if not self._drawn or now - self._shown >= self._REDRAW or done == total:
+            if self._task is None or now - self._shown >= self._REDRAW or done == total:
                 self._draw(now)
             return
         # a line per tenth of a known total; at least every `interval` seconds either way
@@ -286,15 +319,13 @@ class Progress:
             self._write(now)
 
     def close(self) -> None:
-        """End the bar's line, or write the final count unless the last line showed it."""
-        if not self._started:
-            return
+        """End the bar, or write the final count unless the last line showed it."""
         if self.bar:
-            self._draw(self.clock())
-            self.stream.write("\n")
-            self.stream.flush()
-            self._drawn = False
-        elif self._last != (self.done, self.total):
+            if self._rich is not None:
+                self._draw(self.clock())
+                self._rich.stop()
+                self._rich, self._task = None, None
+        elif self._started and self._last != (self.done, self.total):
             self._write(self.clock())
         self._started, self._tenth, self._shown, self._last = False, -1, self.clock(), None
 
@@ -303,6 +334,15 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _end_row(self) -> None:
+        """Finish the current label: its bar row stays on screen, its plain count is written."""
+        if self.bar:
+            if self._task is not None:
+                self._draw(self.clock())
+            self._task = None
+        else:
+            self.close()
 
     def _count(self) -> str:
         if self.total is None:
@@ -316,10 +356,105 @@ class Progress:
         self._shown, self._last = now, (self.done, self.total)
 
     def _draw(self, now: float) -> None:
-        bar = ""
-        if self.total is not None:
-            filled = self._WIDTH if not self.total else self._WIDTH * self.done // self.total
-            bar = " [" + "#" * filled + "-" * (self._WIDTH - filled) + "]"
-        self.stream.write(f"\r{self.label}{bar} {self._count()}\x1b[K")
-        self.stream.flush()
-        self._shown, self._drawn = now, True
+        """Redraw the terminal's bar (rich, refreshed here: the clock is the injected one)."""
+        from rich.console import Console
+        from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bars
+
+        if self._rich is None:
+            self._rich = Bars(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[count]}"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream, force_terminal=True),
+                auto_refresh=False,
+                get_time=self.clock,
+            )
+            self._rich.start()
+        if self._task is None:
+            self._task = self._rich.add_task(self.label, total=self.total, count="")
+        total = None if self.total is None else max(self.total, 1)
+        done = 1 if self.total == 0 else self.done
+        self._rich.update(self._task, completed=done, total=total, count=self._count())
+        self._rich.refresh()
+        self._shown = now
+
+
+class Stages:
+    """The parts of a long command that give no count, on stderr, each with the time it took.
+
+    Call it with the name of the part that starts (``stages("the chain")``). On a terminal,
+    a rich spinner names the part under way and a line is left for each part done; in a pipe
+    or a log, a line when each part starts and one with the total time at :meth:`close`.
+
+    >>> import io
+    >>> clock = iter([0.0, 1.5, 1.5, 4.0]).__next__
+    >>> log = io.StringIO()
+    >>> with Stages("audit verify", stream=log, clock=clock) as stages:
+    ...     stages("the chain")
+    ...     stages("the sketches")
+    >>> print(log.getvalue(), end="")
+    audit verify: the chain...
+    audit verify: the chain: 1.5 s
+    audit verify: the sketches...
+    audit verify: the sketches: 2.5 s
+    """
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock
+        self._current: tuple[str, float] | None = None
+        self._status: Status | None = None
+        self._console: Console | None = None
+        if self.stream.isatty():
+            from rich.console import Console
+
+            self._console = Console(file=self.stream, force_terminal=True, highlight=False)
+
+    def __call__(self, stage: str) -> None:
+        """``stage`` starts (the one under way, if any, is done)."""
+        self._end()
+        self._current = (stage, self.clock())
+        if self._console is None:
+            self.stream.write(f"{self.label}: {stage}...\n")
+            self.stream.flush()
+        elif self._status is None:
+            self._status = self._console.status(f"{self.label}: {stage}...")
+            self._status.start()
+        else:
+            self._status.update(f"{self.label}: {stage}...")
+
+    def _end(self) -> None:
+        if self._current is None:
+            return
+        stage, began = self._current
+        line = f"{self.label}: {stage}: {self.clock() - began:.1f} s"
+        if self._console is None:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        else:
+            self._console.print(line)
+        self._current = None
+
+    def close(self) -> None:
+        """The part under way is done; the spinner stops."""
+        self._end()
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, error: type[BaseException] | None, *exc: object) -> None:
+        if error is not None:
+            self._current = None  # stopped, not done: the error says why
+        self.close()

@@ -6,7 +6,13 @@ from typing import Annotated
 
 import typer
 
-from dp_governor.api.cli.common import Progress, load_settings, refuse
+from dp_governor.api.cli.common import (
+    Progress,
+    load_settings,
+    print_table,
+    refuse,
+    result_table,
+)
 
 
 def _cap(value: float | None) -> str:
@@ -28,11 +34,26 @@ def demo(
             " so that its dashboard shows the demo; default: a temporary database.",
         ),
     ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="Port of the demo's own server on 127.0.0.1 (default: a free one).",
+        ),
+    ] = None,
 ) -> None:
-    """Start the service on a database, run a fleet over real HTTP, show the results."""
+    """Start the service on a database, run a fleet over real HTTP, show the results.
+
+    Into a served database, the demo waits for the server's own job runs, and the same
+    command run again the same UTC day completes an interrupted fleet instead of adding another.
+    """
+    import httpx
     from pydantic import TypeAdapter
 
+    from dp_governor.api.client import ServiceError
     from dp_governor.api.demo.demo import run_demo
+    from dp_governor.api.server import PortInUse
     from dp_governor.budget.reporting.report import EffectiveEpsilonReport
     from dp_governor.budget.reporting.report_text import render_text
 
@@ -44,28 +65,60 @@ def demo(
     )
     with Progress("demo", "reports") as progress:
         try:
-            result = run_demo(devices, days, seed=seed, progress=progress, settings=settings)
+            result = run_demo(
+                devices, days, seed=seed, progress=progress, settings=settings, port=port
+            )
         except RuntimeError as exc:
             refuse(f"{exc} (check --database-url and the keys beside it)")
+        except PortInUse as exc:
+            refuse(f"--port: {exc.strerror}")
+        except (ServiceError, httpx.HTTPError) as exc:
+            again = (
+                ""
+                if settings is None
+                else "; run the same command again today (UTC) to complete"
+                " this fleet: what it sent is replayed, not charged twice"
+            )
+            refuse(f"the demo stopped: {exc}{again}", 1)
     true_top = sorted(result.emoji_truth, key=lambda k: -result.emoji_truth[k])[:10]
     print(
         f"\n{result.accepted:,d} of {result.submitted:,d} reports accepted, {result.refused:,d}"
         f" refused by a cap ({result.seconds:.0f} s)."
     )
+    if result.replayed:
+        print(
+            f"{result.replayed:,d} of them had been sent by an earlier run of this fleet"
+            f" ({result.fleet}), interrupted or not: replayed from their first decision, not"
+            " charged again."
+        )
     print("\nEmoji (CMS, eps 4): estimated top 10 beside the truth")
-    print(f"{'rank':>4}  {'emoji':<6} {'estimate':>10} {'95% +-':>8} {'true':>8}  true rank")
+    table = result_table("rank", "emoji", "estimate", "95% +-", "true", "true rank")
     for rank, e in enumerate(result.emoji_top, start=1):
         true_rank = true_top.index(e["item"]) + 1 if e["item"] in true_top else "-"
+        table.add_row(
+            str(rank),
+            e["item"],
+            f"{e['count']:,.0f}",
+            f"{1.96 * e['stderr']:,.0f}",
+            f"{result.emoji_truth[e['item']]:,d}",
+            str(true_rank),
+        )
+    print_table(table)
+    if result.others:
         print(
-            f"{rank:>4}  {e['item']:<6} {e['count']:>10,.0f} {1.96 * e['stderr']:>8,.0f}"
-            f" {result.emoji_truth[e['item']]:>8,d}  {true_rank}"
+            f"  The database holds {result.others:,d} more emoji reports in these days (another"
+            " fleet or real devices): the estimates count them, the true column does not."
         )
     print("\nQuickType new words (SFP, eps 2 + 6): discovered without a dictionary")
+    words = result_table("word", "estimate", "95% +-", "true", left=1)
     for d in result.words:
-        print(
-            f"  {d['word']:<12} {d['count']:>9,.0f} +- {1.96 * d['stderr']:,.0f}"
-            f"   true {result.word_truth.get(d['word'], 0):,d}"
+        words.add_row(
+            d["word"],
+            f"{d['count']:,.0f}",
+            f"{1.96 * d['stderr']:,.0f}",
+            f"{result.word_truth.get(d['word'], 0):,d}",
         )
+    print_table(words)
     alike = "the same for every demo device: a refused report spends nothing"
     print(f"\nPrivacy spent by {result.spend_device}, from its ledger ({alike}):")
     for row in result.spend:

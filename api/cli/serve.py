@@ -34,33 +34,54 @@ def serve(
     """Run the HTTP service; creates the database and its keys if new (docs/operations.md).
 
     SQLite is upgraded at start; PostgreSQL with a schema behind this release is refused
-    (`dpgov db upgrade` first). A worker that cannot start stops the server: exit 1, its reason.
+    (`dpgov db upgrade` first). A port already taken is refused before the banner (exit 1),
+    and a worker that cannot start stops the server: exit 1, its reason.
     """
-    from dp_governor.api.logs import log_config
-    from dp_governor.api.server import run_server, serve_options
+    import logging.config
+
+    from dp_governor.api.logs import log_config, log_fields
+    from dp_governor.api.server import PortInUse, bind_port, run_server, serve_options
 
     fmt = None if log_format is None else log_format.value
     settings = load_settings(database_url, host=host, port=port, log_format=fmt)
     # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
-    ledger, keys = open_service(settings, Access.CREATE)
+    ledger, keys = open_service(settings, Access.CREATE)  # a wrong setting: one line, first
     ledger.close()
+    config = log_config(settings.log_format)
+    logging.config.dictConfig(config)  # every line from here on in the chosen format
+    try:  # bound before the banner, and held: one clear error, and nobody takes it meanwhile
+        sock = bind_port(settings.host, settings.port)
+    except PortInUse as exc:
+        refuse(f"cannot serve: {exc.strerror} (--host, --port: DPGOV_HOST, DPGOV_PORT)", 1)
     os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
     os.environ["DPGOV_LOG_FORMAT"] = settings.log_format
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())
     os.environ["DPGOV_AUDIT_KEY_FILE"] = str(settings.audit_key_path().resolve())
     os.environ["DPGOV_SHUFFLER_KEY_FILE"] = str(settings.shuffler_key_path().resolve())
-    typer.echo(
-        f"device-key secret from {keys.sources[0]}, audit key from {keys.sources[1]}, shuffler"
-        f" key from {keys.shuffler_source}"
-    )
-    typer.echo(f"dp-governor on http://{settings.host}:{settings.port} (docs at /docs)")
+    url = f"http://{settings.host}:{settings.port}"
+    sources = {
+        "secret_source": str(keys.sources[0]),
+        "audit_key_source": str(keys.sources[1]),
+        "shuffler_key_source": str(keys.shuffler_source),
+    }
+    if settings.log_format == "json":  # the banner as log lines, like every other line
+        log = logging.getLogger("dpgov.serve")
+        log.info("keys loaded", extra=log_fields(**sources))
+        log.info("dp-governor running on %s (docs at /docs)", url, extra=log_fields(url=url))
+    else:
+        typer.echo(
+            f"device-key secret from {keys.sources[0]}, audit key from {keys.sources[1]},"
+            f" shuffler key from {keys.shuffler_source}"
+        )
+        typer.echo(f"dp-governor on {url} (docs at /docs)")
     failure = run_server(
         "dp_governor.api.app:create_app",
         workers,
+        sock=sock,
         host=settings.host,
         port=settings.port,
         log_level="info",
-        log_config=log_config(settings.log_format),
+        log_config=config,
         access_log=False,  # access lines carry client addresses: never on the report path
         **serve_options(settings),  # read deadlines, keep-alive, header cap, concurrency limit
     )

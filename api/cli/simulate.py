@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from dp_governor.api.cli.common import Progress, print_table, result_table
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -55,14 +57,22 @@ def simulate(
     else:
         vocabulary = [f"www.domain{i}.example" for i in range(250_000)]
     _print_header(mechanism, devices, len(vocabulary))
-    result = simulate_frequency(mechanism, vocabulary, devices, exponent=exponent, rng=rng, top=top)
-    print(f"{'rank':>4}  {'item':<24} {'true count':>11} {'estimate':>11} {'95% +-':>9}  true rank")
+    with Progress("simulate: privatize and sketch", "devices") as progress:
+        result = simulate_frequency(
+            mechanism, vocabulary, devices, exponent=exponent, rng=rng, top=top, progress=progress
+        )
+    table = result_table("rank", "item", "true count", "estimate", "95% +-", "true rank")
     for row in result.top:
         true_rank = result.true_top.index(row.item) + 1 if row.item in result.true_top else "-"
-        print(
-            f"{row.rank:>4}  {row.item:<24} {row.true_count:>11,d} {row.estimate:>11,.0f}"
-            f" {1.96 * row.stderr:>9,.0f}  {true_rank}"
+        table.add_row(
+            str(row.rank),
+            row.item,
+            f"{row.true_count:,d}",
+            f"{row.estimate:,.0f}",
+            f"{1.96 * row.stderr:,.0f}",
+            str(true_rank),
         )
+    print_table(table)
     hits = len(set(result.true_top) & {r.item for r in result.top})
     print(f"\n{hits}/{top} of the true top {top} recovered.")
     _print_timing(result.seconds, devices)
@@ -101,26 +111,39 @@ def _simulate_sfp(
 ) -> None:
     import numpy as np
 
-    from dp_governor.api.demo.simulation import made_up_words, zipf_indices
+    from dp_governor.api.demo.simulation import CHUNK, made_up_words, zipf_indices
 
     words = made_up_words(5000, rng=rng)
     _print_header(sfp, devices, len(words))
+    seconds = {"privatize": 0.0, "aggregate": 0.0}
     t0 = time.perf_counter()
     index = zipf_indices(len(words), devices, exponent, rng=rng)
     truth = np.bincount(index, minlength=len(words))
-    reports = sfp.privatize(np.asarray(words, dtype=object)[index], rng=rng)
-    t1 = time.perf_counter()
-    sketch = sfp.sketch().add(reports)
-    t2 = time.perf_counter()
-    found = sketch.discover_detailed()
+    values = np.asarray(words, dtype=object)
+    sketch = sfp.sketch()
+    seconds["privatize"] += time.perf_counter() - t0
+    with Progress("simulate: privatize and sketch", "devices") as progress:
+        for start in range(0, devices, CHUNK):
+            t1 = time.perf_counter()
+            reports = sfp.privatize(values[index[start : start + CHUNK]], rng=rng)
+            t2 = time.perf_counter()
+            sketch.add(reports)
+            seconds["privatize"] += t2 - t1
+            seconds["aggregate"] += time.perf_counter() - t2
+            progress(min(devices, start + CHUNK), devices)
     t3 = time.perf_counter()
+    found = sketch.discover_detailed()
+    seconds["discover"] = time.perf_counter() - t3
     position = {w: i for i, w in enumerate(words)}
     true_top = [words[i] for i in np.argsort(-truth, kind="stable")[:top].tolist()]
-    print(f"{'rank':>4}  {'discovered word':<12} {'true count':>11} {'estimate':>11} {'95% +-':>9}")
+    table = result_table("rank", "discovered word", "true count", "estimate", "95% +-")
     for r, d in enumerate(found[:top], start=1):
         true_count = int(truth[position[d.word]]) if d.word in position else 0
-        print(f"{r:>4}  {d.word:<12} {true_count:>11,d} {d.count:>11,.0f} {1.96 * d.stderr:>9,.0f}")
+        table.add_row(
+            str(r), d.word, f"{true_count:,d}", f"{d.count:,.0f}", f"{1.96 * d.stderr:,.0f}"
+        )
+    print_table(table)
     hits = len(set(true_top) & {d.word for d in found})
     print(f"\n{len(found)} words discovered; {hits}/{top} of the true top {top} among them.")
-    _print_timing({"privatize": t1 - t0, "aggregate": t2 - t1, "discover": t3 - t2}, devices)
+    _print_timing(seconds, devices)
     _print_spend(sfp.epsilon)

@@ -191,5 +191,6 @@ class Api:
         path = f"/v1/use-cases/{use_case}/estimates:query"
         return Call("POST", path, _json(Estimates), body)
 
-    def _job_call(self, job: str) -> Call:
-        return Call("POST", f"/v1/admin/jobs/{job}:run", _json(JobResult))
+    def _job_call(self, job: str, wait: float = 0.0) -> Call:
+        params = {"wait": wait} if wait else None
+        return Call("POST", f"/v1/admin/jobs/{job}:run", _json(JobResult), params=params)

@@ -143,9 +143,13 @@ class Client(Api):
             self._estimates_call(use_case, candidates, start, end)
         )
 
-    def run_job(self, job: str) -> JobResult:
-        """Run a scheduled job now (admin): ``flush-inbox``, ``aggregate``, ``purge``..."""
-        return self._run(self._job_call(job))  # type: ignore[no-any-return]
+    def run_job(self, job: str, *, wait: float = 0.0) -> JobResult:
+        """Run a scheduled job now (admin): ``flush-inbox``, ``aggregate``, ``purge``...
+
+        ``wait``: seconds the server waits for the job's lease while another process runs it
+        (at most 600; 0: :class:`Conflict` at once).
+        """
+        return self._run(self._job_call(job, wait))  # type: ignore[no-any-return]
 
 
 class AsyncClient(Api):
@@ -258,6 +262,10 @@ class AsyncClient(Api):
             self._estimates_call(use_case, candidates, start, end)
         )
 
-    async def run_job(self, job: str) -> JobResult:
-        """Run a scheduled job now (admin): ``flush-inbox``, ``aggregate``, ``purge``..."""
-        return await self._run(self._job_call(job))  # type: ignore[no-any-return]
+    async def run_job(self, job: str, *, wait: float = 0.0) -> JobResult:
+        """Run a scheduled job now (admin): ``flush-inbox``, ``aggregate``, ``purge``...
+
+        ``wait``: seconds the server waits for the job's lease while another process runs it
+        (at most 600; 0: :class:`Conflict` at once).
+        """
+        return await self._run(self._job_call(job, wait))  # type: ignore[no-any-return]

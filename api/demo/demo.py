@@ -8,17 +8,25 @@ emoji (CMS) and made-up words (SFP) with the real mechanisms and submits them th
 endpoint day after day, charged like real devices; one device in a hundred also sends a second
 emoji report each day, which the daily cap refuses. The jobs shuffle, store and fold the
 reports; then the estimates, the discovered words and each use case's spend are printed.
+
+Into a served database, the demo shares the jobs with the server that runs them: it asks for
+a job with a wait, so the server's own run (which holds the job's lease) goes first. A fleet
+is named after what decides its reports (seed, devices, days and first day): its device ids
+and every report's idempotency key carry that name, so running the same command again the
+same UTC day after an interruption replays what was already charged and sends the rest,
+and the database ends with the whole fleet once, never half of it twice.
 """
 
 from __future__ import annotations
 
-import socket
+import hashlib
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +40,28 @@ from dp_governor.api.app import create_app
 from dp_governor.api.client import Client, RelayItem
 from dp_governor.api.database import init_service_db
 from dp_governor.api.demo.simulation import emoji_vocabulary, made_up_words, zipf_indices
+from dp_governor.api.server import bind_port
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock, create_db_engine
 from dp_governor.mechanisms import CMS, SFP
 
-__all__ = ["DemoResult", "demo_reports", "run_demo"]
+__all__ = ["DemoResult", "demo_reports", "fleet_name", "run_demo"]
 
 ADMIN_TOKEN = "demo-admin-token-demo-admin-token"
 DEMO_USE_CASES = ("emoji", "quicktype")  # what the demo's fleet reports to
 BATCH = 2_000
+JOB_WAIT_SECONDS = 600.0  # the longest the server waits for a job another process runs
 
 
 @dataclass
 class DemoResult:
-    """What the demo measured, for printing and tests."""
+    """What the demo measured, for printing and tests.
+
+    ``fleet``: the fleet's name (:func:`fleet_name`); ``replayed``: reports an earlier run of
+    the same fleet (interrupted or not) had sent, answered from their first decision and not
+    charged again; ``others``: emoji reports in the estimates' days that are not this fleet's
+    (an earlier demo or real devices), which the estimates include and the true counts do not.
+    """
 
     devices: int
     days: int
@@ -61,17 +77,24 @@ class DemoResult:
     seconds: float
     effective_epsilon: dict[str, Any]
     audit: dict[str, Any]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    fleet: str = ""
+    replayed: int = 0
+    others: int = 0
 
 
 def _over_cap(devices: int) -> int:
     """Devices that send a second emoji report each day (refused by its daily cap of one)."""
     return devices // 100
+
+
+def fleet_name(seed: int, devices: int, days: int, first: date) -> str:
+    """The name of the fleet these parameters make: the same name, the same reports.
+
+    >>> fleet_name(7, 2000, 3, date(2026, 11, 24))
+    'b7c94229'
+    """
+    text = f"dpgov-demo/{seed}/{devices}/{days}/{first.isoformat()}"
+    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
 def demo_reports(devices: int, days: int) -> int:
@@ -87,16 +110,22 @@ def run_demo(
     progress: Callable[[int, int], None] | None = None,
     workdir: Path | None = None,
     settings: Settings | None = None,
+    port: int | None = None,
 ) -> DemoResult:
     """Run the demo and return its results (the CLI prints them).
 
     ``settings``: the database and keys to write to (a served database); the demo's own
     server on them has its own admin token. Default: a temporary database. ``progress`` is
     called with the reports submitted so far and :func:`demo_reports`, after each batch.
+    ``port``: the loopback port of the demo's own server (default: a free one);
+    :class:`~dp_governor.api.server.PortInUse` if it is taken.
     """
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+    with (
+        closing(bind_port("127.0.0.1", port or 0)) as sock,  # taken: refused before anything
+        tempfile.TemporaryDirectory(dir=workdir) as tmp,
+    ):
         own = {"admin_token": SecretStr(ADMIN_TOKEN), "scheduler": False}
         limits = {"max_body_bytes": 64 << 20, "max_batch_items": BATCH}
         own_database = settings is None
@@ -114,7 +143,7 @@ def run_demo(
             _check_database(settings)
         # days - 1 days ago to today, at this time of day: the served dashboard's last days
         clock = FixedClock(datetime.now(UTC).replace(microsecond=0) - timedelta(days=days - 1))
-        port = _free_port()
+        port = int(sock.getsockname()[1])
         server = uvicorn.Server(
             uvicorn.Config(
                 create_app(settings, clock=clock),
@@ -124,7 +153,7 @@ def run_demo(
                 log_level="warning",
             )
         )
-        thread = threading.Thread(target=server.run, daemon=True)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         base = f"http://127.0.0.1:{port}"
         while not server.started:
@@ -134,10 +163,16 @@ def run_demo(
         try:
             if own_database:
                 _fit_minimums(base, devices)
-            return _simulate(base, clock, devices, days, rng, progress, start)
+            fleet = fleet_name(seed, devices, days, clock.now().date())
+            return _simulate(base, clock, fleet, devices, days, rng, progress, start)
         finally:
             server.should_exit = True
             thread.join(timeout=30)
+
+
+def _run_job(client: Client, name: str) -> None:
+    """Run a job on the demo's server, after any run of it the served server has under way."""
+    client.run_job(name, wait=JOB_WAIT_SECONDS)
 
 
 def _fit_minimums(base: str, devices: int) -> None:
@@ -185,6 +220,7 @@ def _check_database(settings: Settings) -> None:
 def _simulate(
     base: str,
     clock: FixedClock,
+    fleet: str,
     devices: int,
     days: int,
     rng: np.random.Generator,
@@ -197,12 +233,14 @@ def _simulate(
     extra = _over_cap(devices)
     emoji_truth = np.zeros(len(emoji), dtype=np.int64)
     word_truth = np.zeros(len(words), dtype=np.int64)
+    replayed = 0
     with Client(base, admin_token=ADMIN_TOKEN, timeout=600) as client:
         cms = client.randomizer("emoji")
         sfp = client.randomizer("quicktype")
         assert isinstance(cms, CMS) and isinstance(sfp, SFP)
-        ids = [f"device-{i:06d}" for i in range(devices)]
-        for _ in range(days):
+        ids = [f"demo-{fleet}-{i:06d}" for i in range(devices)]
+        emoji_accepted = 0
+        for day in range(days):
             e_index = zipf_indices(len(emoji), devices, 1.1, rng=rng)
             w_index = zipf_indices(len(words), devices, 1.1, rng=rng)
             emoji_truth += np.bincount(e_index, minlength=len(emoji))  # what was accepted
@@ -221,20 +259,23 @@ def _simulate(
                 sender = senders[use_case]
                 for s in range(0, len(sender), BATCH):
                     items = [
-                        RelayItem(sender[i], reports[i])
+                        RelayItem(sender[i], reports[i], f"demo-{fleet}-{day}-{use_case}-{i}")
                         for i in range(s, min(len(sender), s + BATCH))
                     ]
                     result = client.relay(use_case, items)
                     submitted += len(items)
                     accepted += result.accepted
+                    if use_case == "emoji":
+                        emoji_accepted += result.accepted
+                    replayed += sum(1 for r in result.results if r.replayed)
                     if progress:
                         progress(submitted, demo_reports(devices, days))
-            client.run_job("aggregate")
+            _run_job(client, "aggregate")
             clock.advance(days=1)
         clock.advance(days=-1)
         first = (clock.now() - timedelta(days=days - 1)).date()
-        top = client.estimates("emoji", emoji, start=first).estimates[:10]
-        estimates = [e.model_dump() for e in top]
+        answer = client.estimates("emoji", emoji, start=first)
+        estimates = [e.model_dump() for e in answer.estimates[:10]]
         http = httpx.get(
             base + "/v1/use-cases/quicktype/discoveries",
             params={"from": first.isoformat()},
@@ -247,7 +288,7 @@ def _simulate(
         for row in client.budget(ids[0], as_device=True).use_cases:
             if row.epsilon_lifetime > 0:
                 spend.append(row.model_dump())
-        client.run_job("checkpoint")
+        _run_job(client, "checkpoint")
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         report = httpx.get(base + "/v1/audit/effective-epsilon", timeout=600)
         report.raise_for_status()
@@ -268,4 +309,7 @@ def _simulate(
         seconds=time.perf_counter() - start,
         effective_epsilon=report.json(),
         audit=audit.json(),
+        fleet=fleet,
+        replayed=replayed,
+        others=max(0, answer.n - emoji_accepted),
     )

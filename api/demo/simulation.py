@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import string
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +102,9 @@ class SimulationResult:
     seconds: dict[str, float]
 
 
+CHUNK = 100_000  # devices privatized and sketched at a time
+
+
 def simulate_frequency(
     mechanism: CMS | HCMS,
     vocabulary: list[str],
@@ -109,20 +113,31 @@ def simulate_frequency(
     exponent: float = 1.1,
     rng: np.random.Generator,
     top: int = 10,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SimulationResult:
-    """Simulate ``n`` devices reporting one value each; estimate every vocabulary item."""
-    seconds: dict[str, float] = {}
+    """Simulate ``n`` devices reporting one value each; estimate every vocabulary item.
+
+    The fleet privatizes and is sketched :data:`CHUNK` devices at a time (memory stays
+    bounded whatever ``n``); ``progress`` is called with the devices done and ``n`` after each.
+    """
+    seconds = {"privatize": 0.0, "aggregate": 0.0}
     t0 = time.perf_counter()
     index = zipf_indices(len(vocabulary), n, exponent, rng=rng)
     truth = np.bincount(index, minlength=len(vocabulary))
-    reports = mechanism.privatize_indices(vocabulary, index, rng=rng)
-    t1 = time.perf_counter()
     sketch = mechanism.sketch()
-    sketch.add(reports)  # type: ignore[arg-type]
-    t2 = time.perf_counter()
-    est = sketch.estimate(vocabulary)
+    seconds["privatize"] += time.perf_counter() - t0
+    for start in range(0, n, CHUNK):
+        t1 = time.perf_counter()
+        reports = mechanism.privatize_indices(vocabulary, index[start : start + CHUNK], rng=rng)
+        t2 = time.perf_counter()
+        sketch.add(reports)  # type: ignore[arg-type]
+        seconds["privatize"] += t2 - t1
+        seconds["aggregate"] += time.perf_counter() - t2
+        if progress is not None:
+            progress(min(n, start + CHUNK), n)
     t3 = time.perf_counter()
-    seconds.update(privatize=t1 - t0, aggregate=t2 - t1, estimate=t3 - t2)
+    est = sketch.estimate(vocabulary)
+    seconds["estimate"] = time.perf_counter() - t3
     order = np.argsort(-est.counts, kind="stable")[:top]
     rows = [
         EstimateRow(r + 1, vocabulary[i], int(truth[i]), float(est.counts[i]), float(est.stderr[i]))

@@ -14,6 +14,7 @@ from dp_governor.api.deps import (
     ClockDep,
     IngestorDep,
     LedgerDep,
+    MetricsDep,
     ReadableDevice,
     SettingsDep,
     UseCaseName,
@@ -37,6 +38,7 @@ def audit_verify(
     settings: SettingsDep,
     clock: ClockDep,
     ingestor: IngestorDep,
+    metrics: MetricsDep,
     _admin: None = AdminDep,
 ) -> AuditVerification:
     """Check the whole audit chain, its tags and its signed checkpoints.
@@ -46,6 +48,7 @@ def audit_verify(
     """
     kept = kept_checkpoints(settings.checkpoint_file)
     verdict = verify_service(ledger, now=clock.now(), kept=kept, seal=ingestor.seal)
+    metrics.verified(verdict.ok)
     return AuditVerification(**verdict.to_dict())
 
 

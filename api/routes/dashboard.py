@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from dp_governor.api._caches import Caches
 from dp_governor.api._handles import ledger_engine, policy_store
+from dp_governor.api._session import signed_in
 from dp_governor.api.dashboard import EstimatePanel, render_dashboard
 from dp_governor.api.deps import AdminCredential, CachesDep, ClockDep, IngestorDep, LedgerDep
 from dp_governor.api.errors import UNAUTHORIZED, HttpError
+from dp_governor.api.routes.signin import sign_in_page
 from dp_governor.budget import Clock, Ledger, UnknownUseCase, utc_day
 from dp_governor.budget.reporting.activity import daily_activity
 from dp_governor.budget.reporting.views import cumulative_series, distribution
@@ -27,6 +29,7 @@ ACTIVITY_DAYS = 14  # the trend of accepted and refused reports: two weeks, one 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 def dashboard(
+    request: Request,
     ledger: LedgerDep,
     ingestor: IngestorDep,
     admin: AdminCredential,
@@ -42,10 +45,16 @@ def dashboard(
     once per ``report_cache_seconds`` into one cached page whatever the query. Estimates are
     what ``GET .../estimates`` and ``.../discoveries`` protect, so with the admin token only:
     SFP's words, and with
-    ``?estimate=NAME&candidates=...`` a dictionary's estimates.
+    ``?estimate=NAME&candidates=...`` a dictionary's estimates. A browser proves the token
+    through the sign-in form (a session cookie, :mod:`dp_governor.api._session`): asking for
+    estimates without it shows that form (401); other clients get the JSON 401.
     """
+    admin = admin or signed_in(request)
     if not admin:
         if estimate is not None or candidates:
+            if "text/html" in request.headers.get("accept", ""):  # a browser: the form
+                where = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return sign_in_page(where, status=UNAUTHORIZED)
             raise HttpError(
                 UNAUTHORIZED,
                 "estimates on the dashboard need `Authorization: Bearer <admin token>`,"
@@ -55,7 +64,8 @@ def dashboard(
             ledger, lambda: render_page(ledger, ingestor, caches, clock, None, None)
         )
         return HTMLResponse(page)
-    return HTMLResponse(render_page(ledger, ingestor, caches, clock, estimate, candidates or []))
+    page = render_page(ledger, ingestor, caches, clock, estimate, candidates or [])
+    return HTMLResponse(page, headers={"Cache-Control": "private, no-store"})
 
 
 def render_page(
@@ -108,6 +118,7 @@ def render_page(
         health=ingestor.health.lines(),
         verified_at=caches.verified_at or now,
         now=now,
+        admin=candidates is not None,
         hint=hint + " JSON for all of this: /v1/audit/effective-epsilon, /v1/audit/use-cases/"
         "NAME/distribution, /v1/audit/verify; API documentation at /docs.",
     )

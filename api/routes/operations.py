@@ -19,6 +19,7 @@ __all__ = ["router"]
 
 router = APIRouter(tags=["operations"])
 
+MAX_JOB_WAIT_SECONDS = 600.0  # a client's HTTP timeout is rarely longer
 JobName = Annotated[
     str,
     Path(description="The scheduled job: `flush-inbox`, `aggregate`, `purge` or `checkpoint`."),
@@ -53,19 +54,33 @@ def run_job_now(
     force: Annotated[
         bool, Query(description="Take the job's lease from whoever holds it (after a crash).")
     ] = False,
+    wait: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_JOB_WAIT_SECONDS,
+            description="Seconds to wait for the job's lease while another process runs the"
+            " job (its scheduler, `dpgov jobs run`); 0 answers 409 at once.",
+        ),
+    ] = 0.0,
 ) -> JobRun:
-    """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``, ``checkpoint``)."""
+    """Run a scheduled job now (``flush-inbox``, ``aggregate``, ``purge``, ``checkpoint``).
+
+    409 while another process holds the job's lease, once ``wait`` seconds have passed.
+    """
     if job not in JOBS:
         raise HttpError(NOT_FOUND, f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
     try:
-        result = run_job(job, request.app.state.runtime_key, force=force)
+        result = run_job(job, request.app.state.runtime_key, wait_seconds=wait, force=force)
     except JobBusy as exc:
         raise HttpError(SERVICE_UNAVAILABLE, str(exc)) from None
     except LeaseLost as exc:
         raise HttpError(CONFLICT, str(exc)) from None
     if result is None:
         raise HttpError(
-            CONFLICT, f"job {job!r} is running in another process; force=true takes its lease"
+            CONFLICT,
+            f"job {job!r} is running in another process; wait=SECONDS waits for it,"
+            " force=true takes its lease",
         )
     return JobRun(job=job, result=result)
 

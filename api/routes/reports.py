@@ -200,6 +200,7 @@ async def submit_batch(
                     "retry_at": d.retry_at,
                     "field": None,
                     "error": None,
+                    "replayed": d.replayed,
                 }
             )
         else:
@@ -211,6 +212,7 @@ async def submit_batch(
                     "retry_at": None,
                     "field": r.field,
                     "error": r.error,
+                    "replayed": False,
                 }
             )
     for reason, n in outcomes.items():

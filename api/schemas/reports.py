@@ -107,6 +107,11 @@ class BatchItemResult(BaseModel):
         default=None, description="For an invalid item, the field at fault."
     )
     error: str | None = PydField(default=None, description="For an invalid item, what is wrong.")
+    replayed: bool = PydField(
+        default=False,
+        description="True when the item's idempotency key replayed an earlier decision"
+        " (nothing charged again).",
+    )
 
 
 class BatchResult(BaseModel):

@@ -150,7 +150,7 @@ def test_cli_report_export_and_offline_recompute(
     assert exported.stderr.splitlines()[-1] == f"audit export: {lines:,d} lines"
     again = runner.invoke(cli, ["audit", "recompute", "--json", str(out)])
     assert again.exit_code == 0, again.output
-    a, b = (json.loads(x.output) for x in (live, again))
+    a, b = (json.loads(x.stdout) for x in (live, again))  # stderr: the progress
     assert a.pop("computed_at") <= b.pop("computed_at")  # the export is read after the report
     assert a == b  # both as of today (the CLI reads the wall clock)
     bad = runner.invoke(cli, ["audit", "export", "--format", "xml", "-o", str(out), *url])

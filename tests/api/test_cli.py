@@ -19,7 +19,7 @@ def test_emoji_simulation_prints_the_top_ten_beside_the_truth() -> None:
     result = runner.invoke(app, ["simulate", "--devices", "200000", "--seed", "3"])
     assert result.exit_code == 0, result.output
     assert "CMS eps=4, k=65536, m=1024" in result.output
-    lines = [ln for ln in result.output.splitlines() if re.match(r"^\s+\d+  ", ln)]
+    lines = [ln for ln in result.output.splitlines() if re.match(r"^\d+ +\S", ln)]
     assert len(lines) == 10
     assert "😂" in lines[0]  # the most popular emoji is found first
     assert "10/10 of the true top 10 recovered" in result.output
@@ -63,6 +63,8 @@ def test_console_entry_point_runs_in_a_real_process() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "rank" in proc.stdout
+    # piped: plain progress lines on stderr, the table on stdout
+    assert "simulate: privatize and sketch: 2,000 of 2,000 devices (100%)" in proc.stderr
     bad = subprocess.run(
         [sys.executable, "-m", "dp_governor.api.cli", "simulate", "-n", "-5"],
         capture_output=True,

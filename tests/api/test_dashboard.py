@@ -30,6 +30,7 @@ from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.live import free_port
 
 webdriver = pytest.importorskip("selenium.webdriver")
+WebDriverWait = pytest.importorskip("selenium.webdriver.support.wait").WebDriverWait
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -110,9 +111,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     thread.join(timeout=10)
 
 
-def test_the_dashboard_renders_the_seeded_data_without_console_errors(
-    server: str, tmp_path: Path
-) -> None:
+def _browser() -> Any:
+    """A headless Chromium driven by chromedriver, keeping the browser console's log."""
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
@@ -120,7 +120,13 @@ def test_the_dashboard_renders_the_seeded_data_without_console_errors(
     options.add_argument("--window-size=1400,4400")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = webdriver.ChromeService(executable_path=str(DRIVER))
-    driver = webdriver.Chrome(options=options, service=service)
+    return webdriver.Chrome(options=options, service=service)
+
+
+def test_the_dashboard_renders_the_seeded_data_without_console_errors(
+    server: str, tmp_path: Path
+) -> None:
+    driver = _browser()
     try:
         # Estimates on the dashboard are for admins, as on the estimates route.
         driver.execute_cdp_cmd("Network.enable", {})
@@ -187,3 +193,68 @@ def test_unknown_estimate_use_case_is_a_404(server: str) -> None:
     admin = {"Authorization": f"Bearer {TOKEN}"}
     r = httpx.get(server + "/?estimate=nope&candidates=x", headers=admin, timeout=60)
     assert r.status_code == 404
+
+
+def _wait(driver: Any, until: Any) -> None:
+    """Wait for the page a click loads (a form's POST, then its redirect)."""
+    WebDriverWait(driver, 120).until(until)  # generous: never a speed assertion
+
+
+def test_a_browser_signs_in_with_the_admin_token_to_see_the_estimates(server: str) -> None:
+    """No header to set: asking for estimates shows a sign-in form, never a raw 401 JSON page."""
+    driver = _browser()
+    query = "/?estimate=safari-energy-domains&candidates=popular.example&candidates=rare.example"
+    try:
+        driver.get(server + query)
+        assert driver.title == "dp-governor: sign in"
+        assert "detail" not in driver.find_element("tag name", "body").text  # no JSON
+        form = driver.find_element("id", "sign-in")
+        form.find_element("id", "token").send_keys("not-the-token-not-the-token-not-the")
+        form.find_element("css selector", "button[type=submit]").click()
+        _wait(driver, lambda d: d.find_elements("id", "problem"))
+        assert driver.find_element("id", "problem").text == "the admin token is not valid"
+        form = driver.find_element("id", "sign-in")
+        form.find_element("id", "token").send_keys(TOKEN)
+        form.find_element("css selector", "button[type=submit]").click()
+        _wait(driver, lambda d: d.title == "dp-governor")
+        # back on the page it asked for, with its estimates
+        assert driver.title == "dp-governor"
+        assert driver.current_url == server + query
+        estimates = driver.find_element("id", "estimates").text
+        assert "safari-energy-domains: estimates" in estimates and "popular.example" in estimates
+        cookie = driver.get_cookie("dpgov_dashboard")
+        assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert TOKEN not in cookie["value"]
+        driver.get(server + "/")  # signed in, the plain page shows estimates too, and sign-out
+        driver.find_element("css selector", "#account button[type=submit]").click()
+        _wait(driver, lambda d: d.find_elements("css selector", "p#account"))
+        assert driver.get_cookie("dpgov_dashboard") is None
+        assert driver.find_element("id", "account").text.startswith("Sign in with the admin")
+        driver.get(server + query)
+        assert driver.title == "dp-governor: sign in"  # signed out: the form again
+        severe = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        # the two refusals (403 bad token, 401 signed out) are the only console lines
+        assert all("40" in e["message"] for e in severe), severe
+    finally:
+        driver.quit()
+
+
+def test_the_sign_in_form_refuses_another_sites_post_and_redirects_only_here(server: str) -> None:
+    form = {"token": TOKEN, "next": "//evil.example/"}
+    answer = httpx.post(server + "/sign-in", data=form, timeout=60)
+    assert answer.status_code == 303 and answer.headers["location"] == "/"
+    assert "dpgov_dashboard=" in answer.headers["set-cookie"]
+    assert "httponly" in answer.headers["set-cookie"].lower()
+    foreign = {"Origin": "https://evil.example"}
+    answer = httpx.post(server + "/sign-in", data=form, headers=foreign, timeout=60)
+    assert answer.status_code == 403 and "set-cookie" not in answer.headers
+    # an API client without the header still gets the JSON 401 naming it
+    answer = httpx.get(server + "/?estimate=emoji&candidates=x", timeout=60)
+    assert answer.status_code == 401 and "Authorization" in answer.json()["detail"]
+    # the cookie opens the dashboard only, never the API's admin routes
+    signed = httpx.post(server + "/sign-in", data={"token": TOKEN}, timeout=60)
+    session = {"dpgov_dashboard": signed.cookies["dpgov_dashboard"]}
+    api = httpx.post(server + "/v1/admin/jobs/checkpoint:run", cookies=session, timeout=60)
+    assert api.status_code == 401
+    page = httpx.get(server + "/?estimate=emoji&candidates=x", cookies=session, timeout=60)
+    assert page.status_code == 200 and 'id="estimates"' in page.text

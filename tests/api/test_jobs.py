@@ -29,6 +29,7 @@ from dp_governor.api.jobs import (
     run_job,
     run_scheduled,
 )
+from dp_governor.api.metrics import Metrics
 from dp_governor.budget import Decision, FixedClock, Ledger, create_db_engine
 from dp_governor.budget.storage.db import WRITE_OPTION, writer
 from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
@@ -177,7 +178,10 @@ def test_a_busy_database_stops_a_job_in_one_line_and_the_next_run_resumes(
     bodies = mechanism_for(TINY).privatize(["a"] * 300, rng=np.random.default_rng(3)).to_dicts()
     requests = [SubmitRequest("tiny", f"dev-{i}", b) for i, b in enumerate(bodies)]
     assert all(isinstance(r, Decision) for r in ingestor.submit_group(requests, now=NOW))
-    RUNTIMES["busy"] = Runtime(ledger, ingestor, FixedClock(NOW), shuffle_batch=100, min_batch=1)
+    metrics = Metrics(wall=lambda: 1_700_000_000.0)
+    RUNTIMES["busy"] = Runtime(
+        ledger, ingestor, FixedClock(NOW), shuffle_batch=100, min_batch=1, metrics=metrics
+    )
     writes = 0
     held = writer(other).connect()
 
@@ -202,8 +206,17 @@ def test_a_busy_database_stops_a_job_in_one_line_and_the_next_run_resumes(
         assert stored == 100  # the first chunk is kept
         held.rollback()
         event.remove(engine, "engine_connect", lock_from_the_fourth_write)
+        sample = metrics.registry.get_sample_value
+        job = {"job": "aggregate"}
+        assert sample("dpgov_job_runs_total", {**job, "outcome": "busy"}) == 2
+        assert sample("dpgov_job_failures_total", job) == 2
+        assert sample("dpgov_job_last_success_timestamp_seconds", job) is None
         result = run_job("aggregate", "busy")
         assert result is not None and (result["moved"], result["folded"]) == (200, 300)
+        assert sample("dpgov_job_runs_total", {**job, "outcome": "done"}) == 1
+        # timed: the runs that started (the second busy one stopped taking its lease)
+        assert sample("dpgov_job_duration_seconds_count", job) == 2
+        assert sample("dpgov_job_last_success_timestamp_seconds", job) == 1_700_000_000.0
         with engine.connect() as conn:
             assert conn.execute(text("SELECT SUM(n) FROM sketches")).scalar_one() == 300
     finally:

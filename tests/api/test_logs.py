@@ -1,14 +1,17 @@
-"""``--log-format json`` over a real server: every line is JSON, naming no device and no client."""
+"""``dpgov serve`` for operators: JSON lines with ``--log-format json``, a taken port refused."""
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 
 from dp_governor.api.client import Client
-from tests.live import ADMIN_TOKEN, serve
+from tests.live import ADMIN_TOKEN, START, serve, server_env
 
 DEVICE = "device-7f3a-logs-must-not-name-me"
 
@@ -27,7 +30,8 @@ def test_json_logs_have_one_line_a_request_and_a_job_and_no_device_or_address(
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         ran = httpx.post(f"{served.base}/v1/admin/jobs/flush-inbox:run", headers=admin, timeout=60)
         assert ran.status_code == 200
-    text = served.log.read_text(encoding="utf-8")
+        assert httpx.head(f"{served.base}/healthz").status_code == 200
+    text = served.log.read_text(encoding="utf-8")  # standard error and output: every line
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
     assert lines and all({"time", "level", "logger", "message"} <= set(x) for x in lines)
     assert DEVICE not in text
@@ -40,6 +44,31 @@ def test_json_logs_have_one_line_a_request_and_a_job_and_no_device_or_address(
     routes = {(x["method"], x["route"], x["status"]) for x in requests}
     assert ("POST", "/v1/use-cases/{name}/reports", 202) in routes
     assert ("GET", "/v1/devices/{device_id}/budget", 200) in routes
+    assert ("HEAD", "/healthz", 200) in routes  # answered as its GET, logged as what it was
+    banner = [x for x in lines if x["logger"] == "dpgov.serve"]
+    assert [x["message"] for x in banner][-1].startswith("dp-governor running on http://")
+    assert {"secret_source", "audit_key_source", "shuffler_key_source"} <= set(banner[0])
     assert all(isinstance(x["duration_ms"], float | int) for x in requests)
     jobs = [x for x in lines if x.get("job") == "flush-inbox"]
     assert jobs and jobs[-1]["outcome"] == "done" and "duration_ms" in jobs[-1]
+
+
+def test_serve_refuses_a_port_in_use_before_its_banner(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "dp_governor.api.cli", "serve", "--port", str(port)],
+            env=server_env(tmp_path),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=START,
+            check=False,
+        )
+    assert run.returncode == 1 and run.stdout == ""  # no banner, no key files announced
+    assert run.stderr.strip() == (
+        f"Error: cannot serve: 127.0.0.1:{port} is in use by another process"
+        " (--host, --port: DPGOV_HOST, DPGOV_PORT)"
+    )

@@ -1,9 +1,15 @@
-"""The command line's progress: a bar on a terminal, a line per tenth in a log (injected clock)."""
+"""The command line's progress: rich's bar on a terminal, a line per tenth in a log."""
 
 from __future__ import annotations
 
 import io
+import json
+import re
+from pathlib import Path
 
+from typer.testing import CliRunner
+
+from dp_governor.api.cli import app
 from dp_governor.api.cli.common import Progress
 
 
@@ -71,13 +77,43 @@ def test_steps_each_count_under_their_own_name() -> None:
     ]
 
 
-def test_a_terminal_gets_one_bar_redrawn_in_place() -> None:
+def test_a_terminal_gets_richs_bar_redrawn_in_place_one_row_per_step() -> None:
     screen, clock = Terminal(), Clock()
     with Progress("demo", "reports", stream=screen, clock=clock) as progress:
         for done in range(0, 101, 10):
             clock.now += 1
             progress(done, 100)
-    text = screen.getvalue()
-    assert text.count("\n") == 1 and text.endswith("\n")  # one line, ended once
-    last = text.rstrip("\n").rsplit("\r", 1)[-1]
-    assert last == "demo [" + "#" * 30 + "] 100 of 100 reports (100%)\x1b[K"
+        progress.step("fold")(3, 4)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # the colours and moves
+    last = text.rstrip("\n").rsplit("\r", 1)[-1].splitlines()  # the final frame
+    assert len(last) == 2 and text.endswith("\n")  # two rows, ended once
+    assert last[0].startswith("demo ━") and "100 of 100 reports (100%)" in last[0]
+    assert last[1].startswith("fold ━") and "3 of 4 reports (75%)" in last[1]
+    assert text.split("fold", 1)[0].count("\n") == 1  # one row redrawn in place until the step
+
+
+def test_audit_verify_and_report_show_their_stages_on_stderr(tmp_path: Path) -> None:
+    env = {
+        "DPGOV_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+        "DPGOV_SECRET_FILE": str(tmp_path / "secret"),
+        "DPGOV_AUDIT_KEY_FILE": str(tmp_path / "audit.key"),
+        "DPGOV_SHUFFLER_KEY_FILE": str(tmp_path / "shuffler.key"),
+        "DPGOV_CHECKPOINT_FILE": str(tmp_path / "checkpoints.jsonl"),
+    }
+    runner = CliRunner()
+    assert runner.invoke(app, ["db", "init"], env=env).exit_code == 0
+    verify = runner.invoke(app, ["audit", "verify"], env=env)
+    assert verify.exit_code == 0, verify.output
+    assert json.loads(verify.stdout)["ok"]  # stdout stays the result
+    started = [line for line in verify.stderr.splitlines() if line.endswith("...")]
+    assert started == [
+        "audit verify: the chain, its tags, its checkpoints and the deciding state...",
+        "audit verify: the inbox, the report store and the sketches against the charges...",
+    ]
+    assert re.search(r"^audit verify: the inbox, .*: \d+\.\d s$", verify.stderr, re.M)
+    report = runner.invoke(app, ["audit", "report", "--json"], env=env)
+    assert report.exit_code == 0, report.output
+    assert json.loads(report.stdout)["use_cases"]
+    assert "audit report: every device's spend, and the bounds of every policy..." in (
+        report.stderr.splitlines()
+    )
