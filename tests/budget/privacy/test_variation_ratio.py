@@ -285,3 +285,14 @@ def test_bad_arguments_are_refused_by_name() -> None:
         variation_ratio_epsilon(params, 10, 1.0)
     with pytest.raises(ValueError, match="`rows`"):
         VariationParameters.of_distributions([[0.5, 0.5], [1.0, 0.0]])
+
+
+def test_benchmark_prints_fmt21_beside_the_pair(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import amplification as bench
+
+    bench.main(["--variation", "--sizes", "4", "--eps0", "4"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 4 |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    fmt21, generic, cms, hcms = (float(cell) for cell in cells[2:6])
+    assert fmt21 == pytest.approx(0.601, abs=1e-3)  # the "Figures" table of amplification.md
+    assert fmt21 > generic > cms > hcms
