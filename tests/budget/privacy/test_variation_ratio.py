@@ -287,6 +287,68 @@ def test_bad_arguments_are_refused_by_name() -> None:
         VariationParameters.of_distributions([[0.5, 0.5], [1.0, 0.0]])
 
 
+def rr_curve(eps0: float, n: int, m: int, eps: float) -> float:
+    """Exact ``delta(eps)`` of shuffled binary randomized response, ``m`` other devices at 1."""
+    q = 1.0 / (1.0 + math.exp(-eps0))
+    others = np.convolve(
+        stats.binom.pmf(np.arange(m + 1), m, q),
+        stats.binom.pmf(np.arange(n - m), n - 1 - m, 1.0 - q),
+    )
+    shifted, same = np.append(0.0, others), np.append(others, 0.0)
+    p_law = q * shifted + (1.0 - q) * same
+    q_law = (1.0 - q) * shifted + q * same
+    return float(np.maximum(p_law - math.exp(eps) * q_law, 0.0).sum())
+
+
+@pytest.mark.parametrize("eps0", [1.0, 4.0])
+@pytest.mark.parametrize("n", [10, 100, 1000, 3000])
+def test_generic_pair_dominates_shuffled_randomized_response(eps0: float, n: int) -> None:
+    """Where its condition holds (clone margin 1), the generic pair is above the exact curve."""
+    params = VariationParameters.generic(eps0)
+    ms = sorted({0, 1, n // 4, n // 2, (3 * n) // 4, n - 2, n - 1} & set(range(n)))
+    for eps in (0.05, 0.2, 0.5, 1.0):
+        if eps >= eps0:
+            continue
+        exact = max(rr_curve(eps0, n, m, eps) for m in ms)
+        assert variation_ratio_delta(params, n, eps) >= exact - ROUNDING
+
+
+def revealed_leftover_delta(params: VariationParameters, n: int, eps: float) -> float:
+    """``(1 - gamma)`` times FMT21's pair with clone probability ``2 r`` (term by term)."""
+    p, rate = params.p, 2.0 * params.r
+    total = 0.0
+    for c in range(n):
+        fair = stats.binom.pmf(np.arange(-1, c + 2), c, 0.5)  # B(a - 1) and B(a), a = 0..c + 1
+        p_law = (p * fair[:-1] + fair[1:]) / (p + 1.0)
+        q_law = (fair[:-1] + p * fair[1:]) / (p + 1.0)
+        gap = float(np.maximum(p_law - math.exp(eps) * q_law, 0.0).sum())
+        total += float(stats.binom.pmf(c, n - 1, rate)) * gap
+    return (1.0 - params.leftover) * total
+
+
+def test_revealing_the_leftover_gives_a_pair_that_holds() -> None:
+    """The pair docs/amplification.md proves, on every counterexample to the count pair."""
+    cases: list[tuple[FloatArray, VariationParameters, tuple[int, ...], float]] = [
+        (np.array(COUNTER), VariationParameters.of_distributions(COUNTER), (0,), 0.5),
+    ]
+    for mech, params, eps in (
+        (CMS(epsilon=4.0, k=1, m=4, hash_family=HashFamily(3)), VariationParameters.cms(4.0), 3.8),
+        (
+            HCMS(epsilon=2.0, k=1, m=4, hash_family=HashFamily(3)),
+            VariationParameters.hcms(2.0),
+            1.73,
+        ),
+    ):
+        table = np.array([mech.output_distribution(v).ravel() for v in _distinct_inputs(mech, 4)])
+        cases.append((table, params, (0,), eps))
+        cases.append((table, params, (2, 3), eps / 2.0))
+    for table, params, others, eps in cases:
+        exact = shuffled_delta(table, (0, 1), others, eps)
+        n = len(others) + 1
+        assert revealed_leftover_delta(params, n, eps) >= exact - ROUNDING
+        assert variation_ratio_delta(params, n, eps) <= revealed_leftover_delta(params, n, eps)
+
+
 def test_benchmark_prints_fmt21_beside_the_pair(capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks import amplification as bench
 
