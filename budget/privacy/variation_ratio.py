@@ -1,8 +1,9 @@
 """Wang et al.'s variation-ratio bound for shuffled reports, evaluated exactly: compared, not used.
 
 Method: Wang, Peng, Li, Wen, Li, Yu, Wang and Yang, "Privacy amplification via shuffling:
-unified, simplified, and tightened", VLDB 2024 (arXiv:2304.05007), Lemma 4.4 and the pair of
-its Theorem 4.x. A local randomizer ``R`` has the ``(p, beta, q)``-variation property when for
+unified, simplified, and tightened", VLDB 2024 (arXiv:2304.05007): Lemma 4.4's decomposition
+and the pair of counts its upper bound rests on (``amplificationUB`` of the authors' reference
+code evaluates it). A local randomizer ``R`` has the ``(p, beta, q)``-variation property when for
 all inputs ``x, x', x''`` and outputs ``y``: ``R(x)(y) <= p R(x')(y)``, the total variation
 distance of ``R(x)`` and ``R(x')`` is at most ``beta``, and ``max(R(x)(y), R(x')(y)) <= q
 R(x'')(y)``. With ``alpha = beta / (p - 1)``, ``r = alpha p / q`` and ``gamma = 1 - alpha -
@@ -23,13 +24,15 @@ Why the service does not use it (docs/amplification.md, "The variation-ratio red
 whether device 1 is the one in the leftover, given the counts, has a different law under the
 two inputs, so the shuffled batch is not a post-processing of the counts alone. Exact
 enumeration finds randomizers with the property whose shuffled batch has a larger ``delta``
-than the pair (two devices, binary outputs: 0.0305 against 0.0166;
+than the pair, the service's own CMS and HCMS among them (two devices: 0.109 against 0.0083 for
+CMS at eps 4, 0.0305 against 0.0166 for a binary randomizer;
 ``tests/budget/privacy/test_variation_ratio.py``). With ``gamma = 0`` (``beta`` at its largest,
-``(p - 1) / (p + 1)``) the lemma's decomposition needs the total variation to be exactly that
-largest value, which the service's sketches do not have; this is the restriction of the SODA
-2023 erratum. The module is kept to reproduce the published figures and to measure what the
-reduction would claim beside the bound the service shows
-(:mod:`dp_governor.budget.privacy.amplification`).
+``(p - 1) / (p + 1)``) the leftover-free decomposition needs every other device to hold
+``(R(x) + R(x')) / (p + 1)`` of the candidates' mass at every output, which ``eps0``-LDP does not
+give and the service's sketches do not meet (:func:`clone_margin`); the SODA 2023 paper's erratum
+likewise restricts its general bounds to a class of randomizers. The module is kept to
+reproduce the published figures and to measure what the reduction would claim beside the
+bound the service shows (:mod:`dp_governor.budget.privacy.amplification`).
 
 Evaluation (an upper bound on the pair's own ``delta``, whatever the float rounding): the
 observation is ``(a, m - a)`` with ``m`` the total count; for each ``m`` the privacy loss is
@@ -185,9 +188,10 @@ def clone_margin(rows: npt.ArrayLike) -> float:
     At least 1 exactly when every other device's report holds a clone of weight ``1 / (p + 1)``
     of each of the two candidate inputs' parts in the decomposition without leftover
     (``gamma = 0``, clone probability ``2 / (p + 1)``), with ``p`` the table's own largest
-    ratio: the condition the generic pair of Feldman, McMillan and Talwar (SODA 2023) needs
-    and, by its erratum, does not get from ``eps0``-LDP alone. CMS and HCMS fall short of it
-    (``(e^eps + 1) / (2 e^eps)``, where the two candidates agree on a bit the third does not).
+    ratio: what the generic pair (Feldman, McMillan and Talwar, SODA 2023) needs from a
+    randomizer, and ``eps0``-LDP alone does not give (``e^-eps0`` only). CMS and HCMS fall
+    short of it (``(e^eps + 1) / (2 e^eps)``, where the two candidates agree on a bit the third
+    does not).
     """
     table = np.asarray(rows, dtype=np.float64)
     p = VariationParameters.of_distributions(table).p
