@@ -1,7 +1,8 @@
 """Amplification by shuffling: time and value of the central bound; prints Markdown tables.
 
 Usage: ``python -m benchmarks.amplification [--sizes 4 5 6 7 8] [--eps0 1 2 4 8]
-[--delta 1e-6] [--no-compose]``, or ``python -m benchmarks.amplification --apple``.
+[--delta 1e-6] [--no-compose]``, ``python -m benchmarks.amplification --apple`` or
+``python -m benchmarks.amplification --variation [--sizes 5 6 7] [--eps0 1 2 4 8]``.
 
 - bound: ``shuffle_epsilon(eps0, n, delta)`` for ``n = 10^k``: the first call on empty caches,
   then the cached call (median of 1,000), with FMT21's closed form beside it where it applies;
@@ -11,6 +12,9 @@ Usage: ``python -m benchmarks.amplification [--sizes 4 5 6 7 8] [--eps0 1 2 4 8]
 - cached central figures: :func:`dp_governor.budget.reporting.central.compose_sizes` of a year of
 daily batches at
   ``n = 10^6`` and ``10^8``, first call and cached call;
+- ``--variation``: beside FMT21 (what the service shows), what Wang et al.'s variation-ratio
+  pair would claim at the reference points (generic, CMS and HCMS parameters) and the time of
+  its first evaluation; not valid bounds for the service (docs/amplification.md);
 - ``--apple``: the central epsilon of Apple's default policies
 (:mod:`dp_governor.policies.defaults`) at
   10^5, 10^6 and 10^7 devices a day, each device sending its policy's daily maximum, one batch
@@ -29,6 +33,10 @@ from dp_governor.budget.privacy.amplification import (
     compose_shuffled,
     fmt21_closed_form_epsilon,
     shuffle_epsilon,
+)
+from dp_governor.budget.privacy.variation_ratio import (
+    VariationParameters,
+    variation_ratio_epsilon,
 )
 from dp_governor.budget.reporting.central import compose_sizes
 from dp_governor.policies import default_policies
@@ -123,6 +131,24 @@ def apple_table() -> None:
             )
 
 
+def variation_table(sizes: list[int], eps0s: list[float], delta: float) -> None:
+    """FMT21 (valid, shown) beside the variation-ratio pair's claims (not valid for sketches)."""
+    print(f"central epsilon at delta = {delta:g}: FMT21 beside the variation-ratio pair\n")
+    print("| eps0 | n | FMT21 (shown) | VR generic | VR CMS | VR HCMS | VR first calls (s) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    makers = (VariationParameters.generic, VariationParameters.cms, VariationParameters.hcms)
+    for eps0 in eps0s:
+        for k in sizes:
+            n = 10**k
+            fmt21 = shuffle_epsilon(eps0, n, delta)
+            start = time.perf_counter()
+            claims = [variation_ratio_epsilon(make(eps0), n, delta) for make in makers]
+            took = time.perf_counter() - start
+            shown = f"{fmt21.epsilon:.4g}" if fmt21.amplified else f"{eps0:g} (none)"
+            cells = " | ".join(f"{claim:.4g}" for claim in claims)
+            print(f"| {eps0:g} | 10^{k} | {shown} | {cells} | {took:.2f} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -131,12 +157,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delta", type=float, default=1e-6)
     parser.add_argument("--no-compose", action="store_true")
     parser.add_argument("--apple", action="store_true", help="only the default policies' table")
+    parser.add_argument(
+        "--variation", action="store_true", help="only FMT21 beside the variation-ratio pair"
+    )
     args = parser.parse_args(argv)
     if args.apple:
         apple_table()
         return
     if any(k < 0 or k > 12 for k in args.sizes):
         parser.error("--sizes are exponents of 10 between 0 and 12")
+    if args.variation:
+        variation_table(args.sizes, args.eps0, args.delta)
+        return
     bound_table(args.sizes, args.eps0, args.delta)
     if not args.no_compose:
         cached_table(args.delta)

@@ -44,10 +44,10 @@ What makes the figure an upper bound (not an estimate):
 in ``[0, eps0]``) and returns a value at which the bound itself was evaluated and found
 ``<= delta``. Reference point (eps0 = 4, n = 10^6, delta = 10^-6): the paper's closed form
 (Theorem 3.1) gives about 0.2, its numerical method 0.049-0.050, and this module 0.0493 (the same
-theorem, evaluated in closed form per ``c``). Tighter 2023-era analyses reach about 0.034, but the
-general upper bounds of Feldman, McMillan and Talwar, "Stronger privacy amplification by
-shuffling for Renyi and approximate differential privacy", SODA 2023, hold by their erratum only
-for a restricted class of local randomizers, so they are not used here.
+theorem, evaluated in closed form per ``c``). Tighter published pairs (SODA 2023's, about 0.034;
+Wang et al.'s variation-ratio pair with a mechanism's own parameters, about 0.030 for CMS and
+0.024 for HCMS) are evaluated in :mod:`dp_governor.budget.privacy.variation_ratio`, which says why
+neither is a bound for the service's sketches (the latter fails on their exact enumeration).
 
 Batches compose (``compose_shuffled``) through dp-accounting's privacy loss distributions:
 of the pair ``(P, Q)`` itself (the whole curve, tight over long windows) or of each batch's
