@@ -32,6 +32,7 @@ from dp_governor.api.routes import (
     estimates,
     operations,
     reports,
+    transparency,
     use_cases,
 )
 from dp_governor.api.server import report_start_failure
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.include_router(estimates.router)
     app.include_router(operations.router)
     app.include_router(audit.router)
+    app.include_router(transparency.router)
     app.include_router(dashboard.router)
     install_openapi(app)
     install_docs(app)

@@ -32,15 +32,15 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Engine, text
 
-from dp_governor.budget.audit.merkle import (
+from dp_governor.budget.storage.db import placeholder, write_step
+from dp_governor.mechanisms.merkle import (
     Frontier,
     consistency_proof,
     inclusion_proof,
     leaf_hash,
     range_nodes,
 )
-from dp_governor.budget.audit.note import Checkpoint, Signer, Verifier, sign_note
-from dp_governor.budget.storage.db import placeholder, write_step
+from dp_governor.mechanisms.signed_note import Checkpoint, Signer, Verifier, sign_note
 
 __all__ = [
     "DEFAULT_ORIGIN",
@@ -304,6 +304,38 @@ class TransparencyLog:
             proof = inclusion_proof(index, point.size, self._reader(conn, ranges))
         return Receipt(index, str(data).encode(), proof, point.note)
 
+    def receipts(self, label: str) -> tuple[SignedCheckpoint | None, list[Receipt]]:
+        """The newest checkpoint and a receipt for every leaf under ``label`` it covers.
+
+        One read transaction, so every proof is against the checkpoint returned.
+        """
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT size, root, note FROM tlog_checkpoints ORDER BY size DESC LIMIT 1")
+            ).first()
+            if row is None:
+                return None, []
+            point = SignedCheckpoint(int(row[0]), bytes.fromhex(row[1]), row[2])
+            found = conn.execute(
+                text(
+                    "SELECT idx, data FROM tlog_leaves WHERE label = :label AND idx < :size"
+                    " ORDER BY idx"
+                ),
+                {"label": label, "size": point.size},
+            ).all()
+            ranges = [r for index, _ in found for r in _path_ranges(int(index), point.size)]
+            node = self._reader(conn, ranges)
+            receipts = [
+                Receipt(
+                    int(index),
+                    str(data).encode(),
+                    inclusion_proof(int(index), point.size, node),
+                    point.note,
+                )
+                for index, data in found
+            ]
+        return point, receipts
+
     def consistency(self, old: int, new: int) -> list[bytes]:
         """The consistency proof from size ``old`` to size ``new`` (``new`` at most the size)."""
         if old == 0 or old == new:
@@ -339,7 +371,7 @@ class TransparencyLog:
         """Check each leaf against its audit entry, each stored node and each signed checkpoint.
 
         Streams the audit log and the leaves side by side, rebuilds the tree with a
-        :class:`~dp_governor.budget.audit.merkle.Frontier` and compares the stored subtree
+        :class:`~dp_governor.mechanisms.merkle.Frontier` and compares the stored subtree
         hashes and every checkpoint (root and the log key's signature) as it passes their size.
         The audit chain itself is checked by :meth:`AuditLog.verify`.
         """

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import text
 
 from dp_governor.budget import Ledger
-from dp_governor.budget.audit.merkle import leaf_hash, verify_consistency, verify_inclusion
-from dp_governor.budget.audit.note import Checkpoint
 from dp_governor.budget.audit.tlog import day_label
+from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
+from dp_governor.mechanisms.signed_note import Checkpoint
 from dp_governor.policies import PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)

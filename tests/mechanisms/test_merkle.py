@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dp_governor.budget.audit.merkle import (
+from dp_governor.mechanisms.merkle import (
     EMPTY_ROOT,
     Frontier,
     consistency_proof,

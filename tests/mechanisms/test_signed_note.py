@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dp_governor.budget.audit.note import (
+from dp_governor.mechanisms.signed_note import (
     COSIGNATURE,
     Checkpoint,
     NoteError,
