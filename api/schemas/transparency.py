@@ -28,7 +28,7 @@ class LeafProof(BaseModel):
 class GateTotal(BaseModel):
     """What the gate's account row holds for one use case on the day."""
 
-    use_case: str
+    use_case: str = PydField(description="The use case.")
     reports: int = PydField(description="Reports charged that day.")
     epsilon_micro: int = PydField(description="Their epsilon, in micro-epsilon (exact).")
 
@@ -44,13 +44,13 @@ class DeviceRecord(BaseModel):
     covered: bool = PydField(
         description="Whether the checkpoint covered every charge when the totals were read."
     )
-    leaves: list[LeafProof]
-    gate: list[GateTotal]
+    leaves: list[LeafProof] = PydField(description="The device's leaves of the day, with proofs.")
+    gate: list[GateTotal] = PydField(description="The gate's totals that day, per use case.")
 
 
 class ConsistencyProof(BaseModel):
     """A consistency proof between two tree sizes (RFC 9162 section 2.1.4)."""
 
-    old: int
-    new: int
+    old: int = PydField(description="The smaller tree size.")
+    new: int = PydField(description="The larger tree size.")
     proof: list[str] = PydField(description="The proof's hashes, hex.")

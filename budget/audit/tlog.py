@@ -338,12 +338,12 @@ class TransparencyLog:
 
     def consistency(self, old: int, new: int) -> list[bytes]:
         """The consistency proof from size ``old`` to size ``new`` (``new`` at most the size)."""
-        if old == 0 or old == new:
-            return []
         with self.engine.connect() as conn:
             size = self._size(conn)
-            if not 0 < old <= new <= size:
-                raise ValueError(f"sizes must satisfy 0 < old <= new <= {size}, got {old}, {new}")
+            if not 0 <= old <= new <= size:
+                raise ValueError(f"sizes must satisfy 0 <= old <= new <= {size}, got {old}, {new}")
+            if old == 0 or old == new:
+                return []  # the empty tree and a tree itself need no proof (RFC 9162, 2.1.4)
             ranges = _consistency_ranges(old, new)
             return consistency_proof(old, new, self._reader(conn, ranges))
 
