@@ -83,15 +83,32 @@ def _day_of(at: str) -> int:
 
 def leaf_of(label_secret: bytes, seq: int, at: str, actor: str, action: str, body: str) -> bytes:
     """The public leaf of audit entry ``seq``: canonical JSON (sorted keys, no spaces), UTF-8."""
+    return _project(label_secret, {}, seq, at, actor, action, body)[0]
+
+
+def _project(
+    label_secret: bytes,
+    keys: dict[str, bytes],
+    seq: int,
+    at: str,
+    actor: str,
+    action: str,
+    body: str,
+) -> tuple[bytes, str | None]:
+    """:func:`leaf_of` and the leaf's label; ``keys`` caches device label keys by actor."""
     data = orjson.loads(body)["data"]
     leaf: dict[str, Any]
+    label = None
     if action == "charge":
         day = int(data["day"])
         if data["accepted"]:
-            dk = actor.removeprefix("device:")
+            key = keys.get(actor)
+            if key is None:
+                key = keys[actor] = device_label_key(label_secret, actor.removeprefix("device:"))
+            label = day_label(key, day)
             leaf = {
                 "kind": "charge",
-                "label": day_label(device_label_key(label_secret, dk), day),
+                "label": label,
                 "use_case": data["use_case"],
                 "policy_version": data["policy_version"],
                 "epsilon_micro": data["epsilon_micro"],
@@ -105,7 +122,7 @@ def leaf_of(label_secret: bytes, seq: int, at: str, actor: str, action: str, bod
         leaf, day = {"kind": action, "actor": actor, "data": data}, _day_of(at)
     leaf["day"] = day
     leaf["seq"] = seq
-    return orjson.dumps(leaf, option=_SORTED)
+    return orjson.dumps(leaf, option=_SORTED), label
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,11 +261,11 @@ class TransparencyLog:
             return None
         leaves: list[tuple[int, int, str | None, str]] = []
         nodes: list[tuple[int, int, str]] = []
+        keys: dict[str, bytes] = {}
         for seq, at, actor, action, body in rows:
             if int(seq) != frontier.size + 1:
                 raise RuntimeError(f"audit entry {frontier.size + 1} is missing (next is {seq})")
-            data = leaf_of(self.label_secret, int(seq), at, actor, action, body)
-            label = orjson.loads(data).get("label")
+            data, label = _project(self.label_secret, keys, int(seq), at, actor, action, body)
             leaves.append((frontier.size, int(seq), label, data.decode()))
             nodes.extend(
                 (level, index, digest.hex())
@@ -384,6 +401,7 @@ class TransparencyLog:
             n_nodes = conn.execute(text("SELECT count(*) FROM tlog_nodes")).scalar() or 0
         made = 0
         pending: list[tuple[int, int, bytes]] = []
+        keys: dict[str, bytes] = {}
 
         def fail(problem: str) -> TlogVerification:
             return TlogVerification(False, frontier.size, len(points), problem)
@@ -398,7 +416,9 @@ class TransparencyLog:
                 break
             if seq != index + 1:
                 return fail(f"leaf {index} is not audit entry {index + 1}")
-            expected = leaf_of(self.label_secret, seq, at, actor, action, body)
+            if len(keys) > _PAGE:
+                keys.clear()  # bounded memory: the cache only saves a device's repeated key
+            expected = _project(self.label_secret, keys, seq, at, actor, action, body)[0]
             if leaf != expected:
                 return fail(f"leaf {index} differs from the projection of audit entry {seq}")
             pending.extend(frontier.append(leaf_hash(leaf)))
