@@ -107,7 +107,7 @@ class Verifier:
     @classmethod
     def parse(cls, vkey: str) -> Verifier:
         """Read a verifier key text, checking its key ID; raises :class:`NoteError`."""
-        parts = vkey.strip().split("+")
+        parts = vkey.strip().split("+", 2)  # the base64 key may itself contain "+"
         if len(parts) != 3:
             raise NoteError(f"a verifier key is <name>+<id>+<key>, got {vkey!r}")
         name, key_hex, material = parts

@@ -76,3 +76,15 @@ def test_forged_and_malformed_notes_are_refused() -> None:
         Signer("has space", bytes(32))
     with pytest.raises(NoteError, match="wrong key ID"):
         Verifier.parse(SPEC_VKEY.replace("530d903a", "530d903b"))
+
+
+def test_a_verifier_key_whose_base64_holds_a_plus_parses() -> None:
+    """Only the name and the ID are split off: base64 uses "+" too."""
+    seed = 0
+    while True:
+        signer = Signer("example.com/w", seed.to_bytes(32, "big"))
+        vkey = signer.verifier.vkey()
+        if "+" in vkey.split("+", 2)[2]:
+            break
+        seed += 1
+    assert Verifier.parse(vkey) == signer.verifier
