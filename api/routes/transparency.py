@@ -13,8 +13,8 @@ from fastapi import APIRouter, Query
 
 from dp_governor.api import wire
 from dp_governor.api.deps import LedgerDep, ReadableDevice
-from dp_governor.api.errors import INVALID, HttpError
-from dp_governor.api.schemas import ConsistencyProof, DeviceRecord, TlogCheckpoint
+from dp_governor.api.schemas import ConsistencyProof, DeviceRecord, IsoDay, TlogCheckpoint
+from dp_governor.budget.errors import InvalidRequest
 from dp_governor.budget.reporting.transparency import device_record
 
 __all__ = ["router"]
@@ -43,7 +43,7 @@ def tlog_leaves(
 ) -> list[str]:
     """The leaves ``[start, end)``, at most 1,000 (public: monitors and recomputes read them)."""
     if not start < end <= start + _MAX_LEAVES:
-        raise HttpError(INVALID, f"`end` must be in ({start}, {start + _MAX_LEAVES}], got {end}")
+        raise InvalidRequest("end", f"must be in ({start}, {start + _MAX_LEAVES}], got {end}")
     return [leaf.decode() for leaf in ledger.tlog.entries(start, end)]
 
 
@@ -57,7 +57,7 @@ def tlog_consistency(
     try:
         proof = ledger.tlog.consistency(old, new)
     except ValueError as exc:
-        raise HttpError(INVALID, f"`old`, `new`: {exc}") from None
+        raise InvalidRequest("new", str(exc)) from None
     return ConsistencyProof(old=old, new=new, proof=[p.hex() for p in proof])
 
 
@@ -65,7 +65,7 @@ def tlog_consistency(
 def tlog_device_record(
     device_id: ReadableDevice,
     ledger: LedgerDep,
-    day: Annotated[date, Query(description="The UTC day, YYYY-MM-DD.")],
+    day: Annotated[IsoDay, Query(description="The UTC day, YYYY-MM-DD.")],
 ) -> DeviceRecord:
     """A device's leaves of one day with inclusion proofs, and the gate's totals that day.
 
