@@ -33,6 +33,7 @@ from dp_governor.api.routes import (
     operations,
     reports,
     signin,
+    transparency,
     use_cases,
 )
 from dp_governor.api.server import report_start_failure
@@ -88,6 +89,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.include_router(estimates.router)
     app.include_router(operations.router)
     app.include_router(audit.router)
+    app.include_router(transparency.router)
     app.include_router(dashboard.router)
     app.include_router(signin.router)
     install_openapi(app)

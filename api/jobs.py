@@ -178,15 +178,17 @@ def _checkpoint(rt: Runtime) -> dict[str, Any]:
     """
     point = rt.ledger.audit.checkpoint(now=rt.clock.now())
     signed = None if point is None else {"seq": point.seq, "hash": point.hash, "at": point.at}
+    public = rt.ledger.tlog.sync()  # the transparency log's tree and its signed checkpoint
+    signed_tlog = None if public is None else {"size": public.size, "root": public.root.hex()}
     path = rt.checkpoint_file
     if path is None:
-        return {"signed": signed}
+        return {"signed": signed, "tlog": signed_tlog}
     try:  # every signed checkpoint, also the ones a failed append missed
         added = write_checkpoints(rt.ledger.audit.checkpoints(), path)
     except CheckpointFileError as exc:
         log.error("job checkpoint: %s; nothing was appended to it", exc)
-        return {"signed": signed, "kept": {"added": 0, "problem": str(exc)}}
-    return {"signed": signed, "kept": {"added": added, "problem": None}}
+        return {"signed": signed, "tlog": signed_tlog, "kept": {"added": 0, "problem": str(exc)}}
+    return {"signed": signed, "tlog": signed_tlog, "kept": {"added": added, "problem": None}}
 
 
 JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {

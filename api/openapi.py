@@ -73,12 +73,18 @@ PARAMETER_EXAMPLES: dict[str, Any] = {
     "bins": 20,
     "allow_loosen": False,
     "group": "safari-domains",
+    "start": 0,
+    "end": 2,
+    "old": 1,
+    "new": 4,
+    "day": "2026-11-23",
 }
 
 # Operations a device (its own id in X-Device-Id) or an admin may call: the lock is optional.
 _DEVICE_OR_ADMIN = {
     ("get", "/v1/devices/{device_id}/budget"),
     ("get", "/v1/audit/devices/{device_id}"),
+    ("get", "/v1/devices/{device_id}/tlog"),
 }
 
 DOMAIN_FIELDS: dict[str, dict[str, str]] = {

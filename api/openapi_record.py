@@ -110,6 +110,13 @@ READS: dict[str, tuple[str, dict[str, str]]] = {
     ),
     "get /v1/audit/verify": ("/v1/audit/verify", ADMIN),
     "get /healthz": ("/healthz", {}),
+    "get /v1/tlog/checkpoint": ("/v1/tlog/checkpoint", {}),
+    "get /v1/tlog/leaves": ("/v1/tlog/leaves?start=0&end=2", {}),
+    "get /v1/tlog/consistency": ("/v1/tlog/consistency?old=1&new=4", {}),
+    "get /v1/devices/{device_id}/tlog": (
+        f"/v1/devices/{DEVICE}/tlog?day=2026-11-23",
+        {"X-Device-Id": DEVICE},
+    ),
 }
 
 

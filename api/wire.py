@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from dp_governor.api import schemas
 from dp_governor.budget.ledger import BudgetStatus
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport
+from dp_governor.budget.reporting.transparency import DeviceRecord
 from dp_governor.budget.reporting.views import Distribution, Timeline, WhatIf
 from dp_governor.budget.rule.standing import DeviceOdometer, DeviceWide
 from dp_governor.policies import Policy, publish
@@ -90,3 +91,23 @@ def effective_epsilon(report: EffectiveEpsilonReport) -> schemas.EffectiveEpsilo
 def what_if(w: WhatIf) -> schemas.WhatIf:
     """What a proposed policy would do."""
     return _read(schemas.WhatIf, w)
+
+
+def device_record(r: DeviceRecord) -> schemas.DeviceRecord:
+    """A device's transparency record on the wire (hashes and keys in hex)."""
+    return schemas.DeviceRecord(
+        day=r.day,
+        label_key=r.label_key.hex(),
+        label=r.label,
+        checkpoint=r.checkpoint,
+        size=r.size,
+        covered=r.covered,
+        leaves=[
+            schemas.LeafProof(index=x.index, leaf=x.leaf.decode(), proof=[p.hex() for p in x.proof])
+            for x in r.leaves
+        ],
+        gate=[
+            schemas.GateTotal(use_case=uc, reports=n, epsilon_micro=eps)
+            for uc, (n, eps) in r.gate.items()
+        ],
+    )

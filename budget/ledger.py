@@ -16,6 +16,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, func, sel
 
 from dp_governor.budget.audit.log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
 from dp_governor.budget.audit.row_tags import RowTags
+from dp_governor.budget.audit.tlog import DEFAULT_ORIGIN, TransparencyLog
 from dp_governor.budget.audit.verify import StateCheck, StateReplay, budgets_since
 from dp_governor.budget.clock import day_start, utc_day
 from dp_governor.budget.gate.charge import BatchItem, OnAccept, charge_batch
@@ -136,6 +137,7 @@ class Ledger:
         *,
         audit_key: bytes | None = None,
         idempotency_days: int = IDEMPOTENCY_DAYS,
+        tlog_origin: str = DEFAULT_ORIGIN,
     ) -> None:
         if isinstance(idempotency_days, bool) or not 1 <= idempotency_days <= 90:
             raise ValueError(f"`idempotency_days` must be 1 to 90, got {idempotency_days!r}")
@@ -144,6 +146,7 @@ class Ledger:
         self._audit_key = audit_key or derive_audit_key(secret)
         self.audit = AuditLog(engine, self._audit_key)
         self.row_tags = RowTags(self._audit_key)  # the reports' rows: inbox and store
+        self.tlog = TransparencyLog(engine, self._audit_key, origin=tlog_origin)
         self.gate = Gate(engine, secret, self.audit)
         self.policies = PolicyStore(
             engine, on_change=self._policy_changed, review=self._review_policies
@@ -233,6 +236,10 @@ class Ledger:
         if not chain.ok:
             return chain, StateCheck(False, note="the chain failed: the state was not checked")
         state = replay.compare(self.engine)
+        if state.problem is None:
+            public = self.tlog.verify()
+            if not public.ok:
+                state = replace(state, problem=f"transparency log: {public.problem}")
         verdict = replace(
             chain,
             ok=state.problem is None,

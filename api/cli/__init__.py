@@ -16,6 +16,7 @@ from dp_governor.api.cli import (
     selftest,
     serve,
     simulate,
+    witness,
 )
 from dp_governor.api.cli.common import refuse_unknown_settings
 
@@ -60,6 +61,7 @@ app.command()(aggregate.aggregate)
 app.add_typer(policies.app, name="policies")
 app.command()(selftest.selftest)
 app.command()(budget.budget)
+app.add_typer(witness.app, name="witness")
 
 
 def main() -> None:

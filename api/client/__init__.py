@@ -21,6 +21,7 @@ from dp_governor.api.client._calls import (
     SubmitResult,
 )
 from dp_governor.api.client._clients import AsyncClient, Client
+from dp_governor.api.client._tlog import RecordCheck, verify_record
 from dp_governor.api.client._transport import (
     CAP_REASONS,
     BadRequest,
@@ -63,6 +64,7 @@ __all__ = [
     "PolicyPublic",
     "RateLimited",
     "Receipt",
+    "RecordCheck",
     "Refusal",
     "RelayItem",
     "ReportBody",
@@ -73,4 +75,5 @@ __all__ = [
     "Unavailable",
     "WhatIf",
     "retry_after_seconds",
+    "verify_record",
 ]

@@ -15,11 +15,14 @@ from pydantic import TypeAdapter
 from dp_governor.api.client._transport import Call
 from dp_governor.api.schemas import (
     BatchResult,
+    ConsistencyProof,
     DeviceBudget,
+    DeviceRecord,
     EffectiveEpsilonReport,
     Estimates,
     JobRun,
     PolicyPublic,
+    TlogCheckpoint,
     WhatIf,
 )
 from dp_governor.api.schemas import Receipt as ReceiptBody
@@ -170,6 +173,19 @@ class Api:
         headers = {"X-Device-Id": device_id} if as_device else {}
         path = f"/v1/devices/{device_id}/budget"
         return Call("GET", path, _json(DeviceBudget), headers=headers)
+
+    def _record_call(self, device_id: str, day: date) -> Call:
+        path = f"/v1/devices/{device_id}/tlog"
+        headers = {"X-Device-Id": device_id}
+        params = {"day": day.isoformat()}
+        return Call("GET", path, _json(DeviceRecord), params=params, headers=headers)
+
+    def _checkpoint_call(self) -> Call:
+        return Call("GET", "/v1/tlog/checkpoint", _json(TlogCheckpoint))
+
+    def _consistency_call(self, old: int, new: int) -> Call:
+        params = {"old": old, "new": new}
+        return Call("GET", "/v1/tlog/consistency", _json(ConsistencyProof), params=params)
 
     def _report_call(self, delta: float | None) -> Call:
         params = {"delta": delta} if delta is not None else None

@@ -23,10 +23,13 @@ from dp_governor.api.client._calls import (
 from dp_governor.api.client._transport import Call, Retry, decide, finish
 from dp_governor.api.schemas import (
     BatchResult,
+    ConsistencyProof,
     DeviceBudget,
+    DeviceRecord,
     EffectiveEpsilonReport,
     Estimates,
     PolicyPublic,
+    TlogCheckpoint,
     WhatIf,
 )
 
@@ -121,6 +124,18 @@ class Client(Api):
     def budget(self, device_id: str, *, as_device: bool = True) -> DeviceBudget:
         """A device's budget, as the device itself or (``as_device=False``) with the token."""
         return self._run(self._budget_call(device_id, as_device))  # type: ignore[no-any-return]
+
+    def tlog_record(self, device_id: str, day: date) -> DeviceRecord:
+        """The device's transparency record of ``day`` (check it with :func:`verify_record`)."""
+        return self._run(self._record_call(device_id, day))  # type: ignore[no-any-return]
+
+    def tlog_checkpoint(self) -> TlogCheckpoint:
+        """The transparency log's newest signed checkpoint (public)."""
+        return self._run(self._checkpoint_call())  # type: ignore[no-any-return]
+
+    def tlog_consistency(self, old: int, new: int) -> ConsistencyProof:
+        """The consistency proof between two tree sizes (public)."""
+        return self._run(self._consistency_call(old, new))  # type: ignore[no-any-return]
 
     def effective_epsilon(self, delta: float | None = None) -> EffectiveEpsilonReport:
         """The effective-epsilon report (public)."""
@@ -237,6 +252,20 @@ class AsyncClient(Api):
         """A device's budget, as the device itself or (``as_device=False``) with the token."""
         return await self._run(  # type: ignore[no-any-return]
             self._budget_call(device_id, as_device)
+        )
+
+    async def tlog_record(self, device_id: str, day: date) -> DeviceRecord:
+        """The device's transparency record of ``day`` (check it with :func:`verify_record`)."""
+        return await self._run(self._record_call(device_id, day))  # type: ignore[no-any-return]
+
+    async def tlog_checkpoint(self) -> TlogCheckpoint:
+        """The transparency log's newest signed checkpoint (public)."""
+        return await self._run(self._checkpoint_call())  # type: ignore[no-any-return]
+
+    async def tlog_consistency(self, old: int, new: int) -> ConsistencyProof:
+        """The consistency proof between two tree sizes (public)."""
+        return await self._run(  # type: ignore[no-any-return]
+            self._consistency_call(old, new)
         )
 
     async def effective_epsilon(self, delta: float | None = None) -> EffectiveEpsilonReport:

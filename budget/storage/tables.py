@@ -20,6 +20,9 @@
   (:mod:`dp_governor.budget.audit.log`), its head (one row, starting at :data:`GENESIS`) and its
   signed checkpoints. The log and the checkpoints are append-only: triggers refuse UPDATE and DELETE
   (and TRUNCATE on PostgreSQL).
+- ``tlog_leaves``, ``tlog_nodes``, ``tlog_checkpoints``: the public transparency log
+  (:mod:`dp_governor.budget.audit.tlog`): leaf ``i`` is audit entry ``i + 1`` projected, the
+  nodes every complete subtree's hash, the checkpoints its signed notes; append-only too.
 - ``shuffled_batches``: each batch the inbox flush published, by its sizes only
   (:mod:`dp_governor.budget.reporting.central`); ``split`` marks batches published before revision
   0009, in parts whose devices were not counted.
@@ -47,6 +50,9 @@ __all__ = [
     "RetentionHorizon",
     "ShuffledBatch",
     "SlotBudgets",
+    "TlogCheckpoint",
+    "TlogLeaf",
+    "TlogNode",
 ]
 
 GENESIS = "0" * 64
@@ -162,6 +168,39 @@ class AuditCheckpoint(SQLModel, table=True):
     signature: str = Field(max_length=64)
 
 
+class TlogLeaf(SQLModel, table=True):
+    """One leaf of the transparency log: the public projection of one audit entry."""
+
+    __tablename__ = "tlog_leaves"
+
+    idx: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    seq: int = Field(sa_column=Column(BigInteger, nullable=False, unique=True))
+    label: str | None = Field(
+        default=None, max_length=32, index=True, description="A device's label for the day."
+    )
+    data: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class TlogNode(SQLModel, table=True):
+    """The hash of one complete subtree: ``2**level`` leaves from ``idx * 2**level``."""
+
+    __tablename__ = "tlog_nodes"
+
+    level: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    idx: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    hash: str = Field(max_length=64)
+
+
+class TlogCheckpoint(SQLModel, table=True):
+    """A signed checkpoint (C2SP tlog-checkpoint note) of the transparency log."""
+
+    __tablename__ = "tlog_checkpoints"
+
+    size: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    root: str = Field(max_length=64)
+    note: str = Field(sa_column=Column(Text, nullable=False))
+
+
 def _ddl(statement: str, dialect: str) -> Any:
     """A DDL statement run after its table is created, on one dialect only."""
     return DDL(statement).execute_if(dialect=dialect)  # type: ignore[no-untyped-call]
@@ -171,7 +210,13 @@ _LOG = AuditEntry.__table__  # type: ignore[attr-defined]
 _HEAD = AuditHead.__table__  # type: ignore[attr-defined]
 _CHECKPOINTS = AuditCheckpoint.__table__  # type: ignore[attr-defined]
 
-for _table in (_LOG, _CHECKPOINTS):
+for _table in (
+    _LOG,
+    _CHECKPOINTS,
+    TlogLeaf.__table__,  # type: ignore[attr-defined]
+    TlogNode.__table__,  # type: ignore[attr-defined]
+    TlogCheckpoint.__table__,  # type: ignore[attr-defined]
+):
     _name = _table.name
     for _op in ("UPDATE", "DELETE"):
         event.listen(

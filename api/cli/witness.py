@@ -1,0 +1,107 @@
+"""``dpgov witness``: follow a log, check its consistency, cosign its checkpoint (cron-able).
+
+Each run fetches the log's newest checkpoint, checks it against the witness's state file (the
+largest checkpoint it cosigned) with a consistency proof, and prints the cosigned note; a fork
+or rollback exits 1 naming it, and the state does not move. ``dpgov witness key`` makes a key.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dp_governor.api.cli.common import refuse
+
+app = typer.Typer(help="Witness a transparency log: check consistency, cosign checkpoints.")
+
+
+@app.command("key")
+def witness_key(
+    name: Annotated[str, typer.Option(help="The witness's name (a schema-less URL).")],
+    key_file: Annotated[Path, typer.Option(help="Where to write the private key (0600).")],
+) -> None:
+    """Create a witness key and print its verifier key (give that to the clients)."""
+    from dp_governor.mechanisms.signed_note import COSIGNATURE, NoteError, Signer
+
+    if key_file.exists():
+        refuse(f"{key_file} exists: a witness key is never overwritten")
+    seed = secrets.token_bytes(32)
+    try:
+        signer = Signer(name, seed, kind=COSIGNATURE)
+    except NoteError as exc:
+        refuse(f"--name: {exc}")
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(seed.hex() + "\n")
+    typer.echo(signer.verifier.vkey())
+
+
+@app.command("run")
+def witness_run(
+    log_url: Annotated[str, typer.Option(help="The service's base URL.")],
+    log_key: Annotated[str, typer.Option(help="The log's verifier key (vkey), from its operator.")],
+    name: Annotated[str, typer.Option(help="The witness's name.")],
+    key_file: Annotated[Path, typer.Option(help="The witness key (`dpgov witness key`).")],
+    state_file: Annotated[Path, typer.Option(help="The witness's state (created if missing).")],
+    output: Annotated[
+        Path | None, typer.Option(help="Write the cosigned checkpoint here (default: stdout).")
+    ] = None,
+) -> None:
+    """Fetch, check and cosign the log's newest checkpoint."""
+    import httpx
+
+    from dp_governor.api.client._witness import Fork, WitnessState, cosign_checkpoint
+    from dp_governor.mechanisms.signed_note import COSIGNATURE, NoteError, Signer, Verifier
+
+    try:
+        log = Verifier.parse(log_key)
+    except NoteError as exc:
+        refuse(f"--log-key: {exc}")
+    try:
+        seed = bytes.fromhex(key_file.read_text(encoding="ascii").strip())
+        signer = Signer(name, seed, kind=COSIGNATURE)
+    except (OSError, ValueError) as exc:
+        refuse(f"--key-file: {key_file}: {exc}")
+    try:
+        state = (
+            WitnessState.from_json(state_file.read_bytes())
+            if state_file.exists()
+            else WitnessState(log.name)
+        )
+    except (OSError, ValueError) as exc:
+        refuse(f"--state-file: {exc}")
+    base = log_url.rstrip("/")
+    try:
+        with httpx.Client(base_url=base, timeout=60) as http:
+            answer = http.get("/v1/tlog/checkpoint")
+            answer.raise_for_status()
+            note = answer.json()["note"]
+            if note is None:
+                refuse("the log has signed no checkpoint yet", code=1)
+
+            def proof(old: int, new: int) -> list[bytes]:
+                got = http.get("/v1/tlog/consistency", params={"old": old, "new": new})
+                got.raise_for_status()
+                return [bytes.fromhex(h) for h in got.json()["proof"]]
+
+            cosigned, new_state = cosign_checkpoint(
+                note, log, state, proof, signer, now=int(time.time())
+            )
+    except httpx.HTTPError as exc:
+        refuse(f"--log-url: {base}: {exc}", code=1)
+    except Fork as exc:
+        refuse(f"refused: {exc}", code=1)
+    except NoteError as exc:
+        refuse(f"refused: {exc}", code=1)
+    tmp = state_file.with_name(state_file.name + ".tmp")
+    tmp.write_bytes(new_state.to_json())
+    tmp.replace(state_file)
+    if output is None:
+        typer.echo(cosigned, nl=False)
+    else:
+        output.write_text(cosigned, encoding="utf-8")

@@ -1,0 +1,112 @@
+"""What a device checks of the server's record of its spend, with the log's public key alone.
+
+:func:`verify_record` takes a :class:`~dp_governor.api.schemas.DeviceRecord` (the route
+``GET /v1/devices/{id}/tlog``) and checks, in order: the checkpoint carries the log's signature
+(and the cosignatures of ``quorum`` of the configured witnesses), every leaf's inclusion proof
+leads to the checkpoint's root, every leaf carries the day's label computed from the label
+key, the leaves' totals per use case equal the gate's, and (when the device kept its own
+count) equal what the device sent. The answer names the first disagreement in words a device
+can report. Uses :mod:`dp_governor.mechanisms.merkle` and
+:mod:`dp_governor.mechanisms.signed_note` only: no server code.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from dp_governor.api.schemas import DeviceRecord
+from dp_governor.mechanisms.merkle import leaf_hash, verify_inclusion
+from dp_governor.mechanisms.signed_note import Checkpoint, NoteError, Verifier
+
+__all__ = ["RecordCheck", "verify_record"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordCheck:
+    """The outcome: ``ok``, the totals the log proves, and the first problem found.
+
+    ``totals`` maps each use case to ``(reports, micro-epsilon)`` summed over the proven
+    leaves; ``cosigned`` names the witnesses whose cosignatures verified.
+    """
+
+    ok: bool
+    totals: dict[str, tuple[int, int]]
+    cosigned: tuple[str, ...] = ()
+    problem: str | None = None
+
+
+def _label(key: bytes, day: int) -> str:
+    return hmac.digest(key, f"day:{int(day)}".encode(), "sha256")[:16].hex()
+
+
+def verify_record(
+    record: DeviceRecord,
+    log: Verifier | str,
+    *,
+    witnesses: Sequence[Verifier | str] = (),
+    quorum: int = 0,
+    sent: Mapping[str, tuple[int, int]] | None = None,
+) -> RecordCheck:
+    """Check a device's record of one day (see the module's docstring).
+
+    ``log`` and ``witnesses`` are verifier keys (objects or vkey texts) the device was
+    configured with, never ones the server sent; ``sent`` is the device's own count of what it
+    sent that day and was accepted, ``(reports, micro-epsilon)`` per use case.
+    """
+    log_key = Verifier.parse(log) if isinstance(log, str) else log
+    keys = [Verifier.parse(w) if isinstance(w, str) else w for w in witnesses]
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+
+    def answer(problem: str | None, cosigned: tuple[str, ...] = ()) -> RecordCheck:
+        done = {uc: (n, e) for uc, (n, e) in sorted(totals.items())}
+        return RecordCheck(problem is None, done, cosigned, problem)
+
+    if record.checkpoint is None:
+        if record.leaves or record.gate:
+            return answer("the server shows charges but no signed checkpoint")
+        return answer(None)
+    try:
+        point, cosigned = Checkpoint.open(record.checkpoint, log_key, witnesses=keys, quorum=quorum)
+    except NoteError as exc:
+        return answer(f"the checkpoint is not acceptable: {exc}")
+    names = tuple(sorted(cosigned))
+    if point.size != record.size:
+        return answer(f"the checkpoint signs {point.size} leaves, the record says {record.size}")
+    label = _label(bytes.fromhex(record.label_key), record.day)
+    for item in record.leaves:
+        data = item.leaf.encode()
+        proof = [bytes.fromhex(p) for p in item.proof]
+        if not verify_inclusion(leaf_hash(data), item.index, point.size, proof, point.root):
+            return answer(f"leaf {item.index} is not in the signed tree (its proof fails)", names)
+        leaf = orjson.loads(data)
+        if leaf.get("label") != label or leaf.get("day") != record.day:
+            return answer(f"leaf {item.index} is not this device's on day {record.day}", names)
+        if leaf.get("kind") != "charge":
+            return answer(f"leaf {item.index} is not a charge", names)
+        totals[str(leaf["use_case"])][0] += 1
+        totals[str(leaf["use_case"])][1] += int(leaf["epsilon_micro"])
+    proven = {uc: (n, e) for uc, (n, e) in totals.items()}
+    gate = {g.use_case: (g.reports, g.epsilon_micro) for g in record.gate}
+    if gate != proven:
+        where = sorted(set(gate) ^ set(proven) | {k for k in gate if gate[k] != proven.get(k)})
+        pending = "" if record.covered else " (charges made since the checkpoint may explain it)"
+        return answer(
+            f"the gate's totals for {where[0]!r} are {gate.get(where[0], (0, 0))}, the log"
+            f" proves {proven.get(where[0], (0, 0))} (reports, micro-epsilon){pending}",
+            names,
+        )
+    if sent is not None:
+        mine = {uc: (int(n), int(e)) for uc, (n, e) in sent.items() if n}
+        if mine != proven:
+            where = sorted(set(mine) ^ set(proven) | {k for k in mine if mine[k] != proven.get(k)})
+            return answer(
+                f"for {where[0]!r} the device sent {mine.get(where[0], (0, 0))} but the log"
+                f" records {proven.get(where[0], (0, 0))} (reports, micro-epsilon)",
+                names,
+            )
+    return answer(None, names)

@@ -1,0 +1,157 @@
+"""Transparency log benchmark: build, prove, verify; prints a Markdown table.
+
+Usage: ``python -m benchmarks.tlog [--entries 1000000]
+[--postgres postgresql+psycopg://postgres@127.0.0.1:5432/test]``.
+
+Appends ``entries`` realistic charge decisions to the audit log (as ``benchmarks.audit``
+does), then times the checkpoint job's ``TransparencyLog.sync`` (leaves and subtree hashes
+stored, one checkpoint signed), a receipt read and its verification by a device (the signed
+note and the inclusion proof; median of 200), and ``TransparencyLog.verify`` (every leaf
+against its entry, every node and checkpoint). A second table gives the receipt's size and
+verification time at simulated sizes up to 10^9 leaves: the proof is computed over a
+synthetic node function (hashes of the node's position), as long as a real one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import resource
+import statistics
+import time
+
+import orjson
+
+from benchmarks.audit import CHUNK
+from benchmarks.budget import NOW, SECRET, database
+from dp_governor.budget.audit.log import AuditLog, Entry, derive_audit_key
+from dp_governor.budget.audit.tlog import TransparencyLog
+from dp_governor.budget.storage.db import writer
+from dp_governor.mechanisms.merkle import inclusion_proof, leaf_hash, node_hash, verify_inclusion
+from dp_governor.mechanisms.signed_note import Checkpoint, Signer, sign_note
+
+
+def _append(log: AuditLog, engine: object, entries: int) -> None:
+    for start in range(0, entries, CHUNK):
+        batch = [
+            Entry(
+                f"device:{(i * 2654435761) % (1 << 64):032x}",
+                "charge",
+                {
+                    "use_case": "emoji",
+                    "budget": "emoji",
+                    "policy_version": 1,
+                    "epsilon_micro": 4_000_000,
+                    "day": 20_779,
+                    "accepted": i % 7 != 0,
+                    "reason": "accepted" if i % 7 else "daily_cap",
+                    "charge_id": i,
+                    "idempotency": None,
+                },
+            )
+            for i in range(start, min(entries, start + CHUNK))
+        ]
+        with writer(engine).begin() as conn:  # type: ignore[arg-type]
+            log.append(conn, batch, now=NOW)
+
+
+def _receipt_bytes(leaf: bytes, index: int, proof: list[bytes], note: str) -> int:
+    """The receipt as JSON on the wire: leaf, index, proof in hex, signed checkpoint."""
+    body = {"index": index, "leaf": leaf.decode(), "proof": [p.hex() for p in proof], "note": note}
+    return len(orjson.dumps(body))
+
+
+def run(kind: str, pg_url: str | None, entries: int) -> str:
+    """Build, prove and verify on one backend; returns a table row."""
+    with database(kind, pg_url) as engine:
+        key = derive_audit_key(SECRET)
+        log = AuditLog(engine, key)
+        _append(log, engine, entries)
+        tlog = TransparencyLog(engine, key)
+        t0 = time.perf_counter()
+        point = tlog.sync()
+        built = time.perf_counter() - t0
+        assert point is not None and point.size == entries
+        reads, checks, sizes = [], [], []
+        for i in range(200):
+            seq = 1 + (i * 7_919_993) % entries
+            t1 = time.perf_counter()
+            receipt = tlog.receipt(seq)
+            t2 = time.perf_counter()
+            assert receipt is not None
+            got, _ = Checkpoint.open(receipt.checkpoint, tlog.verifier)
+            assert verify_inclusion(
+                leaf_hash(receipt.leaf), receipt.index, got.size, receipt.proof, got.root
+            )
+            t3 = time.perf_counter()
+            reads.append(t2 - t1)
+            checks.append(t3 - t2)
+            sizes.append(
+                _receipt_bytes(receipt.leaf, receipt.index, receipt.proof, receipt.checkpoint)
+            )
+        t4 = time.perf_counter()
+        verdict = tlog.verify()
+        verified = time.perf_counter() - t4
+        assert verdict.ok, verdict
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return (
+        f"| {kind} | {entries:,} | {built:.1f} s ({entries / built:,.0f} /s)"
+        f" | {statistics.median(reads) * 1e3:.2f} ms | {statistics.median(sizes):,.0f} B"
+        f" | {statistics.median(checks) * 1e3:.3f} ms | {verified:.1f} s | {peak:,.0f} MiB |"
+    )
+
+
+def simulated(size: int) -> str:
+    """A receipt's size and verification time at ``size`` leaves (synthetic node hashes)."""
+
+    def node(level: int, index: int) -> bytes:
+        return hashlib.sha256(f"{level}:{index}".encode()).digest()
+
+    signer = Signer("dp-governor.invalid/tlog", bytes(32))
+    index = 0  # the first leaf: the longest path, every sibling a right one
+    proof = inclusion_proof(index, size, node)
+    root = node(0, index)
+    for sibling in proof:
+        root = node_hash(root, sibling)
+    text = Checkpoint(signer.name, size, root).text()
+    note = sign_note(text, [signer.sign(text)])
+    leaf = orjson.dumps(
+        {"budget": "emoji", "day": 20_779, "epsilon_micro": 4_000_000, "kind": "charge",
+         "label": "0" * 32, "policy_version": 1, "seq": size, "use_case": "emoji"}
+    )  # fmt: skip
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        got, _ = Checkpoint.open(note, signer.verifier)
+        assert verify_inclusion(node(0, index), index, got.size, proof, got.root)
+        times.append(time.perf_counter() - t0)
+    return (
+        f"| {size:,} | {len(proof)} | {_receipt_bytes(leaf, index, proof, note):,} B"
+        f" | {statistics.median(times) * 1e3:.3f} ms |"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, run, print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
+    args = parser.parse_args(argv)
+    print("| leaves | proof hashes | receipt | device verifies (signature + proof) |")
+    print("|---|---|---|---|")
+    for size in (10**6, 10**9):
+        print(simulated(size), flush=True)
+    print()
+    print(
+        "| backend | entries | sync (checkpoint job) | receipt read | receipt | device verifies"
+        " | verify all | peak RSS |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    print(run("sqlite", None, args.entries), flush=True)
+    if args.postgres:
+        print(run("postgresql", args.postgres, args.entries), flush=True)
+
+
+if __name__ == "__main__":
+    main()

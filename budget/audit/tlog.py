@@ -1,0 +1,518 @@
+"""The public transparency log: the audit log as an RFC 9162 Merkle tree with signed checkpoints.
+
+Leaf ``i`` is the public projection of audit entry ``i + 1`` (:func:`leaf_of`), so the log is
+not a second record beside the audit chain but a view of it that outsiders can check: the gate
+appends the audit entry in the charge's transaction (as before, at no extra cost per report),
+and the checkpoint job (:meth:`TransparencyLog.sync`) projects the new entries, stores the
+leaves and every complete subtree hash (``tlog_nodes``, so any inclusion or consistency proof
+reads ``O(log n)`` rows), and signs a C2SP ``tlog-checkpoint`` with the log's Ed25519 key.
+:meth:`TransparencyLog.verify` checks that every leaf is its entry's projection and every
+signed checkpoint the root of the leaves.
+
+A leaf says no more than a third party may see (docs/transparency.md):
+
+- a charge: its UTC day (never a finer time), use case, policy version, epsilon, budget and
+  the device's *label* for that day, ``HMAC-SHA256(device label key, day)[:16]``, where the
+  device label key is ``HMAC-SHA256(label secret, pseudonym)`` and the label secret is derived
+  from the audit key. The device receives its label key with its receipts and so finds its own
+  leaves; without it, labels of different days (and different devices) are unlinkable random
+  strings. A refused decision is a leaf with its day and nothing else.
+- a policy version, a device-wide budget version, a published batch or a purge: the entry's
+  data in full (public figures, no device in them), its actor and its day.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, Engine, text
+
+from dp_governor.budget.storage.db import placeholder, write_step
+from dp_governor.mechanisms.merkle import (
+    Frontier,
+    consistency_proof,
+    inclusion_proof,
+    leaf_hash,
+    range_nodes,
+)
+from dp_governor.mechanisms.signed_note import Checkpoint, Signer, Verifier, sign_note
+
+__all__ = [
+    "DEFAULT_ORIGIN",
+    "Receipt",
+    "SignedCheckpoint",
+    "TlogVerification",
+    "TransparencyLog",
+    "day_label",
+    "device_label_key",
+    "leaf_of",
+]
+
+DEFAULT_ORIGIN = "dp-governor.invalid/tlog"
+_DAY_SECONDS = 86_400
+_PAGE = 20_000
+_SORTED = orjson.OPT_SORT_KEYS
+
+
+def device_label_key(label_secret: bytes, dk: str) -> bytes:
+    """The key a device's labels are made with: ``HMAC-SHA256(label secret, pseudonym)``."""
+    return hmac.digest(label_secret, b"device:" + dk.encode(), "sha256")
+
+
+def day_label(key: bytes, day: int) -> str:
+    """A device's label on ``day``: ``HMAC-SHA256(device label key, "day:<day>")[:16]``, hex.
+
+    >>> len(day_label(bytes(32), 20000)), day_label(bytes(32), 1) == day_label(bytes(32), 2)
+    (32, False)
+    """
+    return hmac.digest(key, f"day:{int(day)}".encode(), "sha256")[:16].hex()
+
+
+def _day_of(at: str) -> int:
+    """The UTC day number of an entry's ISO 8601 time."""
+    moment = datetime.fromisoformat(at)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() // _DAY_SECONDS)
+
+
+def leaf_of(label_secret: bytes, seq: int, at: str, actor: str, action: str, body: str) -> bytes:
+    """The public leaf of audit entry ``seq``: canonical JSON (sorted keys, no spaces), UTF-8."""
+    return _project(label_secret, {}, seq, at, actor, action, body)[0]
+
+
+def _project(
+    label_secret: bytes,
+    keys: dict[str, bytes],
+    seq: int,
+    at: str,
+    actor: str,
+    action: str,
+    body: str,
+) -> tuple[bytes, str | None]:
+    """:func:`leaf_of` and the leaf's label; ``keys`` caches device label keys by actor."""
+    data = orjson.loads(body)["data"]
+    leaf: dict[str, Any]
+    label = None
+    if action == "charge":
+        day = int(data["day"])
+        if data["accepted"]:
+            key = keys.get(actor)
+            if key is None:
+                key = keys[actor] = device_label_key(label_secret, actor.removeprefix("device:"))
+            label = day_label(key, day)
+            leaf = {
+                "kind": "charge",
+                "label": label,
+                "use_case": data["use_case"],
+                "policy_version": data["policy_version"],
+                "epsilon_micro": data["epsilon_micro"],
+                "budget": data.get("budget"),
+            }
+        else:
+            leaf = {"kind": "refusal"}
+    elif actor.startswith("device:"):  # no other action names a device; never publish one
+        leaf, day = {"kind": action}, _day_of(at)
+    else:
+        leaf, day = {"kind": action, "actor": actor, "data": data}, _day_of(at)
+    leaf["day"] = day
+    leaf["seq"] = seq
+    return orjson.dumps(leaf, option=_SORTED), label
+
+
+@dataclass(frozen=True, slots=True)
+class SignedCheckpoint:
+    """A signed checkpoint as stored: size, root and the signed note."""
+
+    size: int
+    root: bytes
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """An inclusion receipt: the leaf, its index, the audit path and the signed checkpoint."""
+
+    index: int
+    leaf: bytes
+    proof: list[bytes]
+    checkpoint: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (the leaf as text, hashes in hex)."""
+        return {
+            "index": self.index,
+            "leaf": self.leaf.decode(),
+            "proof": [p.hex() for p in self.proof],
+            "checkpoint": self.checkpoint,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TlogVerification:
+    """The result of checking the transparency log against the audit log."""
+
+    ok: bool
+    leaves: int
+    checkpoints: int
+    problem: str | None = None
+
+
+class TransparencyLog:
+    """Projects the audit log into the Merkle tree, signs checkpoints, serves proofs."""
+
+    def __init__(self, engine: Engine, audit_key: bytes, *, origin: str = DEFAULT_ORIGIN) -> None:
+        self.engine = engine
+        self.label_secret = hmac.digest(audit_key, b"dp-governor/tlog-label/v1", "sha256")
+        seed = hmac.digest(audit_key, b"dp-governor/tlog-signing-key/v1", "sha256")
+        self.signer = Signer(origin, seed)
+        self._ph = placeholder(engine)
+
+    @property
+    def origin(self) -> str:
+        """The log's origin line, also its key's name."""
+        return self.signer.name
+
+    @property
+    def verifier(self) -> Verifier:
+        """The log's public key (publish its :meth:`Verifier.vkey`)."""
+        return self.signer.verifier
+
+    def label_key(self, dk: str) -> bytes:
+        """The device label key of the device with pseudonym ``dk``."""
+        return device_label_key(self.label_secret, dk)
+
+    # -- appending -------------------------------------------------------------------------------
+
+    def _size(self, conn: Connection) -> int:
+        found = conn.execute(text("SELECT max(idx) FROM tlog_leaves")).scalar()
+        return 0 if found is None else int(found) + 1
+
+    def _nodes(
+        self, conn: Connection, wanted: Iterable[tuple[int, int]]
+    ) -> dict[tuple[int, int], bytes]:
+        """The stored hashes of the complete subtrees ``wanted`` (one query per level)."""
+        by_level: dict[int, list[int]] = {}
+        for level, index in wanted:
+            by_level.setdefault(level, []).append(index)
+        found: dict[tuple[int, int], bytes] = {}
+        for level, indexes in by_level.items():
+            for start in range(0, len(indexes), 500):
+                chunk = indexes[start : start + 500]
+                marks = ", ".join([self._ph] * len(chunk))
+                cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+                cur.execute(
+                    f"SELECT idx, hash FROM tlog_nodes WHERE level = {self._ph}"
+                    f" AND idx IN ({marks})",
+                    (level, *chunk),
+                )
+                for index, digest in cur.fetchall():
+                    found[(level, int(index))] = bytes.fromhex(digest)
+        return found
+
+    def _reader(self, conn: Connection, ranges: Sequence[tuple[int, int]]) -> Any:
+        """A node callback over the nodes the given leaf ranges need, fetched at once."""
+        wanted = {n for lo, hi in ranges for n in range_nodes(lo, hi)}
+        found = self._nodes(conn, wanted)
+
+        def node(level: int, index: int) -> bytes:
+            return found[(level, index)]
+
+        return node
+
+    def sync(self, *, limit: int | None = None) -> SignedCheckpoint | None:
+        """Project every new audit entry into the tree and sign the new head.
+
+        Runs in short job transactions of at most 20,000 entries each (``limit`` caps the total,
+        for tests and for a job that must yield); returns the newest checkpoint signed, or
+        ``None`` when the log already covered the audit log.
+        """
+        signed = None
+        done = 0
+        while limit is None or done < limit:
+            page = _PAGE if limit is None else min(_PAGE, limit - done)
+            with write_step(self.engine) as conn:
+                point = self._sync_page(conn, page)
+            if point is None:
+                break
+            signed = point
+            done += page
+        return signed
+
+    def _sync_page(self, conn: Connection, page: int) -> SignedCheckpoint | None:
+        size = self._size(conn)
+        edge = Frontier.edge_nodes(size)
+        known = self._nodes(conn, edge)
+        frontier = Frontier(size, [known[n] for n in edge])
+        ph = self._ph
+        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cur.execute(
+            "SELECT seq, at, actor, action, body FROM audit_log"
+            f" WHERE seq > {ph} ORDER BY seq LIMIT {int(page)}",
+            (size,),
+        )
+        rows = cur.fetchall()
+        if not rows:
+            return None
+        leaves: list[tuple[int, int, str | None, str]] = []
+        nodes: list[tuple[int, int, str]] = []
+        keys: dict[str, bytes] = {}
+        for seq, at, actor, action, body in rows:
+            if int(seq) != frontier.size + 1:
+                raise RuntimeError(f"audit entry {frontier.size + 1} is missing (next is {seq})")
+            data, label = _project(self.label_secret, keys, int(seq), at, actor, action, body)
+            leaves.append((frontier.size, int(seq), label, data.decode()))
+            nodes.extend(
+                (level, index, digest.hex())
+                for level, index, digest in frontier.append(leaf_hash(data))
+            )
+        cur.executemany(
+            f"INSERT INTO tlog_leaves (idx, seq, label, data) VALUES ({ph}, {ph}, {ph}, {ph})",
+            leaves,
+        )
+        cur.executemany(
+            f"INSERT INTO tlog_nodes (level, idx, hash) VALUES ({ph}, {ph}, {ph})", nodes
+        )
+        point = Checkpoint(self.origin, frontier.size, frontier.root())
+        note = sign_note(point.text(), [self.signer.sign(point.text())])
+        cur.execute(
+            f"INSERT INTO tlog_checkpoints (size, root, note) VALUES ({ph}, {ph}, {ph})",
+            (point.size, point.root.hex(), note),
+        )
+        return SignedCheckpoint(point.size, point.root, note)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def latest(self) -> SignedCheckpoint | None:
+        """The newest signed checkpoint, or ``None`` before the first."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT size, root, note FROM tlog_checkpoints ORDER BY size DESC LIMIT 1")
+            ).first()
+        return None if row is None else SignedCheckpoint(int(row[0]), bytes.fromhex(row[1]), row[2])
+
+    def checkpoint_at(self, size: int) -> SignedCheckpoint | None:
+        """The checkpoint signed at ``size``, if one was."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT size, root, note FROM tlog_checkpoints WHERE size = :size"),
+                {"size": size},
+            ).first()
+        return None if row is None else SignedCheckpoint(int(row[0]), bytes.fromhex(row[1]), row[2])
+
+    def receipt(self, seq: int) -> Receipt | None:
+        """The inclusion receipt of audit entry ``seq`` under the newest checkpoint, if covered."""
+        point = self.latest()
+        if point is None or not 1 <= seq <= point.size:
+            return None
+        index = seq - 1
+        with self.engine.connect() as conn:
+            data = conn.execute(
+                text("SELECT data FROM tlog_leaves WHERE idx = :idx"), {"idx": index}
+            ).scalar()
+            if data is None:
+                return None
+            ranges = _path_ranges(index, point.size)
+            proof = inclusion_proof(index, point.size, self._reader(conn, ranges))
+        return Receipt(index, str(data).encode(), proof, point.note)
+
+    def receipts(self, label: str) -> tuple[SignedCheckpoint | None, list[Receipt]]:
+        """The newest checkpoint and a receipt for every leaf under ``label`` it covers.
+
+        One read transaction, so every proof is against the checkpoint returned.
+        """
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT size, root, note FROM tlog_checkpoints ORDER BY size DESC LIMIT 1")
+            ).first()
+            if row is None:
+                return None, []
+            point = SignedCheckpoint(int(row[0]), bytes.fromhex(row[1]), row[2])
+            found = conn.execute(
+                text(
+                    "SELECT idx, data FROM tlog_leaves WHERE label = :label AND idx < :size"
+                    " ORDER BY idx"
+                ),
+                {"label": label, "size": point.size},
+            ).all()
+            ranges = [r for index, _ in found for r in _path_ranges(int(index), point.size)]
+            node = self._reader(conn, ranges)
+            receipts = [
+                Receipt(
+                    int(index),
+                    str(data).encode(),
+                    inclusion_proof(int(index), point.size, node),
+                    point.note,
+                )
+                for index, data in found
+            ]
+        return point, receipts
+
+    def consistency(self, old: int, new: int) -> list[bytes]:
+        """The consistency proof from size ``old`` to size ``new`` (``new`` at most the size)."""
+        with self.engine.connect() as conn:
+            size = self._size(conn)
+            if not 0 <= old <= new <= size:
+                raise ValueError(f"sizes must satisfy 0 <= old <= new <= {size}, got {old}, {new}")
+            if old == 0 or old == new:
+                return []  # the empty tree and a tree itself need no proof (RFC 9162, 2.1.4)
+            ranges = _consistency_ranges(old, new)
+            return consistency_proof(old, new, self._reader(conn, ranges))
+
+    def leaves(self, label: str) -> list[tuple[int, bytes]]:
+        """Every leaf carrying ``label``, as ``(index, leaf)``, in order."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT idx, data FROM tlog_leaves WHERE label = :label ORDER BY idx"),
+                {"label": label},
+            ).all()
+        return [(int(i), str(d).encode()) for i, d in rows]
+
+    def entries(self, start: int, end: int) -> list[bytes]:
+        """The leaves ``[start, end)`` (for monitors and the recompute from the public log)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT data FROM tlog_leaves WHERE idx >= :a AND idx < :b ORDER BY idx"),
+                {"a": start, "b": end},
+            ).all()
+        return [str(r[0]).encode() for r in rows]
+
+    # -- verifying -------------------------------------------------------------------------------
+
+    def verify(self) -> TlogVerification:
+        """Check each leaf against its audit entry, each stored node and each signed checkpoint.
+
+        Streams the audit log and the leaves side by side, rebuilds the tree with a
+        :class:`~dp_governor.mechanisms.merkle.Frontier` and compares the stored subtree
+        hashes and every checkpoint (root and the log key's signature) as it passes their size.
+        The audit chain itself is checked by :meth:`AuditLog.verify`.
+        """
+        frontier = Frontier()
+        with self.engine.connect() as conn:
+            points = {
+                int(s): (bytes.fromhex(r), n)
+                for s, r, n in conn.execute(text("SELECT size, root, note FROM tlog_checkpoints"))
+            }
+            n_nodes = conn.execute(text("SELECT count(*) FROM tlog_nodes")).scalar() or 0
+        made = 0
+        pending: list[tuple[int, int, bytes]] = []
+        keys: dict[str, bytes] = {}
+
+        def fail(problem: str) -> TlogVerification:
+            return TlogVerification(False, frontier.size, len(points), problem)
+
+        if 0 in points:
+            return fail("a checkpoint signs the empty tree, which this log never does")
+        for (seq, at, actor, action, body), leaf in self._paired():
+            index = frontier.size
+            if leaf is None:
+                if index < max(points, default=0):
+                    return fail(f"leaf {index} is missing but a checkpoint covers it")
+                break
+            if seq != index + 1:
+                return fail(f"leaf {index} is not audit entry {index + 1}")
+            if len(keys) > _PAGE:
+                keys.clear()  # bounded memory: the cache only saves a device's repeated key
+            expected = _project(self.label_secret, keys, seq, at, actor, action, body)[0]
+            if leaf != expected:
+                return fail(f"leaf {index} differs from the projection of audit entry {seq}")
+            pending.extend(frontier.append(leaf_hash(leaf)))
+            if len(pending) >= _PAGE:
+                bad = self._nodes_differ(pending)
+                if bad is not None:
+                    return fail(f"the stored hash of subtree {bad} differs from its leaves'")
+                made += len(pending)
+                pending = []
+            point = points.get(frontier.size)
+            if point is not None:
+                root, note = point
+                if root != frontier.root():
+                    return fail(f"the checkpoint at size {frontier.size} signs another root")
+                expected_note = Checkpoint(self.origin, frontier.size, root)
+                try:
+                    got, _ = Checkpoint.open(note, self.verifier)
+                except ValueError as exc:
+                    return fail(f"the checkpoint at size {frontier.size}: {exc}")
+                if got != expected_note:
+                    return fail(f"the checkpoint note at size {frontier.size} says another tree")
+        bad = self._nodes_differ(pending)
+        if bad is not None:
+            return fail(f"the stored hash of subtree {bad} differs from its leaves'")
+        made += len(pending)
+        if max(points, default=0) > frontier.size:
+            return fail(
+                f"a checkpoint signs {max(points)} leaves but the audit log has {frontier.size}"
+            )
+        if made != n_nodes:
+            return fail(f"tlog_nodes holds {n_nodes} subtree hashes, the leaves make {made}")
+        return TlogVerification(True, frontier.size, len(points))
+
+    def _nodes_differ(self, made: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
+        """The first of ``made`` whose stored hash differs (or is missing), or ``None``."""
+        with self.engine.connect() as conn:
+            stored = self._nodes(conn, [(level, index) for level, index, _ in made])
+        for level, index, digest in made:
+            if stored.get((level, index)) != digest:
+                return level, index
+        return None
+
+    def _paired(self) -> Iterator[tuple[tuple[int, str, str, str, str], bytes | None]]:
+        """Audit entries beside the leaf of the same position (``None`` past the last leaf)."""
+        ph = self._ph
+        with self.engine.connect() as conn:
+            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            last = 0
+            while True:
+                cur.execute(
+                    "SELECT a.seq, a.at, a.actor, a.action, a.body, l.data FROM audit_log a"
+                    " LEFT JOIN tlog_leaves l ON l.idx = a.seq - 1"
+                    f" WHERE a.seq > {ph} ORDER BY a.seq LIMIT {_PAGE}",
+                    (last,),
+                )
+                page = cur.fetchall()
+                if not page:
+                    return
+                for seq, at, actor, action, body, data in page:
+                    yield (
+                        (int(seq), at, actor, action, body),
+                        None if data is None else str(data).encode(),
+                    )
+                last = int(page[-1][0])
+
+
+def _path_ranges(index: int, size: int) -> list[tuple[int, int]]:
+    """The leaf ranges whose hashes an inclusion proof names (RFC 9162's recursion)."""
+    ranges = []
+    start, end = 0, size
+    while end - start > 1:
+        k = 1 << ((end - start - 1).bit_length() - 1)
+        if index - start < k:
+            ranges.append((start + k, end))
+            end = start + k
+        else:
+            ranges.append((start, start + k))
+            start += k
+    return ranges
+
+
+def _consistency_ranges(old: int, new: int) -> list[tuple[int, int]]:
+    """The leaf ranges whose hashes a consistency proof names."""
+    ranges = []
+    start, end, complete = 0, new, True
+    while old != end:
+        k = 1 << ((end - start - 1).bit_length() - 1)
+        if old - start <= k:
+            ranges.append((start + k, end))
+            end = start + k
+        else:
+            ranges.append((start, start + k))
+            start += k
+            complete = False
+    if not complete:
+        ranges.append((start, end))
+    return ranges

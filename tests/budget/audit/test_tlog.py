@@ -1,0 +1,149 @@
+"""The transparency log over a real ledger: projection, receipts, consistency, tamper evidence.
+
+Run on SQLite and PostgreSQL: charges and policy edits are projected into the tree by ``sync``,
+each receipt verifies against the signed checkpoint with nothing but the log's public key, and
+an edit of a leaf, a node or a checkpoint fails ``Ledger.verify``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+from sqlalchemy import text
+
+from dp_governor.budget import Ledger
+from dp_governor.budget.audit.tlog import day_label
+from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
+from dp_governor.mechanisms.signed_note import Checkpoint
+from dp_governor.policies import PolicyUpdate
+
+NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
+DAY = int(NOW.timestamp() // 86_400)
+
+
+def _history(ledger: Ledger) -> None:
+    ledger.policies.update("emoji", PolicyUpdate(group_size=2))
+    for back in (2, 1, 0):
+        for device in ("a", "b", "c"):
+            ledger.charge(device, "emoji", now=NOW - timedelta(days=back))
+
+
+def test_every_audit_entry_is_a_leaf_under_a_signed_checkpoint(ledger: Ledger) -> None:
+    _history(ledger)
+    head, _ = ledger.audit.head()
+    point = ledger.tlog.sync()
+    assert point is not None and point.size == head
+    assert ledger.tlog.sync() is None  # nothing new
+    got, _ = Checkpoint.open(point.note, ledger.tlog.verifier)
+    assert (got.size, got.root) == (point.size, point.root)
+    for seq in range(1, head + 1):
+        receipt = ledger.tlog.receipt(seq)
+        assert receipt is not None
+        assert verify_inclusion(
+            leaf_hash(receipt.leaf), receipt.index, got.size, receipt.proof, got.root
+        )
+    verdict, _ = ledger.verify()
+    assert verdict.ok, verdict
+
+
+def test_a_leaf_shows_a_day_label_and_no_device(ledger: Ledger) -> None:
+    _history(ledger)
+    ledger.tlog.sync()
+    dk = ledger.device_key("a")
+    key = ledger.tlog.label_key(dk)
+    mine = ledger.tlog.leaves(day_label(key, DAY))
+    assert len(mine) == 1
+    leaf = orjson.loads(mine[0][1])
+    assert leaf["kind"] == "charge" and leaf["day"] == DAY and leaf["use_case"] == "emoji"
+    assert set(leaf) == {
+        "kind", "label", "use_case", "policy_version", "epsilon_micro", "budget", "day", "seq",
+    }  # fmt: skip
+    everything = b"".join(ledger.tlog.entries(0, 10_000))
+    assert dk.encode() not in everything and b"device:" not in everything
+    assert b"T15:30" not in everything  # no time finer than the day
+    labels = {day_label(key, DAY - back) for back in (0, 1, 2)}
+    assert len(labels) == 3  # one device's days are unlinkable without its key
+
+
+def test_consistency_proofs_join_every_pair_of_checkpoints(ledger: Ledger) -> None:
+    ledger.policies.update("emoji", PolicyUpdate(group_size=2))
+    first = ledger.tlog.sync()
+    _history(ledger)
+    second = ledger.tlog.sync()
+    assert first is not None and second is not None
+    proof = ledger.tlog.consistency(first.size, second.size)
+    assert verify_consistency(first.size, first.root, second.size, second.root, proof)
+    assert ledger.tlog.checkpoint_at(first.size) == first
+    with pytest.raises(ValueError, match="sizes must satisfy"):
+        ledger.tlog.consistency(second.size, second.size + 5)
+
+
+def test_sync_in_short_transactions_builds_the_same_tree(ledger: Ledger) -> None:
+    _history(ledger)
+    head, _ = ledger.audit.head()
+    while ledger.tlog.sync(limit=3) is not None:
+        pass
+    latest = ledger.tlog.latest()
+    assert latest is not None and latest.size == head
+    assert ledger.verify()[0].ok
+
+
+def _drop_append_only(ledger: Ledger, table: str) -> None:
+    with ledger.engine.begin() as conn:
+        if ledger.engine.dialect.name == "sqlite":
+            for op in ("update", "delete"):
+                conn.execute(text(f"DROP TRIGGER {table}_no_{op}"))
+        else:
+            conn.execute(text(f"DROP TRIGGER {table}_append_only ON {table}"))
+
+
+TAMPERS = {
+    "a leaf edited": (
+        "tlog_leaves",
+        "UPDATE tlog_leaves SET data = replace(data, 'epsilon_micro', 'epsilon_micrO')"
+        " WHERE idx = (SELECT max(idx) FROM tlog_leaves)",
+        "differs from the projection",
+    ),
+    "a leaf deleted": (
+        "tlog_leaves",
+        "DELETE FROM tlog_leaves WHERE idx = (SELECT max(idx) FROM tlog_leaves)",
+        "is missing",
+    ),
+    "a node edited": (
+        "tlog_nodes",
+        "UPDATE tlog_nodes SET hash = '" + "0" * 64 + "' WHERE level = 1 AND idx = 0",
+        "subtree (1, 0)",
+    ),
+    "a checkpoint's root edited": (
+        "tlog_checkpoints",
+        "UPDATE tlog_checkpoints SET root = '" + "0" * 64 + "'",
+        "signs another root",
+    ),
+    "a checkpoint's note swapped": (
+        "tlog_checkpoints",
+        "UPDATE tlog_checkpoints SET note = replace(note, '\u2014', '-')",
+        "checkpoint at size",
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(TAMPERS))
+def test_every_edit_of_the_public_log_is_caught(ledger: Ledger, edit: str) -> None:
+    _history(ledger)
+    ledger.tlog.sync()
+    table, statement, problem = TAMPERS[edit]
+    _drop_append_only(ledger, table)
+    with ledger.engine.begin() as conn:
+        conn.execute(text(statement))
+    verdict, _ = ledger.verify()
+    assert not verdict.ok and problem in (verdict.problem or ""), verdict.problem
+
+
+def test_the_log_tables_are_append_only(ledger: Ledger) -> None:
+    _history(ledger)
+    ledger.tlog.sync()
+    for table in ("tlog_leaves", "tlog_nodes", "tlog_checkpoints"):
+        with pytest.raises(Exception, match="append-only"), ledger.engine.begin() as conn:
+            conn.execute(text(f"DELETE FROM {table}"))
