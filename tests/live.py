@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import httpx
+from pydantic import SecretStr
+
+from dp_governor.api.settings import Settings
 
 ADMIN_TOKEN = "live-admin-token-live-admin-token-live-admin"
 START = 300  # seconds a busy machine may take to start a server: generous, never asserted on
@@ -114,3 +117,15 @@ def lower_batch_minimums(base: str, names: list[str], token: str = ADMIN_TOKEN) 
                 timeout=60,
             )
             assert response.status_code == 200, response.text
+
+
+def app_settings(folder: Path, token: str) -> Settings:
+    """An in-process app's settings: SQLite in ``folder``, no scheduler, admin ``token``."""
+    return Settings(
+        database_url=f"sqlite:///{folder / 'service.sqlite'}",
+        secret_file=folder / "secret",
+        audit_key_file=folder / "audit.key",
+        shuffler_key_file=folder / "shuffler.key",
+        admin_token=SecretStr(token),
+        scheduler=False,
+    )

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import SecretStr
 
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api.app import create_app
 from dp_governor.api.jobs import acquire_lease, lease_of, release_lease
-from dp_governor.api.settings import Settings
+from tests.live import app_settings
 
 TOKEN = "methods-admin-token-methods-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -21,14 +20,7 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'service.sqlite'}",
-        secret_file=tmp_path / "secret",
-        audit_key_file=tmp_path / "audit.key",
-        shuffler_key_file=tmp_path / "shuffler.key",
-        admin_token=SecretStr(TOKEN),
-        scheduler=False,
-    )
+    settings = app_settings(tmp_path, TOKEN)
     with TestClient(create_app(settings)) as c:
         yield c
 

@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import SecretStr
 
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api.app import create_app
 from dp_governor.api.jobs import acquire_lease, lease_of
-from dp_governor.api.settings import Settings
+from tests.live import app_settings
 
 TOKEN = "metrics-admin-token-metrics-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -22,14 +21,7 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'service.sqlite'}",
-        secret_file=tmp_path / "secret",
-        audit_key_file=tmp_path / "audit.key",
-        shuffler_key_file=tmp_path / "shuffler.key",
-        admin_token=SecretStr(TOKEN),
-        scheduler=False,
-    )
+    settings = app_settings(tmp_path, TOKEN)
     with TestClient(create_app(settings)) as c:
         yield c
 
