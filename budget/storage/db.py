@@ -260,6 +260,11 @@ def create_db_engine(
             max_overflow=2 * pool_size,
             pool_pre_ping=True,
             execution_options=options,
+            # No server-side prepared statements: psycopg prepares a statement on its fifth
+            # run and forgets them all at every ROLLBACK (``DEALLOCATE ALL``), and the pool
+            # rolls back every connection it takes back, so each report paid a PREPARE round
+            # trip per statement and a DEALLOCATE. Unnamed statements are one round trip each.
+            connect_args={"prepare_threshold": None},
         )
     raise ValueError(f"`database_url` must be a sqlite:// or postgresql:// URL, got {url!r}")
 

@@ -1,0 +1,28 @@
+"""The round-trip benchmark counts a single report's messages to PostgreSQL (PostgreSQL only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import round_trips
+from tests.conftest import PG_URL
+
+
+@pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is not set")
+def test_a_single_report_is_counted_message_by_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert PG_URL is not None
+    round_trips.main(["--postgres", PG_URL, "--batch", "5"])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "| path | reports | messages sent | per report |"
+    single = int(lines[2].split("|")[3])
+    listed = [line for line in lines if line[:1].isdigit()]
+    assert single == len(listed) and "`COMMIT`" in listed[-1]
+    assert not any("send_prepare" in line or "DEALLOCATE" in line for line in listed)
+    assert single <= 18  # the figure in docs/performance.md; fewer is better
+
+
+def test_a_bad_batch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        round_trips.main(["--batch", "0"])
+    assert "--batch" in capsys.readouterr().err
