@@ -124,6 +124,8 @@ class Ingestor:
         version unless a policy changes in between, which :meth:`submit_group` detects.
         """
         with self.ledger.engine.connect() as conn:
+            if self.ledger.gate.postgres:  # one read needs no transaction: no BEGIN, no ROLLBACK
+                conn.execution_options(isolation_level="AUTOCOMMIT")
             policy = self.ledger.gate.book(conn).latest.get(use_case)
         return policy if policy is not None and policy.active else None
 

@@ -19,7 +19,7 @@ def test_a_single_report_is_counted_message_by_message(capsys: pytest.CaptureFix
     listed = [line for line in lines if line[:1].isdigit()]
     assert single == len(listed) and "`COMMIT`" in listed[-1]
     assert not any("send_prepare" in line or "DEALLOCATE" in line for line in listed)
-    assert single <= 18  # the figure in docs/performance.md; fewer is better
+    assert single <= 16  # the figure in docs/performance.md; fewer is better
 
 
 def test_a_bad_batch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
