@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -154,3 +155,42 @@ def test_reports_from_the_js_device_give_calibrated_estimates(tmp_path: Path) ->
                 assert math.isfinite(e.stderr) and e.stderr > 0
                 z = (e.count - truth) / e.stderr
                 assert abs(z) < Z, (name, item, truth, e.count, e.stderr, z)
+
+        # The JS device checks the server's record of its spend against the signed log.
+        admin.run_job("checkpoint")
+        log_key = admin.tlog_checkpoint().vkey  # the key a device is configured with
+        today = datetime.now(UTC).date()
+        record = admin.tlog_record("js-cms-device-0", today)  # what the device's GET returns
+        assert record.leaves, record
+        honest = _verify_in_node(record.model_dump(), log_key)
+        assert honest == {"ok": True, "problem": None, "totals": {"js-cms": [1, 4_000_000]}}
+        shown = record.model_dump()
+        shown["gate"][0]["reports"] += 1  # a server that claims a charge the log lacks
+        lying = _verify_in_node(shown, log_key)
+        assert not lying["ok"] and "the gate's totals for 'js-cms'" in lying["problem"], lying
+
+
+_VERIFY = """
+import { verifyRecord } from "./src/index.js";
+let input = "";
+for await (const chunk of process.stdin) input += chunk;
+const { record, key } = JSON.parse(input);
+const check = await verifyRecord(record, key);
+console.log(JSON.stringify({ ok: check.ok, problem: check.problem, totals: check.totals }));
+"""
+
+
+def _verify_in_node(record: dict[str, Any], log_key: str) -> dict[str, Any]:
+    """``verifyRecord`` of devices/js over a record the server returned."""
+    proc = subprocess.run(
+        [_node(), "--input-type=module", "-e", _VERIFY],
+        cwd=JS,
+        input=json.dumps({"record": record, "key": log_key}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    answer: dict[str, Any] = json.loads(proc.stdout)
+    return answer

@@ -24,11 +24,12 @@ from dp_governor.mechanisms.published import family_text
 from dp_governor.mechanisms.randomness import flip_probability, threshold_bytes
 from dp_governor.mechanisms.sfp import POSITIONS, fragment_item, normalize_word
 from dp_governor.policies import PolicyCreate, mechanism_for
+from tests.mechanisms.tlog_vectors import tlog
 
 __all__ = ["FILES", "VECTORS", "RecordingCoins", "ReplayCoins", "build", "main"]
 
 VECTORS: Final = Path(__file__).resolve().parents[2] / "docs" / "vectors"
-FILES: Final = ("hashing", "flip", "families", "reports")
+FILES: Final = ("hashing", "flip", "families", "reports", "tlog")
 
 # Seeds as published: zero, one whose first two hex digits are zero (the policy "uc-3"'s
 # derived seed), Emoji's derived seed, and the largest.
@@ -284,6 +285,7 @@ def build() -> dict[str, dict[str, Any]]:
         "flip": _flip(),
         "families": _families(),
         "reports": _reports(),
+        "tlog": tlog(),
     }
 
 

@@ -18,3 +18,15 @@ export { asciiJsonString, canonicalText, familyId, pythonFloat } from "./family.
 export { ALGORITHM, HashFamily, P, fromHex, itemBytes, toHex } from "./hashing.js";
 export { MAX_X, bernoulli, cryptoCoins, flipProbability, threshold, uniformFromBytes } from "./randomness.js";
 export { Cms, Hcms, POSITIONS, Sfp, WORD_LENGTH, base64, fromPublished, normalizeWord } from "./randomizers.js";
+export {
+  NoteError,
+  Verifier,
+  cosignatureMessage,
+  leafHash,
+  nodeHash,
+  openCheckpoint,
+  openNote,
+  parseCheckpoint,
+  verifyInclusion,
+  verifyRecord,
+} from "./tlog.js";

@@ -1,0 +1,169 @@
+"""The transparency log's device vectors: a device's record of one day, valid and broken.
+
+What ``docs/vectors/tlog.json`` holds, computed with the Python implementation from fixed keys:
+a log of seven leaves (three of them the device's charges that day), its checkpoint signed by
+the log and cosigned by one witness, the device's record as ``GET /v1/devices/{id}/tlog``
+returns it, and cases that each break one thing (a leaf altered, a charge dropped, a forked
+checkpoint, a bad cosignature, a quorum not met, another log's key, a device that sent more).
+Each case carries the answer of :func:`dp_governor.api.client.verify_record`, word for word:
+another implementation (``devices/js``) must give the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import hmac
+from typing import Any, Final
+
+import orjson
+
+from dp_governor.api.client import verify_record
+from dp_governor.api.schemas import DeviceRecord
+from dp_governor.mechanisms.merkle import (
+    NodeReader,
+    inclusion_proof,
+    leaf_hash,
+    node_hash,
+    root_of,
+)
+from dp_governor.mechanisms.signed_note import COSIGNATURE, Checkpoint, Signer, sign_note
+
+ORIGIN: Final = "dpgov.example/log"
+DAY: Final = 20418
+WHEN: Final = 1_764_115_200  # the witness's cosignature time (seconds since the epoch)
+
+
+def _canonical(value: dict[str, Any]) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _label(key: bytes, day: int) -> str:
+    return hmac.digest(key, f"day:{day}".encode(), "sha256")[:16].hex()
+
+
+def _tree(leaves: list[bytes]) -> tuple[bytes, NodeReader]:
+    """The root of the leaves and the node reader proofs are computed with."""
+    hashes = [leaf_hash(leaf) for leaf in leaves]
+
+    def node(level: int, index: int) -> bytes:
+        if level == 0:
+            return hashes[index]
+        return node_hash(node(level - 1, 2 * index), node(level - 1, 2 * index + 1))
+
+    return root_of(len(hashes), node), node
+
+
+def _note(signers: list[tuple[Signer, bool]], root: bytes, size: int) -> str:
+    text = Checkpoint(ORIGIN, size, root).text()
+    sigs = [s.cosign(text, WHEN) if cosign else s.sign(text) for s, cosign in signers]
+    return sign_note(text, sigs)
+
+
+def tlog() -> dict[str, Any]:
+    """The vector file's content (see the module docstring)."""
+    log = Signer(ORIGIN, bytes(range(32)))
+    forger = Signer(ORIGIN, bytes(range(1, 33)))  # another key under the log's name
+    witness = Signer("witness.example/w1", bytes([7] * 32), kind=COSIGNATURE)
+    label_key = bytes(range(32, 64))
+    mine = _label(label_key, DAY)
+    other = _label(bytes(32), DAY)
+    leaves_json: list[dict[str, Any]] = [
+        {"kind": "policy.create", "actor": "admin", "data": {"name": "emoji"}, "day": DAY},
+        {"kind": "charge", "label": mine, "use_case": "emoji", "policy_version": 1,
+         "epsilon_micro": 4_000_000, "budget": "emoji", "day": DAY},
+        {"kind": "charge", "label": other, "use_case": "emoji", "policy_version": 1,
+         "epsilon_micro": 4_000_000, "budget": "emoji", "day": DAY},
+        {"kind": "charge", "label": mine, "use_case": "quicktype", "policy_version": 2,
+         "epsilon_micro": 8_000_000, "budget": None, "day": DAY},
+        {"kind": "charge", "label": mine, "use_case": "emoji", "policy_version": 1,
+         "epsilon_micro": 4_000_000, "budget": "emoji", "day": DAY},
+        {"kind": "refusal", "day": DAY},
+        {"kind": "charge", "label": other, "use_case": "quicktype", "policy_version": 2,
+         "epsilon_micro": 8_000_000, "budget": None, "day": DAY},
+    ]  # fmt: skip
+    for seq, leaf in enumerate(leaves_json, 1):
+        leaf["seq"] = seq
+    texts = [_canonical(leaf) for leaf in leaves_json]
+    size = len(texts)
+    root, node = _tree([t.encode() for t in texts])
+    note = _note([(log, False), (witness, True)], root, size)
+    record: dict[str, Any] = {
+        "day": DAY,
+        "label_key": label_key.hex(),
+        "label": mine,
+        "checkpoint": note,
+        "size": size,
+        "covered": True,
+        "leaves": [
+            {
+                "index": i,
+                "leaf": texts[i],
+                "proof": [p.hex() for p in inclusion_proof(i, size, node)],
+            }
+            for i in (1, 3, 4)
+        ],
+        "gate": [
+            {"use_case": "emoji", "reports": 2, "epsilon_micro": 8_000_000},
+            {"use_case": "quicktype", "reports": 1, "epsilon_micro": 8_000_000},
+        ],
+    }
+    keys = {"log": log.verifier.vkey(), "witness": witness.verifier.vkey()}
+    altered = copy.deepcopy(record)
+    altered["leaves"][0]["leaf"] = texts[1].replace("4000000", "400000")
+    dropped = copy.deepcopy(record)
+    dropped["gate"][0]["reports"] = 3
+    dropped["gate"][0]["epsilon_micro"] = 12_000_000
+    forked_root, _ = _tree([t.encode() for t in texts[:6]] + [b'{"kind":"refusal"}'])
+    forked = copy.deepcopy(record)
+    forked["checkpoint"] = _note([(log, False)], forked_root, size)
+    forged = copy.deepcopy(record)
+    forged["checkpoint"] = _note([(forger, False)], root, size)
+    bad_cosign = copy.deepcopy(record)
+    head, _, sig_lines = note.rpartition("\n\n")
+    lines = sig_lines.splitlines()
+    name, _, blob = lines[1].rpartition(" ")
+    lines[1] = f"{name} {blob[:-8]}{'A' if blob[-8] != 'A' else 'B'}{blob[-7:]}"
+    bad_cosign["checkpoint"] = head + "\n\n" + "\n".join(lines) + "\n"
+    cases_in: list[tuple[str, dict[str, Any], list[str], int, dict[str, list[int]] | None]] = [
+        ("valid", record, [], 0, None),
+        ("valid, cosigned by the quorum", record, [keys["witness"]], 1, None),
+        ("valid, what the device counted", record, [], 0,
+         {"emoji": [2, 8_000_000], "quicktype": [1, 8_000_000]}),
+        ("no witness configured for a quorum of one", record, [], 1, None),
+        ("a leaf altered", altered, [], 0, None),
+        ("a charge dropped from the log", dropped, [], 0, None),
+        ("a forked checkpoint", forked, [], 0, None),
+        ("a checkpoint signed by another key under the log's name", forged, [], 0, None),
+        ("a bad cosignature", bad_cosign, [keys["witness"]], 1, None),
+        ("the device sent more", record, [], 0,
+         {"emoji": [3, 12_000_000], "quicktype": [1, 8_000_000]}),
+    ]  # fmt: skip
+    cases = []
+    for name, rec, witnesses, quorum, sent in cases_in:
+        check = verify_record(
+            DeviceRecord.model_validate(rec),
+            keys["log"],
+            witnesses=witnesses,
+            quorum=quorum,
+            sent=None if sent is None else {k: (v[0], v[1]) for k, v in sent.items()},
+        )
+        cases.append(
+            {
+                "name": name,
+                "record": rec,
+                "witnesses": witnesses,
+                "quorum": quorum,
+                "sent": sent,
+                "ok": check.ok,
+                "problem": check.problem,
+                "totals": {k: list(v) for k, v in check.totals.items()},
+                "cosigned": list(check.cosigned),
+            }
+        )
+    return {
+        "about": "A device's record of one day in the transparency log and what a device must"
+        " answer (docs/transparency.md); the `problem` texts are word for word.",
+        "log_key": keys["log"],
+        "witness_key": keys["witness"],
+        "cases": cases,
+    }
