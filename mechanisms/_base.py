@@ -50,6 +50,10 @@ def packed_rows(bodies: Sequence[Mapping[str, Any]], m: int) -> tuple[IntArray, 
     return j, np.frombuffer(raw, dtype=np.uint8).reshape(len(bodies), (m + 7) // 8)
 
 
+BASE64: Final = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+"""Standard base64 with its padding: what a JSON schema can say of a CMS row's ``bits``."""
+
+
 def cms_body_schema(k: int | None = None, m: int | None = None) -> dict[str, Any]:
     """The JSON schema of a CMS row ``{"j", "bits"}``: bounded by ``(k, m)`` when given.
 
@@ -57,7 +61,7 @@ def cms_body_schema(k: int | None = None, m: int | None = None) -> dict[str, Any
     the exact bounds :meth:`CmsReport.from_dict` enforces (one description, two uses).
     """
     j: dict[str, Any] = {"type": "integer", "minimum": 0}
-    bits: dict[str, Any] = {"type": "string", "contentEncoding": "base64"}
+    bits: dict[str, Any] = {"type": "string", "contentEncoding": "base64", "pattern": BASE64}
     if k is None or m is None:
         j["description"] = "The hash row, 0 to k - 1."
         bits["description"] = (
@@ -95,6 +99,8 @@ class Described(ABC):
 
     name: ClassVar[str]
     hash_family: HashFamily
+    BODY_DESCRIPTION: ClassVar[str]
+    """One sentence on the report body, for the OpenAPI document."""
     BODY_SHAPE: ClassVar[dict[str, Any]]
     """The report body's JSON schema for any parameters (the OpenAPI document's): the
     mechanism's body-schema function called without parameters, as :meth:`body_schema` calls it

@@ -162,6 +162,7 @@ class CMS(RowDescribed):
 
     name: ClassVar[str] = "cms"
     BODY_SHAPE: ClassVar[dict[str, Any]] = cms_body_schema()
+    BODY_DESCRIPTION: ClassVar[str] = "A CMS report (mechanism `cms`)."
     MINIATURE: ClassVar[tuple[int, int]] = (2, 8)
 
     def __post_init__(self) -> None:

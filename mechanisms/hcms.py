@@ -167,6 +167,9 @@ class HCMS(RowDescribed):
 
     name: ClassVar[str] = "hcms"
     BODY_SHAPE: ClassVar[dict[str, Any]] = hcms_body_schema()
+    BODY_DESCRIPTION: ClassVar[str] = (
+        "An HCMS report (mechanism `hcms`): one privatized Hadamard coefficient."
+    )
     MINIATURE: ClassVar[tuple[int, int]] = (8, 64)
 
     def __post_init__(self) -> None:

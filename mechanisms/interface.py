@@ -122,6 +122,7 @@ class Mechanism(Protocol):
 
     name: ClassVar[str]
     BODY_SHAPE: ClassVar[dict[str, Any]]
+    BODY_DESCRIPTION: ClassVar[str]
 
     @property
     def epsilon(self) -> float:

@@ -191,6 +191,9 @@ class SFP(Described):
 
     name: ClassVar[str] = "sfp"
     BODY_SHAPE: ClassVar[dict[str, Any]] = sfp_body_schema()
+    BODY_DESCRIPTION: ClassVar[str] = (
+        "An SFP report (mechanism `sfp`): the word's and a fragment's CMS rows."
+    )
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__

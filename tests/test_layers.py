@@ -191,22 +191,22 @@ def test_no_module_imports_itself_back() -> None:
     assert not _cycles(graph), _cycles(graph)
 
 
-def _owner(module: str) -> str:
-    """Who may import a private module: its package, or its sub-layer inside ``budget``."""
-    return ".".join(module.split(".")[: 3 if _budget_layer(module) is not None else 2])
-
-
 def _private_part(module: str) -> str | None:
-    """The module's private owner if any of its parts is ``_private``, else ``None``."""
+    """Who may import the module if any of its parts is ``_private`` (else ``None``).
+
+    The package the private part lives in, with everything inside it: ``api._handles`` is all of
+    ``api``'s, ``api.client._calls`` only the client's, ``budget.privacy._pld_read`` only its
+    sub-layer's.
+    """
     parts = module.split(".")
     for i, part in enumerate(parts):
         if part.startswith("_") and not part.startswith("__"):
-            return _owner(".".join(parts[: i + 1]))
+            return ".".join(parts[:i])
     return None
 
 
 def test_no_package_imports_anothers_private_module() -> None:
-    """``_private`` modules are their package's own (inside ``budget``: their sub-layer's)."""
+    """``_private`` modules are their own package's: nothing outside it imports them."""
     sources = [path for package in ORDER for path in _modules(package)]
     modules = {_module_name(path) for path in sources}
     assert any(_private_part(m) for m in modules), "no private module found: is the test blind?"

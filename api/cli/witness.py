@@ -55,7 +55,7 @@ def witness_run(
     """Fetch, check and cosign the log's newest checkpoint."""
     import httpx
 
-    from dp_governor.api.client._witness import Fork, WitnessState, cosign_checkpoint
+    from dp_governor.api.client.witness import Fork, WitnessState, cosign_checkpoint
     from dp_governor.mechanisms.signed_note import COSIGNATURE, NoteError, Signer, Verifier
 
     try:

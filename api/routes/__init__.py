@@ -1,4 +1,4 @@
-"""The HTTP routes, one ``APIRouter`` per resource, included by :func:`api.app.create_app`.
+"""The HTTP routes, one ``APIRouter`` per resource, put together by ``create_app``.
 
 - :mod:`.reports`: a device's report and a relay's batch (the charge path).
 - :mod:`.budgets`: what a device has left, and the device-wide budget.

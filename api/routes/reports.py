@@ -8,7 +8,7 @@ A single report goes from the route (or the fast lane, :mod:`dp_governor.api._la
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import orjson
 from fastapi import APIRouter, Body, Request
@@ -41,6 +41,36 @@ __all__ = ["accept_report", "batch_router", "refusal", "router"]
 router = APIRouter(tags=["reports"])
 
 
+# Real reports of the default emoji (CMS, m = 1024) and QuickType (SFP) policies, as examples.
+_CMS_EXAMPLE: Final = {
+    "j": 53182,
+    "bits": (
+        "UIAELzoCwAIhsABIAAAIAAAgCAARAEADCISAABCCABAgACQAAIAAAAABDAAIAEQQAgAAAEBIIACAAgAA"
+        "gYAAAAAAAAAKAACABMBUARjAAABDAAAAoAMABAAQIgCBAgGAIAEAICAAAAAwIEFAAABDhQAiIRABAKAB"
+        "AQIAAABIAAA="
+    ),
+}
+_SFP_EXAMPLE: Final = {
+    "word": {
+        "j": 175,
+        "bits": (
+            "GZLK8+gs0aZbAgSCgjCAIAZOiAESBJA8jBgQgTjgF4Igg0AQCAABQIgw0AiCBEOAIAAFFATCkCgAcAGr"
+            "PhAKQEFwAwSgACgAziVoEd1BCAW4DkSKQDWIwAUCIBgQoBhCATADJkCCLAPiFZQAQAQ4eAIiUYAQiigw"
+            "ECwyAAWIQAs="
+        ),
+    },
+    "fragment": {
+        "j": 1170,
+        "bits": (
+            "gAAAAAAAAAAAAAAAAEgABAQAAEAEQAAAgAAAAAAgIAAQAAIAAQBgAAAAAAAAAAgAABhAAAAAAAABgAAA"
+            "AAAAYEAIAAAAQIAEFQAAAAAAAAIAAAAAAAAQAAAAgAAAAAABAAAAgAACIAACEABAACAAAAAAAAAAAAAA"
+            "AAAAAICAAoA="
+        ),
+    },
+    "position": 8,
+}
+
+
 @router.post(
     "/v1/use-cases/{name}/reports",
     status_code=ACCEPTED,
@@ -62,14 +92,8 @@ async def submit_report(
         Body(
             openapi_examples={
                 "hcms": {"value": {"j": 17, "l": 1023, "bit": -1}},
-                "cms": {"value": {"j": 4021, "bits": "AAAA...base64 of m bits"}},
-                "sfp": {
-                    "value": {
-                        "word": {"j": 1, "bits": "..."},
-                        "fragment": {"j": 2, "bits": "..."},
-                        "position": 4,
-                    }
-                },
+                "cms": {"value": _CMS_EXAMPLE},
+                "sfp": {"value": _SFP_EXAMPLE},
             }
         ),
     ],

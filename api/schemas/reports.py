@@ -9,8 +9,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, WithJsonSchema
 from pydantic import Field as PydField
 
-from dp_governor.mechanisms import CMS, HCMS, SFP
-from dp_governor.mechanisms.published import FAMILY_FIELD
+from dp_governor.mechanisms.published import FAMILY_FIELD, MECHANISMS
 
 __all__ = [
     "REPORT_BODY_SCHEMAS",
@@ -28,15 +27,8 @@ _FAMILY_DESCRIPTION = (
     " sets `DPGOV_REQUIRE_REPORT_FAMILY=false`."
 )
 _BODIES: dict[str, tuple[dict[str, Any], str]] = {  # each mechanism's own body, described
-    "HcmsReportBody": (
-        HCMS.BODY_SHAPE,
-        "An HCMS report (mechanism `hcms`): one privatized Hadamard coefficient.",
-    ),
-    "CmsReportBody": (CMS.BODY_SHAPE, "A CMS report (mechanism `cms`)."),
-    "SfpReportBody": (
-        SFP.BODY_SHAPE,
-        "An SFP report (mechanism `sfp`): the word's and a fragment's CMS rows.",
-    ),
+    f"{cls.name.capitalize()}ReportBody": (cls.BODY_SHAPE, cls.BODY_DESCRIPTION)
+    for cls in MECHANISMS.values()
 }
 
 

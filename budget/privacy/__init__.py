@@ -6,4 +6,7 @@
 - :mod:`.odometer`: privacy filters and the running odometer a device's spend is held to.
 - :mod:`.allowance`: what a budget's caps allow one device over a span of days (the worst case).
 - :mod:`.display`: figures rounded up for display, so no shown figure understates a loss.
+- :mod:`.epsilon_advisor`: how much epsilon a use case's estimates need (wasted epsilon).
+- :mod:`.variation_ratio`: Wang et al.'s variation-ratio bound, evaluated for comparison only
+  (docs/amplification.md says why the service does not quote it).
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from dp_governor.api.client._witness import Fork, WitnessState, cosign_checkpoint
+from dp_governor.api.client.witness import Fork, WitnessState, cosign_checkpoint
 from dp_governor.budget import Ledger, create_db_engine
 from dp_governor.budget.storage.schema import init_db
 from dp_governor.mechanisms.signed_note import (

@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
-from dp_governor.mechanisms import CMS, HCMS, SFP, HashFamily, InvalidReport, Mechanism
+from dp_governor.mechanisms import CMS, HCMS, SFP, HashFamily, InvalidReport, Mechanism, Sketch
 
 MECHANISMS: list[Any] = [
     CMS(epsilon=4.0, k=64, m=32, hash_family=HashFamily(1)),
@@ -22,14 +22,13 @@ IDS = ["cms", "hcms", "sfp"]
 VALUES = ["apple", "banana", "cherry", "apple", "apple", "durian", "banana"] * 30
 
 
-def _state(sketch: Any) -> list[np.ndarray]:
-    if hasattr(sketch, "fragments"):
-        return [a for s in (sketch.word, *sketch.fragments) for a in _state(s)]
-    main = sketch.counts if hasattr(sketch, "counts") else sketch.sums
-    return [np.asarray(main), np.asarray(sketch.row_counts)]
+def _state(sketch: Sketch) -> list[np.ndarray]:
+    """A sketch's whole state, by its arrays' names (the interface's ``to_arrays``)."""
+    arrays = sketch.to_arrays()
+    return [np.asarray(arrays[name]) for name in sorted(arrays)]
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: Sketch, b: Sketch) -> bool:
     return all(np.array_equal(x, y) for x, y in zip(_state(a), _state(b), strict=True))
 
 
