@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.state.settings = settings
     app.state.clock = clock or SystemClock()
     app.state.metrics = Metrics()
-    app.state.caches = Caches(settings, app.state.clock, on_verified=app.state.metrics.verified)
+    app.state.caches = Caches(settings, app.state.clock)
     app.state.device_limit = RateLimiter(
         settings.device_rate_per_minute, max_keys=settings.rate_limit_keys
     )
@@ -148,6 +148,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 "flush-inbox": settings.flush_seconds,
                 "aggregate": settings.aggregate_seconds,
                 "checkpoint": settings.checkpoint_seconds,
+                "dashboard": settings.dashboard_seconds,
+                "verify": settings.verify_seconds,
             },
         )
     # Everything loaded so far (framework, ORM, numpy) lives as long as the process: keep it

@@ -44,6 +44,14 @@ from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from dp_governor.api._handles import ledger_engine
+from dp_governor.api._integrity import kept_checkpoints, verify_service
+from dp_governor.api._snapshots import (
+    FIGURES,
+    VERIFICATION,
+    Verified,
+    compute_figures,
+    store_snapshot,
+)
 from dp_governor.api.logs import log_fields
 from dp_governor.api.metrics import Metrics
 from dp_governor.budget import Clock, Ledger
@@ -191,11 +199,43 @@ def _checkpoint(rt: Runtime) -> dict[str, Any]:
     return {"signed": signed, "tlog": signed_tlog, "kept": {"added": added, "problem": None}}
 
 
+def _dashboard(rt: Runtime) -> dict[str, Any]:
+    """Compute the public pages' figures and store them (:mod:`dp_governor.api._snapshots`)."""
+    figures = compute_figures(rt.ledger, now=rt.clock.now())
+    store_snapshot(ledger_engine(rt.ledger), FIGURES, figures)
+    return {"computed_at": figures.computed_at, "seconds": round(figures.seconds, 3)}
+
+
+def _verify(rt: Runtime) -> dict[str, Any]:
+    """Verify the chain, the state and the pipeline, and store the verdict the pages show.
+
+    A failed verification is the job's result, not its failure: it is stored and shown.
+    """
+    now = rt.clock.now()
+    started = time.monotonic()
+    verdict = verify_service(
+        rt.ledger, now=now, kept=kept_checkpoints(rt.checkpoint_file), seal=rt.ingestor.seal
+    )
+    seconds = time.monotonic() - started
+    verified = Verified(now.isoformat(), seconds, verdict)
+    store_snapshot(ledger_engine(rt.ledger), VERIFICATION, verified)
+    if rt.metrics is not None:
+        rt.metrics.verified(verdict.ok)
+    return {
+        "ok": verdict.ok,
+        "entries": verdict.entries,
+        "checkpoint": verdict.latest_checkpoint_seq,
+        "problem": verdict.problem,
+    }
+
+
 JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {
     "flush-inbox": (_flush, {"trigger": "interval", "seconds": 60}),
     "aggregate": (_aggregate, {"trigger": "interval", "seconds": 300}),
     "purge": (_purge, {"trigger": "cron", "hour": 0, "minute": 15}),
     "checkpoint": (_checkpoint, {"trigger": "interval", "seconds": 300}),
+    "dashboard": (_dashboard, {"trigger": "interval", "seconds": 60}),
+    "verify": (_verify, {"trigger": "interval", "seconds": 300}),
 }
 
 # Which lease each job runs under: everything that moves the inbox shares one.
@@ -204,6 +244,8 @@ LEASES: dict[str, str] = {
     "aggregate": "inbox",
     "purge": "purge",
     "checkpoint": "checkpoint",
+    "dashboard": "dashboard",
+    "verify": "verify",
 }
 
 # Runtimes by key, so that jobs scheduled by textual reference get primitive arguments only.
