@@ -101,7 +101,8 @@ def effective_epsilon(
     it names no device. Another ``delta``: the ledger is read at most every
     ``report_cache_seconds``; any delta's figures are derived from that reading, one
     composition per distinct device ledger (the last 32 deltas asked are kept). ``as_of``
-    and ``provenance`` say how it was computed; each (epsilon, delta) figure says what it is (``bound``, ``kind``, ``note``).
+    and ``provenance`` say how it was computed; each (epsilon, delta) figure says what it
+    is (``bound``, ``kind``, ``note``).
     At the policies' delta (no ``delta``) it is the report the ``dashboard`` job stored:
     no request computes it.
     """
