@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from dp_governor.api import wire
+from dp_governor.api._handles import policy_store
 from dp_governor.api._integrity import kept_checkpoints, verify_service
 from dp_governor.api.deps import (
     AdminDep,
@@ -78,7 +79,7 @@ def audit_distribution(
     the ledger's size). A use case newer than them is read from the ledger at most once per
     ``report_cache_seconds``, by one request at a time.
     """
-    ledger.policies.get(name)  # UnknownUseCase (404) for a name never defined or retired
+    policy_store(ledger).get(name)  # UnknownUseCase (404): a name never defined or retired
     spends = caches.figures(ledger).spends_of(name, scope)
     if spends is not None:
         return wire.distribution(spends.distribution(bins))
