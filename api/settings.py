@@ -108,6 +108,13 @@ class Settings(BaseSettings):
         description="Interval of the `verify` job, whose verification the dashboard and the"
         " metrics show.",
     )
+    verify_cache_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="Unused since the dashboard shows the `verify` job's verification (its"
+        " interval: `verify_seconds`); still accepted, so that an environment that sets it"
+        " starts.",
+    )
     report_cache_seconds: float = Field(
         default=30.0,
         ge=0,
