@@ -9,7 +9,7 @@ the ledger's tables (counted on the engine); charges after them change nothing u
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +27,9 @@ from dp_governor.budget.reporting.activity import daily_activity
 from dp_governor.budget.reporting.loss import effective_epsilon_basis
 from dp_governor.budget.reporting.report import finish_report
 from dp_governor.budget.reporting.views import cumulative_series, distribution
+from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import PolicyCreate, mechanism_for
+from tests.conftest import BACKENDS, PG_URL
 from tests.live import app_settings
 
 TOKEN = "snapshot-admin-token-snapshot-admin-0123"
@@ -47,10 +49,20 @@ def _send(client: TestClient, use_case: str, devices: range, seed: int) -> None:
     assert r.status_code == 200 and r.json()["accepted"] == len(devices), r.text
 
 
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    clock = FixedClock(NOW)
-    with TestClient(create_app(app_settings(tmp_path, TOKEN), clock=clock)) as c:
+@pytest.fixture(params=BACKENDS)
+def client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TestClient]:
+    """An in-process app on a new SQLite file or PostgreSQL schema, with two use cases' reports."""
+    settings = app_settings(tmp_path, TOKEN)
+    database: AbstractContextManager[str] = nullcontext(settings.database_url)
+    if request.param == "postgresql":
+        assert PG_URL is not None
+        database = scratch_schema(PG_URL, "snap")
+    with (
+        database as url,
+        TestClient(
+            create_app(settings.model_copy(update={"database_url": url}), clock=FixedClock(NOW))
+        ) as c,
+    ):
         _send(c, "emoji", range(150), seed=1)
         _send(c, "safari-energy-domains", range(100, 220), seed=2)
         yield c
