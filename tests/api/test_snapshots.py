@@ -175,3 +175,15 @@ def test_the_page_and_the_metrics_show_the_scheduled_verification(client: TestCl
     metrics = client.get("/metrics", headers=ADMIN).text
     assert "dpgov_audit_verification_ok 1.0" in metrics
     assert 'dpgov_job_runs_total{job="verify",outcome="done"} 1.0' in metrics
+    # another worker, which ran no verification, shows the recorded one
+    settings = client.app.state.settings  # type: ignore[attr-defined]
+    with TestClient(create_app(settings, clock=FixedClock(NOW))) as worker:
+        metrics = worker.get("/metrics", headers=ADMIN).text
+        assert "dpgov_audit_verification_ok 1.0" in metrics, metrics
+        (at,) = [
+            float(line.split()[1])
+            for line in metrics.splitlines()
+            if line.startswith("dpgov_audit_verification_timestamp_seconds ")
+        ]
+        assert at == NOW.timestamp()  # the job's time (the app's clock), not this worker's
+        assert "verified</span>" in worker.get("/").text
