@@ -42,7 +42,7 @@ from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.audit.verify import StateCheck
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.mechanisms import Mechanism
-from dp_governor.pipeline.codec import sketch_digest, sketch_from_bytes
+from dp_governor.pipeline.codec import sketch_from_bytes, sketches_equal
 from dp_governor.pipeline.fold import mechanisms_by_params, part_payloads
 from dp_governor.pipeline.seal import InboxSeal, SealError
 from dp_governor.pipeline.tables import BATCHES as _BATCHES
@@ -253,7 +253,7 @@ def _sketches(ledger: Ledger, conn: Connection, cutoff: dict[str, int]) -> str |
         ).scalar_one()
         try:
             stored = sketch_from_bytes(mechanism, state)
-            same = sketch_digest(stored) == sketch_digest(rebuilt)
+            same = sketches_equal(stored, rebuilt)
         except Exception:  # a blob that is no sketch of these parameters
             same = False
         if not same or sketches[key] != int(rebuilt.n):

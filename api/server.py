@@ -34,6 +34,7 @@ __all__ = [
     "DeadlineHttpToolsProtocol",
     "PortInUse",
     "bind_port",
+    "free_port",
     "report_start_failure",
     "run_server",
     "serve_options",
@@ -228,6 +229,16 @@ def bind_port(host: str, port: int) -> socket.socket:
         raise PortInUse(exc.errno, f"{host}:{port} {what}") from None
     sock.set_inheritable(True)  # the workers of --workers serve on it
     return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` nobody listens on now: for a child process told which port to serve.
+
+    An in-process server binds :func:`bind_port` ``(host, 0)`` and keeps the socket instead,
+    so that nothing can take the port in between.
+    """
+    with bind_port(host, 0) as sock:
+        return int(sock.getsockname()[1])
 
 
 def serve_options(settings: Settings) -> dict[str, Any]:

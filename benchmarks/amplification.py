@@ -9,7 +9,7 @@ Usage: ``python -m benchmarks.amplification [--sizes 4 5 6 7 8] [--eps0 1 2 4 8]
 - composed (unless ``--no-compose``): ``compose_shuffled`` of one batch a day over 1, 90 and
   365 days at Apple's default local epsilons (2, 4, 8) and ``n`` of 10^5 to 10^7 devices a day,
   with the PLD of FMT21's pair (``"curve"``), and for the year with ``(eps, delta)`` pairs;
-- cached central figures: :func:`dp_governor.budget.reporting.central.compose_sizes` of a year of
+- cached central figures: :func:`dp_governor.budget.privacy.sub_batches.compose_sizes` of a year of
 daily batches at
   ``n = 10^6`` and ``10^8``, first call and cached call;
 - ``--variation``: beside FMT21 (what the service shows), what Wang et al.'s variation-ratio
@@ -34,11 +34,11 @@ from dp_governor.budget.privacy.amplification import (
     fmt21_closed_form_epsilon,
     shuffle_epsilon,
 )
+from dp_governor.budget.privacy.sub_batches import compose_sizes
 from dp_governor.budget.privacy.variation_ratio import (
     VariationParameters,
     variation_ratio_epsilon,
 )
-from dp_governor.budget.reporting.central import compose_sizes
 from dp_governor.policies import default_policies
 
 

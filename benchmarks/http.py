@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ import numpy as np
 import orjson
 from sqlalchemy import text
 
+from dp_governor.api.server import free_port
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.mechanisms import HCMS
@@ -49,12 +49,6 @@ from dp_governor.policies import PolicyCreate, mechanism_for
 
 TOKEN = "bench-admin-token-bench-admin-token"
 LOADS = frozenset({"singles", "relay"})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_env(url: str, tmp: Path, batch_items: int = 5000) -> dict[str, str]:
@@ -76,7 +70,7 @@ def start_server(
     url: str, workers: int, tmp: Path, batch_items: int
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A ``dpgov serve`` process on ``url`` (in ``tmp``), once it answers: (process, base URL)."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from dp_governor.api.demo.simulation import emoji_vocabulary, zipf_indices
-from dp_governor.mechanisms import CMS, HCMS, HashFamily, HcmsSketch
+from dp_governor.mechanisms import CMS, HCMS, FrequencyEstimate, HashFamily, HcmsSketch, Sketch
 
 
 @dataclass(frozen=True)
@@ -73,14 +73,17 @@ def run(name: str, n: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     index = zipf_indices(len(vocab), n, 1.1, rng=rng)
     reports, priv = measure(lambda: mech.privatize_indices(vocab, index, rng=rng))
-    sketch: Any = mech.sketch()
-    sketch.merge(mech.sketch())  # map the sketch's pages before timing (steady state)
-    spare: Any = mech.sketch()
-    spare.merge(mech.sketch())
-    _, agg = measure(lambda: sketch.add(reports), lambda: spare.add(reports))
-    spare = None
 
-    def estimate_cold() -> Any:
+    def fresh() -> Sketch:
+        out: Sketch = mech.sketch()
+        out.add(mech.privatize_indices(vocab, index[:1], rng=rng))  # map its pages first
+        return out
+
+    sketch, spares = fresh(), [fresh()]
+    _, agg = measure(lambda: sketch.add(reports), lambda: spares[0].add(reports))
+    spares.clear()
+
+    def estimate_cold() -> FrequencyEstimate:
         if isinstance(sketch, HcmsSketch):
             sketch._transformed = None  # measure the transform too
         return sketch.estimate(vocab)

@@ -9,10 +9,13 @@ One import package; what to use for what:
   groups), Apple's table as defaults, and policy files.
 - :mod:`dp_governor.budget`: the per-device ledger, its atomic check-and-charge gate, the
   accountant, the audit log and the read side (reports, what-ifs).
-- :mod:`dp_governor.api`: the FastAPI service, the ingestion pipeline, jobs and the ``dpgov`` CLI.
+- :mod:`dp_governor.pipeline`: the ingestion pipeline: reports charged into the sealed inbox,
+  shuffled into published batches, folded into sketches, purged past retention.
+- :mod:`dp_governor.api`: the FastAPI service, its wire contract, jobs and the ``dpgov`` CLI.
 
-In the source tree the four subpackages are the repository's top-level folders ``api/``,
-``budget/``, ``mechanisms/`` and ``policies/``; installed, they live only under this name.
+In the source tree the five subpackages are the repository's top-level folders ``api/``,
+``budget/``, ``mechanisms/``, ``pipeline/`` and ``policies/``; installed, they live only under
+this name.
 """
 
 from importlib.metadata import PackageNotFoundError, version

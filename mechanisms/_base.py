@@ -9,6 +9,7 @@ sketches both keep: restore, grow, merge, copy and estimate are written once her
 from __future__ import annotations
 
 import base64
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, Generic, Protocol, Self, TypeVar
@@ -22,10 +23,10 @@ from dp_governor.mechanisms.hashing import Fingerprints, HashFamily, Item
 from dp_governor.mechanisms.interface import Arrays, Fingerprint
 
 __all__ = [
-    "CMS_ROW_SHAPE",
     "FAMILY_FIELD",
     "Described",
     "RowSketch",
+    "bit_at",
     "cms_body_schema",
     "load_bodies",
     "packed_rows",
@@ -49,40 +50,42 @@ def packed_rows(bodies: Sequence[Mapping[str, Any]], m: int) -> tuple[IntArray, 
     return j, np.frombuffer(raw, dtype=np.uint8).reshape(len(bodies), (m + 7) // 8)
 
 
-CMS_ROW_SHAPE: Final[dict[str, Any]] = {
-    "type": "object",
-    "required": ["j", "bits"],
-    "additionalProperties": False,
-    "properties": {
-        "j": {"type": "integer", "minimum": 0, "description": "The hash row, 0 to k - 1."},
-        "bits": {
-            "type": "string",
-            "description": "The m privatized coordinates (1 = +1), packed big-endian into bytes,"
-            " padding bits zero, in standard base64.",
-        },
-    },
-}
+def cms_body_schema(k: int | None = None, m: int | None = None) -> dict[str, Any]:
+    """The JSON schema of a CMS row ``{"j", "bits"}``: bounded by ``(k, m)`` when given.
 
-
-def cms_body_schema(k: int, m: int) -> dict[str, Any]:
-    """The JSON schema of a CMS row ``{"j", "bits"}`` for ``(k, m)``."""
-    n_bytes = (m + 7) // 8
+    Without parameters it is the shape every CMS row has (the OpenAPI document's); with them,
+    the exact bounds :meth:`CmsReport.from_dict` enforces (one description, two uses).
+    """
+    j: dict[str, Any] = {"type": "integer", "minimum": 0}
+    bits: dict[str, Any] = {"type": "string", "contentEncoding": "base64"}
+    if k is None or m is None:
+        j["description"] = "The hash row, 0 to k - 1."
+        bits["description"] = (
+            "The m privatized coordinates (1 = +1), packed big-endian into bytes,"
+            " padding bits zero, in standard base64."
+        )
+    else:
+        n_bytes = (m + 7) // 8
+        j |= {"maximum": k - 1, "description": "The hash row, 0 to k - 1."}
+        bits |= {
+            "minLength": 4 * ((n_bytes + 2) // 3),
+            "maxLength": 4 * ((n_bytes + 2) // 3),
+            "description": f"The {m} privatized coordinates (1 = +1), packed big-endian"
+            f" into {n_bytes} bytes, padding bits zero, in standard base64.",
+        }
     return {
         "type": "object",
         "required": ["j", "bits"],
         "additionalProperties": False,
-        "properties": {
-            "j": {"type": "integer", "minimum": 0, "maximum": k - 1, "description": "hash row"},
-            "bits": {
-                "type": "string",
-                "contentEncoding": "base64",
-                "minLength": 4 * ((n_bytes + 2) // 3),
-                "maxLength": 4 * ((n_bytes + 2) // 3),
-                "description": f"the {m} privatized coordinates (1 = +1), packed big-endian"
-                f" into {n_bytes} bytes, padding bits zero, standard base64",
-            },
-        },
+        "properties": {"j": j, "bits": bits},
     }
+
+
+def bit_at(bits: npt.NDArray[np.uint8], h: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Bit ``h[i]`` (big-endian within each byte) of each packed row, as True for +1."""
+    byte = bits[np.arange(len(h)), h >> 3]
+    out: npt.NDArray[np.bool_] = ((byte >> (7 - (h & 7)).astype(np.uint8)) & 1).astype(bool)
+    return out
 
 
 class Described(ABC):
@@ -93,7 +96,9 @@ class Described(ABC):
     name: ClassVar[str]
     hash_family: HashFamily
     BODY_SHAPE: ClassVar[dict[str, Any]]
-    """The report body's JSON schema for any parameters (the OpenAPI document's)."""
+    """The report body's JSON schema for any parameters (the OpenAPI document's): the
+    mechanism's body-schema function called without parameters, as :meth:`body_schema` calls it
+    with this instance's."""
 
     @abstractmethod
     def parameters(self) -> dict[str, Any]:
@@ -138,6 +143,34 @@ class RowDescribed(Described):
     epsilon: float
     k: int
     m: int
+
+    MINIATURE: ClassVar[tuple[int, int]]
+    """``(k, m)`` small enough to enumerate every output (:meth:`enumerated_loss`)."""
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Any], hash_family: HashFamily) -> Self:
+        """The mechanism of :meth:`parameters` (``epsilon``, ``k``, ``m``) and a hash family."""
+        return cls(parameters["epsilon"], parameters["k"], parameters["m"], hash_family)  # type: ignore[call-arg]
+
+    @abstractmethod
+    def output_distribution(self, value: Item) -> npt.NDArray[np.float64]:
+        """The law of one report of ``value``, over every output (small sizes only)."""
+
+    def enumerated_loss(self) -> float:
+        """The exact privacy loss of this randomizer at its :attr:`MINIATURE` size.
+
+        The same epsilon and hash family with ``(k, m)`` small enough to enumerate every
+        output, for two inputs that hash apart in every row: the largest
+        ``|ln P(y | x) - ln P(y | x')|``.
+        """
+        small = dataclasses.replace(self, k=self.MINIATURE[0], m=self.MINIATURE[1])  # type: ignore[type-var]
+        for i in range(10_000):
+            a, b = f"a{i}", f"b{i}"
+            h = small.hash_family.matrix([a, b], small.k, small.m)
+            if np.all(h[:, 0] != h[:, 1]):
+                pa, pb = small.output_distribution(a), small.output_distribution(b)
+                return float(np.abs(np.log(pa) - np.log(pb)).max())
+        raise AssertionError("no pair of inputs hashes apart in every row")
 
     def parameters(self) -> dict[str, Any]:
         """Mechanism, epsilon, ``k``, ``m`` and the hash family's identity form."""

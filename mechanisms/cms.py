@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from dp_governor.mechanisms._base import (
-    CMS_ROW_SHAPE,
     RowDescribed,
     RowSketch,
+    bit_at,
     cms_body_schema,
     load_bodies,
     packed_rows,
@@ -161,7 +161,8 @@ class CMS(RowDescribed):
     hash_family: HashFamily = field(default_factory=HashFamily)
 
     name: ClassVar[str] = "cms"
-    BODY_SHAPE: ClassVar[dict[str, Any]] = CMS_ROW_SHAPE
+    BODY_SHAPE: ClassVar[dict[str, Any]] = cms_body_schema()
+    MINIATURE: ClassVar[tuple[int, int]] = (2, 8)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", check_epsilon("epsilon", self.epsilon))
@@ -267,6 +268,21 @@ class CMS(RowDescribed):
         return plausible
 
     # -- codec and server side -----------------------------------------------------------------
+
+    def audit_event(self, reports: CmsReports, x: Item, x_prime: Item) -> npt.NDArray[np.bool_]:
+        """The audit's worst-case event (:mod:`.empirical_audit`), report by report.
+
+        The bit at ``h_j(x)`` is +1 and the bit at ``h_j(x')`` is -1, in the report's own row
+        ``j``, where the two hash apart: probability ratio ``e^eps`` exactly.
+        """
+        fp = self.hash_family.fingerprint([x, x_prime])
+        rows = reports.j
+        hx = self.hash_family.evaluate(fp.take(np.zeros(len(rows), np.int64)), rows, self.m)
+        hy = self.hash_family.evaluate(fp.take(np.ones(len(rows), np.int64)), rows, self.m)
+        out: npt.NDArray[np.bool_] = (
+            bit_at(reports.bits, hx) & ~bit_at(reports.bits, hy) & (hx != hy)
+        )
+        return out
 
     def body_schema(self) -> dict[str, Any]:
         """``{"j", "bits"}`` bounded by ``k`` and ``m``."""

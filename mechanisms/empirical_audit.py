@@ -28,13 +28,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dp_governor.mechanisms.cms import CMS, CmsReports
-from dp_governor.mechanisms.hcms import HCMS, HcmsReports
-from dp_governor.mechanisms.sfp import POSITIONS, SFP, SfpReports, fragment_item, normalize_word
+from dp_governor.mechanisms.interface import Mechanism
 
 __all__ = ["AuditResult", "audit", "clopper_pearson", "exact_max_log_ratio"]
 
-Mechanism = CMS | HCMS | SFP
 BoolArray = npt.NDArray[np.bool_]
 CHUNK = 1 << 17  # reports drawn at a time: memory holds one chunk, whatever ``samples`` is
 
@@ -83,51 +80,6 @@ class AuditResult:
         return not self.leaks_more and self.reaches
 
 
-def _bit(bits: npt.NDArray[np.uint8], h: npt.NDArray[np.int64]) -> BoolArray:
-    """Bit ``h[i]`` (big-endian within each byte) of each packed row, as True for +1."""
-    byte = bits[np.arange(len(h)), h >> 3]
-    out: BoolArray = ((byte >> (7 - (h & 7)).astype(np.uint8)) & 1).astype(bool)
-    return out
-
-
-def _cms_event(mech: CMS, reports: CmsReports, x: Any, x_prime: Any) -> BoolArray:
-    fp = mech.hash_family.fingerprint([x, x_prime])
-    rows = reports.j
-    hx = mech.hash_family.evaluate(fp.take(np.zeros(len(rows), np.int64)), rows, mech.m)
-    hy = mech.hash_family.evaluate(fp.take(np.ones(len(rows), np.int64)), rows, mech.m)
-    out: BoolArray = _bit(reports.bits, hx) & ~_bit(reports.bits, hy) & (hx != hy)
-    return out
-
-
-def _hcms_event(mech: HCMS, reports: HcmsReports, x: Any, x_prime: Any) -> BoolArray:
-    fp = mech.hash_family.fingerprint([x, x_prime])
-    rows = reports.j
-    hx = mech.hash_family.evaluate(fp.take(np.zeros(len(rows), np.int64)), rows, mech.m)
-    hy = mech.hash_family.evaluate(fp.take(np.ones(len(rows), np.int64)), rows, mech.m)
-    sign_x = 1 - 2 * (np.bitwise_count(hx & reports.l) & 1).astype(np.int8)
-    sign_y = 1 - 2 * (np.bitwise_count(hy & reports.l) & 1).astype(np.int8)
-    out: BoolArray = (reports.bit == sign_x) & (sign_x != sign_y)
-    return out
-
-
-def _sfp_event(mech: SFP, reports: SfpReports, x: str, x_prime: str) -> BoolArray:
-    word = _cms_event(mech.word_cms, reports.word, normalize_word(x), normalize_word(x_prime))
-    frag = np.zeros(len(reports), dtype=bool)
-    cms = mech.fragment_cms
-    words = [normalize_word(x), normalize_word(x_prime)]
-    pieces = mech.puzzle(words).tolist()
-    for position in POSITIONS:
-        at = reports.position == position
-        if not at.any():
-            continue
-        items = [
-            fragment_item(pc, w[position : position + 2])
-            for pc, w in zip(pieces, words, strict=True)
-        ]
-        frag[at] = _cms_event(cms, reports.fragment.select(at), items[0], items[1])
-    return word & frag
-
-
 def audit(
     mech: Mechanism,
     x: Any,
@@ -150,19 +102,13 @@ def audit(
     if samples < 1 or chunk < 1:
         raise ValueError(f"`samples` and `chunk` must be >= 1, got {samples}, {chunk}")
     draw = privatize or (lambda values, g: mech.privatize(values, rng=g))
-    if isinstance(mech, CMS):
-        event: Callable[[Any, Any, Any], BoolArray] = lambda r, a, b: _cms_event(mech, r, a, b)  # noqa: E731
-    elif isinstance(mech, HCMS):
-        event = lambda r, a, b: _hcms_event(mech, r, a, b)  # noqa: E731
-    else:
-        event = lambda r, a, b: _sfp_event(mech, r, a, b)  # noqa: E731
     hits = [0, 0]
     drawn = 0
     for i, value in enumerate((x, x_prime)):
         for start in range(0, samples, chunk):
             n = min(chunk, samples - start)
             reports = draw(np.asarray([value] * n, dtype=object), rng)
-            hits[i] += int(event(reports, x, x_prime).sum())
+            hits[i] += int(mech.audit_event(reports, x, x_prime).sum())
             drawn += n
             if progress is not None:
                 progress(drawn, 2 * samples)
@@ -191,21 +137,6 @@ def exact_max_log_ratio(mech: Mechanism) -> float:
 
     The same mechanism and epsilon with ``k`` and ``m`` small enough to enumerate every output
     (CMS k = 2, m = 8; HCMS k = 8, m = 64; SFP: its two CMS parts, composed), for two inputs
-    that hash apart in every row: the largest ``|ln P(y | x) - ln P(y | x')|``.
+    that hash apart in every row (:meth:`~dp_governor.mechanisms.Mechanism.enumerated_loss`).
     """
-    if isinstance(mech, SFP):
-        word = CMS(mech.epsilon_word, 2, 8, mech.hash_family)
-        fragment = CMS(mech.epsilon_fragment, 2, 8, mech.hash_family)
-        return exact_max_log_ratio(word) + exact_max_log_ratio(fragment)
-    small: CMS | HCMS = (
-        CMS(mech.epsilon, 2, 8, mech.hash_family)
-        if isinstance(mech, CMS)
-        else HCMS(mech.epsilon, 8, 64, mech.hash_family)
-    )
-    for i in range(10_000):
-        a, b = f"a{i}", f"b{i}"
-        h = small.hash_family.matrix([a, b], small.k, small.m)
-        if np.all(h[:, 0] != h[:, 1]):
-            pa, pb = small.output_distribution(a), small.output_distribution(b)
-            return float(np.abs(np.log(pa) - np.log(pb)).max())
-    raise AssertionError("no pair of inputs hashes apart in every row")
+    return mech.enumerated_loss()

@@ -116,6 +116,39 @@ class HcmsReports:
         )
 
 
+def hcms_body_schema(k: int | None = None, m: int | None = None) -> dict[str, Any]:
+    """The JSON schema of an HCMS report ``{"j", "l", "bit"}``: bounded by ``(k, m)`` when given.
+
+    Without parameters it is the shape of every HCMS report (the OpenAPI document's).
+    """
+    j: dict[str, Any] = {
+        "type": "integer",
+        "minimum": 0,
+        "description": "The hash row, 0 to k - 1.",
+    }
+    ell: dict[str, Any] = {
+        "type": "integer",
+        "minimum": 0,
+        "description": "The Hadamard coefficient's index, 0 to m - 1.",
+    }
+    if k is not None and m is not None:
+        j["maximum"], ell["maximum"] = k - 1, m - 1
+    return {
+        "type": "object",
+        "required": ["j", "l", "bit"],
+        "additionalProperties": False,
+        "properties": {
+            "j": j,
+            "l": ell,
+            "bit": {
+                "type": "integer",
+                "enum": [-1, 1],
+                "description": "The privatized sign of the coefficient.",
+            },
+        },
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class HCMS(RowDescribed):
     """HCMS parameters (frozen, validated) and the mechanism's device and server entry points.
@@ -133,24 +166,8 @@ class HCMS(RowDescribed):
     hash_family: HashFamily = field(default_factory=HashFamily)
 
     name: ClassVar[str] = "hcms"
-    BODY_SHAPE: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "required": ["j", "l", "bit"],
-        "additionalProperties": False,
-        "properties": {
-            "j": {"type": "integer", "minimum": 0, "description": "The hash row, 0 to k - 1."},
-            "l": {
-                "type": "integer",
-                "minimum": 0,
-                "description": "The Hadamard coefficient's index, 0 to m - 1.",
-            },
-            "bit": {
-                "type": "integer",
-                "enum": [-1, 1],
-                "description": "The privatized sign of the coefficient.",
-            },
-        },
-    }
+    BODY_SHAPE: ClassVar[dict[str, Any]] = hcms_body_schema()
+    MINIATURE: ClassVar[tuple[int, int]] = (8, 64)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", check_epsilon("epsilon", self.epsilon))
@@ -230,18 +247,24 @@ class HCMS(RowDescribed):
 
     # -- codec and server side -----------------------------------------------------------------
 
+    def audit_event(self, reports: HcmsReports, x: Item, x_prime: Item) -> npt.NDArray[np.bool_]:
+        """The audit's worst-case event (:mod:`.empirical_audit`), report by report.
+
+        The bit equals ``H[l, h_j(x)]`` where ``H[l, h_j(x)] != H[l, h_j(x')]``: probability
+        ratio ``q / (1 - q) = e^eps``.
+        """
+        fp = self.hash_family.fingerprint([x, x_prime])
+        rows = reports.j
+        hx = self.hash_family.evaluate(fp.take(np.zeros(len(rows), np.int64)), rows, self.m)
+        hy = self.hash_family.evaluate(fp.take(np.ones(len(rows), np.int64)), rows, self.m)
+        sign_x = 1 - 2 * (np.bitwise_count(hx & reports.l) & 1).astype(np.int8)
+        sign_y = 1 - 2 * (np.bitwise_count(hy & reports.l) & 1).astype(np.int8)
+        out: npt.NDArray[np.bool_] = (reports.bit == sign_x) & (sign_x != sign_y)
+        return out
+
     def body_schema(self) -> dict[str, Any]:
         """``{"j", "l", "bit"}`` bounded by ``k`` and ``m``."""
-        return {
-            "type": "object",
-            "required": ["j", "l", "bit"],
-            "additionalProperties": False,
-            "properties": {
-                "j": {"type": "integer", "minimum": 0, "maximum": self.k - 1},
-                "l": {"type": "integer", "minimum": 0, "maximum": self.m - 1},
-                "bit": {"enum": [-1, 1]},
-            },
-        }
+        return hcms_body_schema(self.k, self.m)
 
     def decode(self, payloads: Iterable[str | bytes]) -> HcmsReports:
         """Stored JSON payloads (validated at ingestion) as one batch."""

@@ -199,3 +199,20 @@ class Mechanism(Protocol):
     def privatize_one(self, value: Any, *, coins: Coins = ...) -> Report:
         """Privatize one value with the OS CSPRNG."""
         ...
+
+    def audit_event(self, reports: Any, x: Any, x_prime: Any, /) -> npt.NDArray[np.bool_]:
+        """Whether each report falls in the empirical audit's worst-case event for ``x`` vs ``x'``.
+
+        The event whose probability ratio under the two inputs is ``e^epsilon`` exactly
+        (:mod:`dp_governor.mechanisms.empirical_audit`).
+        """
+        ...
+
+    def enumerated_loss(self) -> float:
+        """The exact privacy loss of the randomizer at a size small enough to enumerate."""
+        ...
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Any], hash_family: HashFamily) -> Self:
+        """The mechanism of :meth:`parameters` (as published or stored) and a hash family."""
+        ...

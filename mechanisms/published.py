@@ -11,17 +11,19 @@ sending reports the server would fold under another family.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from dp_governor.mechanisms._base import FAMILY_FIELD
 from dp_governor.mechanisms.cms import CMS
 from dp_governor.mechanisms.hashing import HashFamily
 from dp_governor.mechanisms.hcms import HCMS
 from dp_governor.mechanisms.interface import Mechanism
-from dp_governor.mechanisms.sfp import DEFAULT_ALPHABET, SFP
+from dp_governor.mechanisms.sfp import SFP
 
 __all__ = [
     "FAMILY_FIELD",
+    "MECHANISMS",
+    "build",
     "describe",
     "family_id",
     "family_text",
@@ -66,6 +68,30 @@ def describe(mech: Mechanism) -> dict[str, Any]:
     return mech.describe()
 
 
+MECHANISMS: Final[Mapping[str, type[CMS] | type[HCMS] | type[SFP]]] = {
+    CMS.name: CMS,
+    HCMS.name: HCMS,
+    SFP.name: SFP,
+}
+"""Every mechanism by its name: the one place a name becomes a class."""
+
+
+def build(name: str, parameters: Mapping[str, Any], hash_family: HashFamily) -> CMS | HCMS | SFP:
+    """The mechanism called ``name`` with ``parameters`` (the keys of its ``parameters()``).
+
+    Raises ``ValueError`` naming an unknown mechanism, a missing or a wrong parameter.
+    """
+    cls = MECHANISMS.get(name)
+    if cls is None:
+        raise ValueError(f"`mechanism` must be one of {', '.join(MECHANISMS)}, got {name!r}")
+    try:
+        return cls.from_parameters(parameters, hash_family)
+    except KeyError as exc:
+        raise ValueError(f"`{exc.args[0]}` is missing from the randomizer's parameters") from None
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def from_published(data: Mapping[str, Any]) -> CMS | HCMS | SFP:
     """The mechanism a published description prescribes (or a policy's ``"randomizer"``).
 
@@ -75,31 +101,14 @@ def from_published(data: Mapping[str, Any]) -> CMS | HCMS | SFP:
     block = data.get("randomizer", data)
     if not isinstance(block, Mapping):
         raise ValueError("`randomizer` must be an object")
+    if "hash_family" not in block or "mechanism" not in block:
+        missing = "hash_family" if "hash_family" not in block else "mechanism"
+        raise ValueError(f"`{missing}` is missing from the published randomizer")
     try:
         family = HashFamily.from_dict(dict(block["hash_family"]))
-        name = block["mechanism"]
-        mech: CMS | HCMS | SFP
-        if name == "cms":
-            mech = CMS(block["epsilon"], block["k"], block["m"], family)
-        elif name == "hcms":
-            mech = HCMS(block["epsilon"], block["k"], block["m"], family)
-        elif name == "sfp":
-            mech = SFP(
-                block["epsilon_word"],
-                block["epsilon_fragment"],
-                block["k"],
-                block["m"],
-                block["k_fragment"],
-                block["m_fragment"],
-                family,
-                block.get("alphabet", DEFAULT_ALPHABET),
-            )
-        else:
-            raise ValueError(f"`mechanism` must be cms, hcms or sfp, got {name!r}")
-    except KeyError as exc:
-        raise ValueError(f"`{exc.args[0]}` is missing from the published randomizer") from None
-    except TypeError as exc:
-        raise ValueError(str(exc)) from None
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"`hash_family` is not a published hash family: {exc}") from None
+    mech = build(block["mechanism"], block, family)
     expected = block.get("family_id")
     if expected is not None and expected != family_id(mech):
         raise ValueError(

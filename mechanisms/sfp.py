@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from dp_governor.mechanisms._base import CMS_ROW_SHAPE, Described, cms_body_schema, load_bodies
+from dp_governor.mechanisms._base import Described, cms_body_schema, load_bodies
 from dp_governor.mechanisms._validation import (
     InvalidReport,
     check_epsilon,
@@ -138,6 +138,35 @@ class SfpReports:
         )
 
 
+def sfp_body_schema(
+    word: tuple[int, int] | None = None, fragment: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """The JSON schema of an SFP report: two CMS rows and the fragment's start.
+
+    Each row bounded by its ``(k, m)`` when given; without parameters, the shape of every SFP
+    report (the OpenAPI document's).
+    """
+    return {
+        "type": "object",
+        "required": ["word", "fragment", "position"],
+        "additionalProperties": False,
+        "properties": {
+            "word": cms_body_schema(*(word or (None, None)))
+            | {"description": "The whole word's CMS report (the word sketch's k, m)."},
+            "fragment": cms_body_schema(*(fragment or (None, None)))
+            | {
+                "description": "The fragment's CMS report (the fragment sketches' k_fragment,"
+                " m_fragment)."
+            },
+            "position": {
+                "type": "integer",
+                "enum": list(POSITIONS),
+                "description": "Where the fragment starts.",
+            },
+        },
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class SFP(Described):
     """SFP parameters (frozen, validated) and the mechanism's device and server entry points.
@@ -161,25 +190,7 @@ class SFP(Described):
     alphabet: str = DEFAULT_ALPHABET
 
     name: ClassVar[str] = "sfp"
-    BODY_SHAPE: ClassVar[dict[str, Any]] = {
-        "type": "object",
-        "required": ["word", "fragment", "position"],
-        "additionalProperties": False,
-        "properties": {
-            "word": CMS_ROW_SHAPE
-            | {"description": "The whole word's CMS report (the word sketch's k, m)."},
-            "fragment": CMS_ROW_SHAPE
-            | {
-                "description": "The fragment's CMS report (the fragment sketches' k_fragment,"
-                " m_fragment)."
-            },
-            "position": {
-                "type": "integer",
-                "enum": list(POSITIONS),
-                "description": "Where the fragment starts.",
-            },
-        },
-    }
+    BODY_SHAPE: ClassVar[dict[str, Any]] = sfp_body_schema()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -281,18 +292,48 @@ class SFP(Described):
             "hash_family": self.hash_family.to_dict(),
         }
 
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Any], hash_family: HashFamily) -> Self:
+        """The mechanism of :meth:`parameters` and a hash family (alphabet: the default)."""
+        return cls(
+            parameters["epsilon_word"],
+            parameters["epsilon_fragment"],
+            parameters["k"],
+            parameters["m"],
+            parameters["k_fragment"],
+            parameters["m_fragment"],
+            hash_family,
+            parameters.get("alphabet") or DEFAULT_ALPHABET,
+        )
+
+    def enumerated_loss(self) -> float:
+        """The exact loss of its two CMS parts at an enumerable size, composed."""
+        return self.word_cms.enumerated_loss() + self.fragment_cms.enumerated_loss()
+
+    def audit_event(self, reports: SfpReports, x: str, x_prime: str) -> npt.NDArray[np.bool_]:
+        """The audit's worst-case event: the word part's CMS event and the fragment part's.
+
+        The two parts are independent, so the probability ratio is ``e^(eps_w + eps_f)``.
+        """
+        words = [normalize_word(x), normalize_word(x_prime)]
+        word = self.word_cms.audit_event(reports.word, words[0], words[1])
+        frag = np.zeros(len(reports), dtype=bool)
+        pieces = self.puzzle(words).tolist()
+        for position in POSITIONS:
+            at = reports.position == position
+            if not at.any():
+                continue
+            items = [
+                fragment_item(pc, w[position : position + 2])
+                for pc, w in zip(pieces, words, strict=True)
+            ]
+            frag[at] = self.fragment_cms.audit_event(reports.fragment.select(at), *items)
+        out: npt.NDArray[np.bool_] = word & frag
+        return out
+
     def body_schema(self) -> dict[str, Any]:
         """``{"word", "fragment", "position"}``: two CMS rows and the fragment's start."""
-        return {
-            "type": "object",
-            "required": ["word", "fragment", "position"],
-            "additionalProperties": False,
-            "properties": {
-                "word": cms_body_schema(self.k, self.m),
-                "fragment": cms_body_schema(self.k_fragment, self.m_fragment),
-                "position": {"enum": list(POSITIONS)},
-            },
-        }
+        return sfp_body_schema((self.k, self.m), (self.k_fragment, self.m_fragment))
 
     def decode(self, payloads: Iterable[str | bytes]) -> SfpReports:
         """Stored JSON payloads (validated at ingestion) as one batch."""

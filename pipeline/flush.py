@@ -30,7 +30,7 @@ from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import AuditLog, Entry
 from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.gate.prepared import InternalError, load_book
-from dp_governor.budget.reporting.central import batch_layers
+from dp_governor.budget.privacy.sub_batches import batch_layers
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.pipeline.seal import InboxSeal, SealError

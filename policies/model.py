@@ -23,6 +23,7 @@ from sqlmodel import Field, SQLModel
 
 from dp_governor.mechanisms import CMS, HCMS, SFP, HashFamily
 from dp_governor.mechanisms.hadamard import is_power_of_two
+from dp_governor.mechanisms.published import build
 from dp_governor.mechanisms.sfp import POSITIONS
 from dp_governor.policies._randomizer import Randomizer
 
@@ -411,18 +412,5 @@ def sketch_bytes(policy: PolicyBase) -> int:
 def mechanism_for(policy: PolicyBase) -> CMS | HCMS | SFP:
     """The mechanism object (parameters and hash family) a policy prescribes."""
     family = HashFamily(int(policy.hash_seed or default_hash_seed(policy.name), 16))
-    if policy.mechanism == "cms":
-        return CMS(policy.epsilon_per_report, policy.k, policy.m, family)
-    if policy.mechanism == "hcms":
-        return HCMS(policy.epsilon_per_report, policy.k, policy.m, family)
-    assert policy.epsilon_word is not None and policy.epsilon_fragment is not None
-    assert policy.k_fragment is not None and policy.m_fragment is not None
-    return SFP(
-        policy.epsilon_word,
-        policy.epsilon_fragment,
-        policy.k,
-        policy.m,
-        policy.k_fragment,
-        policy.m_fragment,
-        family,
-    )
+    parameters = policy.model_dump() | {"epsilon": policy.epsilon_per_report}
+    return build(policy.mechanism, parameters, family)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import NamedTuple
 import httpx
 from pydantic import SecretStr
 
+from dp_governor.api.server import free_port
 from dp_governor.api.settings import Settings
 
 ADMIN_TOKEN = "live-admin-token-live-admin-token-live-admin"
@@ -27,13 +27,6 @@ class Served(NamedTuple):
     base: str
     pid: int
     log: Path
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_env(folder: Path, **settings: str | None) -> dict[str, str]:

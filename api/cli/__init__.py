@@ -1,4 +1,13 @@
-"""The ``dpgov`` command line: one module per command group, put together here."""
+"""The ``dpgov`` command line: one module per command group, put together here.
+
+- :mod:`.serve`: the HTTP service. :mod:`.db`: create, upgrade, say where the schema stands.
+- :mod:`.policies`: list, show, apply (with a review and a what-if), export.
+- :mod:`.budget`: a device's remaining budget. :mod:`.audit`: verify, report, export, recompute.
+- :mod:`.jobs`: run a scheduled job now or clear its lease. :mod:`.aggregate`: Parquet and Dask.
+- :mod:`.witness`: follow a transparency log and cosign it. :mod:`.selftest`: audit randomizers.
+- :mod:`.simulate` and :mod:`.demo`: a simulated fleet, alone or against a running service.
+- :mod:`.common`: settings, opening the database, refusals and progress, shared by all.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""The read side: what the ledger says about spend (effective epsilon, views, export).
+"""The read side: what the ledger says about spend. Nothing here writes a charge.
 
-Nothing here writes a charge; every figure is computed from the ledger and the policy book.
+- :mod:`.loss`: privacy loss on the live ledger, per device and per population, and the
+  effective-epsilon report (:mod:`.report` computes it from rows, :mod:`.report_text` prints it).
+- :mod:`.central`: the shuffled batches as published and the central ``(epsilon, delta)`` they give
+  (the composition itself is :mod:`dp_governor.budget.privacy.sub_batches`).
+- :mod:`.views`: one device's timeline, a use case's distribution, what-if of a policy edit.
+- :mod:`.activity`: reports accepted and refused per day (public counts).
+- :mod:`.transparency`: a device's record in the transparency log beside the gate's totals.
+- :mod:`.export`: the ledger as JSON Lines or CSV, and its report recomputed from an export.
 """

@@ -46,11 +46,8 @@ reports counts as a sub-batch of one device, with a note.
 from __future__ import annotations
 
 import itertools
-import math
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Final
 
 import orjson
@@ -58,6 +55,7 @@ from sqlalchemy import Engine, select
 
 from dp_governor.budget.clock import day_date
 from dp_governor.budget.privacy.display import fmt_up
+from dp_governor.budget.privacy.sub_batches import compose_sizes
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies.model import Policy, from_micro
 
@@ -73,11 +71,9 @@ __all__ = [
     "CentralLine",
     "CentralLoss",
     "DayFigure",
-    "batch_layers",
     "central_figures",
     "central_line",
     "central_lines",
-    "compose_sizes",
     "consistent",
     "read_batches",
     "render_central",
@@ -93,7 +89,6 @@ PRECONDITIONS: Final = (
     " content. A device with several reports in a batch is accounted layer by layer (sub-batch"
     " i holds every device's i-th report). The local epsilon per report holds whatever happens."
 )
-_GRID: Final = 8  # sizes rounded down to 2^(i / _GRID)
 MAX_BATCHES_SHOWN: Final = 24  # a day's batches listed one by one (frequent flushes make many)
 ONE_BATCH: Final = "one batch"
 FIXED_SCHEDULE: Final = "fixed schedule"
@@ -109,22 +104,6 @@ KIND_NOTES: Final = {
     ADAPTIVE: "the policy's cap of reports, each at the smallest sub-batch of the horizon:"
     " valid however batches, policies and reports are chosen after seeing earlier outputs",
 }
-
-
-def batch_layers(per_device: Iterable[int]) -> list[int]:
-    """``layers[i]``: how many devices have more than ``i`` reports in the batch.
-
-    >>> batch_layers([1, 2, 1, 3])
-    [4, 2, 1]
-    """
-    histogram = Counter(per_device)
-    top = max(histogram, default=0)
-    out = []
-    remaining = sum(histogram.values())
-    for i in range(1, top + 1):
-        out.append(remaining)
-        remaining -= histogram.get(i, 0)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,47 +178,6 @@ def read_batches(engine: Engine, first_day: int) -> list[ShuffledBatch]:
             select(table).where(table.c.day >= first_day).order_by(table.c.day, table.c.id)
         ).all()
     return [ShuffledBatch.model_construct(**r._mapping) for r in rows]  # our own rows
-
-
-def _round_down(n: int) -> int:
-    """The largest grid size ``<= n`` (``floor(2^(i/8))``, exact below 16)."""
-    if n < 16:
-        return n
-    i = math.floor(math.log2(n) * _GRID)
-    while math.floor(2.0 ** ((i + 1) / _GRID)) <= n:
-        i += 1
-    while math.floor(2.0 ** (i / _GRID)) > n:
-        i -= 1
-    size: int = math.floor(2.0 ** (i / _GRID))
-    return size
-
-
-@lru_cache(maxsize=1024)
-def _compose(slots: tuple[tuple[float, int], ...], delta: float) -> tuple[float, str]:
-    """``compose_shuffled`` of sub-batches ``(eps0, n)`` (memoized by the sorted multiset)."""
-    # dp-accounting and scipy load where a central figure is computed, not with the ledger
-    from dp_governor.budget.privacy.amplification import compose_shuffled, shuffle_epsilon
-
-    if len(slots) == 1:
-        bound = shuffle_epsilon(slots[0][0], slots[0][1], delta)
-        return bound.epsilon, bound.method
-    result = compose_shuffled(list(slots), delta)
-    return result.epsilon, result.method
-
-
-def compose_sizes(eps0: float, sizes: Sequence[int], delta: float) -> tuple[float, str]:
-    """Central ``epsilon`` at ``delta`` of sub-batches of ``sizes`` devices, composed.
-
-    One device in each sub-batch (a batch's layers: a device with ``len(sizes)`` reports),
-    each sub-batch FMT21-amplified at local ``eps0``; sizes are rounded down to the grid.
-    Returns the epsilon and the method that gave it.
-
-    >>> round(compose_sizes(4.0, [10**6], 1e-6)[0], 4)  # 10^6 rounds down to 961,548
-    0.0504
-    """
-    if not sizes or any(n < 1 for n in sizes):
-        raise ValueError(f"`sizes` must be a non-empty list of integers >= 1, got {sizes!r}")
-    return _compose(tuple(sorted((float(eps0), _round_down(int(n))) for n in sizes)), delta)
 
 
 def _worst(

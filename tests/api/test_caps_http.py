@@ -26,12 +26,12 @@ from typer.testing import CliRunner, Result
 
 from dp_governor.api.app import create_app
 from dp_governor.api.cli import app as cli
+from dp_governor.api.server import free_port
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.conftest import BACKENDS, PG_URL
-from tests.live import free_port
 
 # a few devices publish: the pipeline here, not the defaults' batch minimums
 pytestmark = pytest.mark.usefixtures("small_batches")

@@ -23,11 +23,11 @@ import uvicorn
 from pydantic import SecretStr
 
 from dp_governor.api.app import create_app
+from dp_governor.api.server import free_port
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.mechanisms import HCMS
 from dp_governor.policies import PolicyCreate, mechanism_for
-from tests.live import free_port
 
 webdriver = pytest.importorskip("selenium.webdriver")
 WebDriverWait = pytest.importorskip("selenium.webdriver.support.wait").WebDriverWait

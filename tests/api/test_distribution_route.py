@@ -26,11 +26,11 @@ from pydantic import SecretStr
 
 import dp_governor.budget.reporting.views as views
 from dp_governor.api.app import create_app
+from dp_governor.api.server import free_port
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.budget.reporting.views import distribution
 from dp_governor.policies import PolicyCreate, mechanism_for
-from tests.live import free_port
 
 TOKEN = "distribution-admin-token-distribution-0123"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)

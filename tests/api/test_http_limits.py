@@ -19,9 +19,10 @@ import httpx
 import numpy as np
 import pytest
 
+from dp_governor.api.server import free_port
 from dp_governor.mechanisms import CMS
 from dp_governor.policies import PolicyCreate, mechanism_for
-from tests.live import START, Served, free_port, server_env
+from tests.live import START, Served, server_env
 from tests.live import serve as live_serve
 
 TOKEN = "limits-admin-token-limits-admin-token"

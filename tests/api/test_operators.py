@@ -16,9 +16,10 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from dp_governor.api.server import free_port
 from dp_governor.budget import create_db_engine, init_db
 from dp_governor.budget.storage.db import scratch_schema
-from tests.live import free_port, serve, server_env
+from tests.live import serve, server_env
 
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")
 needs_pg = pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is not set")

@@ -8,13 +8,11 @@ chi-square statistic with ``d`` degrees of freedom.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 from scipy import stats
 
-from dp_governor.mechanisms import CMS, HCMS, HashFamily
+from dp_governor.mechanisms import CMS, HCMS, HashFamily, Sketch
 from dp_governor.mechanisms.variance import (
     cms_variance_bound,
     cms_variance_exact,
@@ -78,7 +76,7 @@ def test_unbiased_with_the_exact_variance_over_random_families(
     samples = np.empty((trials, len(watched)))
     for t in range(trials):
         mech = mechanism(epsilon=2.0, k=4, m=8, hash_family=HashFamily(t))
-        sketch: Any = mech.sketch()  # CMS or HCMS: each sketch takes its own reports
+        sketch: Sketch = mech.sketch()
         sketch.add(mech.privatize_indices(TOY_ITEMS, TOY_INDEX, rng=rng))
         samples[t] = sketch.estimate([TOY_ITEMS[i] for i in watched]).counts
     f = TOY_F[watched]
@@ -98,7 +96,7 @@ def test_fixed_family_mean_and_variance(mechanism: type[CMS] | type[HCMS]) -> No
     rng = np.random.default_rng(5)
     samples = np.empty((trials, TOY_F.size))
     for t in range(trials):
-        sketch: Any = mech.sketch()  # CMS or HCMS: each sketch takes its own reports
+        sketch: Sketch = mech.sketch()
         sketch.add(mech.privatize_indices(TOY_ITEMS, TOY_INDEX, rng=rng))
         samples[t] = sketch.estimate(TOY_ITEMS).counts
     _check_mean_and_variance(samples, mean, var)

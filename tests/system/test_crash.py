@@ -31,10 +31,11 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
+from dp_governor.api.server import free_port
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import default_policies, mechanism_for
-from tests.live import free_port, lower_batch_minimums
+from tests.live import lower_batch_minimums
 
 TOKEN = "crash-admin-token-crash-admin-token"
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")

@@ -22,7 +22,8 @@ from scipy import stats
 
 from dp_governor.api.client import Client, Refusal
 from dp_governor.api.demo.simulation import zipf_indices
-from tests.live import free_port, lower_batch_minimums
+from dp_governor.api.server import free_port
+from tests.live import lower_batch_minimums
 
 TOKEN = "e2e-admin-token-e2e-admin-token-e2e"
 

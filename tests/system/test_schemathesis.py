@@ -12,7 +12,6 @@ is a 200 holding those items' 422s: 200 is among the batch's statuses for negati
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import uvicorn  # noqa: E402
 from schemathesis.config import SchemathesisConfig  # noqa: E402
 
 from dp_governor.api.app import create_app  # noqa: E402
+from dp_governor.api.server import bind_port  # noqa: E402
 from dp_governor.api.settings import Settings  # noqa: E402
 
 TOKEN = "schemathesis-admin-token-schemathesis"
@@ -60,13 +60,12 @@ def _serve(tmp: Path) -> str:
         admin_failures_per_minute=1_000_000,
         report_cache_seconds=0,
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    sock = bind_port("127.0.0.1", 0)  # bound here and handed over: no race for the port
+    port = int(sock.getsockname()[1])
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 300  # generous: a busy machine starts slowly
     while not server.started and thread.is_alive() and time.monotonic() < deadline:

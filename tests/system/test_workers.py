@@ -18,9 +18,9 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from dp_governor.api.server import free_port
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.storage.db import scratch_schema
-from tests.live import free_port
 from tests.system.test_crash import _workload
 
 PG_URL = os.environ.get("DPGOV_TEST_DATABASE_URL")

@@ -26,7 +26,8 @@ from dp_governor.budget.clock import utc_day
 from dp_governor.budget.privacy._pld_read import epsilon_for_delta
 from dp_governor.budget.privacy.accountant import Accountant, optimal_epsilon, pld_epsilon
 from dp_governor.budget.privacy.amplification import BASIC_METHOD, compose_shuffled
-from dp_governor.budget.reporting.central import central_line, compose_sizes
+from dp_governor.budget.privacy.sub_batches import compose_sizes
+from dp_governor.budget.reporting.central import central_line
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies import PolicyCreate
 from dp_governor.policies.model import Policy
