@@ -20,6 +20,7 @@ import time
 import types
 import typing
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -28,6 +29,7 @@ import numpy as np
 from sqlalchemy import Engine, delete, insert, select
 
 from dp_governor.api._handles import ledger_engine, policy_store
+from dp_governor.api._integrity import KeptCheckpoints, verify_service
 from dp_governor.budget import Ledger
 from dp_governor.budget.audit.log import Verification
 from dp_governor.budget.reporting.activity import Activity, daily_activity
@@ -41,6 +43,7 @@ from dp_governor.budget.reporting.views import (
 )
 from dp_governor.budget.storage.db import write_step
 from dp_governor.budget.storage.tables import DashboardSnapshot
+from dp_governor.pipeline.seal import InboxSeal
 
 __all__ = [
     "ACTIVITY_DAYS",
@@ -52,7 +55,9 @@ __all__ = [
     "Verified",
     "compute_figures",
     "read_snapshot",
+    "store_figures",
     "store_snapshot",
+    "store_verification",
 ]
 
 ACTIVITY_DAYS = 14  # the trend of accepted and refused reports: two weeks, one point a day
@@ -170,6 +175,40 @@ def store_snapshot(engine: Engine, name: str, figures: Figures | Verified) -> No
                 body=body,
             )
         )
+
+
+def store_figures(ledger: Ledger, *, now: datetime) -> dict[str, Any]:
+    """Compute the figures and store them (the ``dashboard`` job); its result line."""
+    figures = compute_figures(ledger, now=now)
+    store_snapshot(ledger_engine(ledger), FIGURES, figures)
+    return {"computed_at": figures.computed_at, "seconds": round(figures.seconds, 3)}
+
+
+def store_verification(
+    ledger: Ledger,
+    *,
+    now: datetime,
+    kept: KeptCheckpoints,
+    seal: InboxSeal | None,
+    on_verified: Callable[[bool], None] | None = None,
+) -> dict[str, Any]:
+    """Verify the chain, the state and the pipeline, and store the verdict (the ``verify`` job).
+
+    A failed verification is the job's result, not its failure: it is stored and shown.
+    ``on_verified`` is told the verdict (the metrics).
+    """
+    started = time.monotonic()
+    verdict = verify_service(ledger, now=now, kept=kept, seal=seal)
+    verified = Verified(now.isoformat(), time.monotonic() - started, verdict)
+    store_snapshot(ledger_engine(ledger), VERIFICATION, verified)
+    if on_verified is not None:
+        on_verified(verdict.ok)
+    return {
+        "ok": verdict.ok,
+        "entries": verdict.entries,
+        "checkpoint": verdict.latest_checkpoint_seq,
+        "problem": verdict.problem,
+    }
 
 
 class _Reader:

@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,14 +45,8 @@ from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from dp_governor.api._handles import ledger_engine
-from dp_governor.api._integrity import kept_checkpoints, verify_service
-from dp_governor.api._snapshots import (
-    FIGURES,
-    VERIFICATION,
-    Verified,
-    compute_figures,
-    store_snapshot,
-)
+from dp_governor.api._integrity import kept_checkpoints
+from dp_governor.api._snapshots import store_figures, store_verification
 from dp_governor.api.logs import log_fields
 from dp_governor.api.metrics import Metrics
 from dp_governor.budget import Clock, Ledger
@@ -201,32 +196,16 @@ def _checkpoint(rt: Runtime) -> dict[str, Any]:
 
 def _dashboard(rt: Runtime) -> dict[str, Any]:
     """Compute the public pages' figures and store them (:mod:`dp_governor.api._snapshots`)."""
-    figures = compute_figures(rt.ledger, now=rt.clock.now())
-    store_snapshot(ledger_engine(rt.ledger), FIGURES, figures)
-    return {"computed_at": figures.computed_at, "seconds": round(figures.seconds, 3)}
+    return store_figures(rt.ledger, now=rt.clock.now())
 
 
 def _verify(rt: Runtime) -> dict[str, Any]:
-    """Verify the chain, the state and the pipeline, and store the verdict the pages show.
-
-    A failed verification is the job's result, not its failure: it is stored and shown.
-    """
-    now = rt.clock.now()
-    started = time.monotonic()
-    verdict = verify_service(
-        rt.ledger, now=now, kept=kept_checkpoints(rt.checkpoint_file), seal=rt.ingestor.seal
+    """Verify everything and store the verdict the pages show (a failure is a result)."""
+    on_verified = None if rt.metrics is None else rt.metrics.verified
+    kept = kept_checkpoints(rt.checkpoint_file)
+    return store_verification(
+        rt.ledger, now=rt.clock.now(), kept=kept, seal=rt.ingestor.seal, on_verified=on_verified
     )
-    seconds = time.monotonic() - started
-    verified = Verified(now.isoformat(), seconds, verdict)
-    store_snapshot(ledger_engine(rt.ledger), VERIFICATION, verified)
-    if rt.metrics is not None:
-        rt.metrics.verified(verdict.ok)
-    return {
-        "ok": verdict.ok,
-        "entries": verdict.entries,
-        "checkpoint": verdict.latest_checkpoint_seq,
-        "problem": verdict.problem,
-    }
 
 
 JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {
@@ -247,6 +226,9 @@ LEASES: dict[str, str] = {
     "dashboard": "dashboard",
     "verify": "verify",
 }
+
+# Jobs run as soon as the scheduler starts too: what the public pages read is there at once
+AT_START = frozenset({"dashboard", "verify"})
 
 # Runtimes by key, so that jobs scheduled by textual reference get primitive arguments only.
 RUNTIMES: dict[str, Runtime] = {}
@@ -578,6 +560,8 @@ def start_scheduler(
         if intervals and name in intervals and options["trigger"] == "interval":
             options["seconds"] = intervals[name]
         period = float(options.get("seconds", 86_400))
+        if name in AT_START:  # the pages' figures and verdict from the start, not an interval on
+            options["next_run_time"] = datetime.now(UTC)
         scheduler.add_job(
             "dp_governor.api.jobs:run_scheduled",
             id=name,
