@@ -1,4 +1,4 @@
-"""What read routes keep between requests: reports, spreads, discoveries, the chain, the page.
+"""What read routes keep between requests: reports, spreads, discoveries, figures, the page.
 
 One :class:`Caches` per app (``app.state.caches``, reached through
 :func:`dp_governor.api.deps.get_caches`). Each entry lives for its setting's seconds; sizes are
@@ -11,12 +11,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from datetime import datetime
 
-from dp_governor.api._integrity import kept_checkpoints, verify_service
+from dp_governor.api._handles import ledger_engine
+from dp_governor.api._snapshots import FIGURES, Figures, Snapshots, compute_figures, store_snapshot
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Clock, Ledger
-from dp_governor.budget.audit.log import Verification
+from dp_governor.budget.gate.prepared import InternalError
 from dp_governor.budget.reporting.loss import effective_epsilon_basis
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
 from dp_governor.budget.reporting.views import (
@@ -27,17 +27,17 @@ from dp_governor.budget.reporting.views import (
 )
 from dp_governor.mechanisms import Discovering
 from dp_governor.mechanisms.sfp import DiscoveredWord
-from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import Policy
 
 __all__ = ["REPORT_CACHE_ENTRIES", "Caches"]
 
 REPORT_CACHE_ENTRIES = 32  # effective-epsilon reports kept, one per distinct delta asked
 _DISCOVERIES = 16  # discoveries kept before the cache is emptied
+_PAGE_SECONDS = 60.0  # the public page is drawn again at least this often: its ages stay true
 
 
 class Caches:
-    """The effective-epsilon report, SFP discoveries, the chain's verification, the public page.
+    """The effective-epsilon report, SFP discoveries, the stored figures, the public page.
 
     The report's delta-free basis (one scan of the ledger) is kept for ``report_cache_seconds``
     and never past a change of the policy book it was computed from (its revision is read on
@@ -47,23 +47,16 @@ class Caches:
     same rule. The locks make one thread compute while the others wait for its answer.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        clock: Clock,
-        *,
-        on_verified: Callable[[bool], None] | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, clock: Clock) -> None:
         self._settings = settings
         self._clock = clock
-        self._on_verified = on_verified  # told each verification's result (the metrics)
         self._basis: list[tuple[float, tuple[int, int], ReportBasis]] = []  # at most one entry
         self.reports: OrderedDict[float | None, EffectiveEpsilonReport] = OrderedDict()
         self._report_lock = threading.Lock()
-        self._verification: dict[str, tuple[float, Verification]] = {}
-        self.verified_at: datetime | None = None  # when the cached verification was computed
+        self.snapshots = Snapshots()  # the stored figures and verification, parsed once each
+        self._first_lock = threading.Lock()  # the figures of a ledger that has none yet
         self._discovered: dict[tuple[str, int, tuple[int, ...], int], list[DiscoveredWord]] = {}
-        self._page: list[tuple[float, tuple[int, int], str]] = []  # the page without estimates
+        self._page: list[tuple[float, tuple[str, ...], str]] = []  # the page without estimates
         self._page_lock = threading.Lock()
         self._spreads: dict[tuple[str, str], tuple[float, SpendSpread]] = {}
         self._spread_lock = threading.Lock()
@@ -121,32 +114,38 @@ class Caches:
                 found = self._spreads[key] = (expires, spread)
         return distribution_of(found[1], bins)
 
-    def verification(self, ledger: Ledger, seal: InboxSeal | None = None) -> Verification:
-        """The chain's verification, renewed every ``verify_cache_seconds``."""
-        cached = self._verification.get("chain")
-        if cached is not None and time.monotonic() < cached[0]:
-            return cached[1]
-        kept = kept_checkpoints(self._settings.checkpoint_file)
-        now = self._clock.now()
-        result = verify_service(ledger, now=now, kept=kept, seal=seal)
-        if self._on_verified is not None:
-            self._on_verified(result.ok)
-        self.verified_at = now
-        expires = time.monotonic() + self._settings.verify_cache_seconds
-        self._verification["chain"] = (expires, result)
-        return result
+    def figures(self, ledger: Ledger) -> Figures:
+        """The latest stored dashboard figures (:mod:`dp_governor.api._snapshots`).
 
-    def public_page(self, ledger: Ledger, render: Callable[[], str]) -> str:
-        """The public dashboard page, rendered at most once per ``report_cache_seconds``.
-
-        Never served past a change of the policy book. One render at a time; the others wait
-        for its page.
+        A request reads them, never computes them: the ``dashboard`` job does. Only when none
+        fit (a fresh install before the job's first run, or a policy edit since they were
+        computed: an admin's act, never a visitor's) are they computed here, once, by one
+        request while the others wait for its row.
         """
-        revision = ledger.book_revision()
+        engine = ledger_engine(ledger)
+        revision = list(ledger.book_revision())
+        found = self.snapshots.figures(engine)
+        if found is not None and found.book == revision:
+            return found
+        with self._first_lock:
+            found = self.snapshots.figures(engine)
+            if found is None or found.book != revision:
+                store_snapshot(engine, FIGURES, compute_figures(ledger, now=self._clock.now()))
+                found = self.snapshots.figures(engine)
+        if found is None:
+            raise InternalError("the dashboard figures just stored cannot be read back")
+        return found
+
+    def public_page(self, stamp: tuple[str, ...], render: Callable[[], str]) -> str:
+        """The public dashboard page, drawn again when ``stamp`` changes or once a minute.
+
+        ``stamp`` names what the page shows (the figures' and the verification's times, the
+        policy book's revision); the minute keeps the ages it states current. One render at a
+        time; the others wait for its page.
+        """
         with self._page_lock:
-            if self._page and time.monotonic() < self._page[0][0] and self._page[0][1] == revision:
+            if self._page and time.monotonic() < self._page[0][0] and self._page[0][1] == stamp:
                 return self._page[0][2]
             page = render()
-            expires = time.monotonic() + self._settings.report_cache_seconds
-            self._page[:] = [(expires, revision, page)]
+            self._page[:] = [(time.monotonic() + _PAGE_SECONDS, stamp, page)]
             return page

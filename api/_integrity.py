@@ -91,6 +91,7 @@ def verify_service(
     kept: KeptCheckpoints | Sequence[Checkpoint],
     seal: InboxSeal | None = None,
     stage: Callable[[str], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Verification:
     """The chain, the deciding state, and the inbox and store against the recorded charges.
 
@@ -100,12 +101,13 @@ def verify_service(
     it, so from then on it must be there. Either is named after any problem of the ledger
     itself. ``seal`` (the service's) opens every sealed inbox row, which authenticates it;
     without it (a command that reads no shuffler key) sealed rows are counted, not opened, and
-    the verdict's note says so. ``stage`` is told each part as it starts (a command's progress).
+    the verdict's note says so. ``stage`` is told each part as it starts, ``progress`` the
+    entries verified (a command's progress).
     """
     copy = kept if isinstance(kept, KeptCheckpoints) else KeptCheckpoints(points=tuple(kept))
     if stage is not None:
         stage("the chain, its tags, its checkpoints and the deciding state")
-    verdict, state = ledger.verify(kept=copy.points)
+    verdict, state = ledger.verify(kept=copy.points, progress=progress)
     if not verdict.ok:
         return verdict
     file_problem = copy.problem

@@ -7,9 +7,13 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
+from functools import partial
 
 from fastapi import FastAPI
 from pydantic import ValidationError
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from dp_governor import __version__
 from dp_governor.api import errors
@@ -70,7 +74,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     app.state.settings = settings
     app.state.clock = clock or SystemClock()
     app.state.metrics = Metrics()
-    app.state.caches = Caches(settings, app.state.clock, on_verified=app.state.metrics.verified)
+    app.state.caches = Caches(settings, app.state.clock)
     app.state.device_limit = RateLimiter(
         settings.device_rate_per_minute, max_keys=settings.rate_limit_keys
     )
@@ -95,6 +99,21 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     install_openapi(app)
     install_docs(app)
     return app
+
+
+def _recorded_verification(caches: Caches, engine: Engine) -> tuple[bool, float] | None:
+    """The ``verify`` job's last verdict and when (Unix time) for the metrics; None: none yet.
+
+    A database that cannot answer leaves the metrics to this process's own figures: a scrape
+    never fails on it.
+    """
+    try:
+        found = caches.snapshots.verified(engine)
+    except SQLAlchemyError:
+        return None
+    if found is None:
+        return None
+    return found.verification.ok, datetime.fromisoformat(found.at).timestamp()
 
 
 @asynccontextmanager
@@ -136,6 +155,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.ledger = ledger
     app.state.ingestor = ingestor
     app.state.metrics.registry.register(ingestor.health)
+    app.state.metrics.follow(partial(_recorded_verification, app.state.caches, engine))
     app.state.runtime_key = key
     committer = GroupCommitter(ingestor, clock)
     committer.start()
@@ -148,6 +168,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 "flush-inbox": settings.flush_seconds,
                 "aggregate": settings.aggregate_seconds,
                 "checkpoint": settings.checkpoint_seconds,
+                "dashboard": settings.dashboard_seconds,
+                "verify": settings.verify_seconds,
             },
         )
     # Everything loaded so far (framework, ORM, numpy) lives as long as the process: keep it

@@ -226,14 +226,18 @@ def render_dashboard(
     distributions: Sequence[Distribution],
     estimates: Sequence[EstimatePanel],
     activity: Activity,
-    chain: Verification,
-    verified_at: datetime,
+    chain: Verification | None,
+    verified_at: datetime | None,
+    figures_at: datetime,
     now: datetime,
     hint: str,
     health: Sequence[HealthLine] = (),
     admin: bool = False,
 ) -> str:
     """The whole page; ``verified_at``: when ``chain`` was checked, ``now``: the page's time.
+
+    ``chain`` None: no scheduled verification yet. ``figures_at``: when the figures were
+    computed (the ``dashboard`` job's snapshot), stated with their age.
 
     ``admin``: the page with estimates, which offers to sign out; else the public page, which
     offers to sign in.
@@ -249,8 +253,9 @@ def render_dashboard(
 <link rel="icon" href="data:,"><style>{_CSS}</style></head><body>
 <h1>dp-governor</h1>
 {_SIGN_OUT if admin else _SIGN_IN_LINK}
-<p class="muted">Privacy accounting as of {escape(report.as_of)},
-computed at {escape(report.computed_at)}.</p>
+<p class="muted" id="figures">Privacy accounting as of {escape(report.as_of)},
+computed at <span id="figures-at">{figures_at:%Y-%m-%d %H:%M:%S} UTC</span>,
+{_age((now - figures_at).total_seconds())} ago, by the scheduled <code>dashboard</code> job.</p>
 {chain_panel}
 <h2>Policies</h2>
 <table id="policies"><tr><th>use case</th><th>mechanism</th><th>&#949;/report</th>
@@ -428,8 +433,14 @@ def _cards(
     return charts, hists, panels
 
 
-def _chain_panel(chain: Verification, verified_at: datetime, now: datetime) -> str:
-    """The audit chain's status line."""
+def _chain_panel(chain: Verification | None, verified_at: datetime | None, now: datetime) -> str:
+    """The audit chain's status line, as the last scheduled verification found it."""
+    if chain is None or verified_at is None:
+        return (
+            '<p id="chain">Audit chain: <span class="muted" id="chain-status">not verified'
+            " yet</span>; the scheduled <code>verify</code> job records its first verification"
+            " here.</p>"
+        )
     status = (
         '<span class="ok" id="chain-status">verified</span>'
         if chain.ok

@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,8 @@ from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from dp_governor.api._handles import ledger_engine
+from dp_governor.api._integrity import kept_checkpoints
+from dp_governor.api._snapshots import store_figures, store_verification
 from dp_governor.api.logs import log_fields
 from dp_governor.api.metrics import Metrics
 from dp_governor.budget import Clock, Ledger
@@ -191,11 +194,27 @@ def _checkpoint(rt: Runtime) -> dict[str, Any]:
     return {"signed": signed, "tlog": signed_tlog, "kept": {"added": added, "problem": None}}
 
 
+def _dashboard(rt: Runtime) -> dict[str, Any]:
+    """Compute the public pages' figures and store them (:mod:`dp_governor.api._snapshots`)."""
+    return store_figures(rt.ledger, now=rt.clock.now())
+
+
+def _verify(rt: Runtime) -> dict[str, Any]:
+    """Verify everything and store the verdict the pages show (a failure is a result)."""
+    on_verified = None if rt.metrics is None else rt.metrics.verified
+    kept = kept_checkpoints(rt.checkpoint_file)
+    return store_verification(
+        rt.ledger, now=rt.clock.now(), kept=kept, seal=rt.ingestor.seal, on_verified=on_verified
+    )
+
+
 JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {
     "flush-inbox": (_flush, {"trigger": "interval", "seconds": 60}),
     "aggregate": (_aggregate, {"trigger": "interval", "seconds": 300}),
     "purge": (_purge, {"trigger": "cron", "hour": 0, "minute": 15}),
     "checkpoint": (_checkpoint, {"trigger": "interval", "seconds": 300}),
+    "dashboard": (_dashboard, {"trigger": "interval", "seconds": 60}),
+    "verify": (_verify, {"trigger": "interval", "seconds": 300}),
 }
 
 # Which lease each job runs under: everything that moves the inbox shares one.
@@ -204,7 +223,12 @@ LEASES: dict[str, str] = {
     "aggregate": "inbox",
     "purge": "purge",
     "checkpoint": "checkpoint",
+    "dashboard": "dashboard",
+    "verify": "verify",
 }
+
+# Jobs run as soon as the scheduler starts too: what the public pages read is there at once
+AT_START = frozenset({"dashboard", "verify"})
 
 # Runtimes by key, so that jobs scheduled by textual reference get primitive arguments only.
 RUNTIMES: dict[str, Runtime] = {}
@@ -536,6 +560,8 @@ def start_scheduler(
         if intervals and name in intervals and options["trigger"] == "interval":
             options["seconds"] = intervals[name]
         period = float(options.get("seconds", 86_400))
+        if name in AT_START:  # the pages' figures and verdict from the start, not an interval on
+            options["next_run_time"] = datetime.now(UTC)
         scheduler.add_job(
             "dp_governor.api.jobs:run_scheduled",
             id=name,

@@ -1,7 +1,8 @@
 """The service's Prometheus metrics, one registry per app (held on ``app.state.metrics``).
 
 Each process keeps its own figures: with several workers, scrape each one (the jobs' figures
-come from the process that runs the scheduler, ``scheduler`` true).
+come from the process that runs the scheduler, ``scheduler`` true; the last verification is
+the database's record, :meth:`Metrics.follow`, in every worker).
 """
 
 from __future__ import annotations
@@ -88,6 +89,10 @@ class Metrics:
         )
         self.verification_at.set(math.nan)
         self._verified: float | None = None
+        self._ok = math.nan
+        self._recorded: Callable[[], tuple[bool, float] | None] = lambda: None
+        self.verification_ok.set_function(lambda: self._latest()[0])
+        self.verification_at.set_function(lambda: self._latest()[1])
         age = Gauge(
             "dpgov_audit_verification_age_seconds",
             "Seconds since the last audit verification; NaN: none yet in this process.",
@@ -110,8 +115,23 @@ class Metrics:
     def verified(self, ok: bool) -> None:
         """Record an audit verification that just ran, and its result."""
         self._verified = self._wall()
-        self.verification_ok.set(1.0 if ok else 0.0)
-        self.verification_at.set(self._verified)
+        self._ok = 1.0 if ok else 0.0
+
+    def follow(self, recorded: Callable[[], tuple[bool, float] | None]) -> None:
+        """Also show the last verification the database records (``(ok, Unix time)``).
+
+        The ``verify`` job stores its verdict whichever process runs it, so every worker's
+        scrape shows it, not only the scheduler's; the later of it and this process's wins.
+        """
+        self._recorded = recorded
+
+    def _latest(self) -> tuple[float, float]:
+        """``(ok, Unix time)`` of the latest verification known here; NaN, NaN: none."""
+        found = self._recorded()
+        if found is not None and (self._verified is None or found[1] > self._verified):
+            return (1.0 if found[0] else 0.0), found[1]
+        return self._ok, math.nan if self._verified is None else self._verified
 
     def _verification_age(self) -> float:
-        return math.nan if self._verified is None else max(0.0, self._wall() - self._verified)
+        at = self._latest()[1]
+        return math.nan if math.isnan(at) else max(0.0, self._wall() - at)

@@ -96,14 +96,31 @@ class Settings(BaseSettings):
         " missing once the database holds a checkpoint: `verify` fails naming it. Unset:"
         " checkpoints live only in the database.",
     )
+    dashboard_seconds: int = Field(
+        default=60,
+        ge=1,
+        description="Interval of the `dashboard` job, which computes the figures the dashboard"
+        " and the public audit routes show (no request computes them).",
+    )
+    verify_seconds: int = Field(
+        default=300,
+        ge=1,
+        description="Interval of the `verify` job, whose verification the dashboard and the"
+        " metrics show.",
+    )
     verify_cache_seconds: float = Field(
-        default=300.0, ge=0, description="How long the dashboard shows one chain verification."
+        default=300.0,
+        ge=0,
+        description="Unused since the dashboard shows the `verify` job's verification (its"
+        " interval: `verify_seconds`); still accepted, so that an environment that sets it"
+        " starts.",
     )
     report_cache_seconds: float = Field(
         default=30.0,
         ge=0,
-        description="How long an effective-epsilon report, the dashboard and a use case's"
-        " public distribution are served again.",
+        description="How long an effective-epsilon report at a delta other than the policies'"
+        " and a distribution of a use case newer than the `dashboard` job's figures are served"
+        " again.",
     )
     host: str = Field(default="127.0.0.1", description="Address `dpgov serve` listens on.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port `dpgov serve` listens on.")

@@ -7,7 +7,7 @@ its accounts and policy book in :mod:`dp_governor.budget.reporting`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -126,6 +126,9 @@ def _policy_json(policy: Policy) -> dict[str, Any]:
     return data
 
 
+PROGRESS_EVERY = 1000  # audit entries between two progress reports of a verification
+
+
 class Ledger:
     """Per-device privacy accounts over a database engine."""
 
@@ -152,6 +155,13 @@ class Ledger:
             engine, on_change=self._policy_changed, review=self._review_policies
         )
         self.accountant = accountant or Accountant()
+        # told the accounts read so far by each full scan, a chunk at a time (a command's bar)
+        self.scan_progress: Callable[[int], None] | None = None
+
+    def account_count(self) -> int:
+        """How many devices hold an account (the length of a full :meth:`accounts` scan)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(_ACCOUNTS)).scalar_one())
 
     def connect(self) -> Connection:
         """A read connection to the ledger's database; use it as a context manager."""
@@ -224,15 +234,32 @@ class Ledger:
 
     # -- tamper evidence ---------------------------------------------------------------------------
 
-    def verify(self, *, kept: Sequence[Checkpoint] = ()) -> tuple[Verification, StateCheck]:
+    def verify(
+        self,
+        *,
+        kept: Sequence[Checkpoint] = (),
+        progress: Callable[[int, int], None] | None = None,
+    ) -> tuple[Verification, StateCheck]:
         """The audit chain, and the tables the gate decides on against it.
 
         ``kept`` are checkpoints kept outside the database (truncation back to any of them is
         caught). The state check (:mod:`dp_governor.budget.audit.verify`) runs only on a chain that
-        verifies; its problem, if any, becomes the verification's.
+        verifies; its problem, if any, becomes the verification's. ``progress`` is told
+        ``(entries verified, entries in the log)`` every :data:`PROGRESS_EVERY` entries and at
+        the end (a command's bar).
         """
         replay = StateReplay(self._audit_key, budgets_since=budgets_since(self.engine))
-        chain = self.audit.verify(external=kept, observe=replay)
+        observe: Callable[[int, str, str, str], None] = replay
+        if progress is not None:
+            total = self.audit.head()[0]
+
+            def observe(seq: int, actor: str, action: str, body: str) -> None:
+                replay(seq, actor, action, body)
+                if seq % PROGRESS_EVERY == 0 or seq == total:
+                    progress(seq, total)
+
+            progress(0, total)
+        chain = self.audit.verify(external=kept, observe=observe)
         if not chain.ok:
             return chain, StateCheck(False, note="the chain failed: the state was not checked")
         state = replay.compare(self.engine)
@@ -373,6 +400,7 @@ class Ledger:
         """
         after = ""
         c = _ACCOUNTS.c
+        read = 0
         while True:
             query = (
                 select(c.device_key, c.count, c.epsilon_micro, c.days, c.lifetime)
@@ -386,6 +414,9 @@ class Ledger:
                 rows = conn.execute(query).cursor.fetchall()
             for dk, count, eps, days, lifetime in rows:
                 yield str(dk), decode(count, eps, days, lifetime)
+            read += len(rows)
+            if self.scan_progress is not None and expired_by is None:
+                self.scan_progress(read)
             if len(rows) < chunk:
                 return
             after = str(rows[-1][0])

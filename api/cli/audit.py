@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -20,6 +21,9 @@ from dp_governor.api.cli.common import (
 )
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
+QuietOption = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress on stderr (the result only).")
+]
 
 
 @app.command("verify")
@@ -32,8 +36,13 @@ def audit_verify(
         ),
     ] = None,
     database_url: DatabaseOption = None,
+    quiet: QuietOption = False,
 ) -> None:
-    """Check the audit chain and the state the gate decides on; exit 1 naming what fails."""
+    """Check the audit chain and the state the gate decides on; exit 1 naming what fails.
+
+    On stderr: the entries verified (a bar on a terminal, a line per tenth in a log), then
+    each later part with its time; ``--quiet``: none of it.
+    """
     from dp_governor.api._integrity import kept_checkpoints, verify_service
 
     settings = load_settings(database_url)
@@ -42,9 +51,25 @@ def audit_verify(
         refuse(f"no checkpoint file at {checkpoints}")
     kept = kept_checkpoints(path)  # one it cannot read fails the verification, naming it
     ledger = open_ledger(settings)  # a refusal is one line, before any progress
+    sink = io.StringIO() if quiet else None
     try:
-        with Stages("audit verify") as stages:
-            result = verify_service(ledger, now=datetime.now(UTC), kept=kept, stage=stages)
+        with (
+            Progress("audit verify: the chain", "entries", stream=sink) as bar,
+            Stages("audit verify", stream=sink) as stages,
+        ):
+            chain_part = True
+
+            def stage(name: str) -> None:
+                nonlocal chain_part
+                if chain_part:  # the first part counts its entries on the bar
+                    chain_part = False
+                    return
+                bar.close()
+                stages(name)
+
+            result = verify_service(
+                ledger, now=datetime.now(UTC), kept=kept, stage=stage, progress=bar
+            )
     finally:
         ledger.close()
     typer.echo(json.dumps(result.to_dict(), indent=2))
@@ -83,8 +108,13 @@ def audit_report(
         float | None, typer.Option(help="Delta of the tight bounds (default: the policies').")
     ] = None,
     database_url: DatabaseOption = None,
+    quiet: QuietOption = False,
 ) -> None:
-    """The effective-epsilon report: what each policy allows and what devices spent."""
+    """The effective-epsilon report: what each policy allows and what devices spent.
+
+    On stderr: the devices read (a bar on a terminal, a line per tenth in a log), then the
+    bounds' time; ``--quiet``: none of it.
+    """
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.loss import effective_epsilon
     from dp_governor.budget.reporting.report_text import render_text
@@ -93,9 +123,27 @@ def audit_report(
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
         raise typer.Exit(2)
     ledger = open_ledger(load_settings(database_url))  # a refusal: one line, no progress
+    sink = io.StringIO() if quiet else None
     try:
-        with Stages("audit report") as stages:
-            stages("every device's spend, and the bounds of every policy")
+        with (
+            Progress("audit report: every device's spend", "devices", stream=sink) as bar,
+            Stages("audit report", stream=sink) as stages,
+        ):
+            total = ledger.account_count()
+            bar(0, total)
+            scanning = True
+
+            def read(done: int) -> None:
+                nonlocal scanning
+                if not scanning:
+                    return
+                bar(done, max(total, done))
+                if done >= total:  # the scan is done: the bounds follow
+                    scanning = False
+                    bar.close()
+                    stages("the bounds of every policy")
+
+            ledger.scan_progress = read
             report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
     finally:
         ledger.close()

@@ -21,7 +21,9 @@ app = typer.Typer(help="Run scheduled jobs now.", no_args_is_help=True)
 
 @app.command("run")
 def jobs_run(
-    name: Annotated[str, typer.Argument(help="flush-inbox, aggregate, purge or checkpoint.")],
+    name: Annotated[
+        str, typer.Argument(help="flush-inbox, aggregate, purge, checkpoint, dashboard or verify.")
+    ],
     database_url: DatabaseOption = None,
     force: Annotated[
         bool,
@@ -87,7 +89,9 @@ def jobs_run(
 
 @app.command("release")
 def jobs_release(
-    name: Annotated[str, typer.Argument(help="flush-inbox, aggregate, purge or checkpoint.")],
+    name: Annotated[
+        str, typer.Argument(help="flush-inbox, aggregate, purge, checkpoint, dashboard or verify.")
+    ],
     database_url: DatabaseOption = None,
 ) -> None:
     """Clear a job's lease whoever holds it, so the next run need not wait for it to expire."""

@@ -289,6 +289,8 @@ def _simulate(
             if row.epsilon_lifetime > 0:
                 spend.append(row.model_dump())
         _run_job(client, "checkpoint")
+        _run_job(client, "dashboard")  # the figures the dashboard and the report show
+        _run_job(client, "verify")  # the chain's status on the dashboard
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         report = httpx.get(base + "/v1/audit/effective-epsilon", timeout=600)
         report.raise_for_status()

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from dp_governor.api import wire
+from dp_governor.api._handles import policy_store
 from dp_governor.api._integrity import kept_checkpoints, verify_service
 from dp_governor.api.deps import (
     AdminDep,
@@ -74,9 +75,14 @@ def audit_distribution(
 ) -> Distribution:
     """Histogram and quantiles of cumulative epsilon per device (public: names no device).
 
-    The ledger is read at most once per ``report_cache_seconds`` for each use case and scope,
-    by one request at a time; any bin count is derived from that reading.
+    From the figures the ``dashboard`` job stored (any bin count derives from them, whatever
+    the ledger's size). A use case newer than them is read from the ledger at most once per
+    ``report_cache_seconds``, by one request at a time.
     """
+    policy_store(ledger).get(name)  # UnknownUseCase (404): a name never defined or retired
+    spends = caches.figures(ledger).spends_of(name, scope)
+    if spends is not None:
+        return wire.distribution(spends.distribution(bins))
     return wire.distribution(caches.distribution(ledger, name, scope, bins))
 
 
@@ -93,9 +99,14 @@ def effective_epsilon(
 
     What each use case's policy allows per report, day, window and year, beside what
     devices actually spent, and the total across use cases. Public, as Tang et al. ask:
-    it names no device. The ledger is read at most every ``report_cache_seconds``; any
-    delta's figures are derived from that reading, one composition per distinct device
-    ledger (the last 32 deltas asked are kept). ``as_of`` and ``provenance`` say how it was
-    computed; each (epsilon, delta) figure says what it is (``bound``, ``kind``, ``note``).
+    it names no device. Another ``delta``: the ledger is read at most every
+    ``report_cache_seconds``; any delta's figures are derived from that reading, one
+    composition per distinct device ledger (the last 32 deltas asked are kept). ``as_of``
+    and ``provenance`` say how it was computed; each (epsilon, delta) figure says what it
+    is (``bound``, ``kind``, ``note``).
+    At the policies' delta (no ``delta``) it is the report the ``dashboard`` job stored:
+    no request computes it.
     """
+    if delta is None:
+        return wire.effective_epsilon(caches.figures(ledger).report)
     return wire.effective_epsilon(caches.report(ledger, delta))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -15,8 +16,6 @@ from dp_governor.api.deps import AdminCredential, CachesDep, ClockDep, IngestorD
 from dp_governor.api.errors import UNAUTHORIZED, HttpError
 from dp_governor.api.routes.signin import sign_in_page
 from dp_governor.budget import Clock, Ledger, UnknownUseCase, utc_day
-from dp_governor.budget.reporting.activity import daily_activity
-from dp_governor.budget.reporting.views import cumulative_series, distribution
 from dp_governor.mechanisms import Discovering
 from dp_governor.pipeline.fold import load_sketch
 from dp_governor.pipeline.ingest import Ingestor
@@ -24,7 +23,6 @@ from dp_governor.pipeline.ingest import Ingestor
 __all__ = ["render_page", "router"]
 
 router = APIRouter()
-ACTIVITY_DAYS = 14  # the trend of accepted and refused reports: two weeks, one point a day
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -40,9 +38,11 @@ def dashboard(
 ) -> HTMLResponse:
     """The dashboard page (:mod:`dp_governor.api.dashboard`).
 
-    Public: the chain's status and age, policies and caps, accepted and refused reports per
-    day, the effective-epsilon report, cumulative epsilon and histograms, rendered at most
-    once per ``report_cache_seconds`` into one cached page whatever the query. Estimates are
+    Public: the chain's status as the last ``verify`` job found it, policies and caps,
+    accepted and refused reports per day, the effective-epsilon report, cumulative epsilon
+    and histograms, as the last ``dashboard`` job computed them (:mod:`dp_governor.api.
+    _snapshots`; the page states their age), drawn into one cached page whatever the query:
+    no request scans the ledger. Estimates are
     what ``GET .../estimates`` and ``.../discoveries`` protect, so with the admin token only:
     SFP's words, and with
     ``?estimate=NAME&candidates=...`` a dictionary's estimates. A browser proves the token
@@ -60,8 +60,15 @@ def dashboard(
                 "estimates on the dashboard need `Authorization: Bearer <admin token>`,"
                 " as `GET /v1/use-cases/{name}/estimates` does",
             )
+        figures = caches.figures(ledger)
+        verified = caches.snapshots.verified(ledger_engine(ledger))
+        stamp = (
+            figures.computed_at,
+            "" if verified is None else verified.at,
+            repr(ledger.book_revision()),
+        )
         page = caches.public_page(
-            ledger, lambda: render_page(ledger, ingestor, caches, clock, None, None)
+            stamp, lambda: render_page(ledger, ingestor, caches, clock, None, None)
         )
         return HTMLResponse(page)
     page = render_page(ledger, ingestor, caches, clock, estimate, candidates or [])
@@ -106,17 +113,19 @@ def render_page(
         "With the admin token, ?estimate=USE_CASE&candidates=a&candidates=b adds a"
         " dictionary's estimates (and SFP's discovered words)."
     )
-    chain = caches.verification(ledger, ingestor.seal)
+    figures = caches.figures(ledger)
+    verified = caches.snapshots.verified(ledger_engine(ledger))
     return render_dashboard(
         policies=policies,
-        report=caches.report(ledger, None),
-        series=[cumulative_series(ledger, p.name, now=now) for p in policies],
-        distributions=[distribution(ledger, p.name, now=now) for p in policies],
+        report=figures.report,
+        series=figures.series,
+        distributions=[s.distribution(20) for s in figures.spends if s.scope == "window"],
         estimates=panels,
-        activity=daily_activity(ledger_engine(ledger), now=now, days=ACTIVITY_DAYS),
-        chain=chain,
+        activity=figures.activity,
+        chain=None if verified is None else verified.verification,
         health=ingestor.health.lines(),
-        verified_at=caches.verified_at or now,
+        verified_at=None if verified is None else datetime.fromisoformat(verified.at),
+        figures_at=datetime.fromisoformat(figures.computed_at),
         now=now,
         admin=candidates is not None,
         hint=hint + " JSON for all of this: /v1/audit/effective-epsilon, /v1/audit/use-cases/"

@@ -22,7 +22,10 @@ router = APIRouter(tags=["operations"])
 MAX_JOB_WAIT_SECONDS = 600.0  # a client's HTTP timeout is rarely longer
 JobName = Annotated[
     str,
-    Path(description="The scheduled job: `flush-inbox`, `aggregate`, `purge` or `checkpoint`."),
+    Path(
+        description="The scheduled job: `flush-inbox`, `aggregate`, `purge`, `checkpoint`,"
+        " `dashboard` or `verify`."
+    ),
 ]
 
 

@@ -26,6 +26,9 @@
 - ``shuffled_batches``: each batch the inbox flush published, by its sizes only
   (:mod:`dp_governor.budget.reporting.central`); ``split`` marks batches published before revision
   0009, in parts whose devices were not counted.
+- ``dashboard_snapshots``: the latest of each precomputed public figure set (the dashboard's
+  figures, the last scheduled verification) as JSON, so no request computes them
+  (``dp_governor.api._snapshots``); one row per name, replaced by each job run.
 
 The policy tables live with the policies (:mod:`dp_governor.policies.model`,
 :mod:`dp_governor.policies.device`) and the pipeline's with the pipeline
@@ -46,6 +49,7 @@ __all__ = [
     "AuditEntry",
     "AuditHead",
     "Charge",
+    "DashboardSnapshot",
     "IdempotencyRecord",
     "RetentionHorizon",
     "ShuffledBatch",
@@ -274,3 +278,15 @@ class ShuffledBatch(SQLModel, table=True):
         description="Published before revision 0009 in parts (by charge day and parameters)"
         " that may have been smaller than the batch: what hid each report is not known.",
     )
+
+
+class DashboardSnapshot(SQLModel, table=True):
+    """The latest figures a job computed for the public pages, by name, as JSON."""
+
+    __tablename__ = "dashboard_snapshots"
+
+    name: str = Field(sa_column=Column(String(32), primary_key=True))
+    token: str = Field(sa_column=Column(String(32), nullable=False))  # new for every row written
+    computed_at: str = Field(sa_column=Column(String(40), nullable=False))
+    seconds: float = Field(description="How long the job took to compute them.")
+    body: str = Field(sa_column=Column(Text, nullable=False))

@@ -70,6 +70,9 @@ def test_held_batch_publishes_when_complete_then_reports_central_epsilon(tmp_pat
 
         _relay(client, range(2000, 3000))
         assert _flush(client) == 3000
+        # the public figures are the dashboard job's: its next run shows the batch
+        job = client.post("/v1/admin/jobs/dashboard:run", headers=ADMIN)
+        assert job.status_code == 200, job.text
         report = client.get("/v1/audit/effective-epsilon").json()
         (line,) = report["central"]
         assert line["use_case"] == "held" and line["min_batch_devices"] == 3000

@@ -43,7 +43,6 @@ def _settings(folder: Path) -> Settings:
         admin_token=SecretStr(TOKEN),
         scheduler=False,
         checkpoint_file=folder / "kept" / "checkpoints.jsonl",
-        verify_cache_seconds=0,
         report_cache_seconds=0,
     )
 
@@ -88,7 +87,8 @@ def test_an_unreadable_checkpoint_file_fails_verify_and_answers_everywhere(
     body = verify.json()
     assert not body["ok"] and body["problem"].startswith("checkpoint file unreadable: "), body
     assert str(_kept(folder)) in body["problem"]
-    page = client.get("/")
+    assert client.post("/v1/admin/jobs/verify:run", headers=ADMIN).status_code == 200
+    page = client.get("/")  # the dashboard shows the scheduled verification's verdict
     assert page.status_code == 200 and "checkpoint file unreadable" in page.text
     job = client.post("/v1/admin/jobs/checkpoint:run", headers=ADMIN)
     assert job.status_code == 200, job.text

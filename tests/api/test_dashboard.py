@@ -106,6 +106,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             if day < DAYS - 1:
                 clock.advance(days=1)
         assert c.post("/v1/admin/jobs/checkpoint:run").status_code == 200
+        assert c.post("/v1/admin/jobs/verify:run").status_code == 200
     yield base
     server.should_exit = True
     thread.join(timeout=10)

@@ -71,7 +71,7 @@ def test_a_running_job_is_not_started_twice(two_processes: list[str]) -> None:
     engine = RUNTIMES[two_processes[0]].ledger.engine
     assert acquire_lease(engine, lease_of("aggregate"), "someone-else", 60)
     assert run_job("aggregate", two_processes[0]) is None
-    assert set(JOBS) == {"flush-inbox", "aggregate", "purge", "checkpoint"}
+    assert set(JOBS) == {"flush-inbox", "aggregate", "purge", "checkpoint", "dashboard", "verify"}
 
 
 def test_everything_that_moves_the_inbox_shares_one_lease(two_processes: list[str]) -> None:

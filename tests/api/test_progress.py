@@ -7,10 +7,15 @@ import json
 import re
 from pathlib import Path
 
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from dp_governor.api.app import create_app
 from dp_governor.api.cli import app
 from dp_governor.api.cli.common import Progress
+from tests.live import app_settings
+
+TOKEN = "progress-admin-token-progress-admin-0123"
 
 
 class Terminal(io.StringIO):
@@ -92,28 +97,45 @@ def test_a_terminal_gets_richs_bar_redrawn_in_place_one_row_per_step() -> None:
     assert text.split("fold", 1)[0].count("\n") == 1  # one row redrawn in place until the step
 
 
-def test_audit_verify_and_report_show_their_stages_on_stderr(tmp_path: Path) -> None:
+def test_audit_verify_and_report_count_entries_and_devices_on_stderr(tmp_path: Path) -> None:
+    """Per-entry progress (a line per tenth in a log), then the later parts; none with -q."""
     env = {
-        "DPGOV_DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+        "DPGOV_DATABASE_URL": f"sqlite:///{tmp_path / 'service.sqlite'}",
         "DPGOV_SECRET_FILE": str(tmp_path / "secret"),
         "DPGOV_AUDIT_KEY_FILE": str(tmp_path / "audit.key"),
         "DPGOV_SHUFFLER_KEY_FILE": str(tmp_path / "shuffler.key"),
         "DPGOV_CHECKPOINT_FILE": str(tmp_path / "checkpoints.jsonl"),
     }
+    settings = app_settings(tmp_path, TOKEN).model_copy(
+        update={"checkpoint_file": tmp_path / "checkpoints.jsonl"}
+    )
+    with TestClient(create_app(settings)) as client:
+        items = [{"device_id": f"d{i}", "report": {"j": 1, "l": 2, "bit": 1}} for i in range(40)]
+        r = client.post(
+            "/v1/use-cases/safari-energy-domains/reports:batch",
+            json={"items": items},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        assert r.json()["accepted"] == 40, r.text
+        entries = client.app.state.ledger.audit.head()[0]  # type: ignore[attr-defined]
     runner = CliRunner()
-    assert runner.invoke(app, ["db", "init"], env=env).exit_code == 0
     verify = runner.invoke(app, ["audit", "verify"], env=env)
     assert verify.exit_code == 0, verify.output
     assert json.loads(verify.stdout)["ok"]  # stdout stays the result
-    started = [line for line in verify.stderr.splitlines() if line.endswith("...")]
-    assert started == [
-        "audit verify: the chain, its tags, its checkpoints and the deciding state...",
-        "audit verify: the inbox, the report store and the sketches against the charges...",
-    ]
+    lines = verify.stderr.splitlines()
+    assert lines[0] == f"audit verify: the chain: 0 of {entries:,d} entries (0%)", lines
+    assert f"audit verify: the chain: {entries:,d} of {entries:,d} entries (100%)" in lines
+    assert (
+        "audit verify: the inbox, the report store and the sketches against the charges..." in lines
+    )
     assert re.search(r"^audit verify: the inbox, .*: \d+\.\d s$", verify.stderr, re.M)
     report = runner.invoke(app, ["audit", "report", "--json"], env=env)
     assert report.exit_code == 0, report.output
     assert json.loads(report.stdout)["use_cases"]
-    assert "audit report: every device's spend, and the bounds of every policy..." in (
-        report.stderr.splitlines()
-    )
+    lines = report.stderr.splitlines()
+    assert lines[0] == "audit report: every device's spend: 0 of 40 devices (0%)", lines
+    assert "audit report: every device's spend: 40 of 40 devices (100%)" in lines
+    assert "audit report: the bounds of every policy..." in lines
+    for command in (["audit", "verify", "--quiet"], ["audit", "report", "-q"]):
+        quiet = runner.invoke(app, command, env=env)
+        assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
