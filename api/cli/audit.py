@@ -10,7 +10,6 @@ from typing import Annotated, TextIO, cast
 
 import typer
 
-from dp_governor.budget.clock import day_date
 from dp_governor.api.cli.common import (
     DatabaseOption,
     Progress,
@@ -19,6 +18,7 @@ from dp_governor.api.cli.common import (
     open_ledger,
     refuse,
 )
+from dp_governor.budget.clock import day_date
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
 

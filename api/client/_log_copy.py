@@ -1,4 +1,4 @@
-"""A copy of a public transparency log: its signed checkpoint and leaves, from the service or a file.
+"""A public transparency log's copy: its signed checkpoint and leaves, from the service or a file.
 
 Read through the public routes only (``/v1/tlog/checkpoint``, ``/v1/tlog/leaves``), so an
 outside verifier needs no database and no credentials; :func:`check_tree` recomputes the RFC

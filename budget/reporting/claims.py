@@ -98,13 +98,14 @@ def _batch_input(b: ShuffledBatch) -> dict[str, Any]:
 
 def _batch_of(use_case: str, data: Mapping[str, Any]) -> ShuffledBatch:
     """A claim's batch input as the record :mod:`.central` reads (no database)."""
+    fields: dict[str, Any] = {f: int(data[f]) for f in _BATCH_FIELDS if f != "layers"}
     return ShuffledBatch.model_construct(
         id=int(data["id"]),
         use_case=use_case,
         day=int(data["published"]),
-        **{f: int(data[f]) for f in _BATCH_FIELDS if f != "layers"},
         layers=orjson.dumps([int(n) for n in data["layers"]]).decode(),
         split=bool(data["split"]),
+        **fields,
     )
 
 
@@ -212,11 +213,12 @@ def render_report(claim: Mapping[str, Any]) -> str:
     out += ["", f"batches published this day ({len(figures['batches'])}):"]
     for fig in figures["batches"]:
         b = by_id[int(fig["id"])]
+        first, last = day_date(int(b["first_day"])), day_date(int(b["last_day"]))
+        local = from_micro(int(b["epsilon_micro"]))
         out.append(
             f"  batch {fig['id']}: {b['devices']} devices, {b['reports']} reports, layers"
-            f" {b['layers']}, untagged {b['untagged']}, charged"
-            f" {day_date(int(b['first_day'])).isoformat()}..{day_date(int(b['last_day'])).isoformat()},"
-            f" local epsilon {from_micro(int(b['epsilon_micro']))!r}; central {_show(fig['central'])}"
+            f" {b['layers']}, untagged {b['untagged']}, charged {first}..{last},"
+            f" local epsilon {local!r}; central {_show(fig['central'])}"
         )
     out += [
         "",
@@ -399,8 +401,9 @@ def _check(
     batches: Mapping[tuple[str, int], Counter[bytes]],
 ) -> ClaimCheck:
     inputs = claim.get("inputs", {})
-    use_case, day = str(inputs.get("use_case")), int(inputs.get("day", -1))
+    use_case, day = str(inputs.get("use_case")), -1
     try:
+        day = int(inputs["day"])
         recomputed = claim_figures(inputs)
         published = _published(inputs)
         _window_days(inputs)
