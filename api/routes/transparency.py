@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import PlainTextResponse
 
 from dp_governor.api import wire
-from dp_governor.api.deps import LedgerDep, ReadableDevice
+from dp_governor.api.deps import LedgerDep, ReadableDevice, UseCaseName
 from dp_governor.api.errors import NOT_FOUND, HttpError
 from dp_governor.api.schemas import ConsistencyProof, DeviceRecord, IsoDay, TlogCheckpoint
 from dp_governor.budget.errors import InvalidRequest
@@ -78,10 +78,10 @@ def tlog_device_record(
     return wire.device_record(device_record(ledger, device_id, number))
 
 
-@router.get("/v1/tlog/reports/{use_case}/{day}", response_class=PlainTextResponse)
+@router.get("/v1/tlog/reports/{name}/{day}", response_class=PlainTextResponse)
 def tlog_daily_report(
     ledger: LedgerDep,
-    use_case: Annotated[str, Path(max_length=63, description="The use case.")],
+    name: UseCaseName,
     day: Annotated[IsoDay, Path(description="The UTC day, YYYY-MM-DD.")],
 ) -> PlainTextResponse:
     """The day's transparency report of a use case, rendered from its claim in the log (public).
@@ -89,7 +89,7 @@ def tlog_daily_report(
     ``dpgov audit recompute --log`` regenerates it byte for byte from the public leaves.
     """
     number = (day - date(1970, 1, 1)).days
-    claim = logged_claim(ledger, use_case, number)
+    claim = logged_claim(ledger, name, number)
     if claim is None:
-        raise HttpError(NOT_FOUND, f"no claim for use case {use_case!r} on {day.isoformat()}")
+        raise HttpError(NOT_FOUND, f"no claim for use case {name!r} on {day.isoformat()}")
     return PlainTextResponse(render_report(claim))
