@@ -63,8 +63,8 @@ def _submit(ingestor: Ingestor, devices: list[str], now: datetime) -> None:
     assert all(isinstance(r, Decision) and r.accepted for r in results), results[:3]
 
 
-def build(engine: Engine, audit_key: bytes | None = None) -> Ledger:
-    """Two days of reports, each day flushed into a batch, and both days claimed."""
+def build(engine: Engine, audit_key: bytes | None = None, *, claim: bool = True) -> Ledger:
+    """Two days of reports, each day flushed into a batch, and (``claim``) both days claimed."""
     init_service_db(engine)
     ledger = Ledger(engine, SECRET, audit_key=audit_key)
     ledger.policies.create(POLICY)
@@ -77,8 +77,9 @@ def build(engine: Engine, audit_key: bytes | None = None) -> Ledger:
     second = NOW - timedelta(days=2)
     _submit(ingestor, devices[:6], second)
     assert flush_inbox(engine, seal=SEAL, min_batch=1, now=second, ledger=ledger) == 6
-    assert publish_claims(ledger, today=TODAY, now=NOW) == 2
-    ledger.tlog.sync()
+    if claim:
+        assert publish_claims(ledger, today=TODAY, now=NOW) == 2
+        ledger.tlog.sync()
     return ledger
 
 
