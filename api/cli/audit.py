@@ -178,6 +178,13 @@ def audit_recompute(
         list[str] | None, typer.Option(help="A witness's vkey (repeat for several).")
     ] = None,
     quorum: Annotated[int, typer.Option(min=0, help="Witness cosignatures required.")] = 0,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --log: check against this signed checkpoint (e.g. one a witness"
+            " cosigned) instead of the one the log serves."
+        ),
+    ] = None,
     save: Annotated[Path | None, typer.Option(help="With --log URL: save the log here.")] = None,
     reports: Annotated[
         Path | None,
@@ -188,7 +195,7 @@ def audit_recompute(
     if log is not None:
         if file is not None:
             refuse("give an export FILE or --log, not both")
-        _recompute_log(log, log_key, witness or [], quorum, save, reports)
+        _recompute_log(log, log_key, witness or [], quorum, checkpoint, save, reports)
         return
     if file is None:
         refuse("give an export FILE (`dpgov audit export`) or --log URL_OR_FILE")
@@ -211,10 +218,13 @@ def _recompute_log(
     log_key: str | None,
     witnesses: list[str],
     quorum: int,
+    checkpoint: Path | None,
     save: Path | None,
     reports: Path | None,
 ) -> None:
     """``recompute --log``: the tree against its signed checkpoint, then every claim."""
+    import dataclasses
+
     from dp_governor.api.client._log_copy import LogCopy, LogCopyError, check_tree
     from dp_governor.budget.reporting.claims import check_claims
     from dp_governor.mechanisms.signed_note import NoteError, Verifier
@@ -223,6 +233,11 @@ def _recompute_log(
         copy = LogCopy.load(source)
     except LogCopyError as exc:
         refuse(f"--log: {exc}", 1)
+    if checkpoint is not None:
+        try:
+            copy = dataclasses.replace(copy, note=checkpoint.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            refuse(f"--checkpoint: {exc}")
     if save is not None:
         save.write_bytes(copy.to_json())
     try:
@@ -236,10 +251,10 @@ def _recompute_log(
     except NoteError as exc:
         refuse(f"--log-key: {exc}")
     failed = 0
-    tree = check_tree(copy, key, keys, quorum)
-    typer.echo(f"tree: {tree}" if tree else f"tree: {copy.size} leaves match the signed checkpoint")
+    size, tree = check_tree(copy, key, keys, quorum)
+    typer.echo(f"tree: {tree}" if tree else f"tree: {size} leaves match the signed checkpoint")
     failed += tree is not None
-    checks = check_claims(copy.leaves[: copy.size])
+    checks = check_claims(copy.leaves[:size] if tree is None else copy.leaves)
     for check in checks:
         day = day_date(check.day).isoformat() if check.day >= 0 else "?"
         verdict = "reproduced exactly" if check.ok else "MISMATCH"

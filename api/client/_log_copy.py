@@ -90,20 +90,25 @@ class LogCopy:
 
 def check_tree(
     copy: LogCopy, log: Verifier, witnesses: Sequence[Verifier] = (), quorum: int = 0
-) -> str | None:
-    """``None`` if the leaves' root is the one the checkpoint signs; otherwise what fails."""
+) -> tuple[int, str | None]:
+    """The checkpoint's size, and ``None`` if the leaves' root is the one it signs, else why not.
+
+    The checkpoint may cover fewer leaves than the copy holds (one a witness cosigned
+    earlier): then its first ``size`` leaves are the ones checked.
+    """
     try:
         point, _ = Checkpoint.open(copy.note, log, witnesses=witnesses, quorum=quorum)
     except NoteError as exc:
-        return f"the checkpoint is refused: {exc}"
-    if point.size != copy.size or len(copy.leaves) < point.size:
-        return f"the checkpoint covers {point.size} leaves, the copy holds {len(copy.leaves)}"
+        return 0, f"the checkpoint is refused: {exc}"
+    if len(copy.leaves) < point.size:
+        held = len(copy.leaves)
+        return point.size, f"the checkpoint covers {point.size} leaves, the copy holds {held}"
     frontier = Frontier()
     for leaf in copy.leaves[: point.size]:
         frontier.append(leaf_hash(leaf))
     if frontier.root() != point.root:
-        return (
+        return point.size, (
             f"the root of the {point.size} leaves is not the one the checkpoint signs:"
             " a leaf was altered, added or dropped"
         )
-    return None
+    return point.size, None

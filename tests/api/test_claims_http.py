@@ -88,6 +88,21 @@ def test_recompute_reproduces_the_published_claims_over_http(served: str, tmp_pa
         assert missing.status_code == 404 and "2020-01-01" in missing.text
         other = runner.invoke(app, [*args[:-1], _log_key(tmp_path, "another-audit-key-" * 3)])
         assert other.exit_code == 1 and "checkpoint is refused" in other.output, other.output
+        # a quorum of witnesses: the served checkpoint carries no cosignature, a witness's does
+        wkey = tmp_path / "w1.key"
+        made = runner.invoke(app, ["witness", "key", "--name", "w.example/w1", "--key-file", wkey])
+        assert made.exit_code == 0, made.output
+        witness = ["--witness", made.output.strip(), "--quorum", "1"]
+        alone = runner.invoke(app, [*args, *witness])
+        assert alone.exit_code == 1 and "cosigned by 0" in alone.output, alone.output
+        cosigned = tmp_path / "cosigned.txt"
+        state = tmp_path / "w1.json"
+        follow = ["witness", "run", "--log-url", live.base, "--log-key", vkey]
+        files = ["--key-file", str(wkey), "--state-file", str(state), "--output", str(cosigned)]
+        ran = runner.invoke(app, [*follow, "--name", "w.example/w1", *files])
+        assert ran.exit_code == 0, ran.output
+        quorum = runner.invoke(app, [*args, *witness, "--checkpoint", str(cosigned)])
+        assert quorum.exit_code == 0 and "2 reproduced exactly" in quorum.output, quorum.output
     offline = runner.invoke(app, ["audit", "recompute", "--log", str(copy), "--log-key", vkey])
     assert offline.exit_code == 0 and "2 reproduced exactly" in offline.output, offline.output
     for field in ("epsilon", "reports"):
@@ -97,3 +112,24 @@ def test_recompute_reproduces_the_published_claims_over_http(served: str, tmp_pa
         assert result.exit_code == 1, result.output
         assert "a leaf was altered" in result.output  # the signed root no longer matches
         assert "MISMATCH" in result.output and "1 reproduced exactly" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--log", "missing.json"], "--log: missing.json: not a saved log copy"),
+        (["export.jsonl", "--log", "x.json"], "not both"),
+        ([], "give an export FILE"),
+        (["--log", "{copy}", "--log-key", "not-a-key"], "--log-key"),
+        (["--log", "{copy}", "--witness", "bad"], "--witness"),
+    ],
+)
+def test_recompute_refuses_bad_input_with_one_line(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    copy = tmp_path / "copy.json"
+    copy.write_text('{"vkey": "x", "note": "x", "size": 0, "leaves": []}', encoding="utf-8")
+    argv = [a.replace("{copy}", str(copy)) for a in args]
+    result = runner.invoke(app, ["audit", "recompute", *argv])
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert "Traceback" not in result.output
