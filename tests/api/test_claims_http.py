@@ -90,7 +90,9 @@ def test_recompute_reproduces_the_published_claims_over_http(served: str, tmp_pa
         assert other.exit_code == 1 and "checkpoint is refused" in other.output, other.output
         # a quorum of witnesses: the served checkpoint carries no cosignature, a witness's does
         wkey = tmp_path / "w1.key"
-        made = runner.invoke(app, ["witness", "key", "--name", "w.example/w1", "--key-file", wkey])
+        made = runner.invoke(
+            app, ["witness", "key", "--name", "w.example/w1", "--key-file", str(wkey)]
+        )
         assert made.exit_code == 0, made.output
         witness = ["--witness", made.output.strip(), "--quorum", "1"]
         alone = runner.invoke(app, [*args, *witness])
