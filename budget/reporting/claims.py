@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import orjson
 from sqlalchemy import Connection, text
+from sqlalchemy.orm import configure_mappers
 
 from dp_governor.budget.audit.log import Entry
 from dp_governor.budget.clock import day_date
@@ -118,6 +119,9 @@ def claim_figures(inputs: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises ``KeyError``, ``TypeError`` or ``ValueError`` on malformed inputs.
     """
+    # a table model's attributes read through its mapper: a verifier that never opened a
+    # database has to configure them before it builds one (idempotent, cheap once done)
+    configure_mappers()
     terms = inputs["policy"]
     use_case, day = str(inputs["use_case"]), int(inputs["day"])
     policy = Policy.model_construct(
@@ -289,7 +293,8 @@ def publish_claims(ledger: Ledger, *, today: int, now: datetime) -> int:
     appended = 0
     for day in sorted(days):
         with write_step(ledger.engine) as conn:
-            if (_last_claimed(conn) or start - 1) >= day:
+            claimed = _last_claimed(conn)
+            if claimed is not None and claimed >= day:
                 continue  # another run claimed it
             names = _charged(conn, day) | {b.use_case for b in batches if b.day == day}
             entries = []
