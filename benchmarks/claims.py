@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import resource
 import secrets
 import subprocess
 import sys
@@ -41,6 +40,14 @@ DAY = 20_779
 EPSILON_MICRO = 2_000_000
 PER_BATCH = 10_000  # devices a batch, two reports each
 _SORTED = orjson.OPT_SORT_KEYS
+# ``dpgov`` in a child that prints its own peak RSS at exit: its memory's high-water mark
+# (``VmHWM``, of the new process image; ``ru_maxrss`` would carry the parent's across exec)
+_PEAK = (
+    "import atexit, runpy, sys; atexit.register(lambda: print("
+    "[x for x in open('/proc/self/status') if x.startswith('VmHWM')][0], file=sys.stderr));"
+    " sys.argv = ['dpgov', *sys.argv[1:]]; runpy.run_module('dp_governor.api.cli',"
+    " run_name='__main__')"
+)
 
 
 def _leaves(charges: int) -> tuple[list[bytes], int]:
@@ -121,14 +128,14 @@ def main() -> None:
         path = Path(folder) / "log.json"
         path.write_bytes(copy.to_json())
         size = path.stat().st_size
-        command = [sys.executable, "-m", "dp_governor.api.cli", "audit", "recompute"]
+        command = [sys.executable, "-c", _PEAK, "audit", "recompute"]
         command += ["--log", str(path), "--log-key", signer.verifier.vkey()]
         start = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - start
     if done.returncode != 0 or "1 claims, 1 reproduced exactly" not in done.stdout:
         raise SystemExit(done.stdout + done.stderr)
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    rss = int(done.stderr.rsplit("VmHWM:", 1)[1].split()[0]) / 1024
     print("| charges | batches | leaves | saved copy | `dpgov audit recompute --log` | peak RSS |")
     print("|---:|---:|---:|---:|---:|---:|")
     print(
