@@ -24,6 +24,7 @@ from dp_governor.budget.privacy.sub_batches import compose_sizes
 from dp_governor.budget.reporting.claims import (
     CLAIM_ACTION,
     check_claims,
+    claim_figures,
     logged_claim,
     publish_claims,
     render_report,
@@ -145,6 +146,11 @@ def _batch_size(claim: dict[str, Any]) -> None:
     claim["inputs"]["batches"][0]["layers"][0] = 100
 
 
+def _dropped(claim: dict[str, Any]) -> None:  # leave out day one's batch, and its figure
+    claim["inputs"]["batches"] = claim["inputs"]["batches"][1:]
+    claim["figures"] = claim_figures(claim["inputs"])
+
+
 def _local(claim: dict[str, Any]) -> None:
     claim["local"] = [[2_000_000, 10]]
 
@@ -154,6 +160,7 @@ def _local(claim: dict[str, Any]) -> None:
     [
         (_epsilon, "window: claimed epsilon"),
         (_batch_size, "batch.publish leaves"),
+        (_dropped, "the claim's 0 differ from the 1 batch.publish leaves"),
         (_local, "local epsilon distribution"),
     ],
 )
