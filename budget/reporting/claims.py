@@ -42,6 +42,7 @@ from dp_governor.budget.reporting.central import (
     central_line,
     read_batches,
 )
+from dp_governor.budget.rule.book import NO_HORIZON
 from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.budget.storage.tables import ShuffledBatch
 from dp_governor.policies.model import Policy, from_micro
@@ -271,7 +272,9 @@ def publish_claims(ledger: Ledger, *, today: int, now: datetime) -> int:
     """Append the claims of every day after the last claimed one and before ``today``.
 
     Idempotent: a day is claimed once (the newest claim's day is where the next run starts, at
-    most a year back); each day's claims are one transaction. Returns the claims appended.
+    most a year back); each day's claims are one transaction. A use case's days on or before
+    its retention horizon are not claimed (their charges, the local distribution's source, are
+    deleted). Returns the claims appended.
     """
     book = ledger.book()
     by_name: dict[str, list[Policy]] = {}
@@ -299,6 +302,8 @@ def publish_claims(ledger: Ledger, *, today: int, now: datetime) -> int:
             names = _charged(conn, day) | {b.use_case for b in batches if b.day == day}
             entries = []
             for name in sorted(names):
+                if day <= book.horizons.get(name, NO_HORIZON):
+                    continue  # its charges are deleted: no local distribution to claim
                 known = by_name.get(name, [])
                 versions = [p for p in known if p.created_at.date() <= day_date(day)] or known
                 if not versions:

@@ -171,3 +171,10 @@ def test_an_altered_claim_is_named(
     checks = check_claims(_edit(_leaves(ledger), FIRST + 1, change))
     assert checks[0].ok
     assert not checks[1].ok and any(named in p for p in checks[1].problems), checks[1].problems
+
+
+def test_days_whose_charges_were_purged_are_not_claimed(engine: Engine) -> None:
+    ledger = build(engine, claim=False)
+    later = NOW + timedelta(days=40)  # past the 30-day retention of both days
+    ledger.purge(now=later)
+    assert publish_claims(ledger, today=utc_day(later), now=later) == 0
