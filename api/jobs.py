@@ -51,6 +51,8 @@ from dp_governor.api.logs import log_fields
 from dp_governor.api.metrics import Metrics
 from dp_governor.budget import Clock, Ledger
 from dp_governor.budget.audit.log import CheckpointFileError, write_checkpoints
+from dp_governor.budget.clock import utc_day
+from dp_governor.budget.reporting.claims import publish_claims
 from dp_governor.budget.storage.db import (
     bound_lock_wait,
     fenced,
@@ -173,25 +175,30 @@ def _purge(rt: Runtime) -> dict[str, Any]:
 
 
 def _checkpoint(rt: Runtime) -> dict[str, Any]:
-    """Sign the head, then append every signed checkpoint the kept file lacks.
+    """Claim the days that ended, sign the head, append the signed checkpoints the file lacks.
 
     A kept file that cannot be read is left as it is (appending to a torn line would hide
     the next checkpoint too); the result's ``kept`` names the problem, and so does every
     ``verify`` until an operator repairs the file.
     """
-    point = rt.ledger.audit.checkpoint(now=rt.clock.now())
+    now = rt.clock.now()
+    # the claims of the days that ended, before the head is signed, so this checkpoint has them
+    claims = publish_claims(rt.ledger, today=utc_day(now), now=now)
+    point = rt.ledger.audit.checkpoint(now=now)
     signed = None if point is None else {"seq": point.seq, "hash": point.hash, "at": point.at}
     public = rt.ledger.tlog.sync()  # the transparency log's tree and its signed checkpoint
     signed_tlog = None if public is None else {"size": public.size, "root": public.root.hex()}
     path = rt.checkpoint_file
     if path is None:
-        return {"signed": signed, "tlog": signed_tlog}
+        return {"signed": signed, "tlog": signed_tlog, "claims": claims}
     try:  # every signed checkpoint, also the ones a failed append missed
         added = write_checkpoints(rt.ledger.audit.checkpoints(), path)
     except CheckpointFileError as exc:
         log.error("job checkpoint: %s; nothing was appended to it", exc)
-        return {"signed": signed, "tlog": signed_tlog, "kept": {"added": 0, "problem": str(exc)}}
-    return {"signed": signed, "tlog": signed_tlog, "kept": {"added": added, "problem": None}}
+        kept = {"added": 0, "problem": str(exc)}
+        return {"signed": signed, "tlog": signed_tlog, "claims": claims, "kept": kept}
+    kept = {"added": added, "problem": None}
+    return {"signed": signed, "tlog": signed_tlog, "claims": claims, "kept": kept}
 
 
 def _dashboard(rt: Runtime) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from dp_governor.api.cli.common import (
     open_ledger,
     refuse,
 )
+from dp_governor.budget.clock import day_date
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
 QuietOption = Annotated[
@@ -205,10 +206,47 @@ class _LineCounter:
 
 @app.command("recompute")
 def audit_recompute(
-    file: Annotated[Path, typer.Argument(help="An export written by `dpgov audit export`.")],
+    file: Annotated[
+        Path | None, typer.Argument(help="An export written by `dpgov audit export`.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    log: Annotated[
+        str | None,
+        typer.Option(
+            "--log",
+            help="Check the privacy claims of a public log instead: the service's base URL"
+            " or a copy saved with --save.",
+        ),
+    ] = None,
+    log_key: Annotated[
+        str | None,
+        typer.Option(help="The log's verifier key (vkey), from its operator, never the log."),
+    ] = None,
+    witness: Annotated[
+        list[str] | None, typer.Option(help="A witness's vkey (repeat for several).")
+    ] = None,
+    quorum: Annotated[int, typer.Option(min=0, help="Witness cosignatures required.")] = 0,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --log: check against this signed checkpoint (e.g. one a witness"
+            " cosigned) instead of the one the log serves."
+        ),
+    ] = None,
+    save: Annotated[Path | None, typer.Option(help="With --log URL: save the log here.")] = None,
+    reports: Annotated[
+        Path | None,
+        typer.Option(help="With --log: write each regenerated daily report into this folder."),
+    ] = None,
 ) -> None:
-    """Recompute the effective-epsilon report from an export, offline (no database)."""
+    """Recompute the effective-epsilon report from an export, or a log's claims (no database)."""
+    if log is not None:
+        if file is not None:
+            refuse("give an export FILE or --log, not both")
+        _recompute_log(log, log_key, witness or [], quorum, checkpoint, save, reports)
+        return
+    if file is None:
+        refuse("give an export FILE (`dpgov audit export`) or --log URL_OR_FILE")
     from dp_governor.budget.reporting.export import read_export, report_from_export
     from dp_governor.budget.reporting.report_text import render_text
 
@@ -221,3 +259,60 @@ def audit_recompute(
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
         typer.echo(render_text(report), nl=False)
+
+
+def _recompute_log(
+    source: str,
+    log_key: str | None,
+    witnesses: list[str],
+    quorum: int,
+    checkpoint: Path | None,
+    save: Path | None,
+    reports: Path | None,
+) -> None:
+    """``recompute --log``: the tree against its signed checkpoint, then every claim."""
+    import dataclasses
+
+    from dp_governor.api.client._log_copy import LogCopy, LogCopyError, check_tree
+    from dp_governor.budget.reporting.claims import check_claims
+    from dp_governor.mechanisms.signed_note import NoteError, Verifier
+
+    try:
+        copy = LogCopy.load(source)
+    except LogCopyError as exc:
+        refuse(f"--log: {exc}", 1)
+    if checkpoint is not None:
+        try:
+            copy = dataclasses.replace(copy, note=checkpoint.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            refuse(f"--checkpoint: {exc}")
+    if save is not None:
+        save.write_bytes(copy.to_json())
+    try:
+        keys = [Verifier.parse(w) for w in witnesses]
+    except NoteError as exc:
+        refuse(f"--witness: {exc}")
+    if log_key is None:
+        typer.echo("warning: no --log-key: the key the log itself names is used", err=True)
+    try:
+        key = Verifier.parse(log_key or copy.vkey)
+    except NoteError as exc:
+        refuse(f"--log-key: {exc}")
+    failed = 0
+    size, tree = check_tree(copy, key, keys, quorum)
+    typer.echo(f"tree: {tree}" if tree else f"tree: {size} leaves match the signed checkpoint")
+    failed += tree is not None
+    checks = check_claims(copy.leaves[:size] if tree is None else copy.leaves)
+    for check in checks:
+        day = day_date(check.day).isoformat() if check.day >= 0 else "?"
+        verdict = "reproduced exactly" if check.ok else "MISMATCH"
+        typer.echo(f"claim at leaf {check.index}: {check.use_case} {day}: {verdict}")
+        for problem in check.problems:
+            typer.echo(f"  {problem}")
+        if reports is not None and check.report:
+            reports.mkdir(parents=True, exist_ok=True)
+            (reports / f"{check.use_case}-{day}.txt").write_text(check.report, encoding="utf-8")
+    failed += sum(not c.ok for c in checks)
+    typer.echo(f"{len(checks)} claims, {sum(c.ok for c in checks)} reproduced exactly")
+    if failed:
+        refuse(f"{failed} check(s) failed", 1)

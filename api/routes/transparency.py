@@ -9,12 +9,15 @@ from __future__ import annotations
 from datetime import date
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import PlainTextResponse
 
 from dp_governor.api import wire
-from dp_governor.api.deps import LedgerDep, ReadableDevice
+from dp_governor.api.deps import LedgerDep, ReadableDevice, UseCaseName
+from dp_governor.api.errors import NOT_FOUND, HttpError
 from dp_governor.api.schemas import ConsistencyProof, DeviceRecord, IsoDay, TlogCheckpoint
 from dp_governor.budget.errors import InvalidRequest
+from dp_governor.budget.reporting.claims import logged_claim, render_report
 from dp_governor.budget.reporting.transparency import device_record
 
 __all__ = ["router"]
@@ -73,3 +76,20 @@ def tlog_device_record(
     """
     number = (day - date(1970, 1, 1)).days
     return wire.device_record(device_record(ledger, device_id, number))
+
+
+@router.get("/v1/tlog/reports/{name}/{day}", response_class=PlainTextResponse)
+def tlog_daily_report(
+    ledger: LedgerDep,
+    name: UseCaseName,
+    day: Annotated[IsoDay, Path(description="The UTC day, YYYY-MM-DD.")],
+) -> PlainTextResponse:
+    """The day's transparency report of a use case, rendered from its claim in the log (public).
+
+    ``dpgov audit recompute --log`` regenerates it byte for byte from the public leaves.
+    """
+    number = (day - date(1970, 1, 1)).days
+    claim = logged_claim(ledger, name, number)
+    if claim is None:
+        raise HttpError(NOT_FOUND, f"no claim for use case {name!r} on {day.isoformat()}")
+    return PlainTextResponse(render_report(claim))

@@ -17,8 +17,9 @@ A leaf says no more than a third party may see (docs/transparency.md):
   from the audit key. The device receives its label key with its receipts and so finds its own
   leaves; without it, labels of different days (and different devices) are unlinkable random
   strings. A refused decision is a leaf with its day and nothing else.
-- a policy version, a device-wide budget version, a published batch or a purge: the entry's
-  data in full (public figures, no device in them), its actor and its day.
+- a policy version, a device-wide budget version, a published batch, a purge or a privacy
+  claim (:mod:`dp_governor.budget.reporting.claims`): the entry's data in full (public figures,
+  no device in them), its actor and its day.
 """
 
 from __future__ import annotations

@@ -71,6 +71,7 @@ __all__ = [
     "CentralLine",
     "CentralLoss",
     "DayFigure",
+    "batch_central",
     "central_figures",
     "central_line",
     "central_lines",
@@ -272,6 +273,11 @@ def _covered_days(batches: Sequence[ShuffledBatch]) -> int:
     return max(b.last_day for b in batches) - min(b.first_day for b in batches) + 1
 
 
+def batch_central(batch: ShuffledBatch, delta: float) -> CentralLoss | None:
+    """A batch's own central bound: a device with ``max_per_device`` reports in it."""
+    return _worst([batch], batch.max_per_device, delta, "this batch", ONE_BATCH)
+
+
 def _figure(batch: ShuffledBatch, delta: float) -> BatchFigure:
     layers = [int(n) for n in orjson.loads(batch.layers)] if consistent(batch) else []
     return BatchFigure(
@@ -285,7 +291,7 @@ def _figure(batch: ShuffledBatch, delta: float) -> BatchFigure:
         untagged=batch.untagged,
         epsilon_per_report=from_micro(batch.epsilon_micro),
         min_batch_devices=batch.min_batch_devices,
-        central=_worst([batch], batch.max_per_device, delta, "this batch", ONE_BATCH),
+        central=batch_central(batch, delta),
     )
 
 
