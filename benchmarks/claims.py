@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 from sqlalchemy.orm import configure_mappers
 
-from dp_governor.api.client._log_copy import LogCopy
+from dp_governor.api.client.log_copy import LogCopy
 from dp_governor.budget.privacy.sub_batches import batch_layers
 from dp_governor.budget.reporting.claims import ACTOR, CLAIM_ACTION, build_claim
 from dp_governor.budget.storage.tables import ShuffledBatch

@@ -273,7 +273,7 @@ def _recompute_log(
     """``recompute --log``: the tree against its signed checkpoint, then every claim."""
     import dataclasses
 
-    from dp_governor.api.client._log_copy import LogCopy, LogCopyError, check_tree
+    from dp_governor.api.client.log_copy import LogCopy, LogCopyError, check_tree
     from dp_governor.budget.reporting.claims import check_claims
     from dp_governor.mechanisms.signed_note import NoteError, Verifier
 
