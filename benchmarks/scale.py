@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -178,9 +178,7 @@ def build(
             cur.execute(
                 "SELECT setval(pg_get_serial_sequence('charges', 'id'), %s)", (max(next_id - 1, 1),)
             )
-    return Built(
-        devices, days, attempts, charges, entries, stored, time.perf_counter() - t0
-    )
+    return Built(devices, days, attempts, charges, entries, stored, time.perf_counter() - t0)
 
 
 def _write_accounts(
