@@ -272,15 +272,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-audit", action="store_true", help="skip the audit log's entries")
     parser.add_argument("--reports", action="store_true", help="also store each report")
     parser.add_argument("--purge", action="store_true", help="then purge the older half")
+    parser.add_argument(
+        "--measure", action="store_true", help="time the report and a what-if (own processes)"
+    )
     parser.add_argument("--seed", type=int, default=33)
     args = parser.parse_args(argv)
     if args.days < 2 or min(args.devices) < 1:
         parser.error("--days must be at least 2 and --devices at least 1")
     print(
         "| devices | days | attempts | charges | audit entries | reports | build s"
-        " | peak RSS MiB | purge s | purged charges | purged reports |"
+        " | peak RSS MiB | report CPU s | report RSS MiB | what-if CPU s | what-if RSS MiB"
+        " | purge s (CPU s) | purged charges | purged reports |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * 15 + "|")
     for n in args.devices:
         with database(args.database_url) as engine:
             ledger = Ledger(engine, SECRET)
@@ -293,15 +297,66 @@ def main(argv: Sequence[str] | None = None) -> None:
                 reports=args.reports,
                 retention_days=args.days // 2 if args.purge else None,
             )
+            figures = ["", "", "", ""]
+            if args.measure:
+                url = engine.url.render_as_string(hide_password=False)
+                done = measure(url, args.days)
+                figures = [
+                    f"{done[op][i]:.{1 - i}f}" for op in ("report", "what-if") for i in (0, 1)
+                ]
             purge_s, purged = "", ("", "")
             if args.purge:
                 purge_s, purged = _purge_half(ledger, args.days)
             print(
                 f"| {n:,} | {args.days} | {built.attempts:,} | {built.charges:,}"
                 f" | {built.entries:,} | {built.reports:,} | {built.seconds:.1f}"
-                f" | {peak_rss_mib():.0f} | {purge_s} | {purged[0]} | {purged[1]} |",
+                f" | {peak_rss_mib():.0f} | {' | '.join(figures)}"
+                f" | {purge_s} | {purged[0]} | {purged[1]} |",
                 flush=True,
             )
+
+
+def _measured(url: str, operation: str, queue: Any) -> None:
+    """Run one population operation on the ledger at ``url``; its CPU seconds and peak RSS.
+
+    Run in a process of its own (spawned, so that nothing of the generator's memory is
+    counted), which reports through ``queue``.
+    """
+    from dp_governor.budget.reporting.loss import effective_epsilon_basis
+    from dp_governor.budget.reporting.views import what_if
+    from dp_governor.policies.model import PolicyCreate
+
+    engine = create_db_engine(url)
+    ledger = Ledger(engine, SECRET)
+    now = noon(FIRST_DAY + int(queue.get()) - 1)
+    t0 = time.process_time()
+    if operation == "report":
+        effective_epsilon_basis(ledger, now=now)
+    else:
+        current = ledger.policies.get("emoji")
+        fields = current.model_dump(include=set(PolicyCreate.model_fields))
+        proposed = PolicyCreate.model_validate(
+            {**fields, "max_reports_per_day": current.max_reports_per_day + 1}
+        )
+        what_if(ledger, "emoji", proposed, now=now)
+    queue.put((time.process_time() - t0, peak_rss_mib()))
+    engine.dispose()
+
+
+def measure(url: str, days: int) -> dict[str, tuple[float, float]]:
+    """``{operation: (CPU seconds, peak RSS MiB)}`` of the report and a what-if, each alone."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    out = {}
+    for operation in ("report", "what-if"):
+        queue = spawn.Queue()
+        queue.put(days)
+        process = spawn.Process(target=_measured, args=(url, operation, queue))
+        process.start()
+        process.join()
+        out[operation] = queue.get()
+    return out
 
 
 def _purge_half(ledger: Ledger, days: int) -> tuple[str, tuple[str, str]]:
@@ -309,9 +364,10 @@ def _purge_half(ledger: Ledger, days: int) -> tuple[str, tuple[str, str]]:
     from dp_governor.pipeline.purge import purge
 
     now = noon(FIRST_DAY + days - 1)
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), time.process_time()
     result = purge(ledger, now=now)
-    return f"{time.perf_counter() - t0:.1f}", (f"{result['charges']:,}", f"{result['reports']:,}")
+    took = f"{time.perf_counter() - t0:.1f} ({time.process_time() - cpu:.1f})"
+    return took, (f"{result['charges']:,}", f"{result['reports']:,}")
 
 
 if __name__ == "__main__":
