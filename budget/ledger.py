@@ -477,7 +477,8 @@ class Ledger:
         for name, cutoff in sorted(horizons.items()):
             past = and_(_CHARGES.c.use_case == name, _CHARGES.c.day <= cutoff)
             order = (_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.id)
-            deleted += delete_pages(self.engine, _CHARGES, order, past, rows)
+            # by (day, id): a partitioned table looks in the row's day's partition only
+            deleted += delete_pages(self.engine, _CHARGES, order, past, rows, key=2)
         days = self._prune_days(horizons, rows)
         ensure_partitions(self.engine, day, day + DAYS_AHEAD, job=True)  # the days ahead, daily
         return PurgeResult(deleted, days, idem)
