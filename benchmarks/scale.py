@@ -263,6 +263,17 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def own_peak_rss_mib() -> float:
+    """This process's own peak RSS, MiB: ``VmHWM``, which starts again at ``exec``.
+
+    ``getrusage``'s maximum is carried over from the parent across ``fork`` and ``exec``.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return peak_rss_mib()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Build a ledger per size and print what was written and how long it took."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -339,7 +350,7 @@ def _measured(url: str, operation: str, queue: Any) -> None:
             {**fields, "max_reports_per_day": current.max_reports_per_day + 1}
         )
         what_if(ledger, "emoji", proposed, now=now)
-    queue.put((time.process_time() - t0, peak_rss_mib()))
+    queue.put((time.process_time() - t0, own_peak_rss_mib()))
     engine.dispose()
 
 
