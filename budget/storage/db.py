@@ -155,14 +155,18 @@ def delete_pages(
     """Delete the rows ``where`` selects, a page of ``rows`` a transaction; how many went.
 
     ``order`` are an index's columns whose last ``key`` are the primary key: each page is the
-    next ``rows`` entries of that index range after the previous page's last (keyset
-    pagination), read outside any write transaction, then deleted by primary key in one job
-    transaction (:func:`write_step`). Reads and memory are proportional to the page, never to
-    what is left, and no page re-reads the entries a previous one deleted (PostgreSQL keeps
-    them in the index until vacuum). ``before`` runs first in each transaction (``False``:
-    stop, nothing more deleted); ``last`` runs in the transaction of the last page.
+    first ``rows`` entries of that index range, read outside any write transaction, then
+    deleted by primary key in one job transaction (:func:`write_step`), so reads and memory are
+    proportional to the page, never to what is left. On PostgreSQL a page starts after the
+    previous page's last entry (keyset pagination: its index keeps deleted entries until
+    vacuum, and a row comparison bounds an index range there); on SQLite at the range's start
+    (deleted entries are gone at once, and SQLite bounds a range by a row value's first column
+    only, so a keyset page would re-read the rest of its day). ``before`` runs first in each
+    transaction (``False``: stop, nothing more deleted); ``last`` runs in the transaction of
+    the last page.
     """
     after: tuple[Any, ...] | None = None
+    keyset = engine.dialect.name == "postgresql"
     deleted = 0
     while True:
         with engine.connect() as conn:
@@ -176,7 +180,7 @@ def delete_pages(
                 last(conn)
         if len(page) < rows:
             return deleted
-        after = page[-1]
+        after = page[-1] if keyset else None
 
 
 # By default a job pauses this many times as long as each of its write transactions held
