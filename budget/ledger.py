@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, func, select
+from sqlalchemy import Connection, Engine, and_, func, select
 
 from dp_governor.budget.audit.log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
 from dp_governor.budget.audit.row_tags import RowTags
@@ -32,7 +32,7 @@ from dp_governor.budget.rule.standing import (
     device_wide,
 )
 from dp_governor.budget.rule.state import AccountState, decode
-from dp_governor.budget.storage.db import delete_keys, placeholder, write_step
+from dp_governor.budget.storage.db import delete_pages, placeholder, write_step
 from dp_governor.budget.storage.partitions import (
     DAYS_AHEAD,
     DroppedDays,
@@ -461,11 +461,13 @@ class Ledger:
         the first transaction, and the partitions of the coming days are created.
         """
         day = utc_day(now)
-        idem = self._delete_all(
+        idem = delete_pages(
+            self.engine,
             _IDEM,
-            (_IDEM.c.device_key, _IDEM.c.key),
+            (_IDEM.c.day, _IDEM.c.device_key, _IDEM.c.key),
             _IDEM.c.day <= day - self.idempotency_days,
             rows,
+            key=2,
         )
         with self.engine.connect() as conn:
             planned = _raises(self.gate.book(conn), day)
@@ -505,31 +507,12 @@ class Ledger:
         deleted = dropped.charges
         for name, cutoff in sorted(horizons.items()):
             past = and_(_CHARGES.c.use_case == name, _CHARGES.c.day <= cutoff)
-            deleted += self._delete_all(_CHARGES, (_CHARGES.c.id,), past, rows)
+            order = (_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.id)
+            # by (day, id): a partitioned table looks in the row's day's partition only
+            deleted += delete_pages(self.engine, _CHARGES, order, past, rows, key=2)
         days = self._prune_days(horizons, rows)
         ensure_partitions(self.engine, day, day + DAYS_AHEAD, job=True)  # the days ahead, daily
         return PurgeResult(deleted, days, idem)
-
-    def _delete_all(
-        self,
-        table: Table,
-        key: tuple[ColumnElement[Any], ...],
-        where: ColumnElement[bool],
-        rows: int,
-    ) -> int:
-        """Delete the rows ``where`` selects, ``rows`` a transaction; how many went.
-
-        The keys are read first, outside any write transaction, so each write is a delete by
-        primary key, however many other rows the condition's index range holds.
-        """
-        with self.engine.connect() as conn:
-            found = conn.execute(select(*key).where(where))
-            keys = [tuple(r) for r in found] if len(key) > 1 else list(found.scalars())
-        deleted = 0
-        for start in range(0, len(keys), rows):
-            with write_step(self.engine) as conn:
-                deleted += delete_keys(conn, table, key, keys[start : start + rows])
-        return deleted
 
     def _prune_days(self, horizons: dict[str, int], chunk: int) -> int:
         """Clear the account days on or before their use case's horizon; the counts cleared.

@@ -9,7 +9,7 @@ from sqlalchemy.exc import IntegrityError
 
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import Entry
-from dp_governor.budget.storage.db import write_step
+from dp_governor.budget.storage.db import delete_pages, write_step
 from dp_governor.pipeline.tables import INBOX as _INBOX
 from dp_governor.pipeline.tables import MOVES as _MOVES
 from dp_governor.pipeline.tables import PARTS as _PARTS
@@ -71,25 +71,14 @@ def _purge_inbox(engine: Engine, use_case: str, cutoff: int, rows: int) -> int:
     Each transaction raises the use case's generation (:class:`InboxMove`), so a flush that
     read these rows before plans its batch again instead of claiming rows that are gone.
     """
-    with engine.connect() as conn:
-        ids = (
-            conn.execute(
-                select(_INBOX.c.id).where(
-                    and_(_INBOX.c.use_case == use_case, _INBOX.c.day <= cutoff)
-                )
-            )
-            .scalars()
-            .all()
-        )
-    deleted = 0
-    for start in range(0, len(ids), rows):
-        with write_step(engine) as conn:
-            if not _next_generation(conn, use_case):
-                return deleted  # a batch is being moved: its rows are the next purge's
-            deleted += conn.execute(
-                delete(_INBOX).where(_INBOX.c.id.in_(ids[start : start + rows]))
-            ).rowcount
-    return deleted
+    return delete_pages(
+        engine,
+        _INBOX,
+        (_INBOX.c.use_case, _INBOX.c.day, _INBOX.c.id),
+        and_(_INBOX.c.use_case == use_case, _INBOX.c.day <= cutoff),
+        rows,
+        before=lambda conn: _next_generation(conn, use_case),  # a batch moving: next purge's
+    )
 
 
 def _next_generation(conn: Connection, use_case: str) -> bool:
@@ -112,38 +101,32 @@ def _next_generation(conn: Connection, use_case: str) -> bool:
 
 
 def _purge_reports(engine: Engine, use_case: str, cutoff: int, rows: int) -> int:
-    """Delete a use case's stored reports on or before ``cutoff``, part by part."""
+    """Delete a use case's stored reports on or before ``cutoff``, part by part.
+
+    Each part's reports go a page at a time in the order of ``ix_reports_part``; the part's row
+    goes in the transaction of its last reports.
+    """
     with engine.connect() as conn:
         parts = conn.execute(
             select(_PARTS.c.batch, _PARTS.c.params, _PARTS.c.day).where(
                 and_(_PARTS.c.use_case == use_case, _PARTS.c.day <= cutoff)
             )
         ).all()
+    order = (_REPORTS.c.batch, _REPORTS.c.params, _REPORTS.c.day, _REPORTS.c.id)
     deleted = 0
-    for part in parts:
+    for batch, params, day in parts:
+
+        def part_row(
+            conn: Connection, batch: int = batch, params: str = params, day: int = day
+        ) -> None:
+            conn.execute(
+                delete(_PARTS).where(
+                    and_(_PARTS.c.batch == batch, _PARTS.c.params == params, _PARTS.c.day == day)
+                )
+            )
+
         in_part = and_(
-            _REPORTS.c.batch == part.batch,
-            _REPORTS.c.params == part.params,
-            _REPORTS.c.day == part.day,
+            _REPORTS.c.batch == batch, _REPORTS.c.params == params, _REPORTS.c.day == day
         )
-        while True:
-            with write_step(engine) as conn:
-                n = conn.execute(
-                    delete(_REPORTS).where(
-                        _REPORTS.c.id.in_(select(_REPORTS.c.id).where(in_part).limit(rows))
-                    )
-                ).rowcount
-                if n < rows:  # the part's last reports: the part goes with them
-                    conn.execute(
-                        delete(_PARTS).where(
-                            and_(
-                                _PARTS.c.batch == part.batch,
-                                _PARTS.c.params == part.params,
-                                _PARTS.c.day == part.day,
-                            )
-                        )
-                    )
-            deleted += n
-            if n < rows:
-                break
+        deleted += delete_pages(engine, _REPORTS, order, in_part, rows, last=part_row)
     return deleted

@@ -51,6 +51,7 @@ class InboxRow(SQLModel, table=True):
     """
 
     __tablename__ = "inbox"
+    __table_args__ = (Index("ix_inbox_use_case_day", "use_case", "day", "id"),)
 
     id: int = Field(
         sa_column=Column(
@@ -124,7 +125,7 @@ class StoredReport(SQLModel, table=True):
     """
 
     __tablename__ = "reports"
-    __table_args__ = (Index("ix_reports_batch", "batch"),)
+    __table_args__ = (Index("ix_reports_part", "batch", "params", "day", "id"),)
 
     id: str = Field(primary_key=True, max_length=32)
     use_case: str = Field(max_length=63)

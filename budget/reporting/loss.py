@@ -13,7 +13,7 @@ sequence (docs/accounting.md).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -22,16 +22,19 @@ from dp_governor.budget.errors import InvalidRequest, UnknownUseCase
 from dp_governor.budget.ledger import Ledger
 from dp_governor.budget.privacy.accountant import Accountant, PrivacyLoss
 from dp_governor.budget.reporting.central import central_figures
+from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import (
     EffectiveEpsilonReport,
     ReportBasis,
     Row,
+    basis_of,
     finish_report,
-    prepare_report,
 )
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import AccountState, Slot, lifetime_counts, window_counts
 from dp_governor.policies.model import Policy, from_micro
+
+ACCOUNTS_CHUNK = 20_000  # accounts a read of the streaming scan
 
 __all__ = [
     "DeviceLoss",
@@ -42,6 +45,7 @@ __all__ = [
     "lifetime_rows",
     "population_lifetime_loss",
     "population_window_loss",
+    "spend_passes",
     "spend_rows",
     "window_rows",
     "window_totals",
@@ -127,15 +131,46 @@ def spend_rows(ledger: Ledger, *, now: datetime) -> tuple[list[Row], list[Row]]:
     return window, lifetime
 
 
-def effective_epsilon_basis(ledger: Ledger, *, now: datetime) -> ReportBasis:
-    """The delta-free part of the effective-epsilon report: one scan of the accounts.
+def spend_passes(
+    ledger: Ledger,
+    *,
+    now: datetime,
+    books: Sequence[PolicyBook],
+    chunk: int = ACCOUNTS_CHUNK,
+    observe: Callable[[AccountState], None] | None = None,
+) -> list[tuple[SpendPass, SpendPass]]:
+    """One streaming scan of the accounts into a (window, lifetime) pass per book; finished.
+
+    The accounts are read ``chunk`` at a time in key order and each device's rows folded in at
+    once, so memory does not grow with the ledger (:mod:`dp_governor.budget.reporting.population`).
+    The rows are :func:`window_rows` and :func:`lifetime_rows` under the ledger's own book;
+    ``observe`` sees each account's state too (what-if counts its devices in the same scan).
+    """
+    book, day = ledger.book(), utc_day(now)
+    retention = book.retention()
+    passes = [(SpendPass(b), SpendPass(b)) for b in books]
+    for dk, state in ledger.accounts(chunk=chunk):
+        window = list(_rows(dk, window_counts(state, day, retention, book.horizons)))
+        lifetime = list(_rows(dk, lifetime_counts(state)))
+        for in_window, ever in passes:
+            in_window.add(window)
+            ever.add(lifetime)
+        if observe is not None:
+            observe(state)
+    return [(w.finish(), e.finish()) for w, e in passes]
+
+
+def effective_epsilon_basis(
+    ledger: Ledger, *, now: datetime, chunk: int = ACCOUNTS_CHUNK
+) -> ReportBasis:
+    """The delta-free part of the effective-epsilon report: one streaming scan of the accounts.
 
     With the central figures of the shuffled batches published
     (:mod:`dp_governor.budget.reporting.central`, each at its policy's delta).
     """
     book, day = ledger.book(), utc_day(now)
-    window, lifetime = spend_rows(ledger, now=now)
-    basis = prepare_report(book, day, window, lifetime, computed_at=now.isoformat())
+    ((window, lifetime),) = spend_passes(ledger, now=now, books=[book], chunk=chunk)
+    basis = basis_of(book, day, window, lifetime, computed_at=now.isoformat())
     return replace(basis, central=central_figures(ledger.engine, book.versions, day))
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from operator import itemgetter
 from typing import Any, Final
 
 from dp_governor import __version__
@@ -40,8 +41,8 @@ from dp_governor.budget.privacy.epsilon_advisor import (
     advise,
 )
 from dp_governor.budget.reporting.central import CentralLine
+from dp_governor.budget.reporting.population import Events, Row, SpendPass
 from dp_governor.budget.rule.book import PolicyBook
-from dp_governor.budget.rule.state import ANY_BUDGET
 from dp_governor.policies.model import Policy, budget_key, from_micro, to_micro
 
 __all__ = [
@@ -50,14 +51,14 @@ __all__ = [
     "ReportBasis",
     "Row",
     "Spread",
+    "basis_of",
     "build_report",
     "finish_report",
     "prepare_report",
 ]
 
-Row = tuple[str, str, int, int, int, str]  # device, use case, micro-eps, group, count, budget
 DAYS_PER_YEAR: Final = 365
-Ledger = tuple[tuple[float, int], ...]
+Ledger = Events
 DOMINATED: Final[Bound] = "upper bound (dominating schedule)"
 
 
@@ -229,9 +230,9 @@ def _quantiles(pairs: Iterable[tuple[float, int]]) -> tuple[int, float, float, f
     return n, ordered[-1][0], p99, median
 
 
-def _spread(values: Iterable[int]) -> Spread:
-    """Spread of per-device micro-epsilon values."""
-    n, top, p99, median = _quantiles(Counter(values).items())
+def _spread(values: Counter[int]) -> Spread:
+    """Spread of per-device micro-epsilon values, from their histogram ``{value: devices}``."""
+    n, top, p99, median = _quantiles(values.items())
     return Spread(n, from_micro(int(top)), from_micro(int(p99)), from_micro(int(median)))
 
 
@@ -271,57 +272,7 @@ def _allowed(budgets: Sequence[Sequence[Policy]], days: int) -> Allowed:
     return Allowed(value, dict(schedule), exact, value_exact, grouped)
 
 
-def _device_ledgers(
-    rows: Iterable[Row],
-) -> tuple[dict[str, int], Counter[tuple[Ledger, bool]]]:
-    """Per device its group-scaled micro-epsilon sum, and the histogram of its multisets.
-
-    A multiset is kept with whether any of its events is scaled by a group size above 1.
-    """
-    events: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    grouped: set[str] = set()
-    for dk, _, eps_micro, group, count, _ in rows:
-        events[dk][eps_micro * group] += count
-        if group > 1 and count:
-            grouped.add(dk)
-    totals = {dk: sum(e * n for e, n in ev.items()) for dk, ev in events.items()}
-    histogram = Counter(
-        (tuple((from_micro(e), n) for e, n in sorted(ev.items()) if n), dk in grouped)
-        for dk, ev in events.items()
-    )
-    return totals, histogram
-
-
-def _budget_spend(book: PolicyBook, rows: Sequence[Row]) -> dict[str, dict[str, int]]:
-    """Per active budget and device, what the device spent on what the budget's caps count.
-
-    The same slots the gate counts (:meth:`dp_governor.budget.rule.state.AccountState.counted`): its
-    members' whole history and every charge made under it.
-    """
-    budgets = {t.budget: t for t in book.terms.values()}
-    member_of: dict[str, set[str]] = defaultdict(set)  # use case -> budgets counting all of it
-    ever_in: dict[str, set[str]] = defaultdict(set)  # use case -> budgets it ever drew from
-    for name, t in budgets.items():
-        for use_case in t.members:
-            member_of[use_case].add(name)
-        for use_case in t.ever_members:
-            ever_in[use_case].add(name)
-    per_device: dict[tuple[str, str], int] = defaultdict(int)
-    for dk, use_case, eps_micro, _, count, charged in rows:
-        counting = set(member_of.get(use_case, ()))
-        if charged in budgets:
-            counting.add(charged)
-        elif charged == ANY_BUDGET:
-            counting |= ever_in.get(use_case, set())
-        for name in counting:
-            per_device[(name, dk)] += eps_micro * count
-    out: dict[str, dict[str, int]] = defaultdict(dict)
-    for (name, dk), spent in per_device.items():
-        out[name][dk] = spent
-    return dict(out)
-
-
-def _lifetime_statement(p: Policy, spent: dict[str, int]) -> tuple[bool, float | None, str, int]:
+def _lifetime_statement(p: Policy, spent: Counter[int]) -> tuple[bool, float | None, str, int]:
     """``(bounded, bound, note, devices over)`` of a use case's lifetime, checked against spend.
 
     A lifetime cap bounds what its budget may still admit; a device that spent more before
@@ -343,10 +294,10 @@ def _lifetime_statement(p: Policy, spent: dict[str, int]) -> tuple[bool, float |
         else:
             note = "nothing bounds the lifetime loss: the daily allowance renews every day"
         return False, None, note, 0
-    over = sum(1 for v in spent.values() if v > to_micro(cap))
+    over = sum(n for v, n in spent.items() if v > to_micro(cap))
     if not over:
         return True, cap, f"the lifetime cap bounds the loss at {fmt_up(cap)}", 0
-    top = from_micro(max(spent.values()))
+    top = from_micro(max(spent))
     return (
         True,
         top,
@@ -357,7 +308,7 @@ def _lifetime_statement(p: Policy, spent: dict[str, int]) -> tuple[bool, float |
     )
 
 
-def _window_statement(p: Policy, spent: dict[str, int]) -> tuple[int, str]:
+def _window_statement(p: Policy, spent: Counter[int]) -> tuple[int, str]:
     """``(devices over, note)``: devices whose window holds more than the window cap.
 
     They spent it before the cap was lowered (or the window reaches past a purge and counts
@@ -366,11 +317,11 @@ def _window_statement(p: Policy, spent: dict[str, int]) -> tuple[int, str]:
     cap = p.window_epsilon_cap
     if cap is None:
         return 0, ""
-    over = [v for v in spent.values() if v > to_micro(cap)]
+    over = sum(n for v, n in spent.items() if v > to_micro(cap))
     if not over:
         return 0, ""
-    return len(over), (
-        f"{len(over)} device(s) hold up to {fmt_up(from_micro(max(over)))} in the window, above"
+    return over, (
+        f"{over} device(s) hold up to {fmt_up(from_micro(max(spent)))} in the window, above"
         f" the window cap of {fmt_up(cap)}: spent before it was lowered, it admits nothing more"
         " to them until enough leaves the window"
     )
@@ -391,32 +342,39 @@ def prepare_report(
     ``day - retention + 1 .. day``, and the spend a window reaching back past a horizon can no
     longer date: :meth:`dp_governor.budget.rule.state.AccountState.unheld`), with the group size and
     budget each charge was made under. ``computed_at`` is the instant the rows were read (ISO 8601;
-    default: the day's start).
+    default: the day's start). Rows streamed (an iterator) must come grouped by device in key
+    order, as the accounts are read (:class:`dp_governor.budget.reporting.population.SpendPass`);
+    a sequence, in memory already, may come in any order.
     """
-    window_rows = list(window_rows)
-    lifetime_rows = list(lifetime_rows)
+    window, lifetime = SpendPass(book), SpendPass(book)
+    for spend, rows in ((window, window_rows), (lifetime, lifetime_rows)):
+        if isinstance(rows, Sequence):  # in memory already: any order
+            rows = sorted(rows, key=itemgetter(0))
+        spend.add(rows).finish()
+    return basis_of(book, day, window, lifetime, computed_at=computed_at)
+
+
+def basis_of(
+    book: PolicyBook,
+    day: int,
+    window: SpendPass,
+    lifetime: SpendPass,
+    *,
+    computed_at: str | None = None,
+) -> ReportBasis:
+    """The report's delta-free part from finished passes over the window and lifetime rows."""
     active = book.active
     by_budget: dict[str, list[Policy]] = defaultdict(list)
     for p in active:
         by_budget[budget_key(p)].append(p)
     budgets = [by_budget[b] for b in sorted(by_budget)]
 
-    def per_use_case(rows: Iterable[Row]) -> dict[str, dict[str, int]]:
-        spent: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for dk, use_case, eps_micro, _, count, _ in rows:
-            spent[use_case][dk] += eps_micro * count
-        return spent
-
-    window_spent = per_use_case(window_rows)
-    lifetime_spent = per_use_case(lifetime_rows)
-    budget_spend = _budget_spend(book, lifetime_rows)
-    budget_window = _budget_spend(book, window_rows)
     lines = []
     for p in active:
         budget = budget_key(p)
-        spent = budget_spend.get(budget, {})
+        spent = lifetime.budget.get(budget, Counter())
         bounded, bound, note, over = _lifetime_statement(p, spent)
-        in_window = budget_window.get(budget, {})
+        in_window = window.budget.get(budget, Counter())
         window_over, window_note = _window_statement(p, in_window)
         per_day = _allowed_alone(p, 1)
         lines.append(
@@ -439,19 +397,17 @@ def prepare_report(
                 lifetime_bounded=bounded,
                 lifetime_bound=bound,
                 lifetime_note=note,
-                spent_window=_spread(window_spent[p.name].values()),
-                spent_lifetime=_spread(lifetime_spent[p.name].values()),
-                spent_budget_lifetime_max=from_micro(max(spent.values(), default=0)),
+                spent_window=_spread(window.use_case.get(p.name, Counter())),
+                spent_lifetime=_spread(lifetime.use_case.get(p.name, Counter())),
+                spent_budget_lifetime_max=from_micro(max(spent, default=0)),
                 devices_over_lifetime_cap=over,
-                spent_budget_window_max=from_micro(max(in_window.values(), default=0)),
+                spent_budget_window_max=from_micro(max(in_window, default=0)),
                 devices_over_window_cap=window_over,
                 window_note=window_note,
                 epsilon_advice=advise(p),
             )
         )
     max_retention = max((p.retention_days for p in active), default=1)
-    window_totals, window_hist = _device_ledgers(window_rows)
-    lifetime_totals, lifetime_hist = _device_ledgers(lifetime_rows)
     provenance = {
         "dp_governor": __version__,
         "policy_versions": {p.name: p.version for p in active},
@@ -476,10 +432,10 @@ def prepare_report(
         allowed_per_day=_allowed(budgets, 1),
         allowed_per_window=_allowed(budgets, max_retention),
         allowed_per_year=_allowed(budgets, DAYS_PER_YEAR),
-        spent_window=_spread(window_totals.values()),
-        spent_lifetime=_spread(lifetime_totals.values()),
-        window_ledgers=tuple(sorted(window_hist.items())),
-        lifetime_ledgers=tuple(sorted(lifetime_hist.items())),
+        spent_window=_spread(window.totals),
+        spent_lifetime=_spread(lifetime.totals),
+        window_ledgers=tuple(sorted(window.ledgers.items())),
+        lifetime_ledgers=tuple(sorted(lifetime.ledgers.items())),
         provenance=provenance,
     )
 

@@ -29,10 +29,11 @@ from dp_governor.budget.reporting.loss import (
     DeviceLoss,
     device_loss,
     lifetime_rows,
-    spend_rows,
+    spend_passes,
     window_rows,
 )
-from dp_governor.budget.reporting.report import UseCaseLine, build_report
+from dp_governor.budget.reporting.population import SpendPass
+from dp_governor.budget.reporting.report import UseCaseLine, basis_of, finish_report
 from dp_governor.budget.rule.book import PolicyBook, Terms
 from dp_governor.budget.rule.decide import check
 from dp_governor.budget.rule.loosening import loosenings
@@ -389,19 +390,24 @@ def what_if(
         [*book.versions, *rows], book.horizons, book.device, book.device_window
     )
     cur, new = _Side(book.terms[use_case]), _Side(after_book.terms[use_case])
-    for _, state in ledger.accounts():
+
+    def count(state: AccountState) -> None:
         cur.count(state, day)
         new.count(state, day)
 
-    window, lifetime = spend_rows(ledger, now=now)
+    # one streaming scan: both sides' counts and both books' population figures
+    passes = spend_passes(ledger, now=now, books=[book, after_book], observe=count)
 
-    def line_and_total(b: PolicyBook) -> tuple[UseCaseLine, PrivacyLoss]:
-        report = build_report(b, day, window, lifetime, accountant=ledger.accountant)
+    def line_and_total(
+        b: PolicyBook, spend: tuple[SpendPass, SpendPass]
+    ) -> tuple[UseCaseLine, PrivacyLoss]:
+        basis = basis_of(b, day, *spend)
+        report = finish_report(basis, accountant=ledger.accountant)
         line = next(x for x in report.use_cases if x.use_case == use_case)
         return line, report.totals.allowed_per_day
 
-    before, before_total = line_and_total(book)
-    after, after_total = line_and_total(after_book)
+    before, before_total = line_and_total(book, passes[0])
+    after, after_total = line_and_total(after_book, passes[1])
     keys = ("epsilon_per_day", "epsilon_per_window", "epsilon_per_year", "lifetime_bounded")
     return WhatIf(
         use_case=use_case,

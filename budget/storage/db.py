@@ -31,11 +31,13 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Select,
     String,
     Table,
     delete,
     event,
     inspect,
+    literal,
     make_url,
     select,
     text,
@@ -57,11 +59,13 @@ __all__ = [
     "bound_lock_wait",
     "create_db_engine",
     "delete_keys",
+    "delete_pages",
     "fenced",
     "is_busy",
     "job_lock_seconds",
     "job_writer",
     "key_fingerprint",
+    "page_query",
     "placeholder",
     "record_fingerprints",
     "scratch_schema",
@@ -122,6 +126,61 @@ def delete_keys(
         return 0
     match = key[0].in_(keys) if len(key) == 1 else tuple_(*key).in_(keys)
     return int(conn.execute(delete(table).where(match)).rowcount)
+
+
+def page_query(
+    order: Sequence[ColumnElement[Any]],
+    where: ColumnElement[bool],
+    after: Sequence[Any] | None,
+    rows: int,
+) -> Select[Any]:
+    """The next page of :func:`delete_pages`: ``rows`` entries of ``order`` after ``after``."""
+    query = select(*order).where(where)
+    if after is not None:
+        query = query.where(tuple_(*order) > tuple_(*(literal(v) for v in after)))
+    return query.order_by(*order).limit(rows)
+
+
+def delete_pages(
+    engine: Engine,
+    table: Table,
+    order: Sequence[ColumnElement[Any]],
+    where: ColumnElement[bool],
+    rows: int,
+    *,
+    key: int = 1,
+    before: Callable[[Connection], bool] | None = None,
+    last: Callable[[Connection], None] | None = None,
+) -> int:
+    """Delete the rows ``where`` selects, a page of ``rows`` a transaction; how many went.
+
+    ``order`` are an index's columns whose last ``key`` are the primary key: each page is the
+    first ``rows`` entries of that index range, read outside any write transaction, then
+    deleted by primary key in one job transaction (:func:`write_step`), so reads and memory are
+    proportional to the page, never to what is left. On PostgreSQL a page starts after the
+    previous page's last entry (keyset pagination: its index keeps deleted entries until
+    vacuum, and a row comparison bounds an index range there); on SQLite at the range's start
+    (deleted entries are gone at once, and SQLite bounds a range by a row value's first column
+    only, so a keyset page would re-read the rest of its day). ``before`` runs first in each
+    transaction (``False``: stop, nothing more deleted); ``last`` runs in the transaction of
+    the last page.
+    """
+    after: tuple[Any, ...] | None = None
+    keyset = engine.dialect.name == "postgresql"
+    deleted = 0
+    while True:
+        with engine.connect() as conn:
+            page = [tuple(r) for r in conn.execute(page_query(order, where, after, rows))]
+        with write_step(engine) as conn:
+            if before is not None and not before(conn):
+                return deleted
+            keys = [r[-1] if key == 1 else r[-key:] for r in page]
+            deleted += delete_keys(conn, table, order[-key:], keys)
+            if len(page) < rows and last is not None:
+                last(conn)
+        if len(page) < rows:
+            return deleted
+        after = page[-1] if keyset else None
 
 
 # By default a job pauses this many times as long as each of its write transactions held

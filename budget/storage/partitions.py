@@ -42,7 +42,10 @@ CREATE TABLE charges (
     PRIMARY KEY (id, day)
 ) PARTITION BY RANGE (day)
 """
-_INDEX = "CREATE INDEX ix_charges_day ON charges (day)"
+_INDEXES = (
+    "CREATE INDEX ix_charges_day ON charges (day)",
+    "CREATE INDEX ix_charges_use_case_day ON charges (use_case, day, id)",
+)
 DAYS_AHEAD = 14
 
 
@@ -66,7 +69,8 @@ def create_partitioned_charges(conn: Connection) -> bool:
     if exists:
         return False
     conn.execute(text(_DDL))
-    conn.execute(text(_INDEX))
+    for index in _INDEXES:
+        conn.execute(text(index))
     conn.execute(text("CREATE TABLE charges_default PARTITION OF charges DEFAULT"))
     return True
 

@@ -71,6 +71,8 @@ class Charge(SQLModel, table=True):
         # in insertion order (days only grow), so appending costs no random page: the purge's
         # range. Nothing reads charges by device: the accounts hold each device's days.
         Index("ix_charges_day", "day"),
+        # the purge's pages: one use case's charges up to its horizon, in key order
+        Index("ix_charges_use_case_day", "use_case", "day", "id"),
         # SQLite: ids come from sqlite_sequence, never max(id) + 1, so that a purge that empties
         # the table cannot hand out an id that a receipt or an audit entry already names
         {"sqlite_autoincrement": True},
@@ -109,7 +111,11 @@ class IdempotencyRecord(SQLModel, table=True):
     """The first decision for an idempotency key, replayed on retries."""
 
     __tablename__ = "idempotency"
-    __table_args__ = (Index("ix_idempotency_day", "day"), {"sqlite_with_rowid": False})
+    __table_args__ = (
+        # the purge's pages: records past the retry window, in key order
+        Index("ix_idempotency_day_key", "day", "device_key", "key"),
+        {"sqlite_with_rowid": False},
+    )
 
     device_key: str = Field(primary_key=True, max_length=64)
     key: str = Field(primary_key=True, max_length=255)

@@ -1,4 +1,4 @@
-"""Ledgers of the per-budget layouts are upgraded in place (migration 0002), SQLite and PostgreSQL.
+"""Ledgers of earlier layouts are upgraded in place (migrations 0002, 0012), SQLite and PostgreSQL.
 
 Those layouts came before migrations: each test turns a new ledger into one, without the
 ``alembic_version`` table such a database never had.
@@ -7,12 +7,14 @@ Those layouts came before migrations: each test turns a new ledger into one, wit
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import inspect, text
+from sqlalchemy import Connection, Select, and_, inspect, text
 
 from dp_governor.budget import Ledger, init_db
 from dp_governor.budget.gate.prepared import device_key
 from dp_governor.budget.reporting.loss import device_loss, lifetime_rows
+from dp_governor.budget.storage.db import page_query
 from dp_governor.policies import PolicyUpdate
 from tests.conftest import SECRET
 
@@ -74,6 +76,7 @@ def test_an_old_ledger_keeps_every_device_state(ledger: Ledger) -> None:
     assert "daily_spend" not in tables and "lifetime_totals" not in tables
     indexes = {i["name"] for i in inspect(ledger.engine).get_indexes("charges")}
     assert "ix_charges_day" in indexes and "ix_charges_use_case_device" not in indexes
+    assert "ix_charges_use_case_day" in indexes  # the purge's (0012)
     status = {s.use_case: s for s in ledger.status("old-device", now=NOW)}
     assert status["emoji"].reports_today == 1 and status["emoji"].reports_left_today == 0
     assert status["emoji"].epsilon_window == 8.0 and status["emoji"].epsilon_lifetime == 12.0
@@ -131,3 +134,82 @@ def test_per_budget_accounts_become_one_row_per_device(ledger: Ledger) -> None:
     assert emoji.epsilon_lifetime == 12.0 and emoji.lifetime_remaining == 0.0
     assert emoji.reports_today == 1 and emoji.epsilon_window == 12.0
     assert ledger.charge("moved", "emoji", now=NOW).reason == "daily_cap"
+
+
+PURGE_INDEXES = {
+    "charges": "ix_charges_use_case_day",
+    "reports": "ix_reports_part",
+    "inbox": "ix_inbox_use_case_day",
+    "idempotency": "ix_idempotency_day_key",
+}
+
+
+def _plan(conn: Connection, query: Select[Any]) -> str:
+    sql = str(query.compile(conn, compile_kwargs={"literal_binds": True}))
+    if conn.dialect.name == "sqlite":
+        return " ".join(str(r[-1]) for r in conn.execute(text(f"EXPLAIN QUERY PLAN {sql}")))
+    conn.execute(text("SET LOCAL enable_seqscan = off"))  # a tiny table: can the index serve it?
+    conn.execute(text("SET LOCAL enable_bitmapscan = off"))
+    return " ".join(str(r[0]) for r in conn.execute(text(f"EXPLAIN {sql}")))
+
+
+def test_revision_0011_gives_each_purge_page_an_index_range(ledger: Ledger) -> None:
+    """Every page the purge reads is a range of one index, first page or later (0011 -> 0012)."""
+    from alembic import command
+
+    from dp_governor.budget.storage.db import writer
+    from dp_governor.budget.storage.schema import alembic_config
+    from dp_governor.budget.storage.tables import Charge, IdempotencyRecord
+    from dp_governor.pipeline.tables import INBOX, REPORTS
+
+    with writer(ledger.engine).begin() as conn:
+        for statement in reversed(_INDEX_0012):  # back to revision 0011's indexes
+            conn.execute(text(statement))
+        conn.execute(text("UPDATE alembic_version SET version_num = '0011'"))
+        command.upgrade(alembic_config(conn), "head")
+    found = {t: {i["name"] for i in inspect(ledger.engine).get_indexes(t)} for t in PURGE_INDEXES}
+    assert all(name in found[t] for t, name in PURGE_INDEXES.items()), found
+    assert "ix_reports_batch" not in found["reports"]
+    charges, idem = Charge.__table__, IdempotencyRecord.__table__  # type: ignore[attr-defined]
+    pages = {
+        "charges": (
+            (charges.c.use_case, charges.c.day, charges.c.id),
+            and_(charges.c.use_case == "emoji", charges.c.day <= DAY),
+            ("emoji", DAY - 3, 17),
+        ),
+        "reports": (
+            (REPORTS.c.batch, REPORTS.c.params, REPORTS.c.day, REPORTS.c.id),
+            and_(REPORTS.c.batch == 4, REPORTS.c.params == "p", REPORTS.c.day == DAY),
+            (4, "p", DAY, "ab"),
+        ),
+        "inbox": (
+            (INBOX.c.use_case, INBOX.c.day, INBOX.c.id),
+            and_(INBOX.c.use_case == "emoji", INBOX.c.day <= DAY),
+            ("emoji", DAY - 3, 17),
+        ),
+        "idempotency": (
+            (idem.c.day, idem.c.device_key, idem.c.key),
+            idem.c.day <= DAY,
+            (DAY - 3, "d", "k"),
+        ),
+    }
+    for table, (order, where, after) in pages.items():
+        for start in (None, after):
+            with ledger.engine.begin() as conn:
+                plan = _plan(conn, page_query(order, where, start, 500))
+            # a partitioned charges table scans each partition's copy of the index
+            partition = "_use_case_day_id_idx" if table == "charges" else PURGE_INDEXES[table]
+            assert PURGE_INDEXES[table] in plan or partition in plan, (table, start, plan)
+            assert "TEMP B-TREE" not in plan and "Sort" not in plan, plan  # index order
+            if start is not None and ledger.engine.dialect.name == "postgresql":
+                assert "Index Cond: " in plan and "ROW(" in plan, plan  # the keyset bounds it
+
+
+_INDEX_0012 = [
+    "CREATE INDEX ix_reports_batch ON reports (batch)",
+    "CREATE INDEX ix_idempotency_day ON idempotency (day)",
+    "DROP INDEX ix_charges_use_case_day",
+    "DROP INDEX ix_reports_part",
+    "DROP INDEX ix_inbox_use_case_day",
+    "DROP INDEX ix_idempotency_day_key",
+]

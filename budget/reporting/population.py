@@ -1,0 +1,122 @@
+"""The report's population figures in one streaming pass, in memory independent of devices.
+
+Every population figure of the effective-epsilon report is a function of per-device values
+(a device's spend per use case and per budget, its group-scaled total, its multiset of events).
+:class:`SpendPass` reads spend rows grouped by device, folds each device's values into
+histograms ``{value: devices}`` as soon as the device's last row has been read, and keeps
+nothing else of it. Memory grows with the number of distinct values (spends are sums of a
+few epsilons per report, so there are few), never with the number of devices. The maximum,
+the counts over a cap and the quantiles computed from the histograms are exact, and two passes
+over disjoint sets of devices merge exactly (:meth:`SpendPass.merge`: histograms add), so the
+ledger may be read in chunks, or in partitions by device on several machines.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from typing import Final
+
+from dp_governor.budget.rule.book import PolicyBook
+from dp_governor.budget.rule.state import ANY_BUDGET
+from dp_governor.policies.model import from_micro
+
+__all__ = ["Events", "Row", "SpendPass"]
+
+Row = tuple[str, str, int, int, int, str]  # device, use case, micro-eps, group, count, budget
+Events = tuple[tuple[float, int], ...]  # a device's multiset: (epsilon, reports), sorted
+_NONE: Final = ""
+
+
+class SpendPass:
+    """Histograms of per-device spend, built from rows grouped by device (in key order).
+
+    ``use_case[name]`` and ``budget[name]`` count the devices per micro-epsilon spent on the use
+    case, or on what the budget's caps count (the slots the gate counts,
+    :meth:`dp_governor.budget.rule.state.AccountState.counted`); ``totals`` per group-scaled
+    micro-epsilon sum; ``ledgers`` per ``(multiset, grouped)``, ``grouped`` saying whether any
+    event is scaled by a group size above 1.
+    """
+
+    def __init__(self, book: PolicyBook) -> None:
+        budgets = {t.budget: t for t in book.terms.values()}
+        self._budgets = frozenset(budgets)
+        self._member_of: dict[str, set[str]] = defaultdict(set)  # budgets counting all of it
+        self._ever_in: dict[str, set[str]] = defaultdict(set)  # budgets it ever drew from
+        for name, t in budgets.items():
+            for use_case in t.members:
+                self._member_of[use_case].add(name)
+            for use_case in t.ever_members:
+                self._ever_in[use_case].add(name)
+        self.use_case: dict[str, Counter[int]] = defaultdict(Counter)
+        self.budget: dict[str, Counter[int]] = defaultdict(Counter)
+        self.totals: Counter[int] = Counter()
+        self.ledgers: Counter[tuple[Events, bool]] = Counter()
+        self._dk = _NONE
+        self._spent: dict[str, int] = {}
+        self._in_budget: dict[str, int] = {}
+        self._events: dict[int, int] = {}
+        self._grouped = False
+
+    def add(self, rows: Iterable[Row]) -> SpendPass:
+        """Fold ``rows`` in; each device's rows must come together, devices in key order.
+
+        Raises:
+            ValueError: a device's rows came after a later device's (a merge would count
+                it twice).
+        """
+        for dk, use_case, eps_micro, group, count, charged in rows:
+            if dk != self._dk:
+                if dk < self._dk:
+                    raise ValueError(
+                        f"spend rows must come grouped by device in key order: {dk!r} after"
+                        f" {self._dk!r}"
+                    )
+                self._close()
+                self._dk = dk
+            spent = eps_micro * count
+            self._spent[use_case] = self._spent.get(use_case, 0) + spent
+            counting = self._member_of.get(use_case, set())
+            if charged in self._budgets:
+                counting = counting | {charged}
+            elif charged == ANY_BUDGET:
+                counting = counting | self._ever_in.get(use_case, set())
+            for name in counting:
+                self._in_budget[name] = self._in_budget.get(name, 0) + spent
+            scaled = eps_micro * group
+            self._events[scaled] = self._events.get(scaled, 0) + count
+            if group > 1 and count:
+                self._grouped = True
+        return self
+
+    def finish(self) -> SpendPass:
+        """Fold in the last device read; the pass is then complete (more rows may follow)."""
+        self._close()
+        return self
+
+    def merge(self, other: SpendPass) -> SpendPass:
+        """This pass and ``other`` (finished, over other devices) as one; exact."""
+        self.finish()
+        other.finish()
+        for name, counts in other.use_case.items():
+            self.use_case[name].update(counts)
+        for name, counts in other.budget.items():
+            self.budget[name].update(counts)
+        self.totals.update(other.totals)
+        self.ledgers.update(other.ledgers)
+        return self
+
+    def _close(self) -> None:
+        if not self._dk:
+            return
+        for name, spent in self._spent.items():
+            self.use_case[name][spent] += 1
+        for name, spent in self._in_budget.items():
+            self.budget[name][spent] += 1
+        events = self._events
+        self.totals[sum(e * n for e, n in events.items())] += 1
+        multiset = tuple((from_micro(e), n) for e, n in sorted(events.items()) if n)
+        self.ledgers[(multiset, self._grouped)] += 1
+        self._dk = _NONE
+        self._spent, self._in_budget, self._events = {}, {}, {}
+        self._grouped = False
