@@ -19,7 +19,6 @@ from dp_governor.api.cli.common import (
     open_ledger,
     refuse,
 )
-from dp_governor.budget.clock import day_date
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
 QuietOption = Annotated[
@@ -252,9 +251,10 @@ def audit_recompute(
 
     try:
         report = report_from_export(read_export(file))
-    except (OSError, ValueError) as exc:
-        typer.echo(f"Error: {exc}", err=True)
-        raise typer.Exit(1) from None
+    except OSError as exc:
+        refuse(f"cannot read the export {str(file)!r}: {exc.strerror or exc}", 1)
+    except ValueError as exc:
+        refuse(f"{str(file)!r} is not a ledger export (`dpgov audit export`): {exc}", 1)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -298,6 +298,8 @@ def _recompute_log(
         key = Verifier.parse(log_key or copy.vkey)
     except NoteError as exc:
         refuse(f"--log-key: {exc}")
+    from dp_governor.budget.clock import day_date  # here: `dpgov --help` loads no ledger
+
     failed = 0
     size, tree = check_tree(copy, key, keys, quorum)
     typer.echo(f"tree: {tree}" if tree else f"tree: {size} leaves match the signed checkpoint")

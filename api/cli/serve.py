@@ -44,15 +44,17 @@ def serve(
 
     fmt = None if log_format is None else log_format.value
     settings = load_settings(database_url, host=host, port=port, log_format=fmt)
-    # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
-    ledger, keys = open_service(settings, Access.CREATE)  # a wrong setting: one line, first
-    ledger.close()
-    config = log_config(settings.log_format)
-    logging.config.dictConfig(config)  # every line from here on in the chosen format
-    try:  # bound before the banner, and held: one clear error, and nobody takes it meanwhile
+    # bound first and held: a taken port is one clear error before anything is created (no
+    # database left behind in a folder that cannot serve), and nobody takes it meanwhile
+    try:
         sock = bind_port(settings.host, settings.port)
     except PortInUse as exc:
         refuse(f"cannot serve: {exc.strerror} (--host, --port: DPGOV_HOST, DPGOV_PORT)", 1)
+    # tables, defaults, keys: once, up front; PostgreSQL is created if new, never upgraded here
+    ledger, keys = open_service(settings, Access.CREATE)  # a wrong setting: one line
+    ledger.close()
+    config = log_config(settings.log_format)
+    logging.config.dictConfig(config)  # every line from here on in the chosen format
     os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
     os.environ["DPGOV_LOG_FORMAT"] = settings.log_format
     os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())

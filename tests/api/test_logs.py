@@ -72,3 +72,4 @@ def test_serve_refuses_a_port_in_use_before_its_banner(tmp_path: Path) -> None:
         f"Error: cannot serve: 127.0.0.1:{port} is in use by another process"
         " (--host, --port: DPGOV_HOST, DPGOV_PORT)"
     )
+    assert not list(tmp_path.glob("*.sqlite")), "a database was made where nothing can serve"
