@@ -51,7 +51,9 @@ class InboxRow(SQLModel, table=True):
     """
 
     __tablename__ = "inbox"
-    __table_args__ = (Index("ix_inbox_use_case_day", "use_case", "day", "id"),)
+    # No secondary index: every report writes a row here, and the inbox holds minutes of
+    # reports (the flush empties it), so the rare purge of a use case's expired rows reads it
+    # whole rather than every report paying one more B-tree insert.
 
     id: int = Field(
         sa_column=Column(

@@ -139,7 +139,6 @@ def test_per_budget_accounts_become_one_row_per_device(ledger: Ledger) -> None:
 PURGE_INDEXES = {
     "charges": "ix_charges_use_case_day",
     "reports": "ix_reports_part",
-    "inbox": "ix_inbox_use_case_day",
     "idempotency": "ix_idempotency_day_key",
 }
 
@@ -160,7 +159,7 @@ def test_revision_0011_gives_each_purge_page_an_index_range(ledger: Ledger) -> N
     from dp_governor.budget.storage.db import writer
     from dp_governor.budget.storage.schema import alembic_config
     from dp_governor.budget.storage.tables import Charge, IdempotencyRecord
-    from dp_governor.pipeline.tables import INBOX, REPORTS
+    from dp_governor.pipeline.tables import REPORTS
 
     with writer(ledger.engine).begin() as conn:
         for statement in reversed(_INDEX_0012):  # back to revision 0011's indexes
@@ -181,11 +180,6 @@ def test_revision_0011_gives_each_purge_page_an_index_range(ledger: Ledger) -> N
             (REPORTS.c.batch, REPORTS.c.params, REPORTS.c.day, REPORTS.c.id),
             and_(REPORTS.c.batch == 4, REPORTS.c.params == "p", REPORTS.c.day == DAY),
             (4, "p", DAY, "ab"),
-        ),
-        "inbox": (
-            (INBOX.c.use_case, INBOX.c.day, INBOX.c.id),
-            and_(INBOX.c.use_case == "emoji", INBOX.c.day <= DAY),
-            ("emoji", DAY - 3, 17),
         ),
         "idempotency": (
             (idem.c.day, idem.c.device_key, idem.c.key),
@@ -210,6 +204,5 @@ _INDEX_0012 = [
     "CREATE INDEX ix_idempotency_day ON idempotency (day)",
     "DROP INDEX ix_charges_use_case_day",
     "DROP INDEX ix_reports_part",
-    "DROP INDEX ix_inbox_use_case_day",
     "DROP INDEX ix_idempotency_day_key",
 ]
