@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
 
-__all__ = ["Clock", "FixedClock", "SystemClock", "day_start", "utc_day"]
+__all__ = ["Clock", "FixedClock", "SystemClock", "date_day", "day_date", "day_start", "utc_day"]
 
 _EPOCH = date(1970, 1, 1)
 
@@ -64,3 +64,12 @@ def day_start(day: int) -> datetime:
 def day_date(day: int) -> date:
     """The calendar date of a day number."""
     return _EPOCH + timedelta(days=day)
+
+
+def date_day(day: date) -> int:
+    """The day number of a calendar date (the inverse of :func:`day_date`).
+
+    >>> date_day(day_date(20418))
+    20418
+    """
+    return (day - _EPOCH).days

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import date
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -24,7 +24,7 @@ from dp_governor.api.schemas import (
     IsoDay,
 )
 from dp_governor.budget import Clock, InvalidRequest, utc_day
-from dp_governor.budget.clock import day_date
+from dp_governor.budget.clock import date_day, day_date
 from dp_governor.mechanisms import Discovering
 from dp_governor.pipeline.fold import load_sketch
 from dp_governor.pipeline.ingest import Ingestor
@@ -50,10 +50,8 @@ ToDay = Annotated[
 def day_range(start: date | None, end: date | None, clock: Clock) -> tuple[int, int]:
     """The day numbers of ``from`` and ``to`` (default: the last 90 days, today included)."""
     today = utc_day(clock.now())
-    first = (
-        utc_day(datetime(start.year, start.month, start.day, tzinfo=UTC)) if start else today - 89
-    )
-    last = utc_day(datetime(end.year, end.month, end.day, tzinfo=UTC)) if end else today
+    first = date_day(start) if start else today - 89
+    last = date_day(end) if end else today
     if first > last:
         raise InvalidRequest("from", "must not be after `to`")
     return first, last

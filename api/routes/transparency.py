@@ -6,7 +6,6 @@ Public routes read bounded amounts (one checkpoint, at most 1,000 leaves, one pr
 
 from __future__ import annotations
 
-from datetime import date
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
@@ -16,6 +15,7 @@ from dp_governor.api import wire
 from dp_governor.api.deps import LedgerDep, ReadableDevice, UseCaseName
 from dp_governor.api.errors import NOT_FOUND, HttpError
 from dp_governor.api.schemas import ConsistencyProof, DeviceRecord, IsoDay, TlogCheckpoint
+from dp_governor.budget.clock import date_day
 from dp_governor.budget.errors import InvalidRequest
 from dp_governor.budget.reporting.claims import logged_claim, render_report
 from dp_governor.budget.reporting.transparency import device_record
@@ -74,7 +74,7 @@ def tlog_device_record(
 
     The device itself (``X-Device-Id``) or an admin; the answer holds the device's label key.
     """
-    number = (day - date(1970, 1, 1)).days
+    number = date_day(day)
     return wire.device_record(device_record(ledger, device_id, number))
 
 
@@ -88,7 +88,7 @@ def tlog_daily_report(
 
     ``dpgov audit recompute --log`` regenerates it byte for byte from the public leaves.
     """
-    number = (day - date(1970, 1, 1)).days
+    number = date_day(day)
     claim = logged_claim(ledger, name, number)
     if claim is None:
         raise HttpError(NOT_FOUND, f"no claim for use case {name!r} on {day.isoformat()}")

@@ -102,17 +102,23 @@ def _fleet(base: str, use_case: str, counts: dict[str, int]) -> dict[str, Any]:
         "values": [[value, n] for value, n in counts.items() if n],
         "concurrency": 8,
     }
+    return _node_json([str(JS / "bin" / "fleet.js")], job)
+
+
+def _node_json(args: list[str], given: dict[str, Any]) -> dict[str, Any]:
+    """Run node in devices/js with ``given`` as JSON on stdin; its stdout parsed as JSON."""
     proc = subprocess.run(
-        [_node(), str(JS / "bin" / "fleet.js")],
-        input=json.dumps(job),
+        [_node(), *args],
+        cwd=JS,
+        input=json.dumps(given),
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary: dict[str, Any] = json.loads(proc.stdout)
-    return summary
+    answer: dict[str, Any] = json.loads(proc.stdout)
+    return answer
 
 
 @needs_node
@@ -182,15 +188,4 @@ console.log(JSON.stringify({ ok: check.ok, problem: check.problem, totals: check
 
 def _verify_in_node(record: dict[str, Any], log_key: str) -> dict[str, Any]:
     """``verifyRecord`` of devices/js over a record the server returned."""
-    proc = subprocess.run(
-        [_node(), "--input-type=module", "-e", _VERIFY],
-        cwd=JS,
-        input=json.dumps({"record": record, "key": log_key}),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    answer: dict[str, Any] = json.loads(proc.stdout)
-    return answer
+    return _node_json(["--input-type=module", "-e", _VERIFY], {"record": record, "key": log_key})

@@ -12,13 +12,13 @@ another implementation (``devices/js``) must give the same.
 from __future__ import annotations
 
 import copy
-import hmac
 from typing import Any, Final
 
 import orjson
 
 from dp_governor.api.client import verify_record
 from dp_governor.api.schemas import DeviceRecord
+from dp_governor.budget.audit.tlog import day_label
 from dp_governor.mechanisms.merkle import (
     NodeReader,
     inclusion_proof,
@@ -35,10 +35,6 @@ WHEN: Final = 1_764_115_200  # the witness's cosignature time (seconds since the
 
 def _canonical(value: dict[str, Any]) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def _label(key: bytes, day: int) -> str:
-    return hmac.digest(key, f"day:{day}".encode(), "sha256")[:16].hex()
 
 
 def _tree(leaves: list[bytes]) -> tuple[bytes, NodeReader]:
@@ -65,8 +61,8 @@ def tlog() -> dict[str, Any]:
     forger = Signer(ORIGIN, bytes(range(1, 33)))  # another key under the log's name
     witness = Signer("witness.example/w1", bytes([7] * 32), kind=COSIGNATURE)
     label_key = bytes(range(32, 64))
-    mine = _label(label_key, DAY)
-    other = _label(bytes(32), DAY)
+    mine = day_label(label_key, DAY)
+    other = day_label(bytes(32), DAY)
     leaves_json: list[dict[str, Any]] = [
         {"kind": "policy.create", "actor": "admin", "data": {"name": "emoji"}, "day": DAY},
         {"kind": "charge", "label": mine, "use_case": "emoji", "policy_version": 1,
