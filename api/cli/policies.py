@@ -25,11 +25,11 @@ def policies_list(database_url: DatabaseOption = None) -> None:
 
     ledger = open_ledger(load_settings(database_url))
     print(
-        f"{'use case':<24} {'mech':<5} {'eps':>5} {'/day':>4} {'eps/day':>7} {'window':>6}  budget"
+        f"{'use case':<24} {'mech':<5} {'eps/rep':>7} {'rep/day':>7} {'eps/day':>7} {'window':>6}  budget"
     )
     for p in policy_store(ledger).list():
         print(
-            f"{p.name:<24} {p.mechanism:<5} {p.epsilon_per_report:>5g} {p.max_reports_per_day:>4}"
+            f"{p.name:<24} {p.mechanism:<5} {p.epsilon_per_report:>7g} {p.max_reports_per_day:>7}"
             f" {p.epsilon_per_report * p.max_reports_per_day:>7g} {p.retention_days:>5}d"
             f"  {p.budget_group or p.name}"
         )

@@ -24,14 +24,14 @@ def render_text(report: EffectiveEpsilonReport) -> str:
         f"Effective epsilon as of {report.as_of} (Tang et al. 2017: per report, per day,"
         f" per window, per year, and what devices spent); computed at {report.computed_at}",
         "",
-        f"{'use case':<22} {'eps':>5} {'/day':>4} {'eps/day':>8} {'eps/window':>10}"
+        f"{'use case':<22} {'eps/rep':>7} {'rep/day':>7} {'eps/day':>8} {'eps/window':>10}"
         f" {'eps/year':>9} {'group':>5}  {'spent in window max/p99/median':>31}"
         f"  {'lifetime max/p99/median':>24}",
     ]
     for line in report.use_cases:
         w, life = line.spent_window, line.spent_lifetime
         out.append(
-            f"{line.use_case:<22} {line.epsilon_per_report:>5g} {line.reports_per_day:>4}"
+            f"{line.use_case:<22} {line.epsilon_per_report:>7g} {line.reports_per_day:>7}"
             f" {_fmt(line.epsilon_per_day):>8} {_fmt(line.epsilon_per_window):>10}"
             f" {_fmt(line.epsilon_per_year):>9} {line.group_size:>5}"
             f"  {f'{_fmt(w.max)} / {_fmt(w.p99)} / {_fmt(w.median)}':>31}"
