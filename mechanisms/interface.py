@@ -116,6 +116,10 @@ class Discovering(Sketch, Protocol):
         """The values found above ``threshold``, most popular first."""
         ...
 
+    def publication_threshold(self, threshold: float | None = None) -> float:
+        """The estimated count a value needs to be published (``threshold``, or the noise's)."""
+        ...
+
 
 class Mechanism(Protocol):
     """An LDP frequency mechanism: parameters, codec, sketch and identity."""

@@ -507,9 +507,7 @@ class SfpSketch:
         if not kept:
             return []
         est = self.word.estimate([w for w, _, _ in kept])
-        if threshold is None:
-            floor = self.params.word_cms.variance(self.n, 0.0, 0.0)
-            threshold = DEFAULT_THRESHOLD_Z * float(np.sqrt(floor))
+        threshold = self.publication_threshold(threshold)
         found = [
             DiscoveredWord(w.rstrip(PAD), float(cnt), float(se), pc, frags)
             for (w, pc, frags), cnt, se in zip(kept, est.counts, est.stderr, strict=True)
@@ -517,6 +515,13 @@ class SfpSketch:
         ]
         found.sort(key=lambda d: -d.count)
         return found
+
+    def publication_threshold(self, threshold: float | None = None) -> float:
+        """``threshold``, or 4 standard errors of a word nobody sent (the noise floor)."""
+        if threshold is not None:
+            return threshold
+        floor = self.params.word_cms.variance(self.n, 0.0, 0.0)
+        return DEFAULT_THRESHOLD_Z * float(np.sqrt(floor))
 
     def discover(
         self, top_fragments: int = DEFAULT_TOP_FRAGMENTS, threshold: float | None = None

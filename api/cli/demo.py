@@ -119,6 +119,14 @@ def demo(
             f"{result.word_truth.get(d['word'], 0):,d}",
         )
     print_table(words)
+    if not result.words:
+        most = max(result.word_truth.values(), default=0)
+        print(
+            f"  No word reached the publication threshold of {result.word_threshold:,.0f}"
+            f" estimated reports; the most frequent word was"
+            f" sent {most:,d} times. SFP finds a word once thousands of devices send it:"
+            " run with more --devices."
+        )
     alike = "the same for every demo device: a refused report spends nothing"
     print(f"\nPrivacy spent by {result.spend_device}, from its ledger ({alike}):")
     for row in result.spend:

@@ -25,7 +25,8 @@ def policies_list(database_url: DatabaseOption = None) -> None:
 
     ledger = open_ledger(load_settings(database_url))
     print(
-        f"{'use case':<24} {'mech':<5} {'eps/rep':>7} {'rep/day':>7} {'eps/day':>7} {'window':>6}  budget"
+        f"{'use case':<24} {'mech':<5} {'eps/rep':>7} {'rep/day':>7} {'eps/day':>7}"
+        f" {'window':>6}  budget"
     )
     for p in policy_store(ledger).list():
         print(

@@ -60,7 +60,8 @@ class DemoResult:
     ``fleet``: the fleet's name (:func:`fleet_name`); ``replayed``: reports an earlier run of
     the same fleet (interrupted or not) had sent, answered from their first decision and not
     charged again; ``others``: emoji reports in the estimates' days that are not this fleet's
-    (an earlier demo or real devices), which the estimates include and the true counts do not.
+    (an earlier demo or real devices), which the estimates include and the true counts do not;
+    ``word_threshold``: the estimated count a word needed to be published.
     """
 
     devices: int
@@ -80,6 +81,7 @@ class DemoResult:
     fleet: str = ""
     replayed: int = 0
     others: int = 0
+    word_threshold: float = 0.0
 
 
 def _over_cap(devices: int) -> int:
@@ -284,6 +286,7 @@ def _simulate(
         )
         http.raise_for_status()
         found = http.json()["words"][:10]
+        word_threshold = float(http.json()["threshold"])
         spend = []
         for row in client.budget(ids[0], as_device=True).use_cases:
             if row.epsilon_lifetime > 0:
@@ -314,4 +317,5 @@ def _simulate(
         fleet=fleet,
         replayed=replayed,
         others=max(0, answer.n - emoji_accepted),
+        word_threshold=word_threshold,
     )

@@ -144,4 +144,5 @@ def discoveries(
         days=[day_date(d) for d in days],
         n=sketch.n,
         words=[Discovery(word=d.word, count=d.count, stderr=d.stderr) for d in found],
+        threshold=sketch.publication_threshold(policy.publish_threshold or None),
     )

@@ -100,3 +100,8 @@ class Discoveries(BaseModel):
     words: list[Discovery] = PydField(
         description="The words found above the publication threshold, most frequent first."
     )
+    threshold: float = PydField(
+        description="The estimated count a word needs to be published: the policy's"
+        " `publish_threshold`, or 4 standard errors of a word nobody sent (the noise floor,"
+        " which grows with the square root of `n`)."
+    )

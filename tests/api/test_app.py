@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -562,6 +563,10 @@ def test_discoveries_are_computed_once_per_sketch_state(
     second = client.get("/v1/use-cases/quicktype/discoveries", headers=ADMIN)
     assert first.status_code == second.status_code == 200
     assert first.json() == second.json() and first.json()["n"] == 30
+    sfp = mech(client, "quicktype")
+    assert isinstance(sfp, SFP)
+    floor = 4 * math.sqrt(sfp.word_cms.variance(30, 0.0, 0.0))
+    assert first.json()["threshold"] == pytest.approx(floor)  # the noise floor, said
     assert calls == [30]  # the second answer came from the cache
     submit(["world"] * 10, "bb")  # the sketch changed: computed again
     assert client.get("/v1/use-cases/quicktype/discoveries", headers=ADMIN).json()["n"] == 40
