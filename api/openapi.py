@@ -80,11 +80,13 @@ PARAMETER_EXAMPLES: dict[str, Any] = {
     "day": "2026-11-23",
 }
 
-# Operations a device (its own id in X-Device-Id) or an admin may call: the lock is optional.
-_DEVICE_OR_ADMIN = {
+# Operations whose lock is optional: a device (its own id in X-Device-Id) or an admin may call
+# the first three; the report is public, and at another `delta` admin only.
+_OPTIONAL_LOCK = {
     ("get", "/v1/devices/{device_id}/budget"),
     ("get", "/v1/audit/devices/{device_id}"),
     ("get", "/v1/devices/{device_id}/tlog"),
+    ("get", "/v1/audit/effective-epsilon"),
 }
 
 DOMAIN_FIELDS: dict[str, dict[str, str]] = {
@@ -121,7 +123,7 @@ def _document(app: FastAPI) -> dict[str, Any]:
             for param in op.get("parameters", []):
                 if param["name"] in PARAMETER_EXAMPLES:
                     param.setdefault("example", PARAMETER_EXAMPLES[param["name"]])
-            if (method, path) in _DEVICE_OR_ADMIN:
+            if (method, path) in _OPTIONAL_LOCK:
                 op["security"] = [{}, {"adminToken": []}]
             for status, body in recorded.get(f"{method} {path}", {}).items():
                 content = op["responses"].setdefault(status, {"description": "OK"})

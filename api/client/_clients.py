@@ -138,7 +138,7 @@ class Client(Api):
         return self._run(self._consistency_call(old, new))  # type: ignore[no-any-return]
 
     def effective_epsilon(self, delta: float | None = None) -> EffectiveEpsilonReport:
-        """The effective-epsilon report (public)."""
+        """The effective-epsilon report (public; at another ``delta`` than the policies', admin)."""
         return self._run(self._report_call(delta))  # type: ignore[no-any-return]
 
     def what_if(self, use_case: str, **changes: Any) -> WhatIf:
@@ -269,7 +269,7 @@ class AsyncClient(Api):
         )
 
     async def effective_epsilon(self, delta: float | None = None) -> EffectiveEpsilonReport:
-        """The effective-epsilon report (public)."""
+        """The effective-epsilon report (public; at another ``delta`` than the policies', admin)."""
         return await self._run(self._report_call(delta))  # type: ignore[no-any-return]
 
     async def what_if(self, use_case: str, **changes: Any) -> WhatIf:

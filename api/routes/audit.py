@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Security
+from fastapi.security import HTTPAuthorizationCredentials
 
 from dp_governor.api import wire
 from dp_governor.api._handles import policy_store
 from dp_governor.api._integrity import kept_checkpoints, verify_service
 from dp_governor.api.deps import (
+    ADMIN_BEARER,
+    AdminCredential,
     AdminDep,
     CachesDep,
     ClockDep,
@@ -20,6 +23,7 @@ from dp_governor.api.deps import (
     SettingsDep,
     UseCaseName,
 )
+from dp_governor.api.errors import UNAUTHORIZED, HttpError
 from dp_governor.api.schemas import (
     AuditVerification,
     Distribution,
@@ -90,23 +94,36 @@ def audit_distribution(
 def effective_epsilon(
     ledger: LedgerDep,
     caches: CachesDep,
+    admin: AdminCredential,
     delta: Annotated[
         float | None,
-        Query(gt=0, lt=1, description="Delta of the tight bounds; default the policies'."),
+        Query(
+            gt=0,
+            lt=1,
+            description="Delta of the tight bounds; default the policies'. Another delta"
+            " reads the ledger, so it needs the admin token.",
+        ),
     ] = None,
+    _scheme: Annotated[HTTPAuthorizationCredentials | None, Security(ADMIN_BEARER)] = None,
 ) -> EffectiveEpsilonReport:
     """The effective-epsilon report Tang et al. (2017) ask for.
 
     What each use case's policy allows per report, day, window and year, beside what
     devices actually spent, and the total across use cases. Public, as Tang et al. ask:
-    it names no device. Another ``delta``: the ledger is read at most every
-    ``report_cache_seconds``; any delta's figures are derived from that reading, one
-    composition per distinct device ledger (the last 32 deltas asked are kept). ``as_of``
-    and ``provenance`` say how it was computed; each (epsilon, delta) figure says what it
-    is (``bound``, ``kind``, ``note``).
-    At the policies' delta (no ``delta``) it is the report the ``dashboard`` job stored:
-    no request computes it.
+    it names no device. At the policies' delta (no ``delta``) it is the report the
+    ``dashboard`` job stored: no request computes it. Another ``delta`` (admin token only,
+    since it reads the ledger: no visitor can make a request expensive): the ledger is read
+    at most every ``report_cache_seconds``; any delta's figures are derived from that
+    reading, one composition per distinct device ledger (the last 32 deltas asked are
+    kept). ``as_of`` and ``provenance`` say how it was computed; each (epsilon, delta)
+    figure says what it is (``bound``, ``kind``, ``note``).
     """
     if delta is None:
         return wire.effective_epsilon(caches.figures(ledger).report)
+    if not admin:
+        raise HttpError(
+            UNAUTHORIZED,
+            "`delta`: a report at another delta than the policies' reads the whole ledger, so"
+            " it needs `Authorization: Bearer <token>`; without `delta` the report is public",
+        )
     return wire.effective_epsilon(caches.report(ledger, delta))

@@ -128,8 +128,10 @@ def test_effective_epsilon_is_public_and_computed_from_the_ledger(client: TestCl
     assert body["provenance"]["delta"] == 1e-9
     assert client.get("/v1/audit/effective-epsilon?delta=0").status_code == 422
     assert client.get("/v1/audit/effective-epsilon?delta=nan").status_code == 422
-    tighter = client.get("/v1/audit/effective-epsilon?delta=1e-6").json()
+    tighter = client.get("/v1/audit/effective-epsilon?delta=1e-6", headers=ADMIN).json()
     assert tighter["provenance"]["delta"] == 1e-6
+    public = client.get("/v1/audit/effective-epsilon?delta=1e-6")  # it would read the ledger
+    assert public.status_code == 401 and "`delta`" in public.json()["detail"]
 
 
 def test_cli_report_export_and_offline_recompute(
@@ -274,7 +276,7 @@ def test_any_delta_is_answered_from_one_reading_of_the_ledger(settings: Settings
     slow = settings.model_copy(update={"report_cache_seconds": 86_400.0})
     with TestClient(create_app(slow, clock=FixedClock(NOW))) as client:
         _submit(client, 6)
-        first = client.get("/v1/audit/effective-epsilon?delta=0.9999999999999999")
+        first = client.get("/v1/audit/effective-epsilon?delta=0.9999999999999999", headers=ADMIN)
         assert first.status_code == 200, first.text
         assert first.json()["provenance"]["delta"] == 0.9999999999999999
         spent = first.json()["totals"]["spent_window"]
@@ -286,7 +288,7 @@ def test_any_delta_is_answered_from_one_reading_of_the_ledger(settings: Settings
         assert r.status_code == 202, r.text  # counted at the next reading, not in this one
         reports = client.app.state.caches.reports  # type: ignore[attr-defined]
         for i in range(34):
-            r = client.get(f"/v1/audit/effective-epsilon?delta={(i + 1) / 1000}")
+            r = client.get(f"/v1/audit/effective-epsilon?delta={(i + 1) / 1000}", headers=ADMIN)
             assert r.status_code == 200, r.text
             assert r.json()["totals"]["spent_window"] == spent  # the same reading of the ledger
         assert len(reports) == 32  # an LRU: bounded whatever deltas are asked
