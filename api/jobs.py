@@ -1,7 +1,8 @@
-"""Scheduled jobs, declared once: ids, textual references, leases.
+"""Scheduled jobs, declared once: ids, textual references, and the runner that takes their leases.
 
 APScheduler 3 runs ``dp_governor.api.jobs:run_scheduled`` by textual reference with primitive
-arguments (the job name and the runtime's registry key); each run first takes a database lease, so
+arguments (the job name and the runtime's registry key); each run first takes a database lease
+(:mod:`dp_governor.api.leases`), so
 however many processes schedule a job, one runs it at a time. ``flush-inbox`` and ``aggregate`` both
 move the inbox, so they share one lease. Leases are short (``lease_seconds``, a minute by default)
 and a heartbeat thread renews the lease while its job runs, so a process that dies mid-job
@@ -30,23 +31,31 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Connection, Engine, select
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api._integrity import kept_checkpoints
 from dp_governor.api._snapshots import store_figures, store_verification
+from dp_governor.api.leases import (
+    DEFAULT_LEASE_SECONDS,
+    LeaseLost,
+    acquire_lease,
+    fence,
+    heartbeat,
+    lease_holder,
+    lease_token,
+    release_lease,
+)
 from dp_governor.api.logs import log_fields
 from dp_governor.api.metrics import Metrics
 from dp_governor.budget import Clock, Ledger
@@ -54,17 +63,13 @@ from dp_governor.budget.audit.log import CheckpointFileError, write_checkpoints
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.reporting.claims import publish_claims
 from dp_governor.budget.storage.db import (
-    bound_lock_wait,
     fenced,
     is_busy,
-    job_lock_seconds,
-    job_writer,
 )
 from dp_governor.pipeline.flush import DEFAULT_MIN_BATCH, flush_inbox
 from dp_governor.pipeline.fold import aggregate
 from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.purge import purge
-from dp_governor.pipeline.tables import JobLease
 
 if TYPE_CHECKING:
     from dp_governor.api.settings import Settings
@@ -73,23 +78,15 @@ __all__ = [
     "JOBS",
     "LEASES",
     "JobBusy",
-    "LeaseLost",
     "Runtime",
-    "acquire_lease",
-    "lease_holder",
     "lease_of",
-    "lease_token",
     "release_job",
-    "release_lease",
-    "renew_lease",
     "run_job",
     "run_scheduled",
     "start_scheduler",
 ]
 
 log = logging.getLogger("dpgov.jobs")
-_LEASES = JobLease.__table__  # type: ignore[attr-defined]
-DEFAULT_LEASE_SECONDS = 60.0
 
 
 @dataclass
@@ -246,115 +243,6 @@ def lease_of(name: str) -> str:
     return f"{LEASES[name]}:run"
 
 
-def acquire_lease(
-    engine: Engine, job: str, holder: str, ttl: float, *, force: bool = False
-) -> int | None:
-    """Take (or renew) the lease if it is free, expired or ours; ``force`` takes it regardless.
-
-    Returns the lease's fencing token (at least 1), or ``None`` when another process holds it.
-    The token rises when the lease changes hands or is forced, and stays when its holder renews
-    it. Atomic on both backends: a conditional update, or an insert that loses to a concurrent
-    one. Its row locked past ``job_lock_seconds`` (a holder stalled inside a transaction) is a
-    busy database (:func:`dp_governor.budget.storage.db.is_busy`), as for the job's own
-    transactions.
-    """
-    now = time.time()
-    with job_writer(engine).begin() as conn:
-        bound_lock_wait(conn, job_lock_seconds(engine))
-        table = _LEASES
-        existing = conn.execute(table.select().where(table.c.job == job)).first()
-        if existing is None:
-            try:
-                with conn.begin_nested():
-                    conn.execute(
-                        table.insert().values(job=job, holder=holder, until=now + ttl, token=1)
-                    )
-                return 1
-            except IntegrityError:  # a concurrent first insert won
-                return None
-        token = int(existing.token) + (force or existing.holder != holder)
-        query = table.update().where(table.c.job == job)
-        if not force:
-            query = query.where((table.c.until < now) | (table.c.holder == holder))
-        query = query.where(table.c.token == existing.token)  # unchanged since read
-        updated = conn.execute(query.values(holder=holder, until=now + ttl, token=token))
-        return token if updated.rowcount else None
-
-
-def renew_lease(engine: Engine, job: str, holder: str, token: int, ttl: float) -> bool:
-    """Extend the lease ``holder`` holds under ``token``; ``False``: it was taken over."""
-    with job_writer(engine).begin() as conn:
-        bound_lock_wait(conn, job_lock_seconds(engine))
-        query = _LEASES.update().where(
-            (_LEASES.c.job == job) & (_LEASES.c.holder == holder) & (_LEASES.c.token == token)
-        )
-        return bool(conn.execute(query.values(until=time.time() + ttl)).rowcount)
-
-
-def release_lease(engine: Engine, job: str, holder: str | None, token: int | None = None) -> bool:
-    """Give the lease back (``holder=None``: whoever holds it); whether a live one was cleared.
-
-    With ``token``, only the lease held under that token (a holder that lost its lease never
-    clears its successor's).
-    """
-    with job_writer(engine).begin() as conn:
-        bound_lock_wait(conn, job_lock_seconds(engine))
-        query = _LEASES.update().where((_LEASES.c.job == job) & (_LEASES.c.until > time.time()))
-        if holder is not None:
-            query = query.where(_LEASES.c.holder == holder)
-        if token is not None:
-            query = query.where(_LEASES.c.token == token)
-        return bool(conn.execute(query.values(until=0.0)).rowcount)
-
-
-def lease_token(engine: Engine, job: str) -> int | None:
-    """The lease's current fencing token (``None``: never taken)."""
-    with engine.connect() as conn:
-        found = conn.execute(select(_LEASES.c.token).where(_LEASES.c.job == job)).scalar()
-    return None if found is None else int(found)
-
-
-class LeaseLost(RuntimeError):
-    """A job stopped because another process took its lease over while it ran.
-
-    What it committed before stays committed (every job transaction is complete on its own),
-    and the new holder carries the work on; nothing was written after the takeover.
-    """
-
-    def __init__(self, lease: str, token: int, current: int | None, job: str | None = None) -> None:
-        self.lease = lease
-        self.token = token
-        self.current = current
-        self.job = job
-        now = "gone" if current is None else f"now {current}"
-        who = f"job {job!r}" if job is not None else f"the job under {lease!r}"
-        super().__init__(
-            f"{who} stopped: it lost its lease {lease!r} to another process (token {token},"
-            f" {now}); its work so far is kept and the new holder carries it on"
-        )
-
-
-def _fence(lease: str, token: int) -> Callable[[Connection], None]:
-    """The check each of the job's write transactions runs first (:func:`fenced`)."""
-    query = select(_LEASES.c.token).where(_LEASES.c.job == lease).with_for_update(read=True)
-
-    def check(conn: Connection) -> None:
-        current = conn.execute(query).scalar()
-        if current is None or int(current) != token:
-            raise LeaseLost(lease, token, None if current is None else int(current))
-
-    return check
-
-
-def lease_holder(engine: Engine, job: str) -> tuple[str, float] | None:
-    """Who holds the lease and for how many more seconds; ``None`` if it is free."""
-    with engine.connect() as conn:
-        row = conn.execute(
-            _LEASES.select().where((_LEASES.c.job == job) & (_LEASES.c.until > time.time()))
-        ).first()
-    return None if row is None else (str(row.holder), float(row.until) - time.time())
-
-
 def release_job(engine: Engine, name: str) -> bool:
     """The operator's override: clear the job's lease whoever holds it (a crashed process)."""
     if name not in JOBS:
@@ -363,36 +251,6 @@ def release_job(engine: Engine, name: str) -> bool:
     if released:
         log.warning("job %s: lease %s released by the operator", name, lease_of(name))
     return released
-
-
-@contextmanager
-def _heartbeat(engine: Engine, lease: str, holder: str, ttl: float, token: int) -> Iterator[None]:
-    """Renew the lease every ``ttl / 3`` seconds until the block ends (a daemon thread).
-
-    Only under the job's own token: a lease taken over is never taken back by a late beat
-    (the job's next write stops it, :class:`LeaseLost`).
-    """
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(ttl / 3):
-            try:
-                if not renew_lease(engine, lease, holder, token, ttl):
-                    log.warning("lease %s was taken over while its job ran", lease)
-                    return
-            except DBAPIError as exc:  # a busy or lost database: the next beat tries again
-                if not is_busy(exc):
-                    log.exception("lease %s: renewal failed", lease)
-                else:
-                    log.warning("lease %s: not renewed, the database is busy; retrying", lease)
-
-    thread = threading.Thread(target=beat, name=f"lease-{lease}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 class JobBusy(RuntimeError):
@@ -515,8 +373,8 @@ def _run(
         began.append(started)
         try:
             with (
-                fenced(_fence(lease, token)),
-                _heartbeat(engine, lease, rt.holder, rt.lease_seconds, token),
+                fenced(fence(lease, token)),
+                heartbeat(engine, lease, rt.holder, rt.lease_seconds, token),
             ):
                 result = JOBS[name][0](rt)
         except LeaseLost:

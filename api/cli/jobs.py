@@ -34,16 +34,8 @@ def jobs_run(
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
     from dp_governor.api._handles import ledger_engine
-    from dp_governor.api.jobs import (
-        JOBS,
-        RUNTIMES,
-        JobBusy,
-        LeaseLost,
-        Runtime,
-        lease_holder,
-        lease_of,
-        run_job,
-    )
+    from dp_governor.api.jobs import JOBS, RUNTIMES, JobBusy, Runtime, lease_of, run_job
+    from dp_governor.api.leases import LeaseLost, lease_holder
     from dp_governor.budget import SystemClock
     from dp_governor.pipeline.ingest import Ingestor
     from dp_governor.pipeline.seal import InboxSeal

@@ -11,7 +11,8 @@ from sqlalchemy import func, select
 
 from dp_governor.api.deps import AdminDep, EngineDep, LedgerDep, MetricsDep
 from dp_governor.api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
-from dp_governor.api.jobs import JOBS, JobBusy, LeaseLost, lease_of, release_job, run_job
+from dp_governor.api.jobs import JOBS, JobBusy, lease_of, release_job, run_job
+from dp_governor.api.leases import LeaseLost
 from dp_governor.api.schemas import Health, JobRelease, JobRun
 from dp_governor.pipeline.tables import InboxRow
 

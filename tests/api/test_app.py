@@ -17,7 +17,8 @@ from pydantic import SecretStr
 from sqlalchemy import text
 
 from dp_governor.api.app import create_app
-from dp_governor.api.jobs import acquire_lease, lease_of
+from dp_governor.api.jobs import lease_of
+from dp_governor.api.leases import acquire_lease
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.mechanisms import CMS, HCMS, SFP, SfpSketch, from_published

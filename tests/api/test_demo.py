@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from dp_governor.api.app import create_app
 from dp_governor.api.cli import app
 from dp_governor.api.demo.demo import demo_reports, run_demo
-from dp_governor.api.jobs import acquire_lease, lease_of, release_lease
+from dp_governor.api.jobs import lease_of
+from dp_governor.api.leases import acquire_lease, release_lease
 from dp_governor.api.settings import Settings
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.reporting.activity import daily_activity

@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api.app import create_app
-from dp_governor.api.jobs import acquire_lease, lease_of, release_lease
+from dp_governor.api.jobs import lease_of
+from dp_governor.api.leases import acquire_lease, release_lease
 from tests.live import app_settings
 
 TOKEN = "methods-admin-token-methods-admin-token"

@@ -22,15 +22,8 @@ import pytest
 from sqlalchemy import Engine, event, text
 
 from dp_governor.api.database import init_service_db
-from dp_governor.api.jobs import (
-    RUNTIMES,
-    JobBusy,
-    LeaseLost,
-    Runtime,
-    acquire_lease,
-    lease_of,
-    run_job,
-)
+from dp_governor.api.jobs import RUNTIMES, JobBusy, Runtime, lease_of, run_job
+from dp_governor.api.leases import LeaseLost, acquire_lease
 from dp_governor.budget import Decision, FixedClock, Ledger, create_db_engine
 from dp_governor.budget.storage.db import WRITE_OPTION, write_step, writer
 from dp_governor.pipeline.ingest import Ingestor, SubmitRequest

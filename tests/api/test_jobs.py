@@ -20,15 +20,12 @@ from dp_governor.api.jobs import (
     RUNTIMES,
     JobBusy,
     Runtime,
-    _heartbeat,
-    acquire_lease,
-    lease_holder,
     lease_of,
     release_job,
-    release_lease,
     run_job,
     run_scheduled,
 )
+from dp_governor.api.leases import acquire_lease, heartbeat, lease_holder, release_lease
 from dp_governor.api.metrics import Metrics
 from dp_governor.budget import Decision, FixedClock, Ledger, create_db_engine
 from dp_governor.budget.storage.db import WRITE_OPTION, writer
@@ -129,7 +126,7 @@ def test_a_heartbeat_renews_the_lease_while_its_job_runs(two_processes: list[str
     token = acquire_lease(engine, "probe:run", "me", 0.3)
     assert token is not None
     first = _until(engine, "probe:run")
-    with _heartbeat(engine, "probe:run", "me", 0.3, token):
+    with heartbeat(engine, "probe:run", "me", 0.3, token):
         deadline = time.monotonic() + 120
         while _until(engine, "probe:run") <= first:  # waits for a renewal, not for a duration
             assert time.monotonic() < deadline, "the lease was never renewed"

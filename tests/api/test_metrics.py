@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api.app import create_app
-from dp_governor.api.jobs import acquire_lease, lease_of
+from dp_governor.api.jobs import lease_of
+from dp_governor.api.leases import acquire_lease
 from tests.live import app_settings
 
 TOKEN = "metrics-admin-token-metrics-admin-token"
