@@ -1,8 +1,9 @@
 """``dpgov witness``: follow a log, check its consistency, cosign its checkpoint (cron-able).
 
-Each run fetches the log's newest checkpoint, checks it against the witness's state file (the
-largest checkpoint it cosigned) with a consistency proof, and prints the cosigned note; a fork
-or rollback exits 1 naming it, and the state does not move. ``dpgov witness key`` makes a key.
+``run`` (pull, from cron) fetches the log's newest checkpoint, checks it against the witness's
+state file (the largest checkpoint it cosigned) with a consistency proof, and prints the
+cosigned note; a fork or rollback exits 1 naming it, and the state does not move. ``serve``
+answers the C2SP ``tlog-witness`` ``add-checkpoint`` protocol (logs push). ``key`` makes a key.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dp_governor.api.cli.common import refuse
+
+if TYPE_CHECKING:
+    from dp_governor.mechanisms.signed_note import Signer
 
 app = typer.Typer(help="Witness a transparency log: check consistency, cosign checkpoints.")
 
@@ -41,6 +45,60 @@ def witness_key(
     typer.echo(signer.verifier.vkey())
 
 
+def _signer(name: str, key_file: Path) -> Signer:
+    """The witness's cosigning key from its key file (refused with a message if unreadable)."""
+    from dp_governor.mechanisms.signed_note import COSIGNATURE, Signer
+
+    try:
+        seed = bytes.fromhex(key_file.read_text(encoding="ascii").strip())
+        return Signer(name, seed, kind=COSIGNATURE)
+    except (OSError, ValueError) as exc:
+        refuse(f"--key-file: {key_file}: {exc}")
+
+
+@app.command("serve")
+def witness_serve(
+    log_key: Annotated[
+        list[str], typer.Option(help="A log's verifier key (vkey); repeat for several logs.")
+    ],
+    name: Annotated[str, typer.Option(help="The witness's name.")],
+    key_file: Annotated[Path, typer.Option(help="The witness key (`dpgov witness key`).")],
+    state_db: Annotated[Path, typer.Option(help="The witness's state (SQLite, created).")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: a free one).")] = 8100,
+) -> None:
+    """Answer C2SP tlog-witness `POST /add-checkpoint` for the given logs until stopped."""
+    import logging
+
+    from dp_governor.api.witness_service import Witness, WitnessStore, make_server
+    from dp_governor.mechanisms.signed_note import NoteError, Verifier
+
+    logs = []
+    for vkey in log_key:
+        try:
+            logs.append(Verifier.parse(vkey))
+        except NoteError as exc:
+            refuse(f"--log-key: {exc}")
+    signer = _signer(name, key_file)
+    try:
+        store = WitnessStore(state_db)
+    except Exception as exc:  # sqlite3.Error and OSError alike: name the file
+        refuse(f"--state-db: {state_db}: {exc}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        server = make_server(Witness(signer, logs, store), host, port)
+    except OSError as exc:
+        refuse(f"--port: cannot listen on {host}:{port}: {exc}", code=1)
+    bound = server.server_address[1]
+    typer.echo(f"witness {name} listening on http://{host}:{bound}", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
 @app.command("run")
 def witness_run(
     log_url: Annotated[str, typer.Option(help="The service's base URL.")],
@@ -56,17 +114,13 @@ def witness_run(
     import httpx
 
     from dp_governor.api.client.witness import Fork, WitnessState, cosign_checkpoint
-    from dp_governor.mechanisms.signed_note import COSIGNATURE, NoteError, Signer, Verifier
+    from dp_governor.mechanisms.signed_note import NoteError, Verifier
 
     try:
         log = Verifier.parse(log_key)
     except NoteError as exc:
         refuse(f"--log-key: {exc}")
-    try:
-        seed = bytes.fromhex(key_file.read_text(encoding="ascii").strip())
-        signer = Signer(name, seed, kind=COSIGNATURE)
-    except (OSError, ValueError) as exc:
-        refuse(f"--key-file: {key_file}: {exc}")
+    signer = _signer(name, key_file)
     try:
         state = (
             WitnessState.from_json(state_file.read_bytes())

@@ -26,11 +26,27 @@ from dp_governor.mechanisms.signed_note import (
     sign_note,
 )
 
-__all__ = ["Fork", "WitnessState", "cosign_checkpoint"]
+__all__ = [
+    "BadProof",
+    "Fork",
+    "SplitView",
+    "WitnessState",
+    "check_extension",
+    "cosign_checkpoint",
+    "cosign_note",
+]
 
 
 class Fork(ValueError):
     """The log showed a checkpoint inconsistent with one the witness cosigned: a split view."""
+
+
+class SplitView(Fork):
+    """A checkpoint of the kept size with another root hash."""
+
+
+class BadProof(Fork):
+    """A consistency proof that does not join the kept checkpoint to the new one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +89,18 @@ def cosign_checkpoint(
     the log's. The returned note carries every signature it had plus this witness's.
     """
     point, _ = Checkpoint.open(note, log)
+    steps = list(proof(state.size, point.size)) if 0 < state.size < point.size else []
+    new_state = check_extension(state, point, steps)
+    return cosign_note(note, signer, now=now), new_state
+
+
+def check_extension(state: WitnessState, point: Checkpoint, proof: Sequence[bytes]) -> WitnessState:
+    """The state after cosigning ``point``, if ``proof`` shows it extends the kept checkpoint.
+
+    The one check both witness modes make (``dpgov witness run`` pulls the proof from the log,
+    ``dpgov witness serve`` is sent it). Raises :class:`SplitView`, :class:`BadProof`, or
+    :class:`Fork` for a rollback; :class:`NoteError` for another log's checkpoint.
+    """
     if state.origin != point.origin:
         raise NoteError(f"the state is of log {state.origin!r}, the note of {point.origin!r}")
     if point.size < state.size:
@@ -80,14 +108,21 @@ def cosign_checkpoint(
             f"the log shows {point.size} leaves after this witness cosigned {state.size}:"
             " it rolled back"
         )
-    if state.size:
-        steps = list(proof(state.size, point.size)) if point.size > state.size else []
-        if not verify_consistency(state.size, state.root, point.size, point.root, steps):
-            raise Fork(
-                f"the checkpoint of {point.size} leaves is not an extension of the one of"
-                f" {state.size} leaves this witness cosigned: the log forked"
-            )
+    if point.size == state.size and point.root != state.root and state.size:
+        raise SplitView(
+            f"the checkpoint of {point.size} leaves has another root than the one this witness"
+            " cosigned: the log forked"
+        )
+    if not verify_consistency(state.size, state.root, point.size, point.root, proof):
+        raise BadProof(
+            f"the checkpoint of {point.size} leaves is not an extension of the one of"
+            f" {state.size} leaves this witness cosigned: the log forked"
+        )
+    return WitnessState(point.origin, point.size, point.root)
+
+
+def cosign_note(note: str, signer: Signer, *, now: int) -> str:
+    """``note`` with this witness's cosignature added (replacing an older one of its own)."""
     text, signatures = open_note(note)
     kept = [s for s in signatures if (s.name, s.key_id) != (signer.name, signer.verifier.key_id)]
-    cosigned = sign_note(text, [*kept, signer.cosign(text, now)])
-    return cosigned, WitnessState(point.origin, point.size, point.root)
+    return sign_note(text, [*kept, signer.cosign(text, now)])

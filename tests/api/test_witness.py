@@ -7,16 +7,24 @@ real server.
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import Engine
 
 from dp_governor.api.client.witness import Fork, WitnessState, cosign_checkpoint
 from dp_governor.budget import Ledger, create_db_engine
+from dp_governor.budget.audit.tlog import SignedCheckpoint
 from dp_governor.budget.storage.schema import init_db
 from dp_governor.mechanisms.signed_note import (
     COSIGNATURE,
@@ -24,10 +32,11 @@ from dp_governor.mechanisms.signed_note import (
     NoteError,
     Signer,
     Verifier,
+    sign_note,
 )
 from dp_governor.policies import PolicyUpdate
 from tests.api.test_truth_http import AUDIT_KEY, SECRET, T, _report
-from tests.live import serve
+from tests.live import START, serve
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
 KEY = AUDIT_KEY.encode()
@@ -98,8 +107,6 @@ def _dpgov(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_witness_command_follows_a_live_log(tmp_path: Path) -> None:
-    import httpx
-
     from dp_governor.budget.audit.tlog import TransparencyLog
 
     key_file = tmp_path / "witness.key"
@@ -137,3 +144,124 @@ def test_the_witness_command_follows_a_live_log(tmp_path: Path) -> None:
             assert list(cosigned) == ["witness.example/w1"] and point.size >= 2 * _ + 1
         bad = _dpgov(*[a if a != vkey else wkey for a in args])
         assert bad.returncode == 1 and "refused" in bad.stderr
+
+
+@contextmanager
+def _witness_service(folder: Path, *log_keys: str) -> Iterator[str]:
+    """A real ``dpgov witness serve`` on a free port following ``log_keys``; yields its URL."""
+    key_file = folder / "service.key"
+    key_file.write_text(bytes([7] * 32).hex() + "\n", encoding="ascii")
+    errors = folder / "witness.log"
+    keys = [arg for vkey in log_keys for arg in ("--log-key", vkey)]
+    command = [
+        sys.executable, "-m", "dp_governor.api.cli", "witness", "serve", *keys,
+        "--name", "witness.example/w1", "--key-file", str(key_file),
+        "--state-db", str(folder / "witness.sqlite"), "--port", "0",
+    ]  # fmt: skip
+    with errors.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
+    try:
+        deadline = time.monotonic() + START
+        while "listening on " not in errors.read_text(encoding="utf-8"):
+            assert process.poll() is None, errors.read_text(encoding="utf-8")
+            assert time.monotonic() < deadline, "the witness did not start"
+            time.sleep(0.05)
+        line = errors.read_text(encoding="utf-8").split("listening on ", 1)[1]
+        yield line.split()[0]
+    finally:
+        process.terminate()
+        process.wait(timeout=T)
+
+
+def _body(old: int, proof: list[bytes], note: str) -> bytes:
+    lines = "".join(base64.b64encode(p).decode() + "\n" for p in proof)
+    return f"old {old}\n{lines}\n{note}".encode()
+
+
+def _post(base: str, body: bytes) -> httpx.Response:
+    return httpx.post(f"{base}/add-checkpoint", content=body, timeout=T)
+
+
+def test_the_witness_service_cosigns_extensions_and_refuses_a_forked_log(tmp_path: Path) -> None:
+    honest, e1 = _ledger(tmp_path / "a.sqlite")
+    forked, e2 = _ledger(tmp_path / "b.sqlite")
+    try:
+        for ledger in (honest, forked):
+            ledger.charge("phone", "emoji", now=NOW)
+        honest.charge("tablet", "emoji", now=NOW)
+        forked.charge("laptop", "emoji", now=NOW)
+        first, split = honest.tlog.sync(), forked.tlog.sync()
+        assert first is not None and split is not None
+        log = honest.tlog.verifier
+        stranger = Signer("other.example/log", bytes([9] * 32))
+        impostor = Signer(log.name, bytes([8] * 32))  # the log's name, another key
+        text = Checkpoint(log.name, first.size, first.root).text()
+        with _witness_service(tmp_path, log.vkey(), stranger.verifier.vkey()) as base:
+            witness = _witness().verifier
+            assert _post(base, b"old x\n\n" + first.note.encode()).status_code == 400
+            assert _post(base, b"old 0\n").status_code == 400
+            other = Checkpoint("unknown.example/log", 1, bytes(32)).text()
+            unknown = sign_note(other, [Signer("unknown.example/log", bytes(32)).sign(other)])
+            assert _post(base, _body(0, [], unknown)).status_code == 404
+            forged = sign_note(text, [impostor.sign(text)])
+            assert _post(base, _body(0, [], forged)).status_code == 403
+            assert _post(base, _body(first.size + 1, [], first.note)).status_code == 400
+            got = _post(base, _body(0, [], first.note))
+            assert got.status_code == 200, got.text
+            assert got.text.startswith("\u2014 witness.example/w1 ") and got.text.count("\n") == 1
+            note = first.note + got.text
+            point, cosigned = Checkpoint.open(note, log, witnesses=[witness], quorum=1)
+            assert point.size == first.size and list(cosigned) == ["witness.example/w1"]
+            stale = _post(base, _body(0, [], first.note))  # the log forgot what it sent
+            assert stale.status_code == 409 and stale.text == f"{first.size}\n"
+            assert stale.headers["content-type"] == "text/x.tlog.size"
+            # the fork: the same size, another root
+            assert _post(base, _body(first.size, [], split.note)).status_code == 409
+            forked.policies.update("emoji", PolicyUpdate(group_size=2))
+            grown_fork = forked.tlog.sync()
+            assert grown_fork is not None
+            steps = forked.tlog.consistency(first.size, grown_fork.size)
+            assert _post(base, _body(first.size, steps, grown_fork.note)).status_code == 422
+            honest.policies.update("emoji", PolicyUpdate(group_size=2))
+            grown = honest.tlog.sync()
+            assert grown is not None
+            steps = honest.tlog.consistency(first.size, grown.size)
+            got = _post(base, _body(first.size, steps, grown.note))
+            assert got.status_code == 200, got.text
+            Checkpoint.open(grown.note + got.text, log, witnesses=[witness], quorum=1)
+            again = _post(base, _body(first.size, steps, grown.note))
+            assert again.status_code == 409 and again.text == f"{grown.size}\n"
+    finally:
+        e1.dispose()
+        e2.dispose()
+
+
+def test_concurrent_add_checkpoint_requests_advance_the_state_once(tmp_path: Path) -> None:
+    ledger, engine = _ledger(tmp_path / "a.sqlite")
+    try:
+        notes = []
+        for device in ("a", "b", "c", "d"):
+            ledger.charge(device, "emoji", now=NOW)
+            point = ledger.tlog.sync()
+            assert point is not None
+            notes.append(point)
+        with _witness_service(tmp_path, ledger.tlog.verifier.vkey()) as base:
+            start = threading.Barrier(len(notes) * 2)
+
+            def submit(point: SignedCheckpoint) -> httpx.Response:
+                start.wait(timeout=T)
+                return _post(base, _body(0, [], point.note))
+
+            with ThreadPoolExecutor(len(notes) * 2) as pool:
+                answers = list(pool.map(submit, notes * 2))
+            won = [i for i, a in enumerate(answers) if a.status_code == 200]
+            assert len(won) == 1, [a.status_code for a in answers]
+            size = (notes * 2)[won[0]].size
+            others = [a for i, a in enumerate(answers) if i != won[0]]
+            assert {(a.status_code, a.text) for a in others} == {(409, f"{size}\n")}
+            last = notes[-1]
+            steps = ledger.tlog.consistency(size, last.size)
+            final = _post(base, _body(size, steps, last.note))
+            assert final.status_code == 200, final.text  # from the winner's size, it advances
+    finally:
+        engine.dispose()
