@@ -46,6 +46,7 @@ from sqlalchemy.exc import DBAPIError
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api._integrity import kept_checkpoints
 from dp_governor.api._snapshots import store_figures, store_verification
+from dp_governor.api._witnessing import WitnessEndpoint, push_checkpoint
 from dp_governor.api.leases import (
     DEFAULT_LEASE_SECONDS,
     LeaseLost,
@@ -105,6 +106,7 @@ class Runtime:
     min_batch: int = DEFAULT_MIN_BATCH
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     checkpoint_file: Path | None = None
+    witnesses: tuple[WitnessEndpoint, ...] = ()
     progress: Callable[[str], Callable[[int, int], None]] | None = None
     metrics: Metrics | None = None
     holder: str = field(
@@ -131,6 +133,7 @@ class Runtime:
             min_batch=settings.flush_min_batch,
             lease_seconds=settings.job_lease_seconds,
             checkpoint_file=settings.checkpoint_file,
+            witnesses=tuple(WitnessEndpoint.parse(entry) for entry in settings.witnesses),
             progress=progress,
             metrics=metrics,
         )
@@ -185,17 +188,18 @@ def _checkpoint(rt: Runtime) -> dict[str, Any]:
     signed = None if point is None else {"seq": point.seq, "hash": point.hash, "at": point.at}
     public = rt.ledger.tlog.sync()  # the transparency log's tree and its signed checkpoint
     signed_tlog = None if public is None else {"size": public.size, "root": public.root.hex()}
+    # the newest checkpoint to the witnesses (also the one a witness that was down missed)
+    witnessed = push_checkpoint(rt.ledger.tlog, rt.witnesses, metrics=rt.metrics)
+    done = {"signed": signed, "tlog": signed_tlog, "claims": claims, "witnesses": witnessed}
     path = rt.checkpoint_file
     if path is None:
-        return {"signed": signed, "tlog": signed_tlog, "claims": claims}
+        return done
     try:  # every signed checkpoint, also the ones a failed append missed
         added = write_checkpoints(rt.ledger.audit.checkpoints(), path)
     except CheckpointFileError as exc:
         log.error("job checkpoint: %s; nothing was appended to it", exc)
-        kept = {"added": 0, "problem": str(exc)}
-        return {"signed": signed, "tlog": signed_tlog, "claims": claims, "kept": kept}
-    kept = {"added": added, "problem": None}
-    return {"signed": signed, "tlog": signed_tlog, "claims": claims, "kept": kept}
+        return done | {"kept": {"added": 0, "problem": str(exc)}}
+    return done | {"kept": {"added": added, "problem": None}}
 
 
 def _dashboard(rt: Runtime) -> dict[str, Any]:

@@ -75,6 +75,12 @@ class Metrics:
             ["job"],
             registry=self.registry,
         )
+        self.witness_failures = Counter(
+            "dpgov_witness_failures_total",
+            "Checkpoint submissions a witness did not cosign (down, or refused), by witness.",
+            ["witness"],
+            registry=self.registry,
+        )
         self.verification_ok = Gauge(
             "dpgov_audit_verification_ok",
             "The last audit verification's result: 1 the chain and state verified, 0 failed;"

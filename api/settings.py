@@ -96,6 +96,15 @@ class Settings(BaseSettings):
         " missing once the database holds a checkpoint: `verify` fails naming it. Unset:"
         " checkpoints live only in the database.",
     )
+    witnesses: list[str] = Field(
+        default_factory=list,
+        description="The witnesses the `checkpoint` job submits each new transparency-log"
+        " checkpoint to (C2SP tlog-witness `add-checkpoint`), a JSON list of"
+        ' `"<base URL> <witness vkey>"`, e.g.'
+        ' `["https://w1.example witness.example/w1+1a2b3c4d+BA..."]`;'
+        " their cosignatures are served with the checkpoint (docs/transparency.md). A witness"
+        " that does not answer is logged, counted and tried again at the next run.",
+    )
     dashboard_seconds: int = Field(
         default=60,
         ge=1,
@@ -253,6 +262,24 @@ class Settings(BaseSettings):
         """
         check_environment(os.environ, setting_names())
         return init_settings, env_settings, dotenv_settings, file_secret_settings
+
+    @field_validator("witnesses")
+    @classmethod
+    def _witnesses_are_url_and_key(cls, value: list[str]) -> list[str]:
+        """Each entry is an http(s) URL and a cosignature verifier key, so a typo fails at start."""
+        from dp_governor.mechanisms.signed_note import COSIGNATURE, NoteError, Verifier
+
+        for entry in value:
+            parts = entry.split()
+            if len(parts) != 2 or not parts[0].startswith(("http://", "https://")):
+                raise ValueError(f'each entry is "<http(s) URL> <witness vkey>", got {entry!r}')
+            try:
+                key = Verifier.parse(parts[1])
+            except NoteError as exc:
+                raise ValueError(f"{entry!r}: {exc}") from None
+            if key.kind != COSIGNATURE:
+                raise ValueError(f"{entry!r}: the key is not a witness (cosignature) key")
+        return value
 
     @field_validator("admin_token")
     @classmethod

@@ -46,6 +46,8 @@ def _type_name(annotation: object) -> str:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         inner = " or ".join(_type_name(a) for a in args)
         return f"{inner} (optional)" if len(args) < len(typing.get_args(annotation)) else inner
+    if origin is list:
+        return "JSON list of " + _type_name(typing.get_args(annotation)[0]) + "s"
     names = {"SecretStr": "secret string", "Path": "path", "str": "string"}
     name = getattr(annotation, "__name__", str(annotation))
     return names.get(name, name)
@@ -63,7 +65,7 @@ def _bounds(field: FieldInfo) -> str:
 
 
 def _default(field: FieldInfo) -> str:
-    value = field.get_default()
+    value = field.get_default(call_default_factory=True)
     if value is None:
         return "unset"
     if isinstance(value, bool):

@@ -290,21 +290,40 @@ class TransparencyLog:
     # -- reading ---------------------------------------------------------------------------------
 
     def latest(self) -> SignedCheckpoint | None:
-        """The newest signed checkpoint, or ``None`` before the first."""
+        """The newest signed checkpoint with its witnesses' cosignatures, or ``None``."""
         with self.engine.connect() as conn:
             row = conn.execute(
                 text("SELECT size, root, note FROM tlog_checkpoints ORDER BY size DESC LIMIT 1")
             ).first()
-        return None if row is None else SignedCheckpoint(int(row[0]), bytes.fromhex(row[1]), row[2])
+            return None if row is None else _cosigned(conn, row)
 
     def checkpoint_at(self, size: int) -> SignedCheckpoint | None:
-        """The checkpoint signed at ``size``, if one was."""
+        """The checkpoint signed at ``size`` with its cosignatures, if one was."""
         with self.engine.connect() as conn:
             row = conn.execute(
                 text("SELECT size, root, note FROM tlog_checkpoints WHERE size = :size"),
                 {"size": size},
             ).first()
-        return None if row is None else SignedCheckpoint(int(row[0]), bytes.fromhex(row[1]), row[2])
+            return None if row is None else _cosigned(conn, row)
+
+    def add_cosignature(self, size: int, witness: str, line: str) -> None:
+        """Keep a witness's cosignature line on the checkpoint of ``size`` (once per witness)."""
+        with write_step(self.engine) as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tlog_cosignatures (size, witness, line)"
+                    " VALUES (:size, :witness, :line) ON CONFLICT DO NOTHING"
+                ),
+                {"size": size, "witness": witness, "line": line},
+            )
+
+    def cosigned_size(self, witness: str) -> int:
+        """The largest checkpoint size ``witness`` cosigned for this log (0: none)."""
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT max(size) FROM tlog_cosignatures WHERE witness = :w"), {"w": witness}
+            ).scalar()
+        return 0 if found is None else int(found)
 
     def receipt(self, seq: int) -> Receipt | None:
         """The inclusion receipt of audit entry ``seq`` under the newest checkpoint, if covered."""
@@ -333,7 +352,7 @@ class TransparencyLog:
             ).first()
             if row is None:
                 return None, []
-            point = SignedCheckpoint(int(row[0]), bytes.fromhex(row[1]), row[2])
+            point = _cosigned(conn, row)
             found = conn.execute(
                 text(
                     "SELECT idx, data FROM tlog_leaves WHERE label = :label AND idx < :size"
@@ -484,6 +503,18 @@ class TransparencyLog:
                         None if data is None else str(data).encode(),
                     )
                 last = int(page[-1][0])
+
+
+def _cosigned(conn: Connection, row: Any) -> SignedCheckpoint:
+    """A stored checkpoint row, its note carrying the witnesses' stored cosignature lines."""
+    size = int(row[0])
+    lines = conn.execute(
+        text("SELECT line FROM tlog_cosignatures WHERE size = :size ORDER BY witness"),
+        {"size": size},
+    ).scalars()
+    return SignedCheckpoint(
+        size, bytes.fromhex(row[1]), str(row[2]) + "".join(f"{x}\n" for x in lines)
+    )
 
 
 def _path_ranges(index: int, size: int) -> list[tuple[int, int]]:

@@ -23,6 +23,8 @@
 - ``tlog_leaves``, ``tlog_nodes``, ``tlog_checkpoints``: the public transparency log
   (:mod:`dp_governor.budget.audit.tlog`): leaf ``i`` is audit entry ``i + 1`` projected, the
   nodes every complete subtree's hash, the checkpoints its signed notes; append-only too.
+- ``tlog_cosignatures``: the cosignature line each configured witness returned for a checkpoint
+  (``dp_governor.api._witnessing``), served with it; append-only too.
 - ``shuffled_batches``: each batch the inbox flush published, by its sizes only
   (:mod:`dp_governor.budget.reporting.central`); ``split`` marks batches published before revision
   0009, in parts whose devices were not counted.
@@ -55,6 +57,7 @@ __all__ = [
     "ShuffledBatch",
     "SlotBudgets",
     "TlogCheckpoint",
+    "TlogCosignature",
     "TlogLeaf",
     "TlogNode",
 ]
@@ -211,6 +214,16 @@ class TlogCheckpoint(SQLModel, table=True):
     note: str = Field(sa_column=Column(Text, nullable=False))
 
 
+class TlogCosignature(SQLModel, table=True):
+    """A witness's C2SP tlog-cosignature line on the checkpoint of one size."""
+
+    __tablename__ = "tlog_cosignatures"
+
+    size: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    witness: str = Field(sa_column=Column(String(255), primary_key=True))
+    line: str = Field(sa_column=Column(Text, nullable=False))
+
+
 def _ddl(statement: str, dialect: str) -> Any:
     """A DDL statement run after its table is created, on one dialect only."""
     return DDL(statement).execute_if(dialect=dialect)  # type: ignore[no-untyped-call]
@@ -226,6 +239,7 @@ for _table in (
     TlogLeaf.__table__,  # type: ignore[attr-defined]
     TlogNode.__table__,  # type: ignore[attr-defined]
     TlogCheckpoint.__table__,  # type: ignore[attr-defined]
+    TlogCosignature.__table__,  # type: ignore[attr-defined]
 ):
     _name = _table.name
     for _op in ("UPDATE", "DELETE"):

@@ -147,16 +147,22 @@ def test_the_witness_command_follows_a_live_log(tmp_path: Path) -> None:
 
 
 @contextmanager
-def _witness_service(folder: Path, *log_keys: str) -> Iterator[str]:
-    """A real ``dpgov witness serve`` on a free port following ``log_keys``; yields its URL."""
-    key_file = folder / "service.key"
-    key_file.write_text(bytes([7] * 32).hex() + "\n", encoding="ascii")
-    errors = folder / "witness.log"
+def witness_service(
+    folder: Path, *log_keys: str, name: str = "witness.example/w1", seed: int = 7, port: int = 0
+) -> Iterator[str]:
+    """A real ``dpgov witness serve`` following ``log_keys`` (``port`` 0: a free one); its URL.
+
+    The key is ``bytes([seed] * 32)``, the state a SQLite file in ``folder`` named after it.
+    """
+    tag = name.replace("/", "_")
+    key_file = folder / f"{tag}.key"
+    key_file.write_text(bytes([seed] * 32).hex() + "\n", encoding="ascii")
+    errors = folder / f"{tag}.log"
     keys = [arg for vkey in log_keys for arg in ("--log-key", vkey)]
     command = [
         sys.executable, "-m", "dp_governor.api.cli", "witness", "serve", *keys,
-        "--name", "witness.example/w1", "--key-file", str(key_file),
-        "--state-db", str(folder / "witness.sqlite"), "--port", "0",
+        "--name", name, "--key-file", str(key_file),
+        "--state-db", str(folder / f"{tag}.sqlite"), "--port", str(port),
     ]  # fmt: skip
     with errors.open("wb") as sink:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
@@ -173,7 +179,8 @@ def _witness_service(folder: Path, *log_keys: str) -> Iterator[str]:
         process.wait(timeout=T)
 
 
-def _body(old: int, proof: list[bytes], note: str) -> bytes:
+def submission(old: int, proof: list[bytes], note: str) -> bytes:
+    """An ``add-checkpoint`` body: the old size, the proof lines, a blank line, the note."""
     lines = "".join(base64.b64encode(p).decode() + "\n" for p in proof)
     return f"old {old}\n{lines}\n{note}".encode()
 
@@ -196,40 +203,40 @@ def test_the_witness_service_cosigns_extensions_and_refuses_a_forked_log(tmp_pat
         stranger = Signer("other.example/log", bytes([9] * 32))
         impostor = Signer(log.name, bytes([8] * 32))  # the log's name, another key
         text = Checkpoint(log.name, first.size, first.root).text()
-        with _witness_service(tmp_path, log.vkey(), stranger.verifier.vkey()) as base:
+        with witness_service(tmp_path, log.vkey(), stranger.verifier.vkey()) as base:
             witness = _witness().verifier
             assert _post(base, b"old x\n\n" + first.note.encode()).status_code == 400
             assert _post(base, b"old 0\n").status_code == 400
             other = Checkpoint("unknown.example/log", 1, bytes(32)).text()
             unknown = sign_note(other, [Signer("unknown.example/log", bytes(32)).sign(other)])
-            assert _post(base, _body(0, [], unknown)).status_code == 404
+            assert _post(base, submission(0, [], unknown)).status_code == 404
             forged = sign_note(text, [impostor.sign(text)])
-            assert _post(base, _body(0, [], forged)).status_code == 403
-            assert _post(base, _body(first.size + 1, [], first.note)).status_code == 400
-            got = _post(base, _body(0, [], first.note))
+            assert _post(base, submission(0, [], forged)).status_code == 403
+            assert _post(base, submission(first.size + 1, [], first.note)).status_code == 400
+            got = _post(base, submission(0, [], first.note))
             assert got.status_code == 200, got.text
             assert got.text.startswith("\u2014 witness.example/w1 ") and got.text.count("\n") == 1
             note = first.note + got.text
             point, cosigned = Checkpoint.open(note, log, witnesses=[witness], quorum=1)
             assert point.size == first.size and list(cosigned) == ["witness.example/w1"]
-            stale = _post(base, _body(0, [], first.note))  # the log forgot what it sent
+            stale = _post(base, submission(0, [], first.note))  # the log forgot what it sent
             assert stale.status_code == 409 and stale.text == f"{first.size}\n"
             assert stale.headers["content-type"] == "text/x.tlog.size"
             # the fork: the same size, another root
-            assert _post(base, _body(first.size, [], split.note)).status_code == 409
+            assert _post(base, submission(first.size, [], split.note)).status_code == 409
             forked.policies.update("emoji", PolicyUpdate(group_size=2))
             grown_fork = forked.tlog.sync()
             assert grown_fork is not None
             steps = forked.tlog.consistency(first.size, grown_fork.size)
-            assert _post(base, _body(first.size, steps, grown_fork.note)).status_code == 422
+            assert _post(base, submission(first.size, steps, grown_fork.note)).status_code == 422
             honest.policies.update("emoji", PolicyUpdate(group_size=2))
             grown = honest.tlog.sync()
             assert grown is not None
             steps = honest.tlog.consistency(first.size, grown.size)
-            got = _post(base, _body(first.size, steps, grown.note))
+            got = _post(base, submission(first.size, steps, grown.note))
             assert got.status_code == 200, got.text
             Checkpoint.open(grown.note + got.text, log, witnesses=[witness], quorum=1)
-            again = _post(base, _body(first.size, steps, grown.note))
+            again = _post(base, submission(first.size, steps, grown.note))
             assert again.status_code == 409 and again.text == f"{grown.size}\n"
     finally:
         e1.dispose()
@@ -245,12 +252,12 @@ def test_concurrent_add_checkpoint_requests_advance_the_state_once(tmp_path: Pat
             point = ledger.tlog.sync()
             assert point is not None
             notes.append(point)
-        with _witness_service(tmp_path, ledger.tlog.verifier.vkey()) as base:
+        with witness_service(tmp_path, ledger.tlog.verifier.vkey()) as base:
             start = threading.Barrier(len(notes) * 2)
 
             def submit(point: SignedCheckpoint) -> httpx.Response:
                 start.wait(timeout=T)
-                return _post(base, _body(0, [], point.note))
+                return _post(base, submission(0, [], point.note))
 
             with ThreadPoolExecutor(len(notes) * 2) as pool:
                 answers = list(pool.map(submit, notes * 2))
@@ -261,7 +268,7 @@ def test_concurrent_add_checkpoint_requests_advance_the_state_once(tmp_path: Pat
             assert {(a.status_code, a.text) for a in others} == {(409, f"{size}\n")}
             last = notes[-1]
             steps = ledger.tlog.consistency(size, last.size)
-            final = _post(base, _body(size, steps, last.note))
+            final = _post(base, submission(size, steps, last.note))
             assert final.status_code == 200, final.text  # from the winner's size, it advances
     finally:
         engine.dispose()

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from dp_governor.budget import Ledger
 from dp_governor.budget.audit.tlog import day_label
 from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
-from dp_governor.mechanisms.signed_note import Checkpoint
+from dp_governor.mechanisms.signed_note import COSIGNATURE, Checkpoint, Signer
 from dp_governor.policies import PolicyUpdate
 
 NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
@@ -147,3 +147,27 @@ def test_the_log_tables_are_append_only(ledger: Ledger) -> None:
     for table in ("tlog_leaves", "tlog_nodes", "tlog_checkpoints"):
         with pytest.raises(Exception, match="append-only"), ledger.engine.begin() as conn:
             conn.execute(text(f"DELETE FROM {table}"))
+
+
+def test_witness_cosignatures_are_kept_once_and_served_with_their_checkpoint(
+    ledger: Ledger,
+) -> None:
+    _history(ledger)
+    point = ledger.tlog.sync()
+    assert point is not None
+    witness = Signer("witness.example/w1", bytes([7] * 32), kind=COSIGNATURE)
+    text_ = Checkpoint(ledger.tlog.origin, point.size, point.root).text()
+    line = witness.cosign(text_, 1_700_000_000).line().rstrip("\n")
+    assert ledger.tlog.cosigned_size(witness.name) == 0
+    ledger.tlog.add_cosignature(point.size, witness.name, line)
+    ledger.tlog.add_cosignature(point.size, witness.name, line)  # kept once
+    assert ledger.tlog.cosigned_size(witness.name) == point.size
+    for served in (ledger.tlog.latest(), ledger.tlog.checkpoint_at(point.size)):
+        assert served is not None and served.note == point.note + line + "\n"
+        got, cosigned = Checkpoint.open(
+            served.note, ledger.tlog.verifier, witnesses=[witness.verifier], quorum=1
+        )
+        assert got.size == point.size and list(cosigned) == [witness.name]
+    assert ledger.verify()[0].ok
+    with pytest.raises(Exception, match="append-only"), ledger.engine.begin() as conn:
+        conn.execute(text("DELETE FROM tlog_cosignatures"))
