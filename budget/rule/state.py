@@ -118,6 +118,14 @@ class AccountState:
                 break
         return 0, 0
 
+    def use_case_today(self, day: int, use_case: str) -> tuple[int, int]:
+        """``(reports, micro-epsilon)`` of ``use_case`` on ``day``, whatever terms and budget.
+
+        After an acceptance, the charge's ordinal among the use case's charges that day and the
+        device's spend on it so far (a transparency-log leaf's label and ``spent``).
+        """
+        return self.today(day, [i for i, slot in enumerate(self.slots) if slot[0] == use_case])
+
     def window(
         self, day: int, retention: int, idx: list[int], horizons: Mapping[str, int]
     ) -> list[tuple[int, int]]:

@@ -53,7 +53,7 @@ def test_a_device_checks_its_spend_against_the_public_log(tmp_path: Path, edit: 
         base = served.base
         client = Client(base, admin_token=ADMIN_TOKEN, timeout=T)
         sent: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for use_case in ("emoji", "lookup-hints", "emoji"):
+        for use_case in ("emoji", "lookup-hints", "lookup-hints", "emoji"):
             result = client.submit(use_case, "phone", _report(base, use_case))
             if isinstance(result, Receipt):
                 sent[use_case][0] += 1
@@ -85,6 +85,7 @@ def test_a_device_checks_its_spend_against_the_public_log(tmp_path: Path, edit: 
         client.close()
     if edit == "none":
         assert check.ok, check.problem
+        assert mine["lookup-hints"][0] == 2  # two charges of one use case, two labels
         assert check.totals == mine and len(record.leaves) == sum(n for n, _ in mine.values())
     elif edit == "dropped":
         assert not check.ok and "gate's totals" in (check.problem or ""), check.problem
