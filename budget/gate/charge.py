@@ -62,6 +62,7 @@ OnAccept = Callable[[Connection, Decision], None]
 MAX_DEVICE_ID = 256
 MAX_IDEMPOTENCY_KEY = 255
 _CHUNK = 400
+_UNCOUNTED = ("null", "null")  # a refusal's ``n`` and ``spent``
 
 
 class BatchItem(NamedTuple):
@@ -95,7 +96,7 @@ def charge_entry(
     """
     d = decision
     idem = "null" if idempotency is None else f'"{idempotency}"'
-    n, spent = ("null", "null") if tally is None else (int(tally[0]), int(tally[1]))
+    n, spent = tally or _UNCOUNTED
     return Entry(
         f"device:{dk}",
         "charge",
