@@ -347,7 +347,8 @@ function firstDifference(a, b) {
 
 /**
  * Check a device's record of one day (`GET /v1/devices/{id}/tlog`): the checkpoint's
- * signatures, every leaf's inclusion proof, the day's label, the gate's totals and (when the
+ * signatures, every leaf's inclusion proof, its label (a version 2 leaf's from its place among
+ * the device's leaves of its use case) and running total, the gate's totals and (when the
  * device kept its own count) what it sent. `log` and `witnesses` are verifier key texts the
  * device was configured with, never ones the server sent. The answer's `problem` is the same,
  * word for word, as the Python client's (docs/vectors/tlog.json).
@@ -399,8 +400,10 @@ export async function verifyRecord(record, log, options = {}) {
     ["sign"],
   );
   /** `HMAC-SHA256(label key, message)[:16]`, hex. @param {string} message */
-  const labelOf = async (message) =>
-    toHex(new Uint8Array(await subtle.sign("HMAC", labelKey, encoder.encode(message))).slice(0, 16));
+  const labelOf = async (message) => {
+    const mac = await subtle.sign("HMAC", labelKey, encoder.encode(message));
+    return toHex(new Uint8Array(mac).slice(0, 16));
+  };
   const dayLabel = await labelOf(`day:${record.day}`);
   for (const item of record.leaves) {
     const data = encoder.encode(item.leaf);
@@ -409,7 +412,8 @@ export async function verifyRecord(record, log, options = {}) {
       return answer(`leaf ${item.index} is not in the signed tree (its proof fails)`);
     }
     const leaf = JSON.parse(item.leaf);
-    const useCase = leaf.use_case === undefined || leaf.use_case === null ? "None" : String(leaf.use_case);
+    const missing = leaf.use_case === undefined || leaf.use_case === null;
+    const useCase = missing ? "None" : String(leaf.use_case); // as Python's str()
     const [count, spent] = totals.get(useCase) ?? [0, 0];
     // a version 2 leaf carries the label of the device's next charge of its use case
     const label =
