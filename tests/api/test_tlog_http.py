@@ -1,9 +1,10 @@
 """Over real HTTP: a device simulator checks the server's record of its spend.
 
 A real ``dpgov serve`` on a SQLite file. The device submits reports through the client, keeps
-its own count from the receipts, and after the checkpoint job verifies its record with the
-log's key configured out of band (derived here from the audit key, as the operator would
-publish it): proofs, labels, the gate's totals and its own count agree. Then a database writer
+its own count from the receipts (two reports of one use case among them: two leaves, two
+labels), and after the checkpoint job verifies its record with the log's key configured out of
+band (derived here from the audit key, as the operator would publish it): proofs, labels,
+running totals, the gate's totals and its own count agree. Then a database writer
 drops one of its charges from the public log, or alters one: the device's check fails naming
 what disagrees.
 """
