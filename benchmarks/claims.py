@@ -3,7 +3,8 @@
 Usage: ``python -m benchmarks.claims [--charges 1000000]``.
 
 Builds, in memory, the leaves of one day as the service publishes them: ``charges`` charge
-leaves (two reports from each of ``charges / 2`` devices, one day label each), the day's
+leaves (two reports from each of ``charges / 2`` devices, each leaf with its own label and its
+device's running total), the day's
 ``batch.publish`` leaves (batches of 10,000 devices with two reports each) and the day's claim
 (:func:`dp_governor.budget.reporting.claims.build_claim`, its figures computed as the server
 computes them), saves them as a log copy under a signed checkpoint, and times
@@ -55,15 +56,16 @@ def _leaves(charges: int) -> tuple[list[bytes], int]:
     devices = charges // 2
     leaves = []
     for i in range(charges):
-        device = i % devices
-        label = hashlib.sha256(device.to_bytes(8, "big")).hexdigest()[:32]
+        n = 1 + i // devices  # the device's first report, then its second
         leaf = {
             "kind": "charge",
-            "label": label,
+            "label": hashlib.sha256(i.to_bytes(8, "big")).hexdigest()[:32],
             "use_case": "emoji",
             "policy_version": 1,
             "epsilon_micro": EPSILON_MICRO,
             "budget": "emoji",
+            "spent": n * EPSILON_MICRO,
+            "v": 2,
             "day": DAY,
             "seq": i + 1,
         }

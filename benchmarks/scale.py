@@ -161,7 +161,8 @@ def build(
                     per_use_case.setdefault(t.name, []).append(keys[d])
                     next_id += 1
                 if audit:
-                    decided.append(charge_entry(keys[d], decision, t))
+                    tally = state.use_case_today(day, t.name) if decision.accepted else None
+                    decided.append(charge_entry(keys[d], decision, t, None, tally))
             with engine.connect() as conn, conn.begin():
                 cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
                 cur.executemany(insert, [(*r, None) for r in rows])

@@ -48,6 +48,8 @@ def _append(log: AuditLog, engine: object, entries: int) -> None:
                     "reason": "accepted" if i % 7 else "daily_cap",
                     "charge_id": i,
                     "idempotency": None,
+                    "n": 1 if i % 7 else None,  # each device's first charge of the day
+                    "spent": 4_000_000 if i % 7 else None,
                 },
             )
             for i in range(start, min(entries, start + CHUNK))
@@ -118,7 +120,8 @@ def simulated(size: int) -> str:
     note = sign_note(text, [signer.sign(text)])
     leaf = orjson.dumps(
         {"budget": "emoji", "day": 20_779, "epsilon_micro": 4_000_000, "kind": "charge",
-         "label": "0" * 32, "policy_version": 1, "seq": size, "use_case": "emoji"}
+         "label": "0" * 32, "policy_version": 1, "seq": size, "spent": 4_000_000,
+         "use_case": "emoji", "v": 2}
     )  # fmt: skip
     times = []
     for _ in range(200):

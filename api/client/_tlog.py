@@ -3,8 +3,10 @@
 :func:`verify_record` takes a :class:`~dp_governor.api.schemas.DeviceRecord` (the route
 ``GET /v1/devices/{id}/tlog``) and checks, in order: the checkpoint carries the log's signature
 (and the cosignatures of ``quorum`` of the configured witnesses), every leaf's inclusion proof
-leads to the checkpoint's root, every leaf carries the day's label computed from the label
-key, the leaves' totals per use case equal the gate's, and (when the device kept its own
+leads to the checkpoint's root, every leaf is one of the device's charges that day (its label
+computed from the label key: a version 2 leaf's from its place among the device's leaves of its
+use case, whose ``spent`` must be the running sum of their epsilon; a version 1 leaf's is the
+day's label), the leaves' totals per use case equal the gate's, and (when the device kept its own
 count) equal what the device sent. The answer names the first disagreement in words a device
 can report. Uses :mod:`dp_governor.mechanisms.merkle` and
 :mod:`dp_governor.mechanisms.signed_note` only: no server code.
@@ -13,7 +15,6 @@ can report. Uses :mod:`dp_governor.mechanisms.merkle` and
 from __future__ import annotations
 
 import hmac
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,8 +41,9 @@ class RecordCheck:
     problem: str | None = None
 
 
-def _label(key: bytes, day: int) -> str:
-    return hmac.digest(key, f"day:{int(day)}".encode(), "sha256")[:16].hex()
+def _label(key: bytes, message: str) -> str:
+    """``HMAC-SHA256(label key, message)[:16]``, hex: ``day:<day>`` or ``charge:<day>:<uc>:<n>``."""
+    return hmac.digest(key, message.encode(), "sha256")[:16].hex()
 
 
 def verify_record(
@@ -60,7 +62,7 @@ def verify_record(
     """
     log_key = Verifier.parse(log) if isinstance(log, str) else log
     keys = [Verifier.parse(w) if isinstance(w, str) else w for w in witnesses]
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    totals: dict[str, tuple[int, int]] = {}
 
     def answer(problem: str | None, cosigned: tuple[str, ...] = ()) -> RecordCheck:
         done = {uc: (n, e) for uc, (n, e) in sorted(totals.items())}
@@ -77,19 +79,32 @@ def verify_record(
     names = tuple(sorted(cosigned))
     if point.size != record.size:
         return answer(f"the checkpoint signs {point.size} leaves, the record says {record.size}")
-    label = _label(bytes.fromhex(record.label_key), record.day)
+    key = bytes.fromhex(record.label_key)
+    day_label = _label(key, f"day:{record.day}")
     for item in record.leaves:
         data = item.leaf.encode()
         proof = [bytes.fromhex(p) for p in item.proof]
         if not verify_inclusion(leaf_hash(data), item.index, point.size, proof, point.root):
             return answer(f"leaf {item.index} is not in the signed tree (its proof fails)", names)
         leaf = orjson.loads(data)
+        use_case = str(leaf.get("use_case"))
+        count, spent = totals.get(use_case, (0, 0))
+        if leaf.get("v") == 2:  # the label of the device's next charge of the use case
+            label = _label(key, f"charge:{record.day}:{use_case}:{count + 1}")
+        else:
+            label = day_label
         if leaf.get("label") != label or leaf.get("day") != record.day:
             return answer(f"leaf {item.index} is not this device's on day {record.day}", names)
         if leaf.get("kind") != "charge":
             return answer(f"leaf {item.index} is not a charge", names)
-        totals[str(leaf["use_case"])][0] += 1
-        totals[str(leaf["use_case"])][1] += int(leaf["epsilon_micro"])
+        count, spent = count + 1, spent + int(leaf["epsilon_micro"])
+        if leaf.get("v") == 2 and leaf.get("spent") != spent:
+            return answer(
+                f"leaf {item.index} says {use_case!r} had spent {leaf.get('spent')} micro-epsilon"
+                f" that day, the device's leaves up to it make {spent}",
+                names,
+            )
+        totals[use_case] = (count, spent)
     proven = {uc: (n, e) for uc, (n, e) in totals.items()}
     gate = {g.use_case: (g.reports, g.epsilon_micro) for g in record.gate}
     if gate != proven:

@@ -38,13 +38,18 @@ class DeviceRecord(BaseModel):
 
     day: int = PydField(description="The UTC day number (days since 1970-01-01).")
     label_key: str = PydField(description="The device's label key, hex: keep it secret.")
-    label: str = PydField(description="The day's label, HMAC-SHA256(label key, 'day:<day>')[:16].")
+    label: str = PydField(
+        description="The day's label, HMAC-SHA256(label key, 'day:<day>')[:16]: the label of"
+        " the device's charges recorded before per-charge labels (version 1 leaves)."
+    )
     checkpoint: str | None = PydField(description="The signed checkpoint every proof is against.")
     size: int = PydField(description="The checkpoint's tree size.")
     covered: bool = PydField(
         description="Whether the checkpoint covered every charge when the totals were read."
     )
-    leaves: list[LeafProof] = PydField(description="The device's leaves of the day, with proofs.")
+    leaves: list[LeafProof] = PydField(
+        description="The device's leaves of the day, in log order, with proofs."
+    )
     gate: list[GateTotal] = PydField(description="The gate's totals that day, per use case.")
 
 

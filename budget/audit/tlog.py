@@ -11,12 +11,15 @@ signed checkpoint the root of the leaves.
 
 A leaf says no more than a third party may see (docs/transparency.md):
 
-- a charge: its UTC day (never a finer time), use case, policy version, epsilon, budget and
-  the device's *label* for that day, ``HMAC-SHA256(device label key, day)[:16]``, where the
-  device label key is ``HMAC-SHA256(label secret, pseudonym)`` and the label secret is derived
-  from the audit key. The device receives its label key with its receipts and so finds its own
-  leaves; without it, labels of different days (and different devices) are unlinkable random
-  strings. A refused decision is a leaf with its day and nothing else.
+- a charge: its UTC day (never a finer time), use case, policy version, epsilon, budget, the
+  device's micro-epsilon on the use case that day after the charge (``spent``) and a *label*
+  for this one charge, :func:`charge_label` of the charge's ordinal ``n`` among the device's
+  charges of the use case that day (``v: 2``). The device label key is ``HMAC-SHA256(label
+  secret, pseudonym)`` and the label secret is derived from the audit key. The device receives
+  its label key with its record and so finds its own leaves; without it, any two labels are
+  unrelated random strings. Charges recorded before per-charge labels (no ``n`` in their audit
+  entry) keep their version 1 leaf: one :func:`day_label` for all the device's charges of a
+  day. A refused decision is a leaf with its day and nothing else.
 - a policy version, a device-wide budget version, a published batch, a purge or a privacy
   claim (:mod:`dp_governor.budget.reporting.claims`): the entry's data in full (public figures,
   no device in them), its actor and its day.
@@ -49,6 +52,7 @@ __all__ = [
     "SignedCheckpoint",
     "TlogVerification",
     "TransparencyLog",
+    "charge_label",
     "day_label",
     "device_label_key",
     "leaf_of",
@@ -72,6 +76,17 @@ def day_label(key: bytes, day: int) -> str:
     (32, False)
     """
     return hmac.digest(key, f"day:{int(day)}".encode(), "sha256")[:16].hex()
+
+
+def charge_label(key: bytes, day: int, use_case: str, n: int) -> str:
+    """The label of a device's ``n``-th charge of ``use_case`` on ``day`` (a version 2 leaf).
+
+    ``HMAC-SHA256(device label key, "charge:<day>:<use case>:<n>")[:16]``, hex.
+
+    >>> charge_label(bytes(32), 1, "emoji", 1) == charge_label(bytes(32), 1, "emoji", 2)
+    False
+    """
+    return hmac.digest(key, f"charge:{int(day)}:{use_case}:{int(n)}".encode(), "sha256")[:16].hex()
 
 
 def _day_of(at: str) -> int:
@@ -106,15 +121,21 @@ def _project(
             key = keys.get(actor)
             if key is None:
                 key = keys[actor] = device_label_key(label_secret, actor.removeprefix("device:"))
-            label = day_label(key, day)
             leaf = {
                 "kind": "charge",
-                "label": label,
                 "use_case": data["use_case"],
                 "policy_version": data["policy_version"],
                 "epsilon_micro": data["epsilon_micro"],
                 "budget": data.get("budget"),
             }
+            n = data.get("n")
+            if n is None:  # recorded before per-charge labels: the version 1 leaf
+                label = day_label(key, day)
+            else:
+                label = charge_label(key, day, data["use_case"], n)
+                leaf["spent"] = data["spent"]
+                leaf["v"] = 2
+            leaf["label"] = label
         else:
             leaf = {"kind": "refusal"}
     elif actor.startswith("device:"):  # no other action names a device; never publish one
@@ -341,8 +362,8 @@ class TransparencyLog:
             proof = inclusion_proof(index, point.size, self._reader(conn, ranges))
         return Receipt(index, str(data).encode(), proof, point.note)
 
-    def receipts(self, label: str) -> tuple[SignedCheckpoint | None, list[Receipt]]:
-        """The newest checkpoint and a receipt for every leaf under ``label`` it covers.
+    def receipts(self, labels: Sequence[str]) -> tuple[SignedCheckpoint | None, list[Receipt]]:
+        """The newest checkpoint and a receipt for every leaf under ``labels`` it covers, in order.
 
         One read transaction, so every proof is against the checkpoint returned.
         """
@@ -353,22 +374,23 @@ class TransparencyLog:
             if row is None:
                 return None, []
             point = _cosigned(conn, row)
-            found = conn.execute(
-                text(
-                    "SELECT idx, data FROM tlog_leaves WHERE label = :label AND idx < :size"
-                    " ORDER BY idx"
-                ),
-                {"label": label, "size": point.size},
-            ).all()
-            ranges = [r for index, _ in found for r in _path_ranges(int(index), point.size)]
+            found: list[tuple[int, str]] = []
+            wanted = sorted(set(labels))
+            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ", ".join([self._ph] * len(chunk))
+                cur.execute(
+                    f"SELECT idx, data FROM tlog_leaves WHERE label IN ({marks})"
+                    f" AND idx < {self._ph}",
+                    (*chunk, point.size),
+                )
+                found.extend((int(index), str(data)) for index, data in cur.fetchall())
+            found.sort()
+            ranges = [r for index, _ in found for r in _path_ranges(index, point.size)]
             node = self._reader(conn, ranges)
             receipts = [
-                Receipt(
-                    int(index),
-                    str(data).encode(),
-                    inclusion_proof(int(index), point.size, node),
-                    point.note,
-                )
+                Receipt(index, data.encode(), inclusion_proof(index, point.size, node), point.note)
                 for index, data in found
             ]
         return point, receipts

@@ -62,6 +62,7 @@ OnAccept = Callable[[Connection, Decision], None]
 MAX_DEVICE_ID = 256
 MAX_IDEMPOTENCY_KEY = 255
 _CHUNK = 400
+_UNCOUNTED = ("null", "null")  # a refusal's ``n`` and ``spent``
 
 
 class BatchItem(NamedTuple):
@@ -74,9 +75,18 @@ class BatchItem(NamedTuple):
 
 
 def charge_entry(
-    dk: str, decision: Decision, terms: Terms, idempotency: str | None = None
+    dk: str,
+    decision: Decision,
+    terms: Terms,
+    idempotency: str | None = None,
+    tally: tuple[int, int] | None = None,
 ) -> Entry:
     """The audit entry of one charge decision (accepted or refused; no report payload).
+
+    ``tally`` is an acceptance's ``(n, spent)``: its ordinal among the device's charges of the
+    use case that day and the device's micro-epsilon on it after this charge
+    (:meth:`~dp_governor.budget.rule.state.AccountState.use_case_today`); the transparency
+    log's leaf is labelled and counted by them (``null`` for a refusal).
 
     ``idempotency`` is the digest of the idempotency record the decision was stored in
     (:meth:`dp_governor.budget.audit.log.AuditLog.idempotency_digest`; ``null`` without a key), so
@@ -86,14 +96,15 @@ def charge_entry(
     """
     d = decision
     idem = "null" if idempotency is None else f'"{idempotency}"'
+    n, spent = tally or _UNCOUNTED
     return Entry(
         f"device:{dk}",
         "charge",
         f'{{"accepted":{"true" if d.accepted else "false"},"budget":{_json_text(d.budget)},'
         f'"charge_id":{"null" if d.charge_id is None else int(d.charge_id)},"day":{int(d.day)},'
-        f'"epsilon_micro":{int(terms.eps_micro)},"idempotency":{idem},'
+        f'"epsilon_micro":{int(terms.eps_micro)},"idempotency":{idem},"n":{n},'
         f'"policy_version":{int(d.policy_version)},'
-        f'"reason":{_json_text(d.reason)},"use_case":{_json_text(d.use_case)}}}',
+        f'"reason":{_json_text(d.reason)},"spent":{spent},"use_case":{_json_text(d.use_case)}}}',
     )
 
 
@@ -211,6 +222,7 @@ def charge_batch(
         ids = iter(_allocate_ids(cur, len(to_decide), postgres))
         next_id = next(ids, 0)
         accepted: list[tuple[int, Decision]] = []
+        tallies: dict[int, tuple[int, int]] = {}  # an acceptance's (n, spent) for its leaf
         for i in to_decide:
             state = states.get(keys[i])
             if state is None:
@@ -219,6 +231,7 @@ def charge_batch(
             results[i] = decision
             if decision.accepted:
                 accepted.append((i, decision))
+                tallies[i] = state.use_case_today(day, decision.use_case)
                 next_id = next(ids, 0)
 
         # Write.
@@ -255,7 +268,7 @@ def charge_batch(
             assert isinstance(made, Decision)
             stored = stored_keys.get(i)  # every keyed item decided here stored its record
             idem = None if stored is None else gate.audit.idempotency_digest(*stored)
-            entries.append(charge_entry(keys[i], made, of[i], idem))
+            entries.append(charge_entry(keys[i], made, of[i], idem, tallies.get(i)))
         gate.audit.append(conn, entries, now=now)  # last: it holds the chain's head until commit
     out: list[Decision | Exception] = []
     for r in results:

@@ -12,8 +12,8 @@ devices (how many devices spent each daily total). No device identifier: populat
 verifier's), pure and database-free (:func:`dp_governor.budget.reporting.central.central_line`,
 FMT21 per sub-batch composed with dp-accounting PLD). :func:`check_claims` checks a log's claims
 from its leaves alone: each claim's figures recomputed from its inputs, its local distribution
-recounted from the charge leaves of its day (grouped by their day label), its batches matched
-with the ``batch.publish`` leaves; and regenerates each day's transparency report
+recounted from the charge leaves of its day (:class:`DayTotals`), its batches matched with the
+``batch.publish`` leaves; and regenerates each day's transparency report
 (:func:`render_report`), byte for byte what the server publishes when the claim holds.
 """
 
@@ -51,6 +51,7 @@ __all__ = [
     "ACTOR",
     "CLAIM_ACTION",
     "ClaimCheck",
+    "DayTotals",
     "accountant",
     "build_claim",
     "check_claims",
@@ -381,9 +382,47 @@ def _window_days(inputs: Mapping[str, Any]) -> range:
     return range(day - int(inputs["policy"]["retention_days"]) + 1, day + 1)
 
 
+class DayTotals:
+    """How many devices spent each daily total on a use case, recounted from unlinked leaves.
+
+    A version 2 charge leaf carries its device's micro-epsilon on the use case that day after
+    the charge (``spent``), so every device's charges make a chain ``s_1 < s_2 < ... < s_N``
+    whose last link is its daily total: each leaf adds one device at ``spent`` and, unless it
+    is the device's first of the day (``spent - epsilon_micro > 0``), takes one away at
+    ``spent - epsilon_micro``, its previous link. What remains is one device at each device's
+    total, with no leaf linked to another. Version 1 leaves (written before per-charge labels)
+    share one label per device and day, and add a device at their label's sum: a device whose
+    day holds both kinds is one device, as its first version 2 leaf takes away its version 1
+    sum.
+    """
+
+    __slots__ = ("_by_label", "_net")
+
+    def __init__(self) -> None:
+        self._net: Counter[int] = Counter()
+        self._by_label: Counter[str] = Counter()
+
+    def add(self, leaf: Mapping[str, Any]) -> None:
+        """Count one charge leaf of the day and use case."""
+        eps = int(leaf["epsilon_micro"])
+        if leaf.get("v") == 2:
+            spent = int(leaf["spent"])
+            self._net[spent] += 1
+            if spent - eps > 0:
+                self._net[spent - eps] -= 1
+        else:
+            self._by_label[str(leaf["label"])] += eps
+
+    def distribution(self) -> list[list[int]]:
+        """``[[micro-epsilon, devices], ...]`` in ascending total, as a claim writes its local."""
+        net = self._net.copy()
+        net.update(self._by_label.values())
+        return [[e, n] for e, n in sorted(net.items()) if n]
+
+
 def check_claims(leaves: Iterable[bytes]) -> list[ClaimCheck]:
     """Check every claim among a log's leaves (see the module docstring), in log order."""
-    spent: dict[tuple[str, int], Counter[str]] = {}
+    spent: dict[tuple[str, int], DayTotals] = {}
     batches: dict[tuple[str, int], Counter[bytes]] = {}
     checks = []
     for index, raw in enumerate(leaves):
@@ -391,7 +430,10 @@ def check_claims(leaves: Iterable[bytes]) -> list[ClaimCheck]:
         kind = leaf.get("kind")
         if kind == "charge":
             key = (str(leaf["use_case"]), int(leaf["day"]))
-            spent.setdefault(key, Counter())[str(leaf["label"])] += int(leaf["epsilon_micro"])
+            totals = spent.get(key)
+            if totals is None:
+                totals = spent[key] = DayTotals()
+            totals.add(leaf)
         elif kind == "batch.publish":
             data = leaf["data"]
             key = (str(data["use_case"]), int(data["day"]))
@@ -407,7 +449,7 @@ def check_claims(leaves: Iterable[bytes]) -> list[ClaimCheck]:
 def _check(
     index: int,
     claim: Mapping[str, Any],
-    spent: Mapping[tuple[str, int], Counter[str]],
+    spent: Mapping[tuple[str, int], DayTotals],
     batches: Mapping[tuple[str, int], Counter[bytes]],
 ) -> ClaimCheck:
     inputs = claim.get("inputs", {})
@@ -426,8 +468,8 @@ def _check(
             f"the claim was computed with {acc.get('name')} {acc.get('version')}, this verifier"
             f" runs {accountant()['version']}"
         )
-    local = sorted(Counter(spent.get((use_case, day), Counter()).values()).items())
-    counted = [[e, n] for e, n in local]
+    totals = spent.get((use_case, day))
+    counted = [] if totals is None else totals.distribution()
     if claim.get("local") != counted:
         problems.append(
             f"local epsilon distribution: claimed {claim.get('local')}, the day's charge leaves"

@@ -2,10 +2,14 @@
 
 :func:`device_record` gives a device what it needs to check the server's record of its spend
 on one day with nothing but the log's public key (``dp_governor.api.client.verify_record``):
-its label key, every leaf under that day's label with an inclusion proof against one signed
-checkpoint, and what the gate's account row holds for the day (reports and micro-epsilon per
-use case). A device that kept its own count of what it sent compares the three: a charge it
-did not make, one dropped, or totals the gate used that differ from the leaves are all visible.
+its label key, its leaves of that day with an inclusion proof against one signed checkpoint,
+and what the gate's account row holds for the day (reports and micro-epsilon per use case).
+The leaves are found by their labels: the device's charge ``n`` of a use case carries
+:func:`~dp_governor.budget.audit.tlog.charge_label` of ``n``, for ``n`` up to the gate's count
+of the use case that day, and charges recorded before per-charge labels carry the day's
+:func:`~dp_governor.budget.audit.tlog.day_label`. A device that kept its own count of what it
+sent compares the three: a charge it did not make, one dropped, or totals the gate used that
+differ from the leaves are all visible.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from dp_governor.budget.audit.tlog import Receipt, day_label
+from dp_governor.budget.audit.tlog import Receipt, charge_label, day_label
 from dp_governor.budget.ledger import Ledger
 
 __all__ = ["DeviceRecord", "device_record"]
@@ -45,7 +49,6 @@ def device_record(ledger: Ledger, device_id: str, day: int) -> DeviceRecord:
     dk = ledger.device_key(device_id)
     key = ledger.tlog.label_key(dk)
     label = day_label(key, day)
-    point, leaves = ledger.tlog.receipts(label)
     with ledger.connect() as conn:
         state = ledger.state_of(conn, dk)
     head, _ = ledger.audit.head()  # read after the state: every charge it holds is <= head
@@ -59,6 +62,11 @@ def device_record(ledger: Ledger, device_id: str, day: int) -> DeviceRecord:
                     use_case, eps = str(state.slots[i][0]), int(state.slots[i][1])
                     gate[use_case][0] += int(n)
                     gate[use_case][1] += int(n) * eps
+    labels = [label]
+    labels += [
+        charge_label(key, day, uc, n) for uc, (r, _) in gate.items() for n in range(1, r + 1)
+    ]
+    point, leaves = ledger.tlog.receipts(labels)
     return DeviceRecord(
         day=day,
         label_key=key,

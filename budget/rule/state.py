@@ -118,6 +118,35 @@ class AccountState:
                 break
         return 0, 0
 
+    def use_case_today(self, day: int, use_case: str) -> tuple[int, int]:
+        """``(reports, micro-epsilon)`` of ``use_case`` on ``day``, whatever terms and budget.
+
+        After an acceptance, the charge's ordinal among the use case's charges that day and the
+        device's spend on it so far (a transparency-log leaf's label and ``spent``).
+
+        >>> state = AccountState(days=[[5, 1, 2], [6, 0, 1]], slots=[["a", 3, 1, 1, "a"],
+        ...     ["b", 2, 1, 3, "b"]])
+        >>> state.use_case_today(5, "b"), state.use_case_today(6, "b"), state.use_case_today(7, "a")
+        ((2, 4), (1, 2), (0, 0))
+        """
+        days = self.days
+        entry = days[-1] if days and days[-1][0] == day else self._held(day)
+        slots = self.slots
+        n = spent = 0
+        for i in range(1, len(entry)):  # one pass over the day's counts (the gate's hot path)
+            count = entry[i]
+            if count and slots[i - 1][0] == use_case:
+                n += count
+                spent += count * int(slots[i - 1][1])
+        return n, spent
+
+    def _held(self, day: int) -> list[int]:
+        """The entry of ``day`` if held, else an empty one (not added)."""
+        for entry in self.days:
+            if entry[0] == day:
+                return entry
+        return [day]
+
     def window(
         self, day: int, retention: int, idx: list[int], horizons: Mapping[str, int]
     ) -> list[tuple[int, int]]:

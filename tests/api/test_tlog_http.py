@@ -1,9 +1,10 @@
 """Over real HTTP: a device simulator checks the server's record of its spend.
 
 A real ``dpgov serve`` on a SQLite file. The device submits reports through the client, keeps
-its own count from the receipts, and after the checkpoint job verifies its record with the
-log's key configured out of band (derived here from the audit key, as the operator would
-publish it): proofs, labels, the gate's totals and its own count agree. Then a database writer
+its own count from the receipts (two reports of one use case among them: two leaves, two
+labels), and after the checkpoint job verifies its record with the log's key configured out of
+band (derived here from the audit key, as the operator would publish it): proofs, labels,
+running totals, the gate's totals and its own count agree. Then a database writer
 drops one of its charges from the public log, or alters one: the device's check fails naming
 what disagrees.
 """
@@ -53,7 +54,7 @@ def test_a_device_checks_its_spend_against_the_public_log(tmp_path: Path, edit: 
         base = served.base
         client = Client(base, admin_token=ADMIN_TOKEN, timeout=T)
         sent: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for use_case in ("emoji", "lookup-hints", "emoji"):
+        for use_case in ("emoji", "lookup-hints", "lookup-hints", "emoji"):
             result = client.submit(use_case, "phone", _report(base, use_case))
             if isinstance(result, Receipt):
                 sent[use_case][0] += 1
@@ -85,6 +86,7 @@ def test_a_device_checks_its_spend_against_the_public_log(tmp_path: Path, edit: 
         client.close()
     if edit == "none":
         assert check.ok, check.problem
+        assert mine["lookup-hints"][0] == 2  # two charges of one use case, two labels
         assert check.totals == mine and len(record.leaves) == sum(n for n, _ in mine.values())
     elif edit == "dropped":
         assert not check.ok and "gate's totals" in (check.problem or ""), check.problem

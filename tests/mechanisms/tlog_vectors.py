@@ -1,10 +1,13 @@
 """The transparency log's device vectors: a device's record of one day, valid and broken.
 
 What ``docs/vectors/tlog.json`` holds, computed with the Python implementation from fixed keys:
-a log of seven leaves (three of them the device's charges that day), its checkpoint signed by
-the log and cosigned by one witness, the device's record as ``GET /v1/devices/{id}/tlog``
-returns it, and cases that each break one thing (a leaf altered, a charge dropped, a forked
-checkpoint, a bad cosignature, a quorum not met, another log's key, a device that sent more).
+a log of seven leaves (three of them the device's charges that day: one version 1 leaf under
+the day's label, written before the upgrade to per-charge labels, and two version 2 leaves under
+their charges' labels), its checkpoint signed by the log and cosigned by one witness, the
+device's record as ``GET /v1/devices/{id}/tlog`` returns it, and cases that each break one
+thing (a leaf altered, a charge dropped, a forked checkpoint, a bad cosignature, a quorum not
+met, another log's key, a device that sent more, a leaf whose running total is wrong, the
+device's leaves out of order, another device's leaf).
 Each case carries the answer of :func:`dp_governor.api.client.verify_record`, word for word:
 another implementation (``devices/js``) must give the same.
 """
@@ -18,7 +21,7 @@ import orjson
 
 from dp_governor.api.client import verify_record
 from dp_governor.api.schemas import DeviceRecord
-from dp_governor.budget.audit.tlog import day_label
+from dp_governor.budget.audit.tlog import charge_label, day_label
 from dp_governor.mechanisms.merkle import (
     NodeReader,
     inclusion_proof,
@@ -55,38 +58,34 @@ def _note(signers: list[tuple[Signer, bool]], root: bytes, size: int) -> str:
     return sign_note(text, sigs)
 
 
-def tlog() -> dict[str, Any]:
-    """The vector file's content (see the module docstring)."""
-    log = Signer(ORIGIN, bytes(range(32)))
-    forger = Signer(ORIGIN, bytes(range(1, 33)))  # another key under the log's name
-    witness = Signer("witness.example/w1", bytes([7] * 32), kind=COSIGNATURE)
-    label_key = bytes(range(32, 64))
-    mine = day_label(label_key, DAY)
-    other = day_label(bytes(32), DAY)
-    leaves_json: list[dict[str, Any]] = [
-        {"kind": "policy.create", "actor": "admin", "data": {"name": "emoji"}, "day": DAY},
-        {"kind": "charge", "label": mine, "use_case": "emoji", "policy_version": 1,
-         "epsilon_micro": 4_000_000, "budget": "emoji", "day": DAY},
-        {"kind": "charge", "label": other, "use_case": "emoji", "policy_version": 1,
-         "epsilon_micro": 4_000_000, "budget": "emoji", "day": DAY},
-        {"kind": "charge", "label": mine, "use_case": "quicktype", "policy_version": 2,
-         "epsilon_micro": 8_000_000, "budget": None, "day": DAY},
-        {"kind": "charge", "label": mine, "use_case": "emoji", "policy_version": 1,
-         "epsilon_micro": 4_000_000, "budget": "emoji", "day": DAY},
-        {"kind": "refusal", "day": DAY},
-        {"kind": "charge", "label": other, "use_case": "quicktype", "policy_version": 2,
-         "epsilon_micro": 8_000_000, "budget": None, "day": DAY},
-    ]  # fmt: skip
-    for seq, leaf in enumerate(leaves_json, 1):
-        leaf["seq"] = seq
-    texts = [_canonical(leaf) for leaf in leaves_json]
-    size = len(texts)
+def _charge(label: str, use_case: str, eps: int, spent: int | None) -> dict[str, Any]:
+    """A charge leaf: version 2 with its running total, version 1 (a day label) without."""
+    leaf: dict[str, Any] = {
+        "kind": "charge", "label": label, "use_case": use_case, "policy_version": 1,
+        "epsilon_micro": eps, "budget": use_case, "day": DAY,
+    }  # fmt: skip
+    if spent is not None:
+        leaf["spent"] = spent
+        leaf["v"] = 2
+    return leaf
+
+
+def _log(leaves_json: list[dict[str, Any]]) -> tuple[list[str], bytes, NodeReader]:
+    """The leaves' texts (numbered ``seq`` 1, 2, ...), their root and node reader."""
+    texts = [_canonical({**leaf, "seq": seq}) for seq, leaf in enumerate(leaves_json, 1)]
     root, node = _tree([t.encode() for t in texts])
-    note = _note([(log, False), (witness, True)], root, size)
-    record: dict[str, Any] = {
+    return texts, root, node
+
+
+def _record(
+    texts: list[str], node: NodeReader, note: str, label_key: bytes, mine: list[int]
+) -> dict[str, Any]:
+    """The device's record as the route returns it: leaves ``mine`` with their proofs."""
+    size = len(texts)
+    return {
         "day": DAY,
         "label_key": label_key.hex(),
-        "label": mine,
+        "label": day_label(label_key, DAY),
         "checkpoint": note,
         "size": size,
         "covered": True,
@@ -96,13 +95,50 @@ def tlog() -> dict[str, Any]:
                 "leaf": texts[i],
                 "proof": [p.hex() for p in inclusion_proof(i, size, node)],
             }
-            for i in (1, 3, 4)
+            for i in mine
         ],
         "gate": [
             {"use_case": "emoji", "reports": 2, "epsilon_micro": 8_000_000},
             {"use_case": "quicktype", "reports": 1, "epsilon_micro": 8_000_000},
         ],
     }
+
+
+def tlog() -> dict[str, Any]:
+    """The vector file's content (see the module docstring)."""
+    log = Signer(ORIGIN, bytes(range(32)))
+    forger = Signer(ORIGIN, bytes(range(1, 33)))  # another key under the log's name
+    witness = Signer("witness.example/w1", bytes([7] * 32), kind=COSIGNATURE)
+    label_key = bytes(range(32, 64))
+    other_key = bytes(32)
+
+    def mine(use_case: str, n: int) -> str:
+        return charge_label(label_key, DAY, use_case, n)
+
+    def other(use_case: str, n: int) -> str:
+        return charge_label(other_key, DAY, use_case, n)
+
+    # the day the service was upgraded: the device's first emoji charge has the day's label
+    leaves_json: list[dict[str, Any]] = [
+        {"kind": "policy.create", "actor": "admin", "data": {"name": "emoji"}, "day": DAY},
+        _charge(day_label(label_key, DAY), "emoji", 4_000_000, None),
+        _charge(other("emoji", 1), "emoji", 4_000_000, 4_000_000),
+        _charge(mine("quicktype", 1), "quicktype", 8_000_000, 8_000_000),
+        _charge(mine("emoji", 2), "emoji", 4_000_000, 8_000_000),
+        {"kind": "refusal", "day": DAY},
+        _charge(other("quicktype", 1), "quicktype", 8_000_000, 8_000_000),
+    ]
+    texts, root, node = _log(leaves_json)
+    size = len(texts)
+    note = _note([(log, False), (witness, True)], root, size)
+    record = _record(texts, node, note, label_key, [1, 3, 4])
+    # a log whose leaf of the device's second emoji charge says a running total it never had
+    wrong = copy.deepcopy(leaves_json)
+    wrong[4]["spent"] = 12_000_000
+    wrong_texts, wrong_root, wrong_node = _log(wrong)
+    miscounted = _record(
+        wrong_texts, wrong_node, _note([(log, False)], wrong_root, size), label_key, [1, 3, 4]
+    )
     keys = {"log": log.verifier.vkey(), "witness": witness.verifier.vkey()}
     altered = copy.deepcopy(record)
     altered["leaves"][0]["leaf"] = texts[1].replace("4000000", "400000")
@@ -110,6 +146,10 @@ def tlog() -> dict[str, Any]:
     dropped["gate"][0]["reports"] = 3
     dropped["gate"][0]["epsilon_micro"] = 12_000_000
     forked_root, _ = _tree([t.encode() for t in texts[:6]] + [b'{"kind":"refusal"}'])
+    reordered = copy.deepcopy(record)
+    reordered["leaves"] = [reordered["leaves"][i] for i in (2, 0, 1)]
+    others = copy.deepcopy(record)  # another device's charge shown as this device's
+    others["leaves"][1] = _record(texts, node, note, label_key, [2])["leaves"][0]
     forked = copy.deepcopy(record)
     forked["checkpoint"] = _note([(log, False)], forked_root, size)
     forged = copy.deepcopy(record)
@@ -133,6 +173,9 @@ def tlog() -> dict[str, Any]:
         ("a bad cosignature", bad_cosign, [keys["witness"]], 1, None),
         ("the device sent more", record, [], 0,
          {"emoji": [3, 12_000_000], "quicktype": [1, 8_000_000]}),
+        ("a leaf's running total is not the device's", miscounted, [], 0, None),
+        ("the device's charges out of order", reordered, [], 0, None),
+        ("another device's charge", others, [], 0, None),
     ]  # fmt: skip
     cases = []
     for name, rec, witnesses, quorum, sent in cases_in:

@@ -347,7 +347,8 @@ function firstDifference(a, b) {
 
 /**
  * Check a device's record of one day (`GET /v1/devices/{id}/tlog`): the checkpoint's
- * signatures, every leaf's inclusion proof, the day's label, the gate's totals and (when the
+ * signatures, every leaf's inclusion proof, its label (a version 2 leaf's from its place among
+ * the device's leaves of its use case) and running total, the gate's totals and (when the
  * device kept its own count) what it sent. `log` and `witnesses` are verifier key texts the
  * device was configured with, never ones the server sent. The answer's `problem` is the same,
  * word for word, as the Python client's (docs/vectors/tlog.json).
@@ -398,10 +399,12 @@ export async function verifyRecord(record, log, options = {}) {
     false,
     ["sign"],
   );
-  const mac = new Uint8Array(
-    await subtle.sign("HMAC", labelKey, encoder.encode(`day:${record.day}`)),
-  );
-  const label = toHex(mac.slice(0, 16));
+  /** `HMAC-SHA256(label key, message)[:16]`, hex. @param {string} message */
+  const labelOf = async (message) => {
+    const mac = await subtle.sign("HMAC", labelKey, encoder.encode(message));
+    return toHex(new Uint8Array(mac).slice(0, 16));
+  };
+  const dayLabel = await labelOf(`day:${record.day}`);
   for (const item of record.leaves) {
     const data = encoder.encode(item.leaf);
     const proof = item.proof.map((p) => fromHex(p));
@@ -409,12 +412,24 @@ export async function verifyRecord(record, log, options = {}) {
       return answer(`leaf ${item.index} is not in the signed tree (its proof fails)`);
     }
     const leaf = JSON.parse(item.leaf);
+    const missing = leaf.use_case === undefined || leaf.use_case === null;
+    const useCase = missing ? "None" : String(leaf.use_case); // as Python's str()
+    const [count, spent] = totals.get(useCase) ?? [0, 0];
+    // a version 2 leaf carries the label of the device's next charge of its use case
+    const label =
+      leaf.v === 2 ? await labelOf(`charge:${record.day}:${useCase}:${count + 1}`) : dayLabel;
     if (leaf.label !== label || leaf.day !== record.day) {
       return answer(`leaf ${item.index} is not this device's on day ${record.day}`);
     }
     if (leaf.kind !== "charge") return answer(`leaf ${item.index} is not a charge`);
-    const sum = totals.get(String(leaf.use_case)) ?? [0, 0];
-    totals.set(String(leaf.use_case), [sum[0] + 1, sum[1] + Number(leaf.epsilon_micro)]);
+    const now = [count + 1, spent + Number(leaf.epsilon_micro)];
+    if (leaf.v === 2 && leaf.spent !== now[1]) {
+      return answer(
+        `leaf ${item.index} says ${pyRepr(useCase)} had spent ${leaf.spent} micro-epsilon` +
+          ` that day, the device's leaves up to it make ${now[1]}`,
+      );
+    }
+    totals.set(useCase, now);
   }
   const gate = new Map(record.gate.map((g) => [g.use_case, [g.reports, g.epsilon_micro]]));
   const where = firstDifference(gate, totals);

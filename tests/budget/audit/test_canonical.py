@@ -51,6 +51,7 @@ def test_canonical_body_is_sorted_compact_json(
     st.integers(0, 10**6),
     st.none() | st.integers(1, 2**62),
     st.none() | st.text("0123456789abcdef", min_size=32, max_size=32),
+    st.none() | st.tuples(st.integers(1, 10**4), st.integers(1, 10**12)),
 )
 def test_charge_entry_data_is_the_dict_encoded(
     accepted: bool,
@@ -62,6 +63,7 @@ def test_charge_entry_data_is_the_dict_encoded(
     day: int,
     charge_id: int | None,
     idempotency: str | None,
+    tally: tuple[int, int] | None,
 ) -> None:
     terms = Terms(use_case, version, budget, eps_micro / 1e6, eps_micro, 2, 90, None, None)
     decision = Decision(
@@ -74,7 +76,7 @@ def test_charge_entry_data_is_the_dict_encoded(
         day,
         charge_id,
     )
-    entry = charge_entry("0f" * 16, decision, terms, idempotency)
+    entry = charge_entry("0f" * 16, decision, terms, idempotency, tally)
     expected = {
         "use_case": use_case,
         "budget": budget,
@@ -85,6 +87,8 @@ def test_charge_entry_data_is_the_dict_encoded(
         "reason": reason,
         "charge_id": charge_id,
         "idempotency": idempotency,
+        "n": None if tally is None else tally[0],
+        "spent": None if tally is None else tally[1],
     }
     assert entry.actor == "device:" + "0f" * 16
     assert entry.action == "charge"

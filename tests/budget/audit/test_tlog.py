@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from dp_governor.budget import Ledger
-from dp_governor.budget.audit.tlog import day_label
+from dp_governor.budget.audit.tlog import charge_label, day_label
 from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
 from dp_governor.mechanisms.signed_note import COSIGNATURE, Checkpoint, Signer
 from dp_governor.policies import PolicyUpdate
@@ -48,23 +48,29 @@ def test_every_audit_entry_is_a_leaf_under_a_signed_checkpoint(ledger: Ledger) -
     assert verdict.ok, verdict
 
 
-def test_a_leaf_shows_a_day_label_and_no_device(ledger: Ledger) -> None:
+def test_a_leaf_shows_a_label_of_its_own_and_no_device(ledger: Ledger) -> None:
     _history(ledger)
+    ledger.charge("a", "quicktype", now=NOW)
+    ledger.charge("a", "quicktype", now=NOW)
     ledger.tlog.sync()
     dk = ledger.device_key("a")
     key = ledger.tlog.label_key(dk)
-    mine = ledger.tlog.leaves(day_label(key, DAY))
-    assert len(mine) == 1
-    leaf = orjson.loads(mine[0][1])
-    assert leaf["kind"] == "charge" and leaf["day"] == DAY and leaf["use_case"] == "emoji"
+    first, second = (ledger.tlog.leaves(charge_label(key, DAY, "quicktype", n)) for n in (1, 2))
+    assert len(first) == len(second) == 1
+    leaf = orjson.loads(second[0][1])
+    assert leaf["kind"] == "charge" and leaf["day"] == DAY and leaf["use_case"] == "quicktype"
+    assert leaf["spent"] == 2 * leaf["epsilon_micro"] and leaf["v"] == 2
     assert set(leaf) == {
-        "kind", "label", "use_case", "policy_version", "epsilon_micro", "budget", "day", "seq",
+        "kind", "label", "use_case", "policy_version", "epsilon_micro", "budget", "spent", "day",
+        "seq", "v",
     }  # fmt: skip
     everything = b"".join(ledger.tlog.entries(0, 10_000))
     assert dk.encode() not in everything and b"device:" not in everything
     assert b"T15:30" not in everything  # no time finer than the day
-    labels = {day_label(key, DAY - back) for back in (0, 1, 2)}
-    assert len(labels) == 3  # one device's days are unlinkable without its key
+    assert ledger.tlog.leaves(day_label(key, DAY)) == []  # no label shared by a day's charges
+    labels = {charge_label(key, DAY - back, "emoji", 1) for back in (0, 1, 2)}
+    labels |= {charge_label(key, DAY, "quicktype", n) for n in (1, 2)}
+    assert len(labels) == 5  # one device's charges are unlinkable without its key
 
 
 def test_consistency_proofs_join_every_pair_of_checkpoints(ledger: Ledger) -> None:
