@@ -3,15 +3,19 @@
 Usage: ``python -m benchmarks.round_trips [--postgres URL] [--batch 100]``.
 
 Each statement, ``BEGIN``, ``COMMIT``, ``ROLLBACK``, the pool's liveness ping and every
-``PREPARE`` is a message the client sends and waits for: on a network between the service and
-its database every one costs a round trip, whatever the server does. The benchmark runs itself
-again with psycopg's pure-Python libpq wrapper (``PSYCOPG_IMPL=python``: the same protocol,
-whose methods can be wrapped) on a throw-away schema with the default policies, warms the path,
-then counts the messages the service's own :meth:`dp_governor.pipeline.ingest.Ingestor.submit_group`
-sends for one device's report (the HTTP route's single report) and for a relay's batch, and
-lists the single report's messages. A single report waits for each of its messages in turn, so
-its count is its round trips; a relay batch's ``executemany`` rows travel in psycopg's pipeline
-mode, many to a round trip, so its count is an upper bound.
+``PREPARE`` is a message the client sends; a round trip is a wait: the client stops until the
+server answers what it sent. On a network every round trip costs its latency, whatever the
+server does; messages sent together in psycopg's pipeline mode share one. The benchmark runs
+itself again with psycopg's pure-Python libpq wrapper (``PSYCOPG_IMPL=python``: the same
+protocol, whose methods can be wrapped) on a throw-away schema with the default policies, warms
+the path, then counts what the service's own
+:meth:`dp_governor.pipeline.ingest.Ingestor.submit_group` sends for one device's report (the
+HTTP route's single report) and for a relay's batch, and lists the single report's messages.
+Round trips are counted where the client waits to read after sending something: psycopg's
+wait loop is replaced by one that reads only when the client asks to (on loopback the answer
+is often there before it is needed; on a network it is not), so the count does not depend on
+timing. ``--cpu N`` also times the client's CPU over ``N`` single reports with the compiled
+wrapper the service runs.
 """
 
 from __future__ import annotations
@@ -20,55 +24,111 @@ import argparse
 import os
 import subprocess
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 _SENDS = ("exec_", "exec_params", "send_query", "send_query_params", "send_prepare",
           "send_query_prepared", "exec_prepared", "prepare")  # fmt: skip
+_T = TypeVar("_T")
+_BLOCKING = ("exec_", "exec_params", "exec_prepared", "prepare")  # send and wait in one call
+_SYNCS = ("send_flush_request", "pipeline_sync")  # ask for the pipeline's answers so far
+
+
+class _Waits:
+    """Counts round trips: each wait to read that follows something sent."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.sent = False  # something went out since the last counted wait
+        self.trips = 0
+
+    def send(self, blocking: bool) -> None:
+        """Note a message sent (a blocking call is its own round trip)."""
+        if self.counting:
+            if blocking:
+                self.trips += 1
+            else:
+                self.sent = True
+
+    def wait(
+        self,
+        gen: Generator[Any, Any, _T],
+        fileno: int,
+        interval: float = 0.0,
+        timeout: float | None = None,
+    ) -> _T:
+        """Drive a psycopg generator; read only when it asks to read, never in passing."""
+        import select
+
+        from psycopg.waiting import Ready, Wait
+
+        try:
+            state = next(gen)
+            while True:
+                if state == Wait.R:
+                    if self.counting and self.sent:
+                        self.trips += 1
+                        self.sent = False
+                    select.select([fileno], [], [])
+                    ready = Ready.R
+                elif state == Wait.W:
+                    select.select([], [fileno], [])
+                    ready = Ready.W
+                else:  # read and write: write if it can (a network would not have answered)
+                    _, writable, _ = select.select([fileno], [fileno], [])
+                    ready = Ready.W if writable else Ready.R
+                state = gen.send(ready)
+        except StopIteration as done:
+            value: _T = done.value
+            return value
 
 
 def _count(url: str, batch: int) -> None:
     """In the child: count libpq sends for one report, then per report of a relay batch."""
     import psycopg.pq
+    import psycopg.waiting
 
     from benchmarks.budget import database
     from benchmarks.relay import NOW, USE_CASE, prepare
     from dp_governor.pipeline.ingest import SubmitRequest
 
     sent: list[tuple[str, str]] = []
-    counting = [False]
+    waits = _Waits()
     pgconn: Any = psycopg.pq.PGconn
 
     def wrapped(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def send(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if counting[0]:
+            if waits.counting and name in _SENDS:
                 query = args[0] if args else b""
                 text = query.decode(errors="replace") if isinstance(query, bytes) else str(query)
                 sent.append((name, " ".join(text.split())))
+            waits.send(name in _BLOCKING)
             return original(self, *args, **kwargs)
 
         return send
 
-    for name in _SENDS:
+    for name in _SENDS + _SYNCS:
         if hasattr(pgconn, name):
             setattr(pgconn, name, wrapped(name, getattr(pgconn, name)))
+    psycopg.waiting.wait = waits.wait
     with database("postgresql", url) as engine:
         ingestor, reports = prepare(engine)
         for i in range(6):  # past psycopg's prepare threshold, were statements prepared
             ingestor.submit_group([SubmitRequest(USE_CASE, f"warm-{i}", reports[i], None)], now=NOW)
-        counting[0] = True
+        waits.counting = True
         ingestor.submit_group([SubmitRequest(USE_CASE, "single", reports[7], None)], now=NOW)
-        single = list(sent)
+        single, single_trips = list(sent), waits.trips
         sent.clear()
+        waits.trips = 0
         requests = [SubmitRequest(USE_CASE, f"relay-{i}", reports[i], None) for i in range(batch)]
         ingestor.submit_group(requests, now=NOW)
-        counting[0] = False
-    print("| path | reports | messages sent | per report |")
-    print("|---|---:|---:|---:|")
-    print(f"| single report | 1 | {len(single)} | {len(single)} |")
-    per = len(sent) / batch
-    print(f"| relay batch (executemany rows pipelined) | {batch} | {len(sent)} | {per:.2f} |")
+        waits.counting = False
+    print("| path | reports | messages sent | round trips | round trips a report |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| single report | 1 | {len(single)} | {single_trips} | {single_trips} |")
+    per = waits.trips / batch
+    print(f"| relay batch | {batch} | {len(sent)} | {waits.trips} | {per:.2f} |")
     print()
     print("The single report's messages, in order:")
     print()
