@@ -136,6 +136,36 @@ def _count(url: str, batch: int) -> None:
         print(f"{i}. `{name}`: `{text[:110]}`")
 
 
+def _cpu(url: str, reports_n: int) -> None:
+    """In the child (compiled psycopg): the client's CPU and wall time a single report."""
+    import time
+
+    from benchmarks.budget import database
+    from benchmarks.relay import NOW, USE_CASE, prepare
+    from dp_governor.pipeline.ingest import SubmitRequest
+
+    with database("postgresql", url) as engine:
+        ingestor, reports = prepare(engine)
+        for i in range(20):
+            ingestor.submit_group([SubmitRequest(USE_CASE, f"warm-{i}", reports[i], None)], now=NOW)
+        cpu, wall = time.process_time(), time.perf_counter()
+        for i in range(reports_n):
+            body = reports[i % len(reports)]
+            ingestor.submit_group([SubmitRequest(USE_CASE, f"cpu-{i}", body, None)], now=NOW)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    print(f"| single report, one after another | {reports_n} |"
+          f" {cpu / reports_n * 1e6:,.0f} | {wall / reports_n * 1e6:,.0f} |")  # fmt: skip
+
+
+def _child(args: list[str], env: dict[str, str]) -> str:
+    """Run this benchmark's child with ``args``; its output, or exit with its error."""
+    child = [sys.executable, "-m", "benchmarks.round_trips", *args]
+    done = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"round_trips: the measuring process failed:\n{done.stderr.strip()}")
+    return done.stdout
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the count in a child process with psycopg's Python implementation."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -143,20 +173,31 @@ def main(argv: list[str] | None = None) -> None:
         "--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL", DEFAULT_URL)
     )
     parser.add_argument("--batch", type=int, default=100, help="reports in the relay batch")
+    parser.add_argument(
+        "--cpu", type=int, default=0, help="also time the client over this many single reports"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.batch < 1:
         parser.error("--batch must be at least 1")
+    if args.cpu < 0:
+        parser.error("--cpu must be 0 or more")
     if args.child:
         _count(args.postgres, args.batch)
         return
-    child = [sys.executable, "-m", "benchmarks.round_trips", "--child",
-             "--postgres", args.postgres, "--batch", str(args.batch)]  # fmt: skip
-    env = {**os.environ, "PSYCOPG_IMPL": "python"}
-    done = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        sys.exit(f"round_trips: the counting process failed:\n{done.stderr.strip()}")
-    print(done.stdout, end="")
+    if args.cpu_child:
+        _cpu(args.postgres, args.cpu)
+        return
+    url = ["--postgres", args.postgres]
+    python = {**os.environ, "PSYCOPG_IMPL": "python"}
+    print(_child(["--child", *url, "--batch", str(args.batch)], python), end="")
+    if args.cpu:
+        compiled = {k: v for k, v in os.environ.items() if k != "PSYCOPG_IMPL"}
+        print()
+        print("| client (compiled psycopg) | reports | CPU a report (us) | wall a report (us) |")
+        print("|---|---:|---:|---:|")
+        print(_child(["--cpu-child", *url, "--cpu", str(args.cpu)], compiled), end="")
 
 
 if __name__ == "__main__":

@@ -10,15 +10,24 @@ Same caps and the same decisions for one report or many, applied in order, in on
 3. lock and read the state of every device the batch touches: SQLite's ``BEGIN IMMEDIATE``
    holds the write lock; on PostgreSQL the accounts rows are created if missing and locked
    with ``SELECT ... FOR UPDATE`` in key order (no deadlocks between batches), after the
-   policy book's advisory lock is taken shared (before the book is read): a policy write
-   takes it exclusively, so no batch decides on a book that changes before it commits;
+   policy book's advisory lock is taken shared (before the book's revision is read): a policy
+   write takes it exclusively, so no batch decides on a book that changes before it commits;
 4. decide the items in order, in memory, by the rule
-(:func:`dp_governor.budget.rule.decide.decide_on`); 5. write everything with ``executemany`` (charge
-ids are allocated before deciding, so each
+   (:func:`dp_governor.budget.rule.decide.decide_on`), on the book read under the lock;
+5. write everything with ``executemany`` (charge ids are drawn before deciding, so each
    decision is built once, complete): one ``accounts`` row per touched device, written with a
    compare-and-set on the count read in step 3 (the batch fails whole if any row disagrees),
    one ``charges`` row per acceptance, and each claimed key's decision;
 6. the caller's ``on_accept`` (the inbox rows), then one audit entry per decision, in order.
+
+On PostgreSQL the statements travel in three round trips (psycopg's pipeline mode,
+:meth:`~dp_governor.budget.gate.prepared.Gate.trip`): ``BEGIN``, the lock, the revision, the
+claims, the rows locked and read and the charge ids; then the writes, the inbox rows and the
+audit head locked; then the audit entries, the head and ``COMMIT``. Which items to claim and
+lock is guessed from the cached book (the use cases it knows); the revision read under the lock
+checks the guess, and a book that disagrees on which use cases exist rolls the attempt back
+and runs it again on the book just read. The lock and the revision are separate statements,
+each with its own snapshot, so the revision sees any policy write the lock waited for.
 
 Idempotency keys and request fingerprints are stored only in keyed form
 (:meth:`dp_governor.budget.gate.prepared.Gate.idempotency_key`,

@@ -82,10 +82,9 @@ def _outcome(result: Decision | Exception) -> Any:
     return (type(result).__name__, str(result))
 
 
-def _without_ids(text_json: str) -> Any:
-    data = orjson.loads(text_json)
-    data.pop("charge_id", None)
-    return data
+def _without_id(stored: dict[str, Any]) -> bytes:
+    """A stored decision or entry's data, its charge id left out, as canonical JSON."""
+    return orjson.dumps({k: v for k, v in stored.items() if k != "charge_id"})
 
 
 def _rows(engine: Engine) -> dict[str, list[Any]]:
@@ -105,17 +104,13 @@ def _rows(engine: Engine) -> dict[str, list[Any]]:
                 " FROM accounts WHERE count > 0"
             ),
             "idempotency": sorted(
-                (dk, key, fp, day, use_case, orjson.dumps(_without_ids(decision)))  # type: ignore[misc]
+                (dk, key, fp, day, use_case, _without_id(orjson.loads(decision)))
                 for dk, key, fp, day, use_case, decision in rows(
                     "SELECT device_key, key, request_hash, day, use_case, decision FROM idempotency"
                 )
             ),
             "audit": [
-                (
-                    actor,
-                    action,
-                    orjson.dumps(_without_ids(orjson.dumps(orjson.loads(body)["data"]))),
-                )
+                (actor, action, _without_id(orjson.loads(body)["data"]))
                 for actor, action, body in conn.execute(
                     text("SELECT actor, action, body FROM audit_log ORDER BY seq")
                 )
