@@ -157,6 +157,67 @@ def _cpu(url: str, reports_n: int) -> None:
           f" {cpu / reports_n * 1e6:,.0f} | {wall / reports_n * 1e6:,.0f} |")  # fmt: skip
 
 
+class _Latency:
+    """A TCP relay to the database that delays what the server sends by ``delay`` seconds.
+
+    Each chunk leaves ``delay`` after it arrived, in order: a network's latency, not a
+    throttle. Runs in a thread of the parent, so the timed child's CPU excludes it.
+    """
+
+    def __init__(self, host: str, port: int, delay: float) -> None:
+        import asyncio
+        import threading
+
+        self.target, self.delay = (host, port), delay
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        started = threading.Event()
+
+        async def serve() -> None:
+            server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            started.set()
+            await server.serve_forever()
+
+        self.thread = threading.Thread(
+            target=self.loop.run_until_complete, args=(serve(),), daemon=True
+        )
+        self.thread.start()
+        started.wait()
+
+    async def _client(self, reader: Any, writer: Any) -> None:
+        import asyncio
+
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        await asyncio.gather(
+            self._copy(reader, up_writer, 0.0), self._copy(up_reader, writer, self.delay)
+        )
+
+    async def _copy(self, reader: Any, writer: Any, delay: float) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def send() -> None:
+            while True:
+                at, data = await queue.get()
+                if not data:
+                    writer.close()
+                    return
+                await asyncio.sleep(max(0.0, at + delay - loop.time()))
+                writer.write(data)
+                await writer.drain()
+
+        sender = asyncio.ensure_future(send())
+        while True:
+            data = await reader.read(1 << 16)
+            queue.put_nowait((loop.time(), data))
+            if not data:
+                break
+        await sender
+
+
 def _child(args: list[str], env: dict[str, str]) -> str:
     """Run this benchmark's child with ``args``; its output, or exit with its error."""
     child = [sys.executable, "-m", "benchmarks.round_trips", *args]
@@ -176,6 +237,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cpu", type=int, default=0, help="also time the client over this many single reports"
     )
+    parser.add_argument(
+        "--rtt",
+        type=float,
+        default=0.0,
+        help="milliseconds of network round trip added for the timing run (a relay)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cpu-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -183,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--batch must be at least 1")
     if args.cpu < 0:
         parser.error("--cpu must be 0 or more")
+    if not 0 <= args.rtt <= 1000:
+        parser.error("--rtt must be 0 to 1000 ms")
     if args.child:
         _count(args.postgres, args.batch)
         return
@@ -193,11 +262,21 @@ def main(argv: list[str] | None = None) -> None:
     python = {**os.environ, "PSYCOPG_IMPL": "python"}
     print(_child(["--child", *url, "--batch", str(args.batch)], python), end="")
     if args.cpu:
+        from sqlalchemy import make_url
+
         compiled = {k: v for k, v in os.environ.items() if k != "PSYCOPG_IMPL"}
+        timed = args.postgres
+        if args.rtt:
+            parsed = make_url(args.postgres)
+            relay = _Latency(parsed.host or "127.0.0.1", parsed.port or 5432, args.rtt / 1000)
+            timed = parsed.set(host="127.0.0.1", port=relay.port).render_as_string(False)
         print()
-        print("| client (compiled psycopg) | reports | CPU a report (us) | wall a report (us) |")
+        print(f"| client (compiled psycopg), {args.rtt:g} ms added round trip | reports"
+              " | CPU a report (us) | wall a report (us) |")  # fmt: skip
         print("|---|---:|---:|---:|")
-        print(_child(["--cpu-child", *url, "--cpu", str(args.cpu)], compiled), end="")
+        print(
+            _child(["--cpu-child", "--postgres", timed, "--cpu", str(args.cpu)], compiled), end=""
+        )
 
 
 if __name__ == "__main__":

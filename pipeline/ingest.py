@@ -383,7 +383,7 @@ class Ingestor:
         Each item is judged on its own (an invalid one gets an error naming
         ``items[i].field``, the others go on), in order, exactly as one-by-one submissions.
         """
-        self.current(use_case)  # an unknown use case fails the whole batch (one indexed lookup)
+        self.current(use_case, fresh=False)  # an unknown use case fails the whole batch
         out: list[ItemResult | None] = [None] * len(items)
         requests: list[SubmitRequest] = []
         positions: list[int] = []
