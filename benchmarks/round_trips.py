@@ -1,6 +1,6 @@
 """Round trips to PostgreSQL per accepted report, counted at libpq; prints a table.
 
-Usage: ``python -m benchmarks.round_trips [--postgres URL] [--batch 100]``.
+Usage: ``python -m benchmarks.round_trips [--postgres URL] [--batch 100] [--cpu N] [--rtt MS]``.
 
 Each statement, ``BEGIN``, ``COMMIT``, ``ROLLBACK``, the pool's liveness ping and every
 ``PREPARE`` is a message the client sends; a round trip is a wait: the client stops until the
@@ -15,7 +15,8 @@ Round trips are counted where the client waits to read after sending something: 
 wait loop is replaced by one that reads only when the client asks to (on loopback the answer
 is often there before it is needed; on a network it is not), so the count does not depend on
 timing. ``--cpu N`` also times the client's CPU over ``N`` single reports with the compiled
-wrapper the service runs.
+wrapper the service runs; ``--rtt MS`` adds a network's round trip to that run (a relay in this
+process delays what the server sends).
 """
 
 from __future__ import annotations

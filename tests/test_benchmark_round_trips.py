@@ -27,3 +27,21 @@ def test_a_bad_batch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         round_trips.main(["--batch", "0"])
     assert "--batch" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not PG_URL, reason="DPGOV_TEST_DATABASE_URL is not set")
+def test_the_timing_run_goes_through_the_latency_relay(capsys: pytest.CaptureFixture[str]) -> None:
+    assert PG_URL is not None
+    round_trips.main(["--postgres", PG_URL, "--batch", "1", "--cpu", "3", "--rtt", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3].startswith("| client (compiled psycopg), 1 ms added round trip | reports")
+    assert lines[-1].startswith("| single report, one after another | 3 |")
+
+
+@pytest.mark.parametrize(("option", "value"), [("--cpu", "-1"), ("--rtt", "2000")])
+def test_a_bad_timing_option_is_refused(
+    capsys: pytest.CaptureFixture[str], option: str, value: str
+) -> None:
+    with pytest.raises(SystemExit):
+        round_trips.main([option, value])
+    assert option in capsys.readouterr().err

@@ -291,6 +291,7 @@ def _charge(
                 idem = None if stored is None else gate.audit.idempotency_digest(*stored)
                 entries.append(charge_entry(keys[i], made, of[i], idem))
             gate.audit.append(conn, entries, now=now)  # last: it holds the chain's head
+            # an acceptance has an entry, so the head's read brought the accounts' answer in
             if written is not None and written[0].rowcount not in (-1, written[1]):
                 raise InternalError("an account changed under the batch's lock")
             if postgres:  # in the same trip as the entries
