@@ -116,26 +116,33 @@ class Ingestor:
             f" {ph}, {ph})"
         )
 
-    def _latest(self, use_case: str) -> Policy | None:
+    def _latest(self, use_case: str, *, fresh: bool = True) -> Policy | None:
         """The use case's current policy if it is active, from the gate's policy book.
 
         The same lookup the charge decides by (one revision query; the book is rebuilt only
         when a version is added or a horizon rises), so validation and charge agree on the
-        version unless a policy changes in between, which :meth:`submit_group` detects.
+        version unless a policy changes in between, which :meth:`submit_group` detects. Not
+        ``fresh``: an active policy of the book the gate last read, with no query (the charge
+        reads the revision under its lock and tells a superseded one).
         """
+        cached = None if fresh else self.ledger.gate.cached_book()
+        if cached is not None:
+            policy = cached[1].latest.get(use_case)
+            if policy is not None and policy.active:
+                return policy
         with self.ledger.engine.connect() as conn:
             if self.ledger.gate.postgres:  # one read needs no transaction: no BEGIN, no ROLLBACK
                 conn.execution_options(isolation_level="AUTOCOMMIT")
             policy = self.ledger.gate.book(conn).latest.get(use_case)
         return policy if policy is not None and policy.active else None
 
-    def current(self, use_case: str) -> tuple[Mechanism, str, int]:
-        """The current policy's mechanism, parameter hash and version.
+    def current(self, use_case: str, *, fresh: bool = True) -> tuple[Mechanism, str, int]:
+        """The current policy's mechanism, parameter hash and version (``fresh``: see _latest).
 
         Policy versions are immutable, so each is parsed into its mechanism once (parsing costs
         more than a small group's charges).
         """
-        policy = self._latest(use_case)
+        policy = self._latest(use_case, fresh=fresh)
         if policy is None:
             raise UnknownUseCase(use_case)
         self._known.add(use_case)
@@ -241,6 +248,24 @@ class Ingestor:
     def submit_group(
         self, requests: list[SubmitRequest], *, now: datetime
     ) -> list[Decision | Exception]:
+        """Charge submissions together (:meth:`_submit`), validated on the book last read.
+
+        Validation costs no query while the gate's cached book holds the use case; requests
+        whose policy the charge found changed are validated again on the book it read and
+        charged once more, as a client's immediate retry would be (:class:`PolicyChanged` only
+        if it changes again).
+        """
+        out = self._submit(requests, now=now, fresh=False)
+        again = [i for i, r in enumerate(out) if isinstance(r, PolicyChanged)]
+        if again:
+            redone = self._submit([requests[i] for i in again], now=now, fresh=True)
+            for i, result in zip(again, redone, strict=True):
+                out[i] = result
+        return out
+
+    def _submit(
+        self, requests: list[SubmitRequest], *, now: datetime, fresh: bool
+    ) -> list[Decision | Exception]:
         """Charge submissions together in one transaction (group commit, or a relay's batch).
 
         The answers are exactly those of submitting them one by one in this order: each body
@@ -262,7 +287,7 @@ class Ingestor:
             found = current.get(req.use_case)
             if found is None:
                 try:
-                    found = self.current(req.use_case)
+                    found = self.current(req.use_case, fresh=fresh)
                 except (BudgetError, PolicyError) as exc:
                     found = exc
                 current[req.use_case] = found
@@ -358,7 +383,7 @@ class Ingestor:
         Each item is judged on its own (an invalid one gets an error naming
         ``items[i].field``, the others go on), in order, exactly as one-by-one submissions.
         """
-        self.current(use_case)  # an unknown use case fails the whole batch (one indexed lookup)
+        self.current(use_case, fresh=False)  # an unknown use case fails the whole batch
         out: list[ItemResult | None] = [None] * len(items)
         requests: list[SubmitRequest] = []
         positions: list[int] = []

@@ -10,15 +10,24 @@ Same caps and the same decisions for one report or many, applied in order, in on
 3. lock and read the state of every device the batch touches: SQLite's ``BEGIN IMMEDIATE``
    holds the write lock; on PostgreSQL the accounts rows are created if missing and locked
    with ``SELECT ... FOR UPDATE`` in key order (no deadlocks between batches), after the
-   policy book's advisory lock is taken shared (before the book is read): a policy write
-   takes it exclusively, so no batch decides on a book that changes before it commits;
+   policy book's advisory lock is taken shared (before the book's revision is read): a policy
+   write takes it exclusively, so no batch decides on a book that changes before it commits;
 4. decide the items in order, in memory, by the rule
-(:func:`dp_governor.budget.rule.decide.decide_on`); 5. write everything with ``executemany`` (charge
-ids are allocated before deciding, so each
+   (:func:`dp_governor.budget.rule.decide.decide_on`), on the book read under the lock;
+5. write everything with ``executemany`` (charge ids are drawn before deciding, so each
    decision is built once, complete): one ``accounts`` row per touched device, written with a
    compare-and-set on the count read in step 3 (the batch fails whole if any row disagrees),
    one ``charges`` row per acceptance, and each claimed key's decision;
 6. the caller's ``on_accept`` (the inbox rows), then one audit entry per decision, in order.
+
+On PostgreSQL the statements travel in three round trips (psycopg's pipeline mode,
+:meth:`~dp_governor.budget.gate.prepared.Gate.trip`): ``BEGIN``, the lock, the revision, the
+claims, the rows locked and read and the charge ids; then the writes, the inbox rows and the
+audit head locked; then the audit entries, the head and ``COMMIT``. Which items to claim and
+lock is guessed from the cached book (the use cases it knows); the revision read under the lock
+checks the guess, and a book that disagrees on which use cases exist rolls the attempt back
+and runs it again on the book just read. The lock and the revision are separate statements,
+each with its own snapshot, so the revision sees any policy write the lock waited for.
 
 Idempotency keys and request fingerprints are stored only in keyed form
 (:meth:`dp_governor.budget.gate.prepared.Gate.idempotency_key`,
@@ -166,8 +175,6 @@ def charge_batch(
             results[i] = exc
         else:
             valid.append(i)
-    ph = placeholder(gate.engine)
-    postgres = gate.postgres
     # outside the write lock: another worker's batch commits meanwhile
     keys = {i: gate.device_key(items[i].device_id) for i in valid}
     stored_keys: dict[int, tuple[str, str, str]] = {}  # item: (device key, key, fingerprint)
@@ -179,48 +186,72 @@ def charge_batch(
                 gate.idempotency_key(keys[i], item.idempotency_key),
                 gate.fingerprint(item.use_case, item.request_hash),
             )
-    with gate.write_lock, gate.engine.connect() as conn, conn.begin():
-        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        if postgres:  # the book read below stays the book in force until this commits
-            cur.execute(gate.sql("book_lock"))
+    while True:  # again only when the policy book moved under a guess (see _BookMoved)
+        try:
+            return _charge(gate, items, day, now, keys, stored_keys, valid, results, on_accept)
+        except _BookMoved:
+            continue
+
+
+class _BookMoved(Exception):
+    """The book read under the lock disagrees with the cached one on which use cases exist."""
+
+
+def _charge(
+    gate: Gate,
+    items: Sequence[BatchItem],
+    day: int,
+    now: datetime,
+    keys: dict[int, str],
+    stored_keys: dict[int, tuple[str, str, str]],
+    valid: list[int],
+    results: list[Decision | Exception | None],
+    on_accept: OnAcceptMany | None,
+) -> list[Decision | Exception]:
+    """One attempt at the transaction, in three trips to the database (see the module docstring)."""
+    results = list(results)
+    ph = placeholder(gate.engine)
+    postgres = gate.postgres
+    with gate.write_lock, gate.engine.connect() as conn, gate.transaction(conn):
+        driver: Any = conn.connection.driver_connection
+        guess = gate.cached_book() or (None, gate.book(conn))
+        known = [i for i in valid if items[i].use_case in guess[1].terms]
+        with gate.trip(conn):  # the lock and every read a decision waits for: one round trip
+            if postgres:  # the book read below stays the book in force until this commits
+                driver.cursor().execute(gate.sql("begin"))
+                driver.cursor().execute(gate.sql("book_lock"))
+            revision = driver.cursor()
+            revision.execute(gate.sql("revision"))
+            claims = _send_claims(driver, ph, items, known, stored_keys)
+            devices = sorted({keys[i] for i in known})
+            reads = _send_reads(gate, driver, ph, devices)
+            ids = _send_ids(driver, len(known), postgres)
+        row = revision.fetchone()
+        book = gate.book_at(conn, (int(row[0]), int(row[1])))
         terms: dict[str, Terms | UnknownUseCase] = {}
         for i in valid:
             name = items[i].use_case
             if name not in terms:
-                try:
-                    terms[name] = gate.terms(conn, name)
-                except UnknownUseCase as exc:
-                    terms[name] = exc
-            found = terms[name]
-            if isinstance(found, UnknownUseCase):
-                results[i] = found
-        valid = [i for i in valid if results[i] is None]
-        of: dict[int, Terms] = {i: terms[items[i].use_case] for i in valid}  # type: ignore[misc]
-
-        to_decide, claimed, replay_of = _claim(cur, ph, items, valid, stored_keys, results, now)
-
-        # Lock and read the touched devices.
-        devices = sorted({keys[i] for i in to_decide})
-        if postgres and devices:
-            cur.executemany(gate.sql("insert_state"), [(dk,) for dk in devices])
+                found = book.terms.get(name)
+                terms[name] = UnknownUseCase(name) if found is None else found
+            unknown = terms[name]
+            if isinstance(unknown, UnknownUseCase):
+                results[i] = unknown
+        if [i for i in valid if results[i] is None] != known:
+            raise _BookMoved  # rolls back what was claimed and locked on the guess
+        of: dict[int, Terms] = {i: terms[items[i].use_case] for i in known}  # type: ignore[misc]
+        to_decide, claimed, replay_of = _claim(
+            driver, ph, items, known, stored_keys, results, now, claims
+        )
         states: dict[str, AccountState] = {}
-        for s in range(0, len(devices), _CHUNK):
-            chunk = devices[s : s + _CHUNK]
-            lock_of = " FOR UPDATE OF a" if postgres else ""
-            cur.execute(
-                "SELECT a.device_key, a.count, a.epsilon_micro, a.days, a.lifetime"
-                f" FROM ({_rows(len(chunk), 1, ph)}) AS k JOIN accounts a"
-                " ON a.device_key = k.column1"
-                f" ORDER BY a.device_key{lock_of}",
-                chunk,
-            )
+        for cur in reads:
             for dk, count, eps, days_text, lifetime_text in cur.fetchall():
                 states[dk] = decode(count, eps, days_text, lifetime_text)
         before = {dk: state.count for dk, state in states.items()}
 
         # Decide in order; acceptances take consecutive pre-allocated charge ids.
-        ids = iter(_allocate_ids(cur, len(to_decide), postgres))
-        next_id = next(ids, 0)
+        next_ids = iter(_read_ids(driver, ids, len(known), postgres))
+        next_id = next(next_ids, 0)
         accepted: list[tuple[int, Decision]] = []
         tallies: dict[int, tuple[int, int]] = {}  # an acceptance's (n, spent) for its leaf
         for i in to_decide:
@@ -232,19 +263,7 @@ def charge_batch(
             if decision.accepted:
                 accepted.append((i, decision))
                 tallies[i] = state.use_case_today(day, decision.use_case)
-                next_id = next(ids, 0)
-
-        # Write.
-        if accepted:
-            touched = {keys[i] for i, _ in accepted}
-            _write(
-                gate,
-                cur,
-                ph,
-                day,
-                [(keys[i], of[i], stored_keys.get(i), d) for i, d in accepted],
-                [(dk, states[dk], before.get(dk, 0)) for dk in sorted(touched)],
-            )
+                next_id = next(next_ids, 0)
         for i, j in replay_of.items():
             first_result = results[j]
             results[i] = (
@@ -252,24 +271,44 @@ def charge_batch(
                 if isinstance(first_result, Decision)
                 else first_result
             )
-        decided_keys = []
-        for i in claimed:
-            made = results[i]
-            assert isinstance(made, Decision)
-            dk, key, _ = stored_keys[i]
-            decided_keys.append((made.to_json(), day, dk, key))
-        if decided_keys:
-            cur.executemany(gate.sql("decide_key"), decided_keys)
-        if on_accept is not None and accepted:
-            on_accept(conn, accepted)
-        entries = []
-        for i in to_decide:
-            made = results[i]
-            assert isinstance(made, Decision)
-            stored = stored_keys.get(i)  # every keyed item decided here stored its record
-            idem = None if stored is None else gate.audit.idempotency_digest(*stored)
-            entries.append(charge_entry(keys[i], made, of[i], idem, tallies.get(i)))
-        gate.audit.append(conn, entries, now=now)  # last: it holds the chain's head until commit
+
+        # Write: the rows, then the audit head read (the second trip), then the entries and
+        # COMMIT (the third).
+        with gate.trip(conn):
+            written = None
+            if accepted:
+                touched = {keys[i] for i, _ in accepted}
+                written = _write(
+                    gate,
+                    driver,
+                    ph,
+                    day,
+                    [(keys[i], of[i], stored_keys.get(i), d) for i, d in accepted],
+                    [(dk, states[dk], before.get(dk, 0)) for dk in sorted(touched)],
+                )
+            decided_keys = []
+            for i in claimed:
+                made = results[i]
+                assert isinstance(made, Decision)
+                dk, key, _ = stored_keys[i]
+                decided_keys.append((made.to_json(), day, dk, key))
+            if decided_keys:
+                driver.cursor().executemany(gate.sql("decide_key"), decided_keys)
+            if on_accept is not None and accepted:
+                on_accept(conn, accepted)
+            entries = []
+            for i in to_decide:
+                made = results[i]
+                assert isinstance(made, Decision)
+                stored = stored_keys.get(i)  # every keyed item decided here stored its record
+                idem = None if stored is None else gate.audit.idempotency_digest(*stored)
+                entries.append(charge_entry(keys[i], made, of[i], idem, tallies.get(i)))
+            gate.audit.append(conn, entries, now=now)  # last: it holds the chain's head
+            # an acceptance has an entry, so the head's read brought the accounts' answer in
+            if written is not None and written[0].rowcount not in (-1, written[1]):
+                raise InternalError("an account changed under the batch's lock")
+            if postgres:  # in the same trip as the entries
+                driver.cursor().execute("COMMIT")
     out: list[Decision | Exception] = []
     for r in results:
         assert r is not None
@@ -277,38 +316,34 @@ def charge_batch(
     return out
 
 
-def _claim(
-    cur: Any,
+def _send_claims(
+    driver: Any,
     ph: str,
     items: Sequence[BatchItem],
     valid: list[int],
     stored_keys: dict[int, tuple[str, str, str]],
-    results: list[Decision | Exception | None],
-    now: datetime,
-) -> tuple[list[int], list[int], dict[int, int]]:
-    """Claim the batch's idempotency keys; which items to decide, whose keys to record, replays.
+) -> tuple[list[Any], dict[int, int], list[tuple[tuple[str, str], int]]]:
+    """Send the claims of the batch's idempotency keys (first item of each key, in key order).
 
-    The first item of each key in the batch claims it; a repeat replays the first's answer.
-    A key already recorded replays its answer, unless that was a refusal whose ``retry_at``
-    has passed (decided again). A key recorded for another request is a conflict.
+    Returns the cursors whose rows are the claimed keys, the repeats (item: first item of its
+    key) and the claimed keys in order.
     """
     first_of: dict[tuple[str, str], int] = {}
-    replay_of: dict[int, int] = {}
+    repeats: dict[int, int] = {}
     for i in valid:
         if i not in stored_keys:
             continue
-        dk, key, fingerprint = stored_keys[i]
+        dk, key, _ = stored_keys[i]
         first = first_of.get((dk, key))
         if first is None:
             first_of[(dk, key)] = i
-        elif stored_keys[first][2] != fingerprint:
-            results[i] = IdempotencyConflict(str(items[i].idempotency_key))
         else:
-            replay_of[i] = first
+            repeats[i] = first
     ordered = sorted(first_of.items())  # key order: no deadlock between concurrent batches
-    claimed_keys: set[tuple[str, str]] = set()
+    cursors = []
     for s in range(0, len(ordered), _CHUNK):
         part = ordered[s : s + _CHUNK]
+        cur = driver.cursor()
         cur.execute(
             "INSERT INTO idempotency (device_key, key, request_hash, day, decision, use_case)"
             f" {_rows(len(part), 6, ph)} ON CONFLICT (device_key, key) DO NOTHING"
@@ -319,11 +354,62 @@ def _claim(
                 for v in (dk, key, stored_keys[i][2], 0, "", items[i].use_case)
             ],
         )
+        cursors.append(cur)
+    return cursors, repeats, ordered
+
+
+def _send_reads(gate: Gate, driver: Any, ph: str, devices: list[str]) -> list[Any]:
+    """Send the reads of the devices' rows (on PostgreSQL made if missing, and locked)."""
+    postgres = gate.postgres
+    if postgres and devices:
+        driver.cursor().executemany(gate.sql("insert_state"), [(dk,) for dk in devices])
+    cursors = []
+    for s in range(0, len(devices), _CHUNK):
+        chunk = devices[s : s + _CHUNK]
+        lock_of = " FOR UPDATE OF a" if postgres else ""
+        cur = driver.cursor()
+        cur.execute(
+            "SELECT a.device_key, a.count, a.epsilon_micro, a.days, a.lifetime"
+            f" FROM ({_rows(len(chunk), 1, ph)}) AS k JOIN accounts a"
+            " ON a.device_key = k.column1"
+            f" ORDER BY a.device_key{lock_of}",
+            chunk,
+        )
+        cursors.append(cur)
+    return cursors
+
+
+def _claim(
+    driver: Any,
+    ph: str,
+    items: Sequence[BatchItem],
+    valid: list[int],
+    stored_keys: dict[int, tuple[str, str, str]],
+    results: list[Decision | Exception | None],
+    now: datetime,
+    claims: tuple[list[Any], dict[int, int], list[tuple[tuple[str, str], int]]],
+) -> tuple[list[int], list[int], dict[int, int]]:
+    """Which items to decide, whose keys to record, and the replays, from the sent claims.
+
+    The first item of each key in the batch claims it; a repeat replays the first's answer.
+    A key already recorded replays its answer, unless that was a refusal whose ``retry_at``
+    has passed (decided again). A key recorded for another request is a conflict.
+    """
+    cursors, repeats, ordered = claims
+    replay_of: dict[int, int] = {}
+    for i, first in repeats.items():
+        if stored_keys[first][2] != stored_keys[i][2]:
+            results[i] = IdempotencyConflict(str(items[i].idempotency_key))
+        else:
+            replay_of[i] = first
+    claimed_keys: set[tuple[str, str]] = set()
+    for cur in cursors:
         claimed_keys.update((str(dk), str(key)) for dk, key in cur.fetchall())
     held = [(k, i) for k, i in ordered if k not in claimed_keys]
     stored: dict[tuple[str, str], tuple[str, str, str]] = {}
-    for s in range(0, len(held), _CHUNK):
+    for s in range(0, len(held), _CHUNK):  # a replay: one more trip
         part = held[s : s + _CHUNK]
+        cur = driver.cursor()
         cur.execute(
             "SELECT device_key, key, request_hash, use_case, decision FROM idempotency"
             f" WHERE (device_key, key) IN ({_rows(len(part), 2, ph)})",
@@ -357,21 +443,30 @@ def _claim(
     return to_decide, claimed, replay_of
 
 
-def _allocate_ids(cur: Any, n: int, postgres: bool) -> list[int]:
+def _send_ids(driver: Any, n: int, postgres: bool) -> Any:
+    """PostgreSQL: send the draw of ``n`` charge ids from the column's sequence (None on SQLite)."""
+    if not (postgres and n):
+        return None
+    cur = driver.cursor()
+    cur.execute(
+        "SELECT nextval(pg_get_serial_sequence('charges', 'id')) FROM generate_series(1, %s)",
+        (n,),
+    )
+    return cur
+
+
+def _read_ids(driver: Any, sent: Any, n: int, postgres: bool) -> list[int]:
     """``n`` fresh charge ids, in order (unused ones are left as gaps).
 
     SQLite: the batch holds the write lock, so the ids after the largest ever used (the table's
     AUTOINCREMENT counter, or its maximum in databases made before it) are free; inserting them
-    advances the counter. PostgreSQL: drawn from the column's sequence.
+    advances the counter. PostgreSQL: drawn from the column's sequence (:func:`_send_ids`).
     """
     if n == 0:
         return []
     if postgres:
-        cur.execute(
-            "SELECT nextval(pg_get_serial_sequence('charges', 'id')) FROM generate_series(1, %s)",
-            (n,),
-        )
-        return sorted(int(r[0]) for r in cur.fetchall())
+        return sorted(int(r[0]) for r in sent.fetchall())
+    cur = driver.cursor()
     cur.execute("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'")
     if int(cur.fetchone()[0]):
         cur.execute(
@@ -386,18 +481,21 @@ def _allocate_ids(cur: Any, n: int, postgres: bool) -> list[int]:
 
 def _write(
     gate: Gate,
-    cur: Any,
+    driver: Any,
     ph: str,
     day: int,
     accepted: list[tuple[str, Terms, tuple[str, str, str] | None, Decision]],
     states: list[tuple[str, AccountState, int]],
-) -> None:
-    """The touched accounts (compare-and-set on their counts) and the charges' rows."""
+) -> tuple[Any, int]:
+    """The touched accounts (compare-and-set on their counts) and the charges' rows.
+
+    Returns the accounts' cursor and the rows it must have changed: checked before commit,
+    once its answer is in (on PostgreSQL with the audit head's, not in a trip of its own).
+    """
     rows = [(dk, *state_columns(state), count) for dk, state, count in states]
+    cur = driver.cursor()
     cur.executemany(gate.sql("write_state"), rows)
-    if cur.rowcount not in (-1, len(rows)):
-        raise InternalError("an account changed under the batch's lock")
-    cur.executemany(
+    driver.cursor().executemany(
         "INSERT INTO charges (id, device_key, use_case, budget, policy_version, epsilon_micro,"
         f" day, idempotency_key) VALUES ({_placeholders(8, ph)})",
         [
@@ -405,3 +503,4 @@ def _write(
             for dk, t, k, d in accepted
         ],
     )
+    return cur, len(rows)

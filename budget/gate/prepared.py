@@ -61,6 +61,7 @@ class Gate:
         self.postgres = engine.dialect.name == "postgresql"
         self._statements = {k: v.replace("?", ph) for k, v in _HOT_PATH.items()}
         self._statements["book_lock"] = f"SELECT pg_advisory_xact_lock_shared({BOOK_LOCK_KEY})"
+        self._statements["begin"] = "BEGIN ISOLATION LEVEL READ COMMITTED"
         self._book: tuple[tuple[int, int], PolicyBook] | None = None
         # SQLite has one writer at a time: queue this process's writers on a lock instead of
         # letting them spin in SQLite's busy handler, whose sleeps (up to 100 ms) are the tail.
@@ -97,12 +98,45 @@ class Gate:
 
     def book(self, conn: Connection) -> PolicyBook:
         """The policy book as of this transaction, rebuilt only when its :meth:`revision` moves."""
-        key = self.revision(conn)
+        return self.book_at(conn, self.revision(conn))
+
+    def book_at(self, conn: Connection, revision: tuple[int, int]) -> PolicyBook:
+        """The policy book at ``revision``, just read in ``conn``'s transaction (rebuilt if new)."""
         cached = self._book
-        if cached is None or cached[0] != key:
-            cached = (key, load_book(conn))
+        if cached is None or cached[0] != revision:
+            cached = (revision, load_book(conn))
             self._book = cached
         return cached[1]
+
+    def cached_book(self) -> tuple[tuple[int, int], PolicyBook] | None:
+        """The revision and book last read, with no query (``None`` before the first read).
+
+        What validation and the charge's guesses go by: the charge reads the revision under
+        its lock and decides on the book in force.
+        """
+        return self._book
+
+    def transaction(self, conn: Connection) -> AbstractContextManager[object]:
+        """The charge's transaction on ``conn``, fresh from the pool.
+
+        SQLite: ``BEGIN IMMEDIATE`` (:func:`~dp_governor.budget.storage.db.writer`). PostgreSQL:
+        the charge sends ``BEGIN`` in its first :meth:`trip` and ``COMMIT`` in its last, so the
+        driver is left in autocommit (psycopg would wait for its own ``BEGIN`` before the first
+        trip); an error still rolls back.
+        """
+        if self.postgres:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+        return conn.begin()
+
+    def trip(self, conn: Connection) -> AbstractContextManager[object]:
+        """Statements sent together and answered in one round trip.
+
+        PostgreSQL: psycopg's pipeline mode, whose exit waits for every answer (a cursor read
+        inside waits for the answers so far). SQLite runs in the process: nothing to group.
+        """
+        if not self.postgres:
+            return nullcontext()
+        return conn.connection.driver_connection.pipeline()  # type: ignore[union-attr,no-any-return]
 
     def terms(self, conn: Connection, use_case: str) -> Terms:
         """The terms of ``use_case``'s current policy, from the book."""

@@ -24,9 +24,10 @@ from sqlalchemy import Connection, Engine, text
 from dp_governor.api._integrity import _pipeline_problem, verify_service
 from dp_governor.api.database import init_service_db
 from dp_governor.budget import Decision, Ledger, create_db_engine, utc_day
+from dp_governor.mechanisms import InvalidReport
 from dp_governor.pipeline.flush import flush_inbox
 from dp_governor.pipeline.fold import aggregate
-from dp_governor.pipeline.ingest import Ingestor, PolicyChanged, SubmitRequest
+from dp_governor.pipeline.ingest import Ingestor, SubmitRequest
 from dp_governor.pipeline.purge import purge
 from dp_governor.pipeline.seal import InboxSeal
 from dp_governor.policies import PolicyCreate, PolicyUpdate, mechanism_for
@@ -299,21 +300,24 @@ def test_one_use_cases_failure_does_not_stop_the_others(ledger: Ledger) -> None:
 
 
 class ChangesPolicyMidGroup(Ingestor):
-    """An ingestor whose first validation of ``tiny-cms`` is followed by a real policy write.
+    """An ingestor whose validations of ``tiny-cms`` are each followed by a real policy write.
 
     This puts an administrator's PUT exactly between a group's validation and its charge,
-    where it lands by chance under load; ``change`` is the edit.
+    where it lands by chance under load; ``change`` is the edit, ``then`` the edits after the
+    next validations (the group validated again on the book its charge read).
     """
 
     changed = False
     change: dict[str, Any] = {"k": 4}  # noqa: RUF012 - set per test
+    then: tuple[dict[str, Any], ...] = ()
 
-    def current(self, use_case: str) -> Any:
-        found = super().current(use_case)
-        if use_case == "tiny-cms" and not self.changed:
+    def current(self, use_case: str, *, fresh: bool = True) -> Any:
+        found = super().current(use_case, fresh=fresh)
+        if use_case == "tiny-cms" and (not self.changed or self.then):
+            change = self.then[0] if self.changed else self.change
+            self.then = self.then[1:] if self.changed else self.then
             self.changed = True
-            change = PolicyUpdate(**self.change)
-            self.ledger.policies.update("tiny-cms", change, allow_loosen=True)
+            self.ledger.policies.update("tiny-cms", PolicyUpdate(**change), allow_loosen=True)
         return found
 
 
@@ -337,31 +341,59 @@ HARMLESS_EDITS = [
 ]
 
 
+def _mixed() -> list[SubmitRequest]:
+    """Ten ``tiny-cms`` reports interleaved with ten ``tiny-hcms`` ones."""
+    return [
+        r
+        for pair in zip(_requests("tiny-cms", 10), _requests("tiny-hcms", 10), strict=True)
+        for r in pair
+    ]
+
+
 @pytest.mark.parametrize("change", FAILING_EDITS, ids=lambda c: next(iter(c)))
-def test_a_policy_change_fails_only_its_own_use_cases_reports(
+def test_reports_in_flight_during_a_policy_change_are_validated_again_on_the_new_version(
     ledger: Ledger, change: dict[str, Any]
 ) -> None:
     engine = ledger.engine
     ingestor = ChangesPolicyMidGroup(ledger, SECRET, seal=SEAL)
     ingestor.change = change
-    mixed = [
-        r
-        for pair in zip(_requests("tiny-cms", 10), _requests("tiny-hcms", 10), strict=True)
-        for r in pair
-    ]
+    mixed = _mixed()
+    results = ingestor.submit_group(mixed, now=NOW)
+    assert all(isinstance(r, Decision) and r.accepted for r in results[1::2]), results
+    assert _count(engine, "SELECT COUNT(*) FROM charges WHERE use_case = 'tiny-hcms'") == 10
+    charged = [r for r in results[::2] if isinstance(r, Decision)]
+    # each is charged on the version it was decoded by, or refused by it
+    assert all(r.policy_version == 2 for r in charged), charged
+    assert all(isinstance(r, Decision | InvalidReport) for r in results[::2]), results
+    params = mechanism_for(ledger.policies.get("tiny-cms")).fingerprint.params
+    stored = _rows(engine, "SELECT params FROM inbox WHERE use_case = 'tiny-cms'")
+    assert [p for (p,) in stored] == [params] * len(charged)
+
+
+@pytest.mark.parametrize(
+    ("change", "undo"),
+    [
+        ({"epsilon_per_report": 1.0}, {"epsilon_per_report": 2.0}),
+        ({"max_reports_per_day": 10}, {"max_reports_per_day": 1000}),
+    ],
+    ids=["epsilon_per_report", "max_reports_per_day"],
+)
+def test_a_policy_that_changes_again_fails_only_its_own_use_cases_reports(
+    ledger: Ledger, change: dict[str, Any], undo: dict[str, Any]
+) -> None:
+    engine = ledger.engine
+    ingestor = ChangesPolicyMidGroup(ledger, SECRET, seal=SEAL)
+    ingestor.change, ingestor.then = change, (undo,)
+    mixed = _mixed()
     results = ingestor.submit_group(mixed, now=NOW)
     outcomes = Counter(
         (req.use_case, type(res).__name__) for req, res in zip(mixed, results, strict=True)
     )
     assert outcomes == {("tiny-cms", "PolicyChanged"): 10, ("tiny-hcms", "Decision"): 10}
     assert all(r.accepted for r in results if isinstance(r, Decision))
-    assert all(isinstance(r, PolicyChanged) for r in results[::2])
-    assert _count(engine, "SELECT COUNT(*) FROM charges WHERE use_case = 'tiny-hcms'") == 10
     assert _count(engine, "SELECT COUNT(*) FROM inbox WHERE use_case = 'tiny-hcms'") == 10
     assert _count(engine, "SELECT COUNT(*) FROM charges WHERE use_case = 'tiny-cms'") == 0
-    if "k" in change or "epsilon_per_report" in change or "hash_seed" in change:
-        return  # the reports were built for the old randomizer: a retry must rebuild them
-    # a retry, validated against the new version, goes through
+    # a retry, validated against the version now in force, goes through
     retried = ingestor.submit_group(mixed[::2], now=NOW)
     assert all(isinstance(r, Decision) and r.accepted for r in retried), retried
     assert utc_day(NOW) == retried[0].day  # type: ignore[union-attr]
