@@ -37,6 +37,7 @@ from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.mechanisms.merkle import (
     Frontier,
     consistency_proof,
+    encode_hashes,
     inclusion_proof,
     leaf_hash,
     range_nodes,
@@ -145,11 +146,11 @@ class Receipt:
     checkpoint: str
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view (the leaf as text, hashes in hex)."""
+        """The receipt as the wire carries it (the leaf as text, hashes in base64)."""
         return {
             "index": self.index,
             "leaf": self.leaf.decode(),
-            "proof": [p.hex() for p in self.proof],
+            "proof": encode_hashes(self.proof),
             "checkpoint": self.checkpoint,
         }
 
