@@ -60,6 +60,7 @@ DEFAULT_ORIGIN = "dp-governor.invalid/tlog"
 _DAY_SECONDS = 86_400
 _PAGE = 20_000
 _CHUNK = 1_000
+_STEP_ENTRIES = 5_000  # one sync step's most: its transaction stays short on a loaded database
 STEP_SECONDS = 1.0
 """The longest one step of :meth:`TransparencyLog.sync` computes before it stores and signs."""
 _SORTED = orjson.OPT_SORT_KEYS
@@ -245,7 +246,7 @@ class TransparencyLog:
         """Project every new audit entry into the tree and sign the new head, step by step.
 
         Each step reads new entries and computes their leaves, subtree hashes and signed
-        checkpoint outside any write lock, for at most :data:`STEP_SECONDS` or 20,000 entries,
+        checkpoint outside any write lock, for at most :data:`STEP_SECONDS` or 5,000 entries,
         then stores them in one short job transaction: a log catching up on a backlog signs a
         checkpoint every step, not once at the end. ``limit`` caps the entries (for tests and
         for a job that must yield); returns the newest checkpoint signed, or ``None`` when the
@@ -254,7 +255,7 @@ class TransparencyLog:
         signed = None
         done = 0
         while limit is None or done < limit:
-            page = _PAGE if limit is None else min(_PAGE, limit - done)
+            page = _STEP_ENTRIES if limit is None else min(_STEP_ENTRIES, limit - done)
             step = self._prepare(page)
             if step is None:
                 break
