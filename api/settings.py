@@ -87,7 +87,13 @@ class Settings(BaseSettings):
         description="Where key files live and are generated (default: $XDG_CONFIG_HOME/dp-governor,"
         " else ~/.config/dp-governor).",
     )
-    checkpoint_seconds: int = Field(default=300, ge=1, description="Audit checkpoint interval.")
+    checkpoint_seconds: int = Field(
+        default=300,
+        ge=1,
+        description="Interval of the `checkpoint` job, which signs the audit log's head and the"
+        " transparency log's checkpoint; 5 gives devices a signed checkpoint at least every 5 s"
+        " under load (docs/performance.md).",
+    )
     checkpoint_file: Path | None = Field(
         default=None,
         description="A file outside the database (another disk, host or bucket mount) that"

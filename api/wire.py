@@ -17,6 +17,7 @@ from dp_governor.budget.reporting.report import EffectiveEpsilonReport
 from dp_governor.budget.reporting.transparency import DeviceRecord
 from dp_governor.budget.reporting.views import Distribution, Timeline, WhatIf
 from dp_governor.budget.rule.standing import DeviceOdometer, DeviceWide
+from dp_governor.mechanisms.merkle import encode_hashes
 from dp_governor.policies import Policy, publish
 from dp_governor.policies.device import DeviceBudgetVersion
 from dp_governor.policies.model import GroupTerms
@@ -94,7 +95,7 @@ def what_if(w: WhatIf) -> schemas.WhatIf:
 
 
 def device_record(r: DeviceRecord) -> schemas.DeviceRecord:
-    """A device's transparency record on the wire (hashes and keys in hex)."""
+    """A device's transparency record on the wire (its label key in hex, proofs in base64)."""
     return schemas.DeviceRecord(
         day=r.day,
         label_key=r.label_key.hex(),
@@ -103,7 +104,7 @@ def device_record(r: DeviceRecord) -> schemas.DeviceRecord:
         size=r.size,
         covered=r.covered,
         leaves=[
-            schemas.LeafProof(index=x.index, leaf=x.leaf.decode(), proof=[p.hex() for p in x.proof])
+            schemas.LeafProof(index=x.index, leaf=x.leaf.decode(), proof=encode_hashes(x.proof))
             for x in r.leaves
         ],
         gate=[

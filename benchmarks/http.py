@@ -1,7 +1,8 @@
 """HTTP ingestion against a real ``dpgov serve`` process; prints a Markdown table.
 
 Usage: ``python -m benchmarks.http [--seconds 15] [--clients 16] [--postgres URL]
-[--loads singles relay] [--batch-items 5000] [--relay-connections N] [--sqlite-workers 1]``.
+[--loads singles relay] [--batch-items 5000] [--relay-connections N] [--sqlite-workers 1]
+[--checkpoint-seconds S]``.
 
 The server runs in its own process (SQLite file in a temporary folder, or a fresh PostgreSQL
 schema with ``--workers``); the load comes from this process: ``--clients`` threads, each with
@@ -18,6 +19,12 @@ Afterwards it checks that accepted = charged = stored (inbox + reports). On Linu
 the server processes' CPU time from ``/proc`` over each load: the CPU a report costs the server,
 and how busy each worker was (a worker near 100% is CPU-bound; workers well below it that add
 no throughput wait on SQLite's single writer). PostgreSQL's own processes are not counted.
+
+``--checkpoint-seconds S`` runs the server's scheduler with the ``checkpoint`` job every ``S``
+seconds (the other jobs' intervals a day, so only the log's work is added) and watches the
+database from this process every 0.25 s during each load: the seconds between successive
+signed transparency-log checkpoints (from the load's start to its end, so a stall at either end
+counts) and the log's lag, audit entries not yet under a signed checkpoint.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import threading
 import time
 import uuid
 from contextlib import ExitStack
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -44,15 +52,37 @@ from sqlalchemy import text
 from dp_governor.api.server import free_port
 from dp_governor.budget import create_db_engine
 from dp_governor.budget.storage.db import scratch_schema
-from dp_governor.mechanisms import HCMS
+from dp_governor.mechanisms import HCMS, family_id
 from dp_governor.policies import PolicyCreate, mechanism_for
 
 TOKEN = "bench-admin-token-bench-admin-token"
 LOADS = frozenset({"singles", "relay"})
+Body = dict[str, int | str]  # a report's JSON body: the mechanism's fields and its family
 
 
-def server_env(url: str, tmp: Path, batch_items: int = 5000) -> dict[str, str]:
-    """The environment of a benchmark's ``dpgov`` processes: keys in ``tmp``, no scheduler."""
+_DAY = str(86_400)
+
+
+def server_env(
+    url: str, tmp: Path, batch_items: int = 5000, checkpoint_seconds: int | None = None
+) -> dict[str, str]:
+    """The environment of a benchmark's ``dpgov`` processes: keys in ``tmp``, no scheduler.
+
+    With ``checkpoint_seconds``, the scheduler runs the ``checkpoint`` job at that interval
+    and every other job once a day (the dashboard and verify jobs also once at the start).
+    """
+    jobs = (
+        {"DPGOV_SCHEDULER": "false"}
+        if checkpoint_seconds is None
+        else {
+            "DPGOV_SCHEDULER": "true",
+            "DPGOV_CHECKPOINT_SECONDS": str(checkpoint_seconds),
+            "DPGOV_FLUSH_SECONDS": _DAY,
+            "DPGOV_AGGREGATE_SECONDS": _DAY,
+            "DPGOV_DASHBOARD_SECONDS": _DAY,
+            "DPGOV_VERIFY_SECONDS": _DAY,
+        }
+    )
     return {
         **os.environ,
         "DPGOV_DATABASE_URL": url,
@@ -60,14 +90,14 @@ def server_env(url: str, tmp: Path, batch_items: int = 5000) -> dict[str, str]:
         "DPGOV_AUDIT_KEY_FILE": str(tmp / "audit.key"),
         "DPGOV_SHUFFLER_KEY_FILE": str(tmp / "shuffler.key"),
         "DPGOV_ADMIN_TOKEN": TOKEN,
-        "DPGOV_SCHEDULER": "false",
         "DPGOV_MAX_BATCH_ITEMS": str(batch_items),
         "DPGOV_MAX_BODY_BYTES": str(64 << 20),
+        **jobs,
     }
 
 
 def start_server(
-    url: str, workers: int, tmp: Path, batch_items: int
+    url: str, workers: int, tmp: Path, batch_items: int, checkpoint_seconds: int | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A ``dpgov serve`` process on ``url`` (in ``tmp``), once it answers: (process, base URL)."""
     port = free_port()
@@ -82,7 +112,7 @@ def start_server(
             "--workers",
             str(workers),
         ],
-        env=server_env(url, tmp, batch_items),
+        env=server_env(url, tmp, batch_items, checkpoint_seconds),
         cwd=tmp,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -98,15 +128,19 @@ def start_server(
     raise SystemExit("the server did not start")
 
 
-def report_bodies(base: str) -> list[dict[str, int]]:
-    """2,000 Safari HCMS report bodies built from the policy the server publishes."""
+def report_bodies(base: str) -> list[Body]:
+    """2,000 Safari HCMS report bodies from the policy the server publishes, with its family."""
     policy = httpx.get(base + "/v1/use-cases/safari-energy-domains").json()
     fields = {k: v for k, v in policy.items() if k in PolicyCreate.model_fields}
     mech = mechanism_for(PolicyCreate.model_validate(fields))
     assert isinstance(mech, HCMS)
-    bodies: list[dict[str, int]] = mech.privatize(
-        [f"d{i}.example" for i in range(2000)], rng=np.random.default_rng(1)
-    ).to_dicts()
+    family = family_id(mech)  # devices send the family they built under; the server checks it
+    bodies: list[Body] = [
+        r | {"family": family}
+        for r in mech.privatize(
+            [f"d{i}.example" for i in range(2000)], rng=np.random.default_rng(1)
+        ).to_dicts()
+    ]
     return bodies
 
 
@@ -168,8 +202,60 @@ class ServerCpu:
         return f"{sum(used.values()) / reports * 1e6:.1f} us ({shares})"
 
 
+class LogWatch:
+    """The transparency log during one load: checkpoint intervals and lag, polled from the DB."""
+
+    def __init__(self, url: str, every: float = 0.25) -> None:
+        self.engine = create_db_engine(url)
+        self.every = every
+        self.samples: list[tuple[float, int, int]] = []  # (time, checkpoint size, audit head)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            with self.engine.connect() as conn:
+                size = conn.execute(text("SELECT max(size) FROM tlog_checkpoints")).scalar()
+                head = conn.execute(text("SELECT max(seq) FROM audit_log")).scalar()
+            self.samples.append((time.perf_counter(), int(size or 0), int(head or 0)))
+            self._stop.wait(self.every)
+
+    def summary(self) -> str:
+        """``median / max s between checkpoints | median / max / final lag`` as table cells."""
+        self._stop.set()
+        self._thread.join()
+        self.engine.dispose()
+        if len(self.samples) < 2:
+            return "n/a | n/a"
+        marks = [self.samples[0][0]]
+        marks += [t for (_, before, _), (t, size, _) in pairwise(self.samples) if size > before]
+        marks.append(self.samples[-1][0])
+        gaps = np.diff(marks)
+        lags = [head - size for _, size, head in self.samples]
+        return (
+            f"{np.median(gaps):.1f} / {gaps.max():.1f} s ({len(marks) - 2} signed)"
+            f" | {np.median(lags):,.0f} / {max(lags):,} / {lags[-1]:,}"
+        )
+
+
+def _started_jobs_done(url: str) -> None:
+    """Wait for the jobs a scheduler runs at its start (dashboard, verify): the load comes after."""
+    engine = create_db_engine(url)
+    try:
+        for _ in range(600):
+            with engine.connect() as conn:
+                rows = conn.execute(text("SELECT count(*) FROM dashboard_snapshots")).scalar()
+            if rows == 2:  # the dashboard's figures and the verification
+                return
+            time.sleep(0.1)
+        raise SystemExit("the scheduler's first dashboard and verify runs did not finish")
+    finally:
+        engine.dispose()
+
+
 def _singles(
-    base: str, bodies: list[dict[str, int]], seconds: float, clients: int
+    base: str, bodies: list[Body], seconds: float, clients: int
 ) -> tuple[int, int, list[float]]:
     latencies: list[float] = []
     counts = {"ok": 0, "err": 0}
@@ -227,7 +313,7 @@ end
 
 
 def _wrk(
-    base: str, body: dict[str, int], seconds: float, clients: int, tmp: Path
+    base: str, body: Body, seconds: float, clients: int, tmp: Path
 ) -> tuple[int, int, float, float] | None:
     """Single reports from wrk (a C load generator), if installed: (ok, errors, p50, p99)."""
     if shutil.which("wrk") is None:
@@ -261,7 +347,7 @@ def _wrk(
 
 
 def _batches(
-    base: str, bodies: list[dict[str, int]], seconds: float, connections: int, size: int
+    base: str, bodies: list[Body], seconds: float, connections: int, size: int
 ) -> tuple[int, float]:
     """Relay batches of ``size`` over ``connections`` connections for ``seconds``: (accepted, s).
 
@@ -327,27 +413,40 @@ def run(
     size: int = 5000,
     loads: frozenset[str] = LOADS,
     relay_connections: int | None = None,
+    checkpoint_seconds: int | None = None,
 ) -> list[str]:
-    """Benchmark one configuration; returns table rows (two relay connections per worker)."""
+    """Benchmark one configuration; returns table rows (two relay connections per worker).
+
+    With ``checkpoint_seconds`` each row ends with the log's cells (:class:`LogWatch`).
+    """
     relay_connections = relay_connections or 2 * workers
-    proc, base = start_server(url, workers, tmp, size)
+    proc, base = start_server(url, workers, tmp, size, checkpoint_seconds)
+
+    def watch() -> LogWatch | None:
+        return None if checkpoint_seconds is None else LogWatch(url)
+
+    def logged(w: LogWatch | None) -> str:
+        return "" if w is None else f" {w.summary()} |"
+
     try:
         bodies = report_bodies(base)
-        cpu = ServerCpu(proc)
+        if checkpoint_seconds is not None:
+            _started_jobs_done(url)
+        cpu, w = ServerCpu(proc), watch()
         wrk = _wrk(base, bodies[0], seconds, clients, tmp) if "singles" in loads else None
-        wrk_cpu = cpu.summary(wrk[0] if wrk else 0)
-        cpu = ServerCpu(proc)
+        wrk_cpu, wrk_log = cpu.summary(wrk[0] if wrk else 0), logged(w)
+        cpu, w = ServerCpu(proc), watch()
         ok, err, lat = (
             _singles(base, bodies, seconds, clients) if "singles" in loads else (0, 0, [0.0])
         )
-        singles_cpu = cpu.summary(ok)
-        cpu = ServerCpu(proc)
+        singles_cpu, singles_log = cpu.summary(ok), logged(w)
+        cpu, w = ServerCpu(proc), watch()
         batch_ok, batch_seconds = (
             _batches(base, bodies, seconds, relay_connections, size)
             if "relay" in loads
             else (0, 1.0)
         )
-        relay_cpu = cpu.summary(batch_ok)
+        relay_cpu, relay_log = cpu.summary(batch_ok), logged(w)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -362,18 +461,18 @@ def run(
     if "singles" in loads:
         rows.append(
             f"| {label} | single reports, {clients} Python clients | {ok / seconds:,.0f} /s"
-            f" | {p[0]:.1f} | {p[1]:.1f} | {err} | {singles_cpu} | {consistent} |"
+            f" | {p[0]:.1f} | {p[1]:.1f} | {err} | {singles_cpu} | {consistent} |{singles_log}"
         )
     if wrk:
         rows.append(
             f"| {label} | single reports, wrk, {clients} connections | {wrk[0] / seconds:,.0f} /s"
-            f" | {wrk[2]:.1f} | {wrk[3]:.1f} | {wrk[1]} | {wrk_cpu} | {consistent} |"
+            f" | {wrk[2]:.1f} | {wrk[3]:.1f} | {wrk[1]} | {wrk_cpu} | {consistent} |{wrk_log}"
         )
     if "relay" in loads:
         rows.append(
             f"| {label} | batches of {size:,}, {relay_connections} connections"
             f" | {batch_ok / batch_seconds:,.0f} /s"
-            f" | | | 0 | {relay_cpu} | {consistent} |"
+            f" | | | 0 | {relay_cpu} | {consistent} |{relay_log}"
         )
     return rows
 
@@ -393,13 +492,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--loads", nargs="+", choices=sorted(LOADS), default=sorted(LOADS), help="what to run"
     )
+    parser.add_argument(
+        "--checkpoint-seconds",
+        type=int,
+        default=None,
+        help="run the checkpoint job at this interval and report the log's cadence and lag",
+    )
     args = parser.parse_args(argv)
     loads = frozenset(args.loads)
+    log_head = (
+        ""
+        if args.checkpoint_seconds is None
+        else " between signed checkpoints (median / max) | log lag, entries (median / max / end) |"
+    )
     print(
         "| backend | load | accepted throughput | p50 ms | p99 ms | errors"
-        " | server CPU per report (busy processes) | accepted = charged = stored |"
+        " | server CPU per report (busy processes) | accepted = charged = stored |" + log_head
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if log_head else ""))
     n = args.sqlite_workers
     configs = [(f"sqlite, {n} worker{'s' if n > 1 else ''}", None, n)]
     if args.postgres:
@@ -422,6 +532,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.batch_items,
                 loads,
                 args.relay_connections,
+                args.checkpoint_seconds,
             ):
                 print(row, flush=True)
 

@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 from sqlalchemy import Connection, Engine, event
 
-from benchmarks.http import TOKEN, report_bodies, server_env, start_server
+from benchmarks.http import TOKEN, Body, report_bodies, server_env, start_server
 from dp_governor.budget.storage.db import WRITE_OPTION, scratch_schema
 
 USE_CASE = "safari-energy-domains"
@@ -52,7 +52,7 @@ HEADER = (
 class Probe:
     """Single reports on a fixed schedule in a thread; the latency of each, in seconds."""
 
-    def __init__(self, base: str, bodies: list[dict[str, int]], interval: float) -> None:
+    def __init__(self, base: str, bodies: list[Body], interval: float) -> None:
         self.base = base
         self.bodies = bodies
         self.interval = interval
@@ -88,7 +88,7 @@ class Probe:
                 self._stop.wait(max(0.0, start + i * self.interval - time.monotonic()))
 
 
-def fill(base: str, bodies: list[dict[str, int]], reports: int, batch_items: int) -> None:
+def fill(base: str, bodies: list[Body], reports: int, batch_items: int) -> None:
     """``reports`` accepted reports through the relay endpoint, a new device each."""
     run = uuid.uuid4().hex[:12]
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}

@@ -11,6 +11,8 @@ Verification follows RFC 9162 sections 2.1.3.2 and 2.1.4.2 and needs nothing but
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 
@@ -18,6 +20,8 @@ __all__ = [
     "Frontier",
     "NodeReader",
     "consistency_proof",
+    "decode_hashes",
+    "encode_hashes",
     "inclusion_proof",
     "leaf_hash",
     "node_hash",
@@ -31,6 +35,25 @@ NodeReader = Callable[[int, int], bytes]
 """``node(level, index)``: the hash of the complete subtree of ``2**level`` leaves at ``index``."""
 
 EMPTY_ROOT = hashlib.sha256(b"").digest()
+
+
+def encode_hashes(hashes: Iterable[bytes]) -> list[str]:
+    """Hashes as the wire carries them: standard padded base64 (as C2SP notes write hashes)."""
+    return [base64.b64encode(h).decode("ascii") for h in hashes]
+
+
+def decode_hashes(texts: Iterable[str]) -> list[bytes]:
+    """The hashes of :func:`encode_hashes`; ``ValueError`` unless each is base64 of 32 bytes."""
+    out = []
+    for t in texts:
+        try:
+            raw = base64.b64decode(t.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            raise ValueError(f"{t!r} is not standard base64") from None
+        if len(raw) != 32:
+            raise ValueError(f"{t!r} is not a SHA-256 hash ({len(raw)} bytes)")
+        out.append(raw)
+    return out
 
 
 def leaf_hash(data: bytes) -> bytes:

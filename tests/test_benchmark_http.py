@@ -26,3 +26,14 @@ def test_server_cpu_counts_a_process_tree() -> None:
     tree = http._process_tree(os.getpid())
     assert tree[0] == os.getpid()
     assert http._cpu_seconds(tree)[os.getpid()] > 0
+
+
+def test_the_http_benchmark_reports_the_logs_cadence(capsys: pytest.CaptureFixture[str]) -> None:
+    load = ["--loads", "relay", "--seconds", "3", "--batch-items", "50", "--postgres", ""]
+    http.main([*load, "--checkpoint-seconds", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "between signed checkpoints" in lines[0] and len(lines) == 3
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert len(cells) == 10 and cells[7] == "yes"
+    assert cells[8].endswith(" signed)") and " / " in cells[8], cells[8]  # seconds between
+    assert cells[9].count(" / ") == 2, cells[9]  # lag: median / max / at the end

@@ -114,6 +114,7 @@ def witness_run(
     import httpx
 
     from dp_governor.api.client.witness import Fork, WitnessState, cosign_checkpoint
+    from dp_governor.mechanisms.merkle import decode_hashes
     from dp_governor.mechanisms.signed_note import NoteError, Verifier
 
     try:
@@ -141,7 +142,10 @@ def witness_run(
             def proof(old: int, new: int) -> list[bytes]:
                 got = http.get("/v1/tlog/consistency", params={"old": old, "new": new})
                 got.raise_for_status()
-                return [bytes.fromhex(h) for h in got.json()["proof"]]
+                try:
+                    return decode_hashes(got.json()["proof"])
+                except ValueError as exc:
+                    refuse(f"refused: the log's consistency proof: {exc}", code=1)
 
             cosigned, new_state = cosign_checkpoint(
                 note, log, state, proof, signer, now=int(time.time())

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import orjson
 
 from dp_governor.api.schemas import DeviceRecord
-from dp_governor.mechanisms.merkle import leaf_hash, verify_inclusion
+from dp_governor.mechanisms.merkle import decode_hashes, leaf_hash, verify_inclusion
 from dp_governor.mechanisms.signed_note import Checkpoint, NoteError, Verifier
 
 __all__ = ["RecordCheck", "verify_record"]
@@ -83,7 +83,10 @@ def verify_record(
     day_label = _label(key, f"day:{record.day}")
     for item in record.leaves:
         data = item.leaf.encode()
-        proof = [bytes.fromhex(p) for p in item.proof]
+        try:
+            proof = decode_hashes(item.proof)
+        except ValueError:
+            return answer(f"leaf {item.index}'s proof is not base64 SHA-256 hashes", names)
         if not verify_inclusion(leaf_hash(data), item.index, point.size, proof, point.root):
             return answer(f"leaf {item.index} is not in the signed tree (its proof fails)", names)
         leaf = orjson.loads(data)

@@ -22,6 +22,7 @@ from dp_governor.budget.clock import date_day
 from dp_governor.budget.errors import InvalidRequest
 from dp_governor.budget.reporting.claims import logged_claim, render_report
 from dp_governor.budget.reporting.transparency import device_record
+from dp_governor.mechanisms.merkle import encode_hashes
 from dp_governor.mechanisms.tiles import TilePath
 
 __all__ = ["router"]
@@ -66,7 +67,7 @@ def tlog_consistency(
         proof = ledger.tlog.consistency(old, new)
     except ValueError as exc:
         raise InvalidRequest("new", str(exc)) from None
-    return ConsistencyProof(old=old, new=new, proof=[p.hex() for p in proof])
+    return ConsistencyProof(old=old, new=new, proof=encode_hashes(proof))
 
 
 @router.get("/v1/devices/{device_id}/tlog", response_model=DeviceRecord)

@@ -22,7 +22,9 @@ class LeafProof(BaseModel):
 
     index: int = PydField(description="The leaf's index (its audit entry's number minus one).")
     leaf: str = PydField(description="The leaf: canonical JSON, hashed as its UTF-8 bytes.")
-    proof: list[str] = PydField(description="The audit path, hashes in hex, leaf to root.")
+    proof: list[str] = PydField(
+        description="The audit path, leaf to root: each hash in standard padded base64."
+    )
 
 
 class GateTotal(BaseModel):
@@ -58,4 +60,4 @@ class ConsistencyProof(BaseModel):
 
     old: int = PydField(description="The smaller tree size.")
     new: int = PydField(description="The larger tree size.")
-    proof: list[str] = PydField(description="The proof's hashes, hex.")
+    proof: list[str] = PydField(description="The proof's hashes, standard padded base64.")

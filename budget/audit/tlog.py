@@ -28,6 +28,7 @@ A leaf says no more than a third party may see (docs/transparency.md):
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,6 +41,7 @@ from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.mechanisms.merkle import (
     Frontier,
     consistency_proof,
+    encode_hashes,
     inclusion_proof,
     leaf_hash,
     range_nodes,
@@ -61,6 +63,10 @@ __all__ = [
 DEFAULT_ORIGIN = "dp-governor.invalid/tlog"
 _DAY_SECONDS = 86_400
 _PAGE = 20_000
+_CHUNK = 1_000
+_STEP_ENTRIES = 5_000  # one sync step's most: its transaction stays short on a loaded database
+STEP_SECONDS = 1.0
+"""The longest one step of :meth:`TransparencyLog.sync` computes before it stores and signs."""
 _SORTED = orjson.OPT_SORT_KEYS
 
 
@@ -157,6 +163,16 @@ class SignedCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class _Step:
+    """One step of a sync, computed outside the write lock: the rows to store and the note."""
+
+    start: int
+    leaves: list[tuple[int, int, str | None, str]]
+    nodes: list[tuple[int, int, str]]
+    point: SignedCheckpoint
+
+
+@dataclass(frozen=True, slots=True)
 class Receipt:
     """An inclusion receipt: the leaf, its index, the audit path and the signed checkpoint."""
 
@@ -166,11 +182,11 @@ class Receipt:
     checkpoint: str
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view (the leaf as text, hashes in hex)."""
+        """The receipt as the wire carries it (the leaf as text, hashes in base64)."""
         return {
             "index": self.index,
             "leaf": self.leaf.decode(),
-            "proof": [p.hex() for p in self.proof],
+            "proof": encode_hashes(self.proof),
             "checkpoint": self.checkpoint,
         }
 
@@ -248,65 +264,87 @@ class TransparencyLog:
         return node
 
     def sync(self, *, limit: int | None = None) -> SignedCheckpoint | None:
-        """Project every new audit entry into the tree and sign the new head.
+        """Project every new audit entry into the tree and sign the new head, step by step.
 
-        Runs in short job transactions of at most 20,000 entries each (``limit`` caps the total,
-        for tests and for a job that must yield); returns the newest checkpoint signed, or
-        ``None`` when the log already covered the audit log.
+        Each step reads new entries and computes their leaves, subtree hashes and signed
+        checkpoint outside any write lock, for at most :data:`STEP_SECONDS` or 5,000 entries,
+        then stores them in one short job transaction: a log catching up on a backlog signs a
+        checkpoint every step, not once at the end. ``limit`` caps the entries (for tests and
+        for a job that must yield); returns the newest checkpoint signed, or ``None`` when the
+        log already covered the audit log.
         """
         signed = None
         done = 0
         while limit is None or done < limit:
-            page = _PAGE if limit is None else min(_PAGE, limit - done)
-            with write_step(self.engine) as conn:
-                point = self._sync_page(conn, page)
-            if point is None:
+            page = _STEP_ENTRIES if limit is None else min(_STEP_ENTRIES, limit - done)
+            step = self._prepare(page)
+            if step is None:
                 break
-            signed = point
-            done += page
+            with write_step(self.engine) as conn:
+                if self._size(conn) != step.start:
+                    continue  # another sync stored these entries meanwhile: prepare again
+                self._store(conn, step)
+            signed = step.point
+            done += step.point.size - step.start
         return signed
 
-    def _sync_page(self, conn: Connection, page: int) -> SignedCheckpoint | None:
-        size = self._size(conn)
-        edge = Frontier.edge_nodes(size)
-        known = self._nodes(conn, edge)
-        frontier = Frontier(size, [known[n] for n in edge])
-        ph = self._ph
-        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        cur.execute(
-            "SELECT seq, at, actor, action, body FROM audit_log"
-            f" WHERE seq > {ph} ORDER BY seq LIMIT {int(page)}",
-            (size,),
-        )
-        rows = cur.fetchall()
-        if not rows:
+    def _prepare(self, page: int) -> _Step | None:
+        """The next step's rows and checkpoint, computed from a read snapshot (no write lock)."""
+        deadline = time.monotonic() + STEP_SECONDS
+        with self.engine.connect() as conn:
+            start = self._size(conn)
+            edge = Frontier.edge_nodes(start)
+            known = self._nodes(conn, edge)
+            frontier = Frontier(start, [known[n] for n in edge])
+            ph = self._ph
+            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            leaves: list[tuple[int, int, str | None, str]] = []
+            nodes: list[tuple[int, int, str]] = []
+            keys: dict[str, bytes] = {}
+            while frontier.size - start < page and (not leaves or time.monotonic() < deadline):
+                cur.execute(
+                    "SELECT seq, at, actor, action, body FROM audit_log"
+                    f" WHERE seq > {ph} ORDER BY seq LIMIT {min(_CHUNK, page - len(leaves))}",
+                    (frontier.size,),
+                )
+                rows = cur.fetchall()
+                if not rows:
+                    break
+                for seq, at, actor, action, body in rows:
+                    if int(seq) != frontier.size + 1:
+                        raise RuntimeError(
+                            f"audit entry {frontier.size + 1} is missing (next is {seq})"
+                        )
+                    data, label = _project(
+                        self.label_secret, keys, int(seq), at, actor, action, body
+                    )
+                    leaves.append((frontier.size, int(seq), label, data.decode()))
+                    nodes.extend(
+                        (level, index, digest.hex())
+                        for level, index, digest in frontier.append(leaf_hash(data))
+                    )
+        if not leaves:
             return None
-        leaves: list[tuple[int, int, str | None, str]] = []
-        nodes: list[tuple[int, int, str]] = []
-        keys: dict[str, bytes] = {}
-        for seq, at, actor, action, body in rows:
-            if int(seq) != frontier.size + 1:
-                raise RuntimeError(f"audit entry {frontier.size + 1} is missing (next is {seq})")
-            data, label = _project(self.label_secret, keys, int(seq), at, actor, action, body)
-            leaves.append((frontier.size, int(seq), label, data.decode()))
-            nodes.extend(
-                (level, index, digest.hex())
-                for level, index, digest in frontier.append(leaf_hash(data))
-            )
-        cur.executemany(
-            f"INSERT INTO tlog_leaves (idx, seq, label, data) VALUES ({ph}, {ph}, {ph}, {ph})",
-            leaves,
-        )
-        cur.executemany(
-            f"INSERT INTO tlog_nodes (level, idx, hash) VALUES ({ph}, {ph}, {ph})", nodes
-        )
         point = Checkpoint(self.origin, frontier.size, frontier.root())
         note = sign_note(point.text(), [self.signer.sign(point.text())])
+        return _Step(start, leaves, nodes, SignedCheckpoint(point.size, point.root, note))
+
+    def _store(self, conn: Connection, step: _Step) -> None:
+        """Insert a prepared step's leaves, subtree hashes and checkpoint."""
+        ph = self._ph
+        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cur.executemany(
+            f"INSERT INTO tlog_leaves (idx, seq, label, data) VALUES ({ph}, {ph}, {ph}, {ph})",
+            step.leaves,
+        )
+        cur.executemany(
+            f"INSERT INTO tlog_nodes (level, idx, hash) VALUES ({ph}, {ph}, {ph})", step.nodes
+        )
+        point = step.point
         cur.execute(
             f"INSERT INTO tlog_checkpoints (size, root, note) VALUES ({ph}, {ph}, {ph})",
-            (point.size, point.root.hex(), note),
+            (point.size, point.root.hex(), point.note),
         )
-        return SignedCheckpoint(point.size, point.root, note)
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -62,6 +62,14 @@ __all__ = [
 ]
 
 CLAIM_ACTION: Final = "claim.day"
+# The claims' reads, through the partial index ``ix_audit_log_claims`` (revision 0014): the
+# action is written as a literal, as the index's predicate is, or SQLite would not use it.
+NEWEST_CLAIM: Final = (
+    f"SELECT body FROM audit_log WHERE action = '{CLAIM_ACTION}' ORDER BY at DESC, seq DESC LIMIT 1"
+)
+CLAIMS_SINCE: Final = (
+    f"SELECT body FROM audit_log WHERE action = '{CLAIM_ACTION}' AND at >= :since ORDER BY at, seq"
+)
 ACTOR: Final = "job:claims"
 _BATCH_FIELDS: Final = (
     "first_day",
@@ -242,11 +250,8 @@ def render_report(claim: Mapping[str, Any]) -> str:
 
 
 def _last_claimed(conn: Connection) -> int | None:
-    """The latest day claimed (the newest claim entry, read backwards from the log's end)."""
-    body = conn.execute(
-        text("SELECT body FROM audit_log WHERE action = :a ORDER BY seq DESC LIMIT 1"),
-        {"a": CLAIM_ACTION},
-    ).scalar()
+    """The latest day claimed: the newest claim entry (one entry of the claims' index, 0014)."""
+    body = conn.execute(text(NEWEST_CLAIM)).scalar()
     return None if body is None else int(orjson.loads(body)["data"]["inputs"]["day"])
 
 
@@ -319,16 +324,18 @@ def publish_claims(ledger: Ledger, *, today: int, now: datetime) -> int:
 
 
 def logged_claim(ledger: Ledger, use_case: str, day: int) -> dict[str, Any] | None:
-    """The claim the log holds for ``use_case`` on ``day`` (what the server published)."""
+    """The claim the log holds for ``use_case`` on ``day`` (what the server published).
+
+    Reads the claims' index (revision 0014) from the day's start, in the order they were
+    written, and stops at the first that matches: a day is claimed after it ends, so its claims
+    come first unless the job was catching up on earlier days.
+    """
     with ledger.connect() as conn:
-        rows = conn.execute(
-            text("SELECT body FROM audit_log WHERE action = :a AND at >= :since ORDER BY seq"),
-            {"a": CLAIM_ACTION, "since": day_date(day).isoformat()},
-        ).all()
-    for (body,) in rows:
-        data: dict[str, Any] = orjson.loads(body)["data"]
-        if data["inputs"]["use_case"] == use_case and int(data["inputs"]["day"]) == day:
-            return data
+        rows = conn.execute(text(CLAIMS_SINCE), {"since": day_date(day).isoformat()})
+        for (body,) in rows:
+            data: dict[str, Any] = orjson.loads(body)["data"]
+            if data["inputs"]["use_case"] == use_case and int(data["inputs"]["day"]) == day:
+                return data
     return None
 
 

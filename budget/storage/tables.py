@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import DDL, BigInteger, Boolean, Column, Index, Integer, String, Text, event
+from sqlalchemy import DDL, BigInteger, Boolean, Column, Index, Integer, String, Text, event, text
 from sqlmodel import Field, SQLModel
 
 __all__ = [
@@ -149,6 +149,16 @@ class AuditEntry(SQLModel, table=True):
     """One appended audit entry (:mod:`dp_governor.budget.audit.log`); never updated or deleted."""
 
     __tablename__ = "audit_log"
+    __table_args__ = (
+        # the privacy claims alone (revision 0014): a report's entry adds no index entry
+        Index(
+            "ix_audit_log_claims",
+            "at",
+            "seq",
+            sqlite_where=text("action = 'claim.day'"),
+            postgresql_where=text("action = 'claim.day'"),
+        ),
+    )
 
     seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
     at: str = Field(max_length=40, description="UTC time, ISO 8601 with microseconds.")

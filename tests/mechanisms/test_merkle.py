@@ -12,6 +12,8 @@ from dp_governor.mechanisms.merkle import (
     EMPTY_ROOT,
     Frontier,
     consistency_proof,
+    decode_hashes,
+    encode_hashes,
     inclusion_proof,
     leaf_hash,
     node_hash,
@@ -117,3 +119,13 @@ def test_bad_arguments_are_refused() -> None:
     assert not verify_inclusion(b"", 5, 5, [], b"")
     assert not verify_consistency(2, b"", 1, b"", [])
     assert not verify_consistency(2, b"a", 3, b"b", [])
+
+
+def test_hashes_travel_as_padded_base64_and_nothing_else_is_read() -> None:
+    digest = hashlib.sha256(b"x").digest()
+    [text] = encode_hashes([digest])
+    assert len(text) == 44 and text.endswith("=")
+    assert decode_hashes([text]) == [digest]
+    for bad in (digest.hex(), text.rstrip("="), text[:-2] + "!=", "AAAA"):
+        with pytest.raises(ValueError, match=r"base64|SHA-256"):
+            decode_hashes([bad])

@@ -5,9 +5,9 @@ a log of seven leaves (three of them the device's charges that day: one version 
 the day's label, written before the upgrade to per-charge labels, and two version 2 leaves under
 their charges' labels), its checkpoint signed by the log and cosigned by one witness, the
 device's record as ``GET /v1/devices/{id}/tlog`` returns it, and cases that each break one
-thing (a leaf altered, a charge dropped, a forked checkpoint, a bad cosignature, a quorum not
-met, another log's key, a device that sent more, a leaf whose running total is wrong, the
-device's leaves out of order, another device's leaf).
+thing (a leaf altered, a charge dropped, a forked checkpoint, a proof in hex, a bad cosignature,
+a quorum not met, another log's key, a device that sent more, a leaf whose running total is
+wrong, the device's leaves out of order, another device's leaf).
 Each case carries the answer of :func:`dp_governor.api.client.verify_record`, word for word:
 another implementation (``devices/js``) must give the same.
 """
@@ -24,6 +24,7 @@ from dp_governor.api.schemas import DeviceRecord
 from dp_governor.budget.audit.tlog import charge_label, day_label
 from dp_governor.mechanisms.merkle import (
     NodeReader,
+    encode_hashes,
     inclusion_proof,
     leaf_hash,
     node_hash,
@@ -93,7 +94,7 @@ def _record(
             {
                 "index": i,
                 "leaf": texts[i],
-                "proof": [p.hex() for p in inclusion_proof(i, size, node)],
+                "proof": encode_hashes(inclusion_proof(i, size, node)),
             }
             for i in mine
         ],
@@ -154,6 +155,8 @@ def tlog() -> dict[str, Any]:
     forked["checkpoint"] = _note([(log, False)], forked_root, size)
     forged = copy.deepcopy(record)
     forged["checkpoint"] = _note([(forger, False)], root, size)
+    hex_proof = copy.deepcopy(record)
+    hex_proof["leaves"][1]["proof"] = [p.hex() for p in inclusion_proof(3, size, node)]
     bad_cosign = copy.deepcopy(record)
     head, _, sig_lines = note.rpartition("\n\n")
     lines = sig_lines.splitlines()
@@ -170,6 +173,7 @@ def tlog() -> dict[str, Any]:
         ("a charge dropped from the log", dropped, [], 0, None),
         ("a forked checkpoint", forked, [], 0, None),
         ("a checkpoint signed by another key under the log's name", forged, [], 0, None),
+        ("a proof in hex, not base64", hex_proof, [], 0, None),
         ("a bad cosignature", bad_cosign, [keys["witness"]], 1, None),
         ("the device sent more", record, [], 0,
          {"emoji": [3, 12_000_000], "quicktype": [1, 8_000_000]}),

@@ -407,7 +407,10 @@ export async function verifyRecord(record, log, options = {}) {
   const dayLabel = await labelOf(`day:${record.day}`);
   for (const item of record.leaves) {
     const data = encoder.encode(item.leaf);
-    const proof = item.proof.map((p) => fromHex(p));
+    const proof = item.proof.map((p) => fromBase64(p));
+    if (proof.some((p) => p === null || p.length !== 32)) {
+      return answer(`leaf ${item.index}'s proof is not base64 SHA-256 hashes`);
+    }
     if (!(await verifyInclusion(await leafHash(data), item.index, point.size, proof, point.root))) {
       return answer(`leaf ${item.index} is not in the signed tree (its proof fails)`);
     }

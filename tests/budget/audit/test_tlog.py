@@ -14,7 +14,10 @@ import pytest
 from sqlalchemy import text
 
 from dp_governor.budget import Ledger
+from dp_governor.budget.audit import tlog
+from dp_governor.budget.audit.log import Entry
 from dp_governor.budget.audit.tlog import charge_label, day_label
+from dp_governor.budget.storage.db import writer
 from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
 from dp_governor.mechanisms.signed_note import COSIGNATURE, Checkpoint, Signer
 from dp_governor.policies import PolicyUpdate
@@ -44,6 +47,22 @@ def test_every_audit_entry_is_a_leaf_under_a_signed_checkpoint(ledger: Ledger) -
         assert verify_inclusion(
             leaf_hash(receipt.leaf), receipt.index, got.size, receipt.proof, got.root
         )
+    verdict, _ = ledger.verify()
+    assert verdict.ok, verdict
+
+
+def test_a_backlog_is_signed_step_by_step(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step stores and signs what it computed: a backlog yields a checkpoint per step."""
+    monkeypatch.setattr(tlog, "STEP_SECONDS", 0.0)  # one chunk of 1,000 entries a step
+    entries = [Entry("admin", "note", {"i": i}) for i in range(2_500)]
+    with writer(ledger.engine).begin() as conn:
+        ledger.audit.append(conn, entries, now=NOW)
+    head, _ = ledger.audit.head()
+    point = ledger.tlog.sync()
+    assert point is not None and point.size == head
+    with ledger.engine.connect() as conn:
+        sizes = [int(r[0]) for r in conn.execute(text("SELECT size FROM tlog_checkpoints"))]
+    assert sorted(sizes) == [1_000, 2_000, head], sizes
     verdict, _ = ledger.verify()
     assert verdict.ok, verdict
 

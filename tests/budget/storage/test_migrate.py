@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Select, and_, inspect, text
 
 from dp_governor.budget import Ledger, init_db
 from dp_governor.budget.gate.prepared import device_key
+from dp_governor.budget.reporting.claims import logged_claim
 from dp_governor.budget.reporting.loss import device_loss, lifetime_rows
 from dp_governor.budget.storage.db import page_query
 from dp_governor.policies import PolicyUpdate
@@ -206,3 +207,36 @@ _INDEX_0012 = [
     "DROP INDEX ix_reports_part",
     "DROP INDEX ix_idempotency_day_key",
 ]
+
+
+def test_revision_0014_finds_a_days_claim_through_the_claims_index(ledger: Ledger) -> None:
+    """The claims' reads are ranges of the partial index ``ix_audit_log_claims`` (0013 -> 0014)."""
+    from alembic import command
+
+    from dp_governor.budget.audit.log import Entry
+    from dp_governor.budget.reporting.claims import CLAIM_ACTION, CLAIMS_SINCE, NEWEST_CLAIM
+    from dp_governor.budget.storage.db import writer
+    from dp_governor.budget.storage.schema import alembic_config
+
+    with writer(ledger.engine).begin() as conn:
+        conn.execute(text("DROP INDEX ix_audit_log_claims"))  # back to revision 0013
+        conn.execute(text("UPDATE alembic_version SET version_num = '0013'"))
+        ledger.audit.append(conn, [Entry("device:d", "charge", {"day": DAY})] * 50, now=NOW)
+        claim = {"inputs": {"use_case": "emoji", "day": DAY}}
+        ledger.audit.append(conn, [Entry("job:claims", CLAIM_ACTION, claim)], now=NOW)
+        command.upgrade(alembic_config(conn), "head")
+    indexes = {i["name"] for i in inspect(ledger.engine).get_indexes("audit_log")}
+    assert "ix_audit_log_claims" in indexes, indexes
+    for sql in (NEWEST_CLAIM, CLAIMS_SINCE.replace(":since", "'2026-11-23'")):
+        with ledger.engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                rows = conn.execute(text(f"EXPLAIN QUERY PLAN {sql}"))
+                plan = " ".join(str(r[-1]) for r in rows)
+            else:
+                conn.execute(text("SET LOCAL enable_seqscan = off"))
+                conn.execute(text("SET LOCAL enable_bitmapscan = off"))
+                plan = " ".join(str(r[0]) for r in conn.execute(text(f"EXPLAIN {sql}")))
+        assert "ix_audit_log_claims" in plan, plan
+        assert "TEMP B-TREE" not in plan and "Sort" not in plan, plan  # in index order
+    assert logged_claim(ledger, "emoji", DAY) == claim
+    assert logged_claim(ledger, "emoji", DAY - 1) is None  # the claim of another day
