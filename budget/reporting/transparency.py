@@ -5,9 +5,9 @@ on one day with nothing but the log's public key (``dp_governor.api.client.verif
 its label key, its leaves of that day with an inclusion proof against one signed checkpoint,
 and what the gate's account row holds for the day (reports and micro-epsilon per use case).
 The leaves are found by their labels: the device's charge ``n`` of a use case carries
-:func:`~dp_governor.budget.audit.tlog.charge_label` of ``n``, for ``n`` up to the gate's count
+:func:`~dp_governor.budget.audit.leaves.charge_label` of ``n``, for ``n`` up to the gate's count
 of the use case that day, and charges recorded before per-charge labels carry the day's
-:func:`~dp_governor.budget.audit.tlog.day_label`. A device that kept its own count of what it
+:func:`~dp_governor.budget.audit.leaves.day_label`. A device that kept its own count of what it
 sent compares the three: a charge it did not make, one dropped, or totals the gate used that
 differ from the leaves are all visible.
 """
@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from dp_governor.budget.audit.tlog import Receipt, charge_label, day_label
+from dp_governor.budget.audit.leaves import charge_label, day_label
+from dp_governor.budget.audit.tlog import Receipt
 from dp_governor.budget.ledger import Ledger
 
 __all__ = ["DeviceRecord", "device_record"]

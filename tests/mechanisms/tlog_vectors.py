@@ -21,7 +21,7 @@ import orjson
 
 from dp_governor.api.client import verify_record
 from dp_governor.api.schemas import DeviceRecord
-from dp_governor.budget.audit.tlog import charge_label, day_label
+from dp_governor.budget.audit.leaves import charge_label, day_label
 from dp_governor.mechanisms.merkle import (
     NodeReader,
     encode_hashes,

@@ -25,8 +25,8 @@ from dp_governor.api import wire
 from dp_governor.api.client import verify_record
 from dp_governor.api.schemas import DeviceRecord
 from dp_governor.budget import Ledger, utc_day
+from dp_governor.budget.audit.leaves import charge_label, day_label
 from dp_governor.budget.audit.log import Entry
-from dp_governor.budget.audit.tlog import charge_label, day_label
 from dp_governor.budget.gate.charge import BatchItem, charge_batch, charge_entry
 from dp_governor.budget.reporting.claims import (
     CLAIM_ACTION,

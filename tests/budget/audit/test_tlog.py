@@ -15,8 +15,8 @@ from sqlalchemy import text
 
 from dp_governor.budget import Ledger
 from dp_governor.budget.audit import tlog
+from dp_governor.budget.audit.leaves import charge_label, day_label
 from dp_governor.budget.audit.log import Entry
-from dp_governor.budget.audit.tlog import charge_label, day_label
 from dp_governor.budget.storage.db import writer
 from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
 from dp_governor.mechanisms.signed_note import COSIGNATURE, Checkpoint, Signer

@@ -1,0 +1,113 @@
+"""What the transparency log publishes of each audit entry, and the labels that hide its device.
+
+A leaf says no more than a third party may see (docs/transparency.md):
+
+- a charge: its UTC day (never a finer time), use case, policy version, epsilon, budget, the
+  device's micro-epsilon on the use case that day after the charge (``spent``) and a *label*
+  for this one charge, :func:`charge_label` of the charge's ordinal ``n`` among the device's
+  charges of the use case that day (``v: 2``). The device label key is ``HMAC-SHA256(label
+  secret, pseudonym)`` and the label secret is derived from the audit key. The device receives
+  its label key with its record and so finds its own leaves; without it, any two labels are
+  unrelated random strings. Charges recorded before per-charge labels (no ``n`` in their audit
+  entry) keep their version 1 leaf: one :func:`day_label` for all the device's charges of a
+  day. A refused decision is a leaf with its day and nothing else.
+- a policy version, a device-wide budget version, a published batch, a purge or a privacy
+  claim (:mod:`dp_governor.budget.reporting.claims`): the entry's data in full (public figures,
+  no device in them), its actor and its day.
+"""
+
+from __future__ import annotations
+
+import hmac
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+__all__ = ["charge_label", "day_label", "device_label_key", "leaf_of", "project"]
+
+_DAY_SECONDS = 86_400
+_SORTED = orjson.OPT_SORT_KEYS
+
+
+def device_label_key(label_secret: bytes, dk: str) -> bytes:
+    """The key a device's labels are made with: ``HMAC-SHA256(label secret, pseudonym)``."""
+    return hmac.digest(label_secret, b"device:" + dk.encode(), "sha256")
+
+
+def day_label(key: bytes, day: int) -> str:
+    """A device's label on ``day``: ``HMAC-SHA256(device label key, "day:<day>")[:16]``, hex.
+
+    >>> len(day_label(bytes(32), 20000)), day_label(bytes(32), 1) == day_label(bytes(32), 2)
+    (32, False)
+    """
+    return hmac.digest(key, f"day:{int(day)}".encode(), "sha256")[:16].hex()
+
+
+def charge_label(key: bytes, day: int, use_case: str, n: int) -> str:
+    """The label of a device's ``n``-th charge of ``use_case`` on ``day`` (a version 2 leaf).
+
+    ``HMAC-SHA256(device label key, "charge:<day>:<use case>:<n>")[:16]``, hex.
+
+    >>> charge_label(bytes(32), 1, "emoji", 1) == charge_label(bytes(32), 1, "emoji", 2)
+    False
+    """
+    return hmac.digest(key, f"charge:{int(day)}:{use_case}:{int(n)}".encode(), "sha256")[:16].hex()
+
+
+def _day_of(at: str) -> int:
+    """The UTC day number of an entry's ISO 8601 time."""
+    moment = datetime.fromisoformat(at)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() // _DAY_SECONDS)
+
+
+def leaf_of(label_secret: bytes, seq: int, at: str, actor: str, action: str, body: str) -> bytes:
+    """The public leaf of audit entry ``seq``: canonical JSON (sorted keys, no spaces), UTF-8."""
+    return project(label_secret, {}, seq, at, actor, action, body)[0]
+
+
+def project(
+    label_secret: bytes,
+    keys: dict[str, bytes],
+    seq: int,
+    at: str,
+    actor: str,
+    action: str,
+    body: str,
+) -> tuple[bytes, str | None]:
+    """:func:`leaf_of` and the leaf's label; ``keys`` caches device label keys by actor."""
+    data = orjson.loads(body)["data"]
+    leaf: dict[str, Any]
+    label = None
+    if action == "charge":
+        day = int(data["day"])
+        if data["accepted"]:
+            key = keys.get(actor)
+            if key is None:
+                key = keys[actor] = device_label_key(label_secret, actor.removeprefix("device:"))
+            leaf = {
+                "kind": "charge",
+                "use_case": data["use_case"],
+                "policy_version": data["policy_version"],
+                "epsilon_micro": data["epsilon_micro"],
+                "budget": data.get("budget"),
+            }
+            n = data.get("n")
+            if n is None:  # recorded before per-charge labels: the version 1 leaf
+                label = day_label(key, day)
+            else:
+                label = charge_label(key, day, data["use_case"], n)
+                leaf["spent"] = data["spent"]
+                leaf["v"] = 2
+            leaf["label"] = label
+        else:
+            leaf = {"kind": "refusal"}
+    elif actor.startswith("device:"):  # no other action names a device; never publish one
+        leaf, day = {"kind": action}, _day_of(at)
+    else:
+        leaf, day = {"kind": action, "actor": actor, "data": data}, _day_of(at)
+    leaf["day"] = day
+    leaf["seq"] = seq
+    return orjson.dumps(leaf, option=_SORTED), label
