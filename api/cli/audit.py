@@ -238,7 +238,11 @@ def audit_recompute(
         typer.Option(help="With --log: write each regenerated daily report into this folder."),
     ] = None,
 ) -> None:
-    """Recompute the effective-epsilon report from an export, or a log's claims (no database)."""
+    """Recompute the effective-epsilon report from an export, or a log's claims (no database).
+
+    The export is split by device into temporary files (under TMPDIR, about its own size), so
+    memory stays that of one part of it whatever the number of devices.
+    """
     if log is not None:
         if file is not None:
             refuse("give an export FILE or --log, not both")
@@ -246,11 +250,11 @@ def audit_recompute(
         return
     if file is None:
         refuse("give an export FILE (`dpgov audit export`) or --log URL_OR_FILE")
-    from dp_governor.budget.reporting.export import read_export, report_from_export
+    from dp_governor.budget.reporting.export import recompute
     from dp_governor.budget.reporting.report_text import render_text
 
     try:
-        report = report_from_export(read_export(file))
+        report = recompute(file)
     except OSError as exc:
         refuse(f"cannot read the export {str(file)!r}: {exc.strerror or exc}", 1)
     except ValueError as exc:
