@@ -1,7 +1,7 @@
 """Bulk ledger generator for the population benchmarks; prints a Markdown table.
 
 Usage: ``python -m benchmarks.scale [--devices 10000 100000 1000000] [--days 30]
-[--database-url URL] [--no-audit] [--reports] [--purge]``.
+[--database-url URL] [--no-audit] [--reports] [--purge] [--measure] [--recompute]``.
 
 Builds a ledger of ``--devices`` devices that report under Apple's default use cases
 (:mod:`dp_governor.policies.defaults`) for ``--days`` days, as the gate would have written it,
@@ -286,6 +286,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--measure", action="store_true", help="time the report and a what-if (own processes)"
     )
+    parser.add_argument(
+        "--recompute",
+        action="store_true",
+        help="export the ledger, then time recompute streamed and in memory (own processes)",
+    )
     parser.add_argument("--seed", type=int, default=33)
     args = parser.parse_args(argv)
     if args.days < 2 or min(args.devices) < 1:
@@ -296,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         " | purge s (CPU s) | purged charges | purged reports |"
     )
     print("|---" * 15 + "|")
+    recomputed: list[tuple[int, int, float, dict[str, tuple[float, float]]]] = []
     for n in args.devices:
         with database(args.database_url) as engine:
             ledger = Ledger(engine, SECRET)
@@ -315,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 figures = [
                     f"{done[op][i]:.{1 - i}f}" for op in ("report", "what-if") for i in (0, 1)
                 ]
+            if args.recompute:
+                recomputed.append((n, *measure_recompute(ledger, args.days)))
             purge_s, purged = "", ("", "")
             if args.purge:
                 purge_s, purged = _purge_half(ledger, args.days)
@@ -325,6 +333,55 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f" | {purge_s} | {purged[0]} | {purged[1]} |",
                 flush=True,
             )
+    if recomputed:
+        print(
+            "\n| devices | export MiB | export s | streamed CPU s | streamed RSS MiB"
+            " | in memory CPU s | in memory RSS MiB |"
+        )
+        print("|---" * 7 + "|")
+        for n, size, took, done in recomputed:
+            print(
+                f"| {n:,} | {size / 2**20:.0f} | {took:.1f}"
+                f" | {done['streamed'][0]:.1f} | {done['streamed'][1]:.0f}"
+                f" | {done['in memory'][0]:.1f} | {done['in memory'][1]:.0f} |"
+            )
+
+
+def _recomputed(path: str, operation: str, queue: Any) -> None:
+    """Recompute the report of the export at ``path`` (spawned); its CPU seconds and peak RSS."""
+    from dp_governor.budget.reporting.export import read_export, recompute, report_from_export
+
+    t0 = time.process_time()
+    if operation == "streamed":
+        recompute(Path(path))
+    else:
+        report_from_export(read_export(Path(path)))
+    queue.put((time.process_time() - t0, own_peak_rss_mib()))
+
+
+def measure_recompute(
+    ledger: Ledger, days: int
+) -> tuple[int, float, dict[str, tuple[float, float]]]:
+    """Export the ledger (size, seconds), then recompute it streamed and in memory, each alone."""
+    import multiprocessing
+
+    from dp_governor.budget.reporting.export import export_ledger
+
+    spawn = multiprocessing.get_context("spawn")
+    out = {}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DPGOV_SCALE_DIR")) as tmp:
+        path = Path(tmp) / "ledger.jsonl"
+        t0 = time.perf_counter()
+        with path.open("w", encoding="utf-8") as handle:
+            export_ledger(ledger, handle, fmt="jsonl", now=noon(FIRST_DAY + days - 1))
+        took = time.perf_counter() - t0
+        for operation in ("streamed", "in memory"):
+            queue = spawn.Queue()
+            process = spawn.Process(target=_recomputed, args=(str(path), operation, queue))
+            process.start()
+            process.join()
+            out[operation] = queue.get()
+        return path.stat().st_size, took, out
 
 
 def _measured(url: str, operation: str, queue: Any) -> None:
