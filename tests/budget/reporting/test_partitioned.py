@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,10 @@ def _open(url: str) -> Ledger:
     return Ledger(create_db_engine(url), scale.SECRET)
 
 
+def _record(seen: list[tuple[int, int]], n: int, total: int) -> None:
+    seen.append((n, total))
+
+
 def test_partitioned_report_equals_the_single_pass(engine: Engine) -> None:
     """A random ledger (half the history purged): every split gives the same report, bit for bit."""
     ledger = Ledger(engine, scale.SECRET)
@@ -58,7 +63,7 @@ def test_partitioned_report_equals_the_single_pass(engine: Engine) -> None:
             now=now,
             partitions=partitions,
             workers=workers,
-            done=lambda n, total: seen.append((n, total)),
+            done=functools.partial(_record, seen),
         )
         merged = finish_report(basis, accountant=ledger.accountant)
         assert merged.to_dict() == single.to_dict(), (partitions, workers)
@@ -72,10 +77,10 @@ def test_account_splits_cut_the_keys_into_equal_ranges(engine: Engine) -> None:
     keys = [dk for dk, _ in ledger.accounts()]
     splits = ledger.account_splits(4)
     assert splits == [keys[len(keys) * k // 4 - 1] for k in (1, 2, 3)]
-    bounds = ["", *splits, None]
+    bounds: list[str | None] = ["", *splits, None]
     parts = [
-        [dk for dk, _ in ledger.accounts(after=a, through=t)]  # type: ignore[arg-type]
-        for a, t in zip(bounds, bounds[1:], strict=False)
+        [dk for dk, _ in ledger.accounts(after=a or "", through=t)]
+        for a, t in itertools.pairwise(bounds)
     ]
     assert [dk for part in parts for dk in part] == keys
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
