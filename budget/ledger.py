@@ -534,8 +534,10 @@ class Ledger:
         for name, cutoff in sorted(horizons.items()):
             past = and_(_CHARGES.c.use_case == name, _CHARGES.c.day <= cutoff)
             order = (_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.id)
-            # by (day, id): a partitioned table looks in the row's day's partition only
-            deleted += delete_pages(self.engine, _CHARGES, order, past, rows, key=2)
+            # PostgreSQL by (day, id): a partitioned table looks in the row's day's partition
+            # only; SQLite by id, its primary key (a (day, id) list scans the whole table there)
+            key = 2 if self.engine.dialect.name == "postgresql" else 1
+            deleted += delete_pages(self.engine, _CHARGES, order, past, rows, key=key)
         days = self._prune_days(horizons, rows)
         ensure_partitions(self.engine, day, day + DAYS_AHEAD, job=True)  # the days ahead, daily
         return PurgeResult(deleted, days, idem)
