@@ -1,7 +1,8 @@
 """Bulk ledger generator for the population benchmarks; prints a Markdown table.
 
 Usage: ``python -m benchmarks.scale [--devices 10000 100000 1000000] [--days 30]
-[--database-url URL] [--no-audit] [--reports] [--purge]``.
+[--database-url URL] [--no-audit] [--reports] [--purge] [--measure] [--recompute]
+[--partitions P]``.
 
 Builds a ledger of ``--devices`` devices that report under Apple's default use cases
 (:mod:`dp_governor.policies.defaults`) for ``--days`` days, as the gate would have written it,
@@ -287,6 +288,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--measure", action="store_true", help="time the report and a what-if (own processes)"
     )
+    parser.add_argument(
+        "--recompute",
+        action="store_true",
+        help="export the ledger, then time recompute streamed and in memory (own processes)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=0,
+        help="time the report's pass single and over this many key ranges in as many processes",
+    )
     parser.add_argument("--seed", type=int, default=33)
     args = parser.parse_args(argv)
     if args.days < 2 or min(args.devices) < 1:
@@ -297,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         " | purge s (CPU s) | purged charges | purged reports |"
     )
     print("|---" * 15 + "|")
+    recomputed: list[tuple[int, int, float, dict[str, tuple[float, float]]]] = []
+    split: list[tuple[int, float, float]] = []
     for n in args.devices:
         with database(args.database_url) as engine:
             ledger = Ledger(engine, SECRET)
@@ -316,6 +330,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 figures = [
                     f"{done[op][i]:.{1 - i}f}" for op in ("report", "what-if") for i in (0, 1)
                 ]
+            if args.recompute:
+                recomputed.append((n, *measure_recompute(ledger, args.days)))
+            if args.partitions:
+                split.append((n, *measure_partitions(ledger, args.days, args.partitions)))
             purge_s, purged = "", ("", "")
             if args.purge:
                 purge_s, purged = _purge_half(ledger, args.days)
@@ -326,6 +344,90 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f" | {purge_s} | {purged[0]} | {purged[1]} |",
                 flush=True,
             )
+    if recomputed:
+        print(
+            "\n| devices | export MiB | export s | streamed CPU s | streamed RSS MiB"
+            " | in memory CPU s | in memory RSS MiB |"
+        )
+        print("|---" * 7 + "|")
+        for n, size, took, done in recomputed:
+            print(
+                f"| {n:,} | {size / 2**20:.0f} | {took:.1f}"
+                f" | {done['streamed'][0]:.1f} | {done['streamed'][1]:.0f}"
+                f" | {done['in memory'][0]:.1f} | {done['in memory'][1]:.0f} |"
+            )
+    if split:
+        ranges = f"{args.partitions} ranges (s, wall)"
+        print(f"\n| devices | report pass, one process (s, wall) | {ranges} |")
+        print("|---" * 3 + "|")
+        for n, single, parallel in split:
+            print(f"| {n:,} | {single:.1f} | {parallel:.1f} |")
+
+
+def _open(url: str) -> Ledger:
+    """The generated ledger at ``url``, opened in a worker of the partitioned pass."""
+    return Ledger(create_db_engine(url), SECRET)
+
+
+def measure_partitions(ledger: Ledger, days: int, partitions: int) -> tuple[float, float]:
+    """Wall seconds of the report's pass in this process, then over ``partitions`` processes."""
+    import functools
+
+    from dp_governor.budget.reporting.loss import effective_epsilon_basis
+    from dp_governor.budget.reporting.partitioned import partitioned_basis
+
+    now = noon(FIRST_DAY + days - 1)
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    t0 = time.perf_counter()
+    single = effective_epsilon_basis(ledger, now=now)
+    t1 = time.perf_counter()
+    merged = partitioned_basis(
+        ledger,
+        functools.partial(_open, url),
+        now=now,
+        partitions=partitions,
+        workers=partitions,
+    )
+    t2 = time.perf_counter()
+    assert merged == single, "the partitioned pass differs from the single one"
+    return t1 - t0, t2 - t1
+
+
+def _recomputed(path: str, operation: str, queue: Any) -> None:
+    """Recompute the report of the export at ``path`` (spawned); its CPU seconds and peak RSS."""
+    from dp_governor.budget.reporting.export import read_export, recompute, report_from_export
+
+    t0 = time.process_time()
+    if operation == "streamed":
+        recompute(Path(path))
+    else:
+        report_from_export(read_export(Path(path)))
+    queue.put((time.process_time() - t0, own_peak_rss_mib()))
+
+
+def measure_recompute(
+    ledger: Ledger, days: int
+) -> tuple[int, float, dict[str, tuple[float, float]]]:
+    """Export the ledger (size, seconds), then recompute it streamed and in memory, each alone."""
+    import multiprocessing
+
+    from dp_governor.budget.reporting.export import export_ledger
+
+    spawn = multiprocessing.get_context("spawn")
+    out = {}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DPGOV_SCALE_DIR")) as tmp:
+        path = Path(tmp) / "ledger.jsonl"
+        t0 = time.perf_counter()
+        with path.open("w", encoding="utf-8") as handle:
+            export_ledger(ledger, handle, fmt="jsonl", now=noon(FIRST_DAY + days - 1))
+        took = time.perf_counter() - t0
+        for operation in ("streamed", "in memory"):
+            queue = spawn.Queue()
+            process = spawn.Process(target=_recomputed, args=(str(path), operation, queue))
+            process.start()
+            process.join()
+            out[operation] = queue.get()
+        return path.stat().st_size, took, out
 
 
 def _measured(url: str, operation: str, queue: Any) -> None:
@@ -371,15 +473,30 @@ def measure(url: str, days: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _purge_half(ledger: Ledger, days: int) -> tuple[str, tuple[str, str]]:
-    """The retention purge on the last day (retention: half the days), timed."""
+def _purged(url: str, days: int, queue: Any) -> None:
+    """The retention purge on the last day (spawned: its CPU time is its own), timed."""
     from dp_governor.pipeline.purge import purge
 
+    engine = create_db_engine(url)
     now = noon(FIRST_DAY + days - 1)
     t0, cpu = time.perf_counter(), time.process_time()
-    result = purge(ledger, now=now)
-    took = f"{time.perf_counter() - t0:.1f} ({time.process_time() - cpu:.1f})"
-    return took, (f"{result['charges']:,}", f"{result['reports']:,}")
+    result = purge(Ledger(engine, SECRET), now=now)
+    queue.put((time.perf_counter() - t0, time.process_time() - cpu, result))
+    engine.dispose()
+
+
+def _purge_half(ledger: Ledger, days: int) -> tuple[str, tuple[str, str]]:
+    """The retention purge on the last day (retention: half the days) in its own process."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    queue = spawn.Queue()
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    process = spawn.Process(target=_purged, args=(url, days, queue))
+    process.start()
+    wall, cpu, result = queue.get()
+    process.join()
+    return f"{wall:.1f} ({cpu:.1f})", (f"{result['charges']:,}", f"{result['reports']:,}")
 
 
 if __name__ == "__main__":

@@ -390,15 +390,20 @@ class Ledger:
         return None if row is None else decode(*row)
 
     def accounts(
-        self, *, expired_by: int | None = None, chunk: int = 20_000
+        self,
+        *,
+        expired_by: int | None = None,
+        chunk: int = 20_000,
+        after: str = "",
+        through: str | None = None,
     ) -> Iterator[tuple[str, AccountState]]:
-        """Every ``(device key, state)`` in key order; ``expired_by`` filters.
+        """Every ``(device key, state)`` in key order; ``expired_by`` and the key range filter.
 
-        ``expired_by`` keeps the accounts that hold that day or an earlier one. Each chunk is
-        its own short read (keyset pagination), so a scan of a large ledger never holds a
-        snapshot, or on SQLite a reader, for its whole length.
+        ``expired_by`` keeps the accounts that hold that day or an earlier one; ``after`` and
+        ``through`` keep the keys in ``(after, through]`` (a partition of
+        :meth:`account_splits`). Each chunk is its own short read (keyset pagination), so a scan
+        of a large ledger never holds a snapshot, or on SQLite a reader, for its whole length.
         """
-        after = ""
         c = _ACCOUNTS.c
         read = 0
         while True:
@@ -408,6 +413,8 @@ class Ledger:
                 .order_by(c.device_key)
                 .limit(chunk)
             )
+            if through is not None:
+                query = query.where(c.device_key <= through)
             if expired_by is not None:
                 query = query.where(c.oldest_day <= expired_by)
             with self.engine.connect() as conn:  # the driver's tuples: no Row objects per row
@@ -420,6 +427,25 @@ class Ledger:
             if len(rows) < chunk:
                 return
             after = str(rows[-1][0])
+
+    def account_splits(self, parts: int) -> list[str]:
+        """Device keys that split the accounts into ``parts`` ranges of nearly equal size.
+
+        The ``k``-th of the ``parts - 1`` keys is the last of the first ``k/parts`` of the
+        accounts in key order; fewer when there are fewer accounts than parts. With ``""``
+        before and ``None`` after, consecutive keys bound :meth:`accounts`'s ``(after, through]``.
+        """
+        total = self.account_count()
+        c = _ACCOUNTS.c
+        offsets = sorted({total * k // parts - 1 for k in range(1, parts)} - {-1})
+        splits: list[str] = []
+        with self.engine.connect() as conn:
+            for offset in offsets:  # each one reads the key index up to it
+                query = select(c.device_key).order_by(c.device_key).offset(offset).limit(1)
+                key = conn.execute(query).scalar_one_or_none()
+                if key is not None:
+                    splits.append(str(key))
+        return splits
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -508,8 +534,10 @@ class Ledger:
         for name, cutoff in sorted(horizons.items()):
             past = and_(_CHARGES.c.use_case == name, _CHARGES.c.day <= cutoff)
             order = (_CHARGES.c.use_case, _CHARGES.c.day, _CHARGES.c.id)
-            # by (day, id): a partitioned table looks in the row's day's partition only
-            deleted += delete_pages(self.engine, _CHARGES, order, past, rows, key=2)
+            # PostgreSQL by (day, id): a partitioned table looks in the row's day's partition
+            # only; SQLite by id, its primary key (a (day, id) list scans the whole table there)
+            key = 2 if self.engine.dialect.name == "postgresql" else 1
+            deleted += delete_pages(self.engine, _CHARGES, order, past, rows, key=key)
         days = self._prune_days(horizons, rows)
         ensure_partitions(self.engine, day, day + DAYS_AHEAD, job=True)  # the days ahead, daily
         return PurgeResult(deleted, days, idem)

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, TextIO, cast
+from typing import TYPE_CHECKING, Annotated, TextIO, cast
 
 import typer
 
@@ -19,6 +19,11 @@ from dp_governor.api.cli.common import (
     open_ledger,
     refuse,
 )
+
+if TYPE_CHECKING:
+    from dp_governor.api.settings import Settings
+    from dp_governor.budget.ledger import Ledger
+    from dp_governor.budget.reporting.report import EffectiveEpsilonReport
 
 app = typer.Typer(help="Verify and export the audit log.", no_args_is_help=True)
 QuietOption = Annotated[
@@ -107,23 +112,44 @@ def audit_report(
     delta: Annotated[
         float | None, typer.Option(help="Delta of the tight bounds (default: the policies').")
     ] = None,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Split the devices into this many key ranges, each read in a process of its"
+            " own; the results merge exactly.",
+        ),
+    ] = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, help="Processes at once with --partitions (default: the CPUs)."),
+    ] = None,
     database_url: DatabaseOption = None,
     quiet: QuietOption = False,
 ) -> None:
     """The effective-epsilon report: what each policy allows and what devices spent.
 
-    On stderr: the devices read (a bar on a terminal, a line per tenth in a log), then the
-    bounds' time; ``--quiet``: none of it.
+    On stderr: the devices read (a bar on a terminal, a line per tenth in a log), or with
+    ``--partitions`` the ranges finished, then the bounds' time; ``--quiet``: none of it.
     """
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.loss import effective_epsilon
-    from dp_governor.budget.reporting.report_text import render_text
 
     if delta is not None and not 0 < delta < 1:
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
         raise typer.Exit(2)
-    ledger = open_ledger(load_settings(database_url))  # a refusal: one line, no progress
+    if workers is not None and partitions == 1:
+        refuse("--workers needs --partitions (more than 1)")
+    settings = load_settings(database_url)
+    ledger = open_ledger(settings)  # a refusal: one line, no progress
     sink = io.StringIO() if quiet else None
+    if partitions > 1:
+        try:
+            report = _partitioned_report(ledger, settings, partitions, workers, delta, sink)
+        finally:
+            ledger.close()
+        _print_report(report, as_json)
+        return
     try:
         with (
             Progress("audit report: every device's spend", "devices", stream=sink) as bar,
@@ -147,10 +173,54 @@ def audit_report(
             report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
     finally:
         ledger.close()
+    _print_report(report, as_json)
+
+
+def _print_report(report: EffectiveEpsilonReport, as_json: bool) -> None:
+    """The report on stdout: JSON or the text table."""
+    from dp_governor.budget.reporting.report_text import render_text
+
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
         typer.echo(render_text(report), nl=False)
+
+
+def _partitioned_report(
+    ledger: Ledger,
+    settings: Settings,
+    partitions: int,
+    workers: int | None,
+    delta: float | None,
+    sink: TextIO | None,
+) -> EffectiveEpsilonReport:
+    """``audit report --partitions``: the key ranges' passes in worker processes, merged."""
+    import functools
+    import os
+
+    from dp_governor.budget import SystemClock
+    from dp_governor.budget.reporting.partitioned import PoliciesChanged, partitioned_basis
+    from dp_governor.budget.reporting.report import finish_report
+
+    with (
+        Progress("audit report: key ranges", "ranges", stream=sink) as bar,
+        Stages("audit report", stream=sink) as stages,
+    ):
+        bar(0, partitions)
+        try:
+            basis = partitioned_basis(
+                ledger,
+                functools.partial(open_ledger, settings),
+                now=SystemClock().now(),
+                partitions=partitions,
+                workers=workers or os.cpu_count() or 1,
+                done=bar,
+            )
+        except PoliciesChanged as exc:
+            refuse(str(exc), 1)
+        bar.close()
+        stages("the bounds of every policy")
+        return finish_report(basis, accountant=ledger.accountant, delta=delta)
 
 
 @app.command("export")
@@ -238,7 +308,11 @@ def audit_recompute(
         typer.Option(help="With --log: write each regenerated daily report into this folder."),
     ] = None,
 ) -> None:
-    """Recompute the effective-epsilon report from an export, or a log's claims (no database)."""
+    """Recompute the effective-epsilon report from an export, or a log's claims (no database).
+
+    The export is split by device into temporary files (under TMPDIR, about its own size), so
+    memory stays that of one part of it whatever the number of devices.
+    """
     if log is not None:
         if file is not None:
             refuse("give an export FILE or --log, not both")
@@ -246,19 +320,15 @@ def audit_recompute(
         return
     if file is None:
         refuse("give an export FILE (`dpgov audit export`) or --log URL_OR_FILE")
-    from dp_governor.budget.reporting.export import read_export, report_from_export
-    from dp_governor.budget.reporting.report_text import render_text
+    from dp_governor.budget.reporting.export import recompute
 
     try:
-        report = report_from_export(read_export(file))
+        report = recompute(file)
     except OSError as exc:
         refuse(f"cannot read the export {str(file)!r}: {exc.strerror or exc}", 1)
     except ValueError as exc:
         refuse(f"{str(file)!r} is not a ledger export (`dpgov audit export`): {exc}", 1)
-    if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        typer.echo(render_text(report), nl=False)
+    _print_report(report, as_json)
 
 
 def _recompute_log(

@@ -8,8 +8,9 @@ removed: a charge on or before it no longer counts in any window). Device keys a
 pseudonyms; no device id or report is exported. CSV carries the same records with one column per
 field (``json`` holds meta and policy records).
 
-:func:`report_from_export` reads an export back and runs
-:func:`dp_governor.budget.reporting.report.build_report` on it, exactly as
+:func:`report_from_export` runs :func:`dp_governor.budget.reporting.report.build_report` on an
+export read back into memory (:func:`read_export`), and :func:`recompute` computes the same report
+from the file in memory bounded by a bucket of it, exactly as
 :func:`dp_governor.budget.reporting.loss.effective_epsilon` does on the live tables: a charge counts
 in its use case's window when ``horizon < day`` and ``as_of - retention < day <= as_of`` (the
 retention of the use case's latest version), with the group size of the policy version it was
@@ -21,24 +22,41 @@ retired use cases count in the device totals.
 from __future__ import annotations
 
 import csv
+import tempfile
+import zlib
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Final, Literal, TextIO
 
 import orjson
 
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.privacy.accountant import Accountant
 from dp_governor.budget.reporting.loss import lifetime_rows
-from dp_governor.budget.reporting.report import EffectiveEpsilonReport, Row, build_report
+from dp_governor.budget.reporting.population import SpendPass
+from dp_governor.budget.reporting.report import (
+    EffectiveEpsilonReport,
+    Row,
+    basis_of,
+    build_report,
+    finish_report,
+)
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.rule.state import ANY_BUDGET
 from dp_governor.policies.model import Policy
 
-__all__ = ["FORMAT", "LedgerExport", "export_ledger", "read_export", "report_from_export"]
+__all__ = [
+    "FORMAT",
+    "LedgerExport",
+    "export_ledger",
+    "read_export",
+    "recompute",
+    "report_from_export",
+]
 
 FORMAT = "dp-governor ledger export v3"
 # v1 lifetime records had no group size: read back with their use case's latest one, as v1's
@@ -46,6 +64,8 @@ FORMAT = "dp-governor ledger export v3"
 # ever drew from counts them, as the ledger's slots of that time
 READABLE = (FORMAT, "dp-governor ledger export v2", "dp-governor ledger export v1")
 Format = Literal["jsonl", "csv"]
+BUCKET_BYTES: Final = 64 << 20  # export text a bucket of the streamed recompute
+MAX_BUCKETS: Final = 1024  # open files at once
 CSV_FIELDS = [
     "kind",
     "device_key",
@@ -153,22 +173,30 @@ def _parse(path: Path) -> Iterator[dict[str, Any]]:
                     yield orjson.loads(line)
 
 
-def read_export(path: Path) -> LedgerExport:
-    """Read a JSON Lines or CSV export; raises ``ValueError`` naming a bad line's problem."""
-    export: LedgerExport | None = None
+Charge = tuple[str, str, int, int, int, str]  # device, use case, version, micro-eps, day, budget
+
+
+def _typed(path: Path, export: LedgerExport) -> Iterator[tuple[str, Charge]]:
+    """The export's charge and lifetime records, typed; fills ``export``'s other parts as read.
+
+    Raises ``ValueError`` naming a bad record's number and problem.
+    """
+    started = False
     for n, record in enumerate(_parse(path), start=1):
         kind = record.get("kind")
-        if export is None:
+        if not started:
             if kind != "meta" or record.get("format") not in READABLE:
                 raise ValueError(f"{path}: not a {FORMAT!r} file (line 1)")
-            export = LedgerExport(meta=record)
+            export.meta = record
+            started = True
             continue
         try:
             if kind == "policy":
                 data = {k: v for k, v in record.items() if k != "kind"}
                 export.policies.append(Policy.model_validate(data))
             elif kind == "charge":
-                export.charges.append(
+                yield (
+                    "charge",
                     (
                         str(record["device_key"]),
                         str(record["use_case"]),
@@ -176,18 +204,22 @@ def read_export(path: Path) -> LedgerExport:
                         int(record["epsilon_micro"]),
                         int(record["day"]),
                         str(record.get("budget", ANY_BUDGET)),
-                    )
+                    ),
                 )
             elif kind == "lifetime":
-                export.lifetime.append(
+                group = int(record.get("group_size", 0))  # 0: v1, filled in by _grouped
+                if group == 0 and export.meta["format"] != READABLE[-1]:  # only v1 lacks it
+                    raise ValueError("a lifetime record has no group_size")
+                yield (
+                    "lifetime",
                     (
                         str(record["device_key"]),
                         str(record["use_case"]),
                         int(record["epsilon_micro"]),
-                        int(record.get("group_size", 0)),  # 0: v1, filled in below
+                        group,
                         int(record["count"]),
                         str(record.get("budget", ANY_BUDGET)),
-                    )
+                    ),
                 )
             elif kind == "horizon":
                 export.horizons[str(record["use_case"])] = int(record["through_day"])
@@ -195,34 +227,46 @@ def read_export(path: Path) -> LedgerExport:
                 raise ValueError(f"unknown kind {kind!r}")
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{path}: record {n}: {exc}") from None
-    if export is None:
+    if not started:
         raise ValueError(f"{path}: empty export")
-    if any(row[3] == 0 for row in export.lifetime):
-        if export.meta["format"] != READABLE[-1]:  # only v1 records lack it
-            raise ValueError(f"{path}: a lifetime record has no group_size")
-        latest = {p.name: p.group_size for p in export.current_policies()}
-        export.lifetime = [
-            (dk, uc, eps, group or latest.get(uc, 1), n, b)
-            for dk, uc, eps, group, n, b in export.lifetime
-        ]
+
+
+def _grouped(export: LedgerExport, lifetime: list[Row]) -> list[Row]:
+    """``lifetime`` with a v1 record's missing group size: its use case's latest one."""
+    if all(row[3] for row in lifetime):
+        return lifetime
+    latest = {p.name: p.group_size for p in export.current_policies()}
+    return [
+        (dk, uc, eps, group or latest.get(uc, 1), n, b) for dk, uc, eps, group, n, b in lifetime
+    ]
+
+
+def read_export(path: Path) -> LedgerExport:
+    """Read a JSON Lines or CSV export into memory; raises ``ValueError`` naming a bad record."""
+    export = LedgerExport(meta={})
+    for kind, row in _typed(path, export):
+        if kind == "charge":
+            export.charges.append(row)
+        else:
+            export.lifetime.append(row)
+    export.lifetime = _grouped(export, export.lifetime)
     return export
 
 
-def report_from_export(
-    export: LedgerExport, *, accountant: Accountant | None = None, delta: float | None = None
-) -> EffectiveEpsilonReport:
-    """The effective-epsilon report of an export, as of its own day.
+def _spend(export: LedgerExport, charges: Iterable[Charge], lifetime: Iterable[Row]) -> list[Row]:
+    """The window rows of the devices whose charges and lifetime records are given, by device.
 
-    Raises ``ValueError`` naming a charge whose policy version the export does not hold.
+    Every record of a device must be given (any set of whole devices: a bucket of
+    :func:`recompute` or the whole export). Raises ``ValueError`` naming a charge whose policy
+    version the export does not hold.
     """
     day = int(export.meta["as_of_day"])
-    book = PolicyBook.build(export.policies, export.horizons)
-    retention = book.retention()
+    retention = PolicyBook.build(export.policies, export.horizons).retention()
     group_size = {(p.name, p.version): p.group_size for p in export.policies}
     window: dict[tuple[str, str, int, int, str], int] = defaultdict(int)
     held: dict[tuple[str, str, int, int, str], int] = defaultdict(int)
     held_all: dict[tuple[str, str, int, int], int] = defaultdict(int)
-    for dk, use_case, policy_version, eps, charge_day, budget in export.charges:
+    for dk, use_case, policy_version, eps, charge_day, budget in charges:
         group = group_size.get((use_case, policy_version))
         if group is None:
             raise ValueError(
@@ -237,7 +281,7 @@ def report_from_export(
             window[(dk, use_case, eps, group, budget)] += 1
     ever: dict[tuple[str, str, int, int, str], int] = defaultdict(int)
     own: dict[tuple[str, str, int, int], int] = defaultdict(int)  # held in a budget's own slot
-    for dk, use_case, eps, group, n, budget in export.lifetime:
+    for dk, use_case, eps, group, n, budget in lifetime:
         ever[(dk, use_case, eps, group, budget)] += n
         if budget != ANY_BUDGET:
             own[(dk, use_case, eps, group)] += held.get((dk, use_case, eps, group, budget), 0)
@@ -253,12 +297,75 @@ def report_from_export(
             missing = n - max(0, mine)
             if missing > 0:  # the window reaches back past the horizon: undated spend
                 window[slot] += missing
+    return [(dk, uc, eps, g, n, b) for (dk, uc, eps, g, b), n in sorted(window.items())]
+
+
+def report_from_export(
+    export: LedgerExport, *, accountant: Accountant | None = None, delta: float | None = None
+) -> EffectiveEpsilonReport:
+    """The effective-epsilon report of an export held in memory, as of its own day.
+
+    Raises ``ValueError`` naming a charge whose policy version the export does not hold.
+    """
     return build_report(
-        book,
-        day,
-        ((dk, uc, eps, g, n, b) for (dk, uc, eps, g, b), n in sorted(window.items())),
+        PolicyBook.build(export.policies, export.horizons),
+        int(export.meta["as_of_day"]),
+        _spend(export, export.charges, export.lifetime),
         export.lifetime,
         accountant=accountant or Accountant(),
         delta=delta,
         computed_at=export.meta.get("as_of"),
     )
+
+
+def recompute(
+    path: Path,
+    *,
+    accountant: Accountant | None = None,
+    delta: float | None = None,
+    bucket_bytes: int = BUCKET_BYTES,
+) -> EffectiveEpsilonReport:
+    """The report of the export at ``path``, equal to :func:`report_from_export`'s, streamed.
+
+    One read of the file splits the charge and lifetime records by a hash of the device key
+    into temporary files of about ``bucket_bytes`` of export each (at most :data:`MAX_BUCKETS`),
+    so every device's records land in one bucket; each bucket is then read alone and folded into
+    its own passes (:class:`dp_governor.budget.reporting.population.SpendPass`), which merge
+    exactly. Memory is one bucket's, not the export's. Raises ``ValueError`` as
+    :func:`read_export` and :func:`report_from_export` do.
+    """
+    size = path.stat().st_size
+    buckets = max(1, min(MAX_BUCKETS, -(-size // bucket_bytes)))
+    export = LedgerExport(meta={})
+    with tempfile.TemporaryDirectory(prefix="dpgov-recompute-") as tmp:  # mode 0700
+        files = [(Path(tmp) / f"{i:04d}").open("wb") for i in range(buckets)]
+        try:
+            for kind, row in _typed(path, export):
+                files[zlib.crc32(row[0].encode()) % buckets].write(
+                    orjson.dumps([kind == "charge", row]) + b"\n"
+                )
+        finally:
+            for handle in files:
+                handle.close()
+        book = PolicyBook.build(export.policies, export.horizons)
+        window, ever = SpendPass(book), SpendPass(book)
+        for i in range(buckets):
+            charges: list[Charge] = []
+            lifetime: list[Row] = []
+            with (Path(tmp) / f"{i:04d}").open("rb") as part:
+                for line in part:
+                    is_charge, row = orjson.loads(line)
+                    (charges if is_charge else lifetime).append(tuple(row))
+            rows = _spend(export, charges, lifetime)
+            lifetime = sorted(_grouped(export, lifetime), key=itemgetter(0))
+            window.merge(SpendPass(book).add(rows).finish())
+            ever.merge(SpendPass(book).add(lifetime).finish())
+            del charges, lifetime, rows
+    basis = basis_of(
+        book,
+        int(export.meta["as_of_day"]),
+        window.finish(),
+        ever.finish(),
+        computed_at=export.meta.get("as_of"),
+    )
+    return finish_report(basis, accountant=accountant or Accountant(), delta=delta)

@@ -138,18 +138,22 @@ def spend_passes(
     books: Sequence[PolicyBook],
     chunk: int = ACCOUNTS_CHUNK,
     observe: Callable[[AccountState], None] | None = None,
+    after: str = "",
+    through: str | None = None,
 ) -> list[tuple[SpendPass, SpendPass]]:
     """One streaming scan of the accounts into a (window, lifetime) pass per book; finished.
 
     The accounts are read ``chunk`` at a time in key order and each device's rows folded in at
     once, so memory does not grow with the ledger (:mod:`dp_governor.budget.reporting.population`).
     The rows are :func:`window_rows` and :func:`lifetime_rows` under the ledger's own book;
-    ``observe`` sees each account's state too (what-if counts its devices in the same scan).
+    ``observe`` sees each account's state too (what-if counts its devices in the same scan);
+    ``after`` and ``through`` restrict the scan to one range of device keys
+    (:meth:`dp_governor.budget.ledger.Ledger.accounts`).
     """
     book, day = ledger.book(), utc_day(now)
     retention = book.retention()
     passes = [(SpendPass(b), SpendPass(b)) for b in books]
-    for dk, state in ledger.accounts(chunk=chunk):
+    for dk, state in ledger.accounts(chunk=chunk, after=after, through=through):
         window = list(_rows(dk, window_counts(state, day, retention, book.horizons)))
         lifetime = list(_rows(dk, lifetime_counts(state)))
         for in_window, ever in passes:

@@ -42,7 +42,12 @@ from dp_governor.budget import (
     init_db,
     utc_day,
 )
-from dp_governor.budget.reporting.export import export_ledger, read_export, report_from_export
+from dp_governor.budget.reporting.export import (
+    export_ledger,
+    read_export,
+    recompute,
+    report_from_export,
+)
 from dp_governor.budget.reporting.loss import device_loss, effective_epsilon
 from dp_governor.budget.rule.decide import check
 from dp_governor.budget.rule.state import AccountState
@@ -433,6 +438,8 @@ class MembershipMachine(RuleBasedStateMachine):
         with path.open("w", encoding="utf-8") as out:
             export_ledger(self.ledger, out, fmt="jsonl", now=self.now)
         assert report_from_export(read_export(path)).to_dict() == live.to_dict()
+        # streamed, split into buckets of a few records each: the same report
+        assert recompute(path, bucket_bytes=600).to_dict() == live.to_dict()
         totals: dict[str, int] = defaultdict(int)
         for c in self.log:
             totals[c.device] += c.eps * c.group

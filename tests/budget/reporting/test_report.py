@@ -11,7 +11,12 @@ import pytest
 from dp_governor.budget import Ledger
 from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.budget.privacy.accountant import Accountant
-from dp_governor.budget.reporting.export import export_ledger, read_export, report_from_export
+from dp_governor.budget.reporting.export import (
+    export_ledger,
+    read_export,
+    recompute,
+    report_from_export,
+)
 from dp_governor.budget.reporting.loss import (
     device_loss,
     effective_epsilon,
@@ -117,6 +122,8 @@ def test_the_report_recomputes_from_an_export(ledger: Ledger, fmt: str, tmp_path
     assert len(export.policies) == 8  # seven defaults and emoji's second version
     again = report_from_export(export, accountant=Accountant()).to_dict()
     assert again == live
+    for bucket_bytes in (1 << 20, 2_000, 300):  # one bucket, a few, one or two devices each
+        assert recompute(path, bucket_bytes=bucket_bytes).to_dict() == live
     assert '"d0"' not in buffer.getvalue() and ledger.device_key("d0") in buffer.getvalue()
 
 
@@ -132,6 +139,8 @@ def test_a_broken_export_is_refused_with_its_line(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="record 2"):
         read_export(bad)
+    with pytest.raises(ValueError, match="record 2"):
+        recompute(bad)
 
 
 def _policy(name: str, **fields: object) -> PolicyCreate:
@@ -268,6 +277,8 @@ def test_a_v1_export_is_read_with_the_group_sizes_it_was_computed_with(tmp_path:
     path.write_text(path.read_text().replace("export v1", "export v2"), encoding="utf-8")
     with pytest.raises(ValueError, match="no group_size"):
         read_export(path)
+    with pytest.raises(ValueError, match="no group_size"):
+        recompute(path)
 
 
 def test_the_report_is_the_same_from_its_basis_at_any_delta(ledger: Ledger) -> None:

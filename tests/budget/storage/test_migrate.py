@@ -240,3 +240,37 @@ def test_revision_0014_finds_a_days_claim_through_the_claims_index(ledger: Ledge
         assert "TEMP B-TREE" not in plan and "Sort" not in plan, plan  # in index order
     assert logged_claim(ledger, "emoji", DAY) == claim
     assert logged_claim(ledger, "emoji", DAY - 1) is None  # the claim of another day
+
+
+def test_the_purge_deletes_charges_through_an_index_not_a_scan(ledger: Ledger) -> None:
+    """Each page's DELETE finds its rows by key: a scan per page made the purge quadratic."""
+    from datetime import timedelta
+
+    from sqlalchemy import event
+
+    for back in (40, 39, 1):
+        for device in ("a", "b", "c"):
+            ledger.charge(device, "emoji", now=NOW - timedelta(days=back))
+    deletes: list[tuple[str, Any]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if statement.lstrip().upper().startswith("DELETE FROM CHARGES"):
+            deletes.append((statement, params))
+
+    event.listen(ledger.engine, "before_cursor_execute", seen)
+    try:
+        assert ledger.purge(now=NOW + timedelta(days=60), rows=2).charges >= 4  # pages of 2
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", seen)
+    assert deletes
+    if ledger.engine.dialect.name != "sqlite":
+        return  # PostgreSQL: the (day, id) pairs pick each row's day's partition
+    raw = ledger.engine.raw_connection()
+    try:
+        for statement, params in deletes:
+            plan = " ".join(
+                str(r[-1]) for r in raw.execute(f"EXPLAIN QUERY PLAN {statement}", params)
+            )
+            assert "SCAN charges" not in plan and "PRIMARY KEY" in plan, plan
+    finally:
+        raw.close()

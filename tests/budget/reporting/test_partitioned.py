@@ -1,0 +1,119 @@
+"""The report's pass over key ranges in worker processes merges into the single pass, exactly."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from typer.testing import CliRunner
+
+from benchmarks import scale
+from dp_governor.api.app import create_app
+from dp_governor.api.cli import app
+from dp_governor.budget import Ledger, create_db_engine
+from dp_governor.budget.reporting.loss import effective_epsilon_basis
+from dp_governor.budget.reporting.partitioned import partitioned_basis
+from dp_governor.budget.reporting.report import finish_report
+from dp_governor.pipeline.purge import purge
+from tests.conftest import BACKENDS, make_engine
+from tests.live import app_settings
+
+DAYS = 12
+TOKEN = "partitions-admin-token-partitions-0123"
+
+
+@pytest.fixture(params=BACKENDS)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """A fresh database of one backend."""
+    yield from make_engine(request.param, tmp_path)
+
+
+def _open(url: str) -> Ledger:
+    """The generated ledger at ``url``, opened in a worker process."""
+    return Ledger(create_db_engine(url), scale.SECRET)
+
+
+def _record(seen: list[tuple[int, int]], n: int, total: int) -> None:
+    seen.append((n, total))
+
+
+def test_partitioned_report_equals_the_single_pass(engine: Engine) -> None:
+    """A random ledger (half the history purged): every split gives the same report, bit for bit."""
+    ledger = Ledger(engine, scale.SECRET)
+    rng = np.random.default_rng(1)
+    devices = int(rng.integers(150, 400))
+    scale.build(ledger, devices=devices, days=DAYS, rng=rng, retention_days=DAYS // 2)
+    now = scale.noon(scale.FIRST_DAY + DAYS - 1)
+    purge(ledger, now=now)  # horizons inside some windows: undated spend counts too
+    single = finish_report(effective_epsilon_basis(ledger, now=now), accountant=ledger.accountant)
+    assert single.totals.spent_lifetime.devices > devices // 2
+    url = engine.url.render_as_string(hide_password=False)
+    for partitions, workers in ((1, 1), (7, 2), (devices * 2, 2)):
+        seen: list[tuple[int, int]] = []
+        basis = partitioned_basis(
+            ledger,
+            functools.partial(_open, url),
+            now=now,
+            partitions=partitions,
+            workers=workers,
+            done=functools.partial(_record, seen),
+        )
+        merged = finish_report(basis, accountant=ledger.accountant)
+        assert merged.to_dict() == single.to_dict(), (partitions, workers)
+        ranges = min(partitions, single.totals.spent_lifetime.devices)
+        assert seen == [(n, ranges) for n in range(1, ranges + 1)]
+
+
+def test_account_splits_cut_the_keys_into_equal_ranges(engine: Engine) -> None:
+    ledger = Ledger(engine, scale.SECRET)
+    scale.build(ledger, devices=100, days=3, rng=np.random.default_rng(3))
+    keys = [dk for dk, _ in ledger.accounts()]
+    splits = ledger.account_splits(4)
+    assert splits == [keys[len(keys) * k // 4 - 1] for k in (1, 2, 3)]
+    bounds: list[str | None] = ["", *splits, None]
+    parts = [
+        [dk for dk, _ in ledger.accounts(after=a or "", through=t)]
+        for a, t in itertools.pairwise(bounds)
+    ]
+    assert [dk for part in parts for dk in part] == keys
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert ledger.account_splits(len(keys) + 5) == keys[:-1]  # one device a range at most
+
+
+def test_audit_report_partitions_from_the_command_line(tmp_path: Path) -> None:
+    env = {
+        "DPGOV_DATABASE_URL": f"sqlite:///{tmp_path / 'service.sqlite'}",
+        "DPGOV_SECRET_FILE": str(tmp_path / "secret"),
+        "DPGOV_AUDIT_KEY_FILE": str(tmp_path / "audit.key"),
+        "DPGOV_SHUFFLER_KEY_FILE": str(tmp_path / "shuffler.key"),
+    }
+    with TestClient(create_app(app_settings(tmp_path, TOKEN))) as client:
+        items = [{"device_id": f"d{i}", "report": {"j": 1, "l": 2, "bit": 1}} for i in range(40)]
+        r = client.post(
+            "/v1/use-cases/safari-energy-domains/reports:batch",
+            json={"items": items},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        assert r.json()["accepted"] == 40, r.text
+    runner = CliRunner()
+    single = runner.invoke(app, ["audit", "report", "--json", "-q"], env=env)
+    assert single.exit_code == 0, single.output
+    split = runner.invoke(
+        app, ["audit", "report", "--json", "--partitions", "3", "--workers", "2"], env=env
+    )
+    assert split.exit_code == 0, split.output
+    assert "audit report: key ranges: 3 of 3 ranges (100%)" in split.stderr.splitlines()
+    one, other = json.loads(single.stdout), json.loads(split.stdout)
+    one.pop("computed_at"), other.pop("computed_at")  # the instant each run read the ledger
+    assert one == other and one["totals"]["spent_lifetime"]["devices"] == 40
+    refused = runner.invoke(app, ["audit", "report", "--workers", "2"], env=env)
+    assert refused.exit_code == 2 and "--workers needs --partitions" in refused.stderr
+    refused = runner.invoke(app, ["audit", "report", "--partitions", "0"], env=env)
+    assert refused.exit_code == 2 and "--partitions" in refused.stderr
