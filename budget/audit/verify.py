@@ -283,8 +283,8 @@ class StateReplay:
             problem = self._compare_accounts(rows)
             if problem is None:
                 i = IdempotencyRecord.__table__.c  # type: ignore[attr-defined]
-                query = select(i.device_key, i.key, i.request_hash, i.day, i.decision)
-                problem = self._compare_idempotency(conn.execute(self._from_since(query, i.day)))
+                records = select(i.device_key, i.key, i.request_hash, i.day, i.decision)
+                problem = self._compare_idempotency(conn.execute(self._from_since(records, i.day)))
             if problem is None:
                 problem = self._compare_batches(
                     conn.execute(select(ShuffledBatch.__table__))  # type: ignore[attr-defined]
