@@ -5,12 +5,15 @@ state replayed up to that checkpoint (:meth:`dp_governor.budget.audit.verify.Sta
 and where the transparency log's check stopped (its size, right edge and node count). The next
 incremental verification checks that checkpoint and its entry again and replays only what
 follows. Each row carries ``HMAC-SHA256`` under a key derived from the audit key over all its
-columns: whoever can write the database but not read the key cannot forge a starting point
-(an edited row fails the verification; a deleted one only makes the next run start earlier).
+columns (the state by its SHA-256): whoever can write the database but not read the key cannot
+forge a starting point (an edited row fails the verification; a deleted one only makes the next
+run start earlier). Only the newest accepted verdict keeps its state (a few hundred KiB at most:
+digests per use case and day); recording one clears the earlier ones', which no run reads again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from dataclasses import dataclass
@@ -54,7 +57,7 @@ class Verdicts:
 
     def _tag(self, row: dict[str, Any]) -> str:
         mac = self._mac.copy()
-        fields = {k: row[k] for k in sorted(row) if k not in ("id", "tag")}
+        fields = {k: row[k] for k in sorted(row) if k not in ("id", "tag", "state")}
         mac.update(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
         return mac.hexdigest()
 
@@ -87,10 +90,18 @@ class Verdicts:
             "signature": None if point is None else point.signature,
             "problem": problem,
             "state": state,
+            "state_sha256": None if state is None else hashlib.sha256(state.encode()).hexdigest(),
         }
         row["tag"] = self._tag(row)
         with writer(self.engine).begin() as conn:
-            conn.execute(_TABLE.insert().values(**row))
+            made = conn.execute(_TABLE.insert().values(**row)).inserted_primary_key
+            if state is not None and made is not None:
+                t = _TABLE.c
+                conn.execute(
+                    _TABLE.update()
+                    .where((t.id < made[0]) & t.state.is_not(None))
+                    .values(state=None)
+                )
 
     def last(self) -> tuple[Resume, str] | None:
         """The last accepted verdict that names a checkpoint, and its time (``None``: none).
@@ -101,7 +112,7 @@ class Verdicts:
         with self.engine.connect() as conn:
             found = conn.execute(
                 select(_TABLE)
-                .where(t.ok.is_(True) & t.seq.is_not(None))
+                .where(t.ok.is_(True) & t.seq.is_not(None) & t.state.is_not(None))
                 .order_by(t.id.desc())
                 .limit(1)
             ).first()
@@ -109,12 +120,15 @@ class Verdicts:
             return None
         row = found._asdict()
         row["full"], row["ok"] = bool(row["full"]), bool(row["ok"])
-        if not hmac.compare_digest(self._tag(row), str(row["tag"])):
+        state = str(row["state"])
+        if not hmac.compare_digest(self._tag(row), str(row["tag"])) or not hmac.compare_digest(
+            hashlib.sha256(state.encode()).hexdigest(), str(row["state_sha256"])
+        ):
             raise VerdictForged(
                 f"audit_verifications: the verdict {row['id']} is not the audit key's (written"
                 " or edited outside the service)"
             )
-        data = json.loads(row["state"])
+        data = json.loads(state)
         leaves, edge, nodes = data["tlog"]
         point = Checkpoint(
             int(row["seq"]), str(row["hash"]), str(row["signed_at"]), str(row["signature"])

@@ -320,8 +320,9 @@ class AuditVerification(SQLModel, table=True):
     """One verdict of ``verify``: where it started and, if accepted, where the next one starts.
 
     ``seq``, ``hash``, ``signed_at`` and ``signature`` are the signed checkpoint the verdict
-    reached (``None`` when it failed or reached none); ``state`` is the replay there (JSON);
-    ``tag`` is the audit key's HMAC over every other column: an edited verdict is refused.
+    reached (``None`` when it failed or reached none); ``state`` is the replay there (JSON; kept
+    by the newest accepted verdict only), ``state_sha256`` its digest; ``tag`` is the audit
+    key's HMAC over every other column: an edited verdict is refused.
     """
 
     __tablename__ = "audit_verifications"
@@ -342,4 +343,5 @@ class AuditVerification(SQLModel, table=True):
     signature: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
     problem: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     state: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    state_sha256: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
     tag: str = Field(sa_column=Column(String(64), nullable=False))

@@ -207,12 +207,32 @@ def test_an_edited_entry_before_the_start_is_left_to_the_full_replay(ledger: Led
     assert not full.ok and full.first_bad == start - 1
 
 
-def test_a_forged_verdict_fails_naming_the_table(ledger: Ledger) -> None:
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "UPDATE audit_verifications SET seq = 1, hash = NULL",
+        "UPDATE audit_verifications SET state = replace(state, 'lifetime', 'lifetime ')",
+    ],
+)
+def test_a_forged_verdict_fails_naming_the_table(ledger: Ledger, edit: str) -> None:
     _verified_at_checkpoint(ledger)
     with ledger.engine.begin() as conn:
-        conn.execute(text("UPDATE audit_verifications SET seq = 1, hash = NULL"))
+        conn.execute(text(edit))
     verdict = _verify(ledger, full=False)
     assert not verdict.ok and str(verdict.problem).startswith("audit_verifications:")
+
+
+def test_only_the_newest_accepted_verdict_keeps_its_state(ledger: Ledger) -> None:
+    _verified_at_checkpoint(ledger)
+    ledger.charge("e", "emoji", now=NOW)
+    _checkpoint(ledger, NOW)
+    assert _verify(ledger, full=False).ok
+    with ledger.engine.connect() as conn:
+        kept = conn.execute(
+            text("SELECT count(*) FROM audit_verifications WHERE state IS NOT NULL")
+        ).scalar_one()
+        verdicts = conn.execute(text("SELECT count(*) FROM audit_verifications")).scalar_one()
+    assert (kept, verdicts) == (1, 2)
 
 
 def test_a_log_truncated_behind_the_start_fails(ledger: Ledger) -> None:

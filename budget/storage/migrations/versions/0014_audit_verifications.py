@@ -38,6 +38,7 @@ def upgrade() -> None:
         sa.Column("signature", sa.String(64), nullable=True),
         sa.Column("problem", sa.Text(), nullable=True),
         sa.Column("state", sa.Text(), nullable=True),
+        sa.Column("state_sha256", sa.String(64), nullable=True),
         sa.Column("tag", sa.String(64), nullable=False),
     )
 
