@@ -6,7 +6,7 @@ after it (:mod:`dp_governor.budget.audit.verdicts`). An upgraded ledger starts w
 first verification replays the whole chain.
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0014"
-down_revision: str | None = "0012"
+down_revision: str | None = "0013"
 branch_labels = None
 depends_on = None
 
