@@ -39,6 +39,7 @@ from dp_governor.budget.audit.log import (
     read_checkpoints,
 )
 from dp_governor.budget.audit.row_tags import RowTags
+from dp_governor.budget.audit.verdicts import Resume
 from dp_governor.budget.audit.verify import StateCheck
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.mechanisms import Mechanism
@@ -92,6 +93,7 @@ def verify_service(
     seal: InboxSeal | None = None,
     stage: Callable[[str], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    full: bool = True,
 ) -> Verification:
     """The chain, the deciding state, and the inbox and store against the recorded charges.
 
@@ -102,14 +104,36 @@ def verify_service(
     itself. ``seal`` (the service's) opens every sealed inbox row, which authenticates it;
     without it (a command that reads no shuffler key) sealed rows are counted, not opened, and
     the verdict's note says so. ``stage`` is told each part as it starts, ``progress`` the
-    entries verified (a command's progress).
+    entries verified (a command's progress). ``full=False`` starts at the last accepted
+    verdict's signed checkpoint (:mod:`dp_governor.budget.audit.incremental`). The verdict is
+    recorded (``audit_verifications``): an accepted one is where the next incremental run starts.
     """
+    verdict, resume = _verify(
+        ledger, now=now, kept=kept, seal=seal, stage=stage, progress=progress, full=full
+    )
+    ledger.verdicts.record(
+        now=now, full=full, from_seq=verdict.from_seq, problem=verdict.problem, resume=resume
+    )
+    return verdict
+
+
+def _verify(
+    ledger: Ledger,
+    *,
+    now: datetime,
+    kept: KeptCheckpoints | Sequence[Checkpoint],
+    seal: InboxSeal | None,
+    stage: Callable[[str], None] | None,
+    progress: Callable[[int, int], None] | None,
+    full: bool,
+) -> tuple[Verification, Resume | None]:
+    """:func:`verify_service`'s checks, and where the next run may start if all accepted."""
     copy = kept if isinstance(kept, KeptCheckpoints) else KeptCheckpoints(points=tuple(kept))
     if stage is not None:
         stage("the chain, its tags, its checkpoints and the deciding state")
-    verdict, state = ledger.verify(kept=copy.points, progress=progress)
+    verdict, state = ledger.verify(kept=copy.points, progress=progress, full=full)
     if not verdict.ok:
-        return verdict
+        return verdict, None
     file_problem = copy.problem
     if file_problem is None and copy.missing and verdict.checkpoints:
         file_problem = (
@@ -118,18 +142,19 @@ def verify_service(
             " a file newly set, run the checkpoint job, which writes them all)"
         )
     if file_problem is not None:
-        return replace(verdict, ok=False, problem=file_problem)
+        return replace(verdict, ok=False, problem=file_problem), None
     if not state.checked:
-        return verdict
+        return verdict, state.resume
     if stage is not None:
         stage("the inbox, the report store and the sketches against the charges")
     problem = pipeline_problem(ledger, state, now=now, seal=seal)
     if problem is not None:
-        return replace(verdict, ok=False, problem=problem)
+        return replace(verdict, ok=False, problem=problem), None
     if seal is None:
         unopened = "sealed inbox rows were counted, not opened (no shuffler key was read)"
-        return replace(verdict, note=f"{verdict.note}; {unopened}" if verdict.note else unopened)
-    return verdict
+        note = f"{verdict.note}; {unopened}" if verdict.note else unopened
+        return replace(verdict, note=note), state.resume
+    return verdict, state.resume
 
 
 def pipeline_problem(

@@ -194,11 +194,13 @@ def store_verification(
 ) -> dict[str, Any]:
     """Verify the chain, the state and the pipeline, and store the verdict (the ``verify`` job).
 
+    Incremental: from the signed checkpoint the last accepted verification reached.
+
     A failed verification is the job's result, not its failure: it is stored and shown.
     ``on_verified`` is told the verdict (the metrics).
     """
     started = time.monotonic()
-    verdict = verify_service(ledger, now=now, kept=kept, seal=seal)
+    verdict = verify_service(ledger, now=now, kept=kept, seal=seal, full=False)
     verified = Verified(now.isoformat(), time.monotonic() - started, verdict)
     store_snapshot(ledger_engine(ledger), VERIFICATION, verified)
     if on_verified is not None:

@@ -456,8 +456,11 @@ def _chain_panel(chain: Verification | None, verified_at: datetime | None, now: 
     else:
         checkpoint = "no signed checkpoint yet (the checkpoint job writes one)"
     behind = chain.head_seq - (chain.latest_checkpoint_seq or 0)
+    checked = f"{chain.entries:,d} entries"
+    if chain.from_seq:
+        checked = f"entries {chain.from_seq:,d} to {chain.head_seq:,d} (from a verified checkpoint)"
     chain_panel = (
-        f'<p id="chain">Audit chain: {status}, {chain.entries:,d} entries, checked'
+        f'<p id="chain">Audit chain: {status}, {checked}, checked'
         f" {_age((now - verified_at).total_seconds())} ago"
         f' (<span id="chain-verified-at">{verified_at:%Y-%m-%d %H:%M:%S} UTC</span>);'
         f' <span id="chain-checkpoint">{escape(checkpoint)}</span>'

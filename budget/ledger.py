@@ -8,16 +8,18 @@ its accounts and policy book in :mod:`dp_governor.budget.reporting`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, select
 
+from dp_governor.budget.audit.incremental import verify_ledger
 from dp_governor.budget.audit.log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
 from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.audit.tlog import DEFAULT_ORIGIN, TransparencyLog
-from dp_governor.budget.audit.verify import StateCheck, StateReplay, budgets_since
+from dp_governor.budget.audit.verdicts import Verdicts
+from dp_governor.budget.audit.verify import StateCheck
 from dp_governor.budget.clock import day_start, utc_day
 from dp_governor.budget.gate.charge import BatchItem, OnAccept, charge_batch
 from dp_governor.budget.gate.prepared import Gate, load_book
@@ -126,9 +128,6 @@ def _policy_json(policy: Policy) -> dict[str, Any]:
     return data
 
 
-PROGRESS_EVERY = 1000  # audit entries between two progress reports of a verification
-
-
 class Ledger:
     """Per-device privacy accounts over a database engine."""
 
@@ -150,6 +149,7 @@ class Ledger:
         self.audit = AuditLog(engine, self._audit_key)
         self.row_tags = RowTags(self._audit_key)  # the reports' rows: inbox and store
         self.tlog = TransparencyLog(engine, self._audit_key, origin=tlog_origin)
+        self.verdicts = Verdicts(engine, self._audit_key)  # where the next verification starts
         self.gate = Gate(engine, secret, self.audit)
         self.policies = PolicyStore(
             engine, on_change=self._policy_changed, review=self._review_policies
@@ -239,42 +239,27 @@ class Ledger:
         *,
         kept: Sequence[Checkpoint] = (),
         progress: Callable[[int, int], None] | None = None,
+        full: bool = True,
     ) -> tuple[Verification, StateCheck]:
-        """The audit chain, and the tables the gate decides on against it.
+        """The audit chain, the tables the gate decides on against it, the transparency log.
 
         ``kept`` are checkpoints kept outside the database (truncation back to any of them is
-        caught). The state check (:mod:`dp_governor.budget.audit.verify`) runs only on a chain that
-        verifies; its problem, if any, becomes the verification's. ``progress`` is told
-        ``(entries verified, entries in the log)`` every :data:`PROGRESS_EVERY` entries and at
-        the end (a command's bar).
+        caught). ``full=False`` starts at the last accepted verdict's signed checkpoint
+        (:func:`dp_governor.budget.audit.incremental.verify_ledger`). ``progress`` is told
+        ``(entries verified, entries in the log)`` every
+        :data:`~dp_governor.budget.audit.incremental.PROGRESS_EVERY` entries and at the end.
+        The state check's ``resume`` is where the next run may start
+        (:meth:`~dp_governor.budget.audit.verdicts.Verdicts.record` keeps it).
         """
-        replay = StateReplay(self._audit_key, budgets_since=budgets_since(self.engine))
-        observe: Callable[[int, str, str, str], None] = replay
-        if progress is not None:
-            total = self.audit.head()[0]
-
-            def observe(seq: int, actor: str, action: str, body: str) -> None:
-                replay(seq, actor, action, body)
-                if seq % PROGRESS_EVERY == 0 or seq == total:
-                    progress(seq, total)
-
-            progress(0, total)
-        chain = self.audit.verify(external=kept, observe=observe)
-        if not chain.ok:
-            return chain, StateCheck(False, note="the chain failed: the state was not checked")
-        state = replay.compare(self.engine)
-        if state.problem is None:
-            public = self.tlog.verify()
-            if not public.ok:
-                state = replace(state, problem=f"transparency log: {public.problem}")
-        verdict = replace(
-            chain,
-            ok=state.problem is None,
-            problem=state.problem,
-            state_checked=state.checked,
-            note=state.note,
+        return verify_ledger(
+            self.audit,
+            self.tlog,
+            self.verdicts,
+            self._audit_key,
+            kept=kept,
+            progress=progress,
+            full=full,
         )
-        return verdict, state
 
     # -- the gate --------------------------------------------------------------------------------
 

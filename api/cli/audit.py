@@ -40,11 +40,21 @@ def audit_verify(
             " setting); a log truncated back to an earlier one fails."
         ),
     ] = None,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Replay the chain from its first entry (default: from the signed checkpoint"
+            " the last accepted verification reached).",
+        ),
+    ] = False,
     database_url: DatabaseOption = None,
     quiet: QuietOption = False,
 ) -> None:
     """Check the audit chain and the state the gate decides on; exit 1 naming what fails.
 
+    Starts at the signed checkpoint the last accepted verification reached (docs/audit.md
+    says which checks then cover only the entries after it); ``--full`` replays everything.
     On stderr: the entries verified (a bar on a terminal, a line per tenth in a log), then
     each later part with its time; ``--quiet``: none of it.
     """
@@ -73,7 +83,7 @@ def audit_verify(
                 stages(name)
 
             result = verify_service(
-                ledger, now=datetime.now(UTC), kept=kept, stage=stage, progress=bar
+                ledger, now=datetime.now(UTC), kept=kept, stage=stage, progress=bar, full=full
             )
     finally:
         ledger.close()

@@ -63,3 +63,8 @@ class AuditVerification(BaseModel):
     )
     note: str | None = PydField(description="Why the state was not checked, when it was not.")
     kept_checkpoints: int = PydField(description="Checkpoints read from `checkpoint_file`.")
+    from_seq: int = PydField(
+        0,
+        description="The signed checkpoint an incremental check started at (0: the first"
+        " entry); `entries` counts those after it.",
+    )

@@ -80,7 +80,9 @@ class Verification:
     """The result of checking the chain, its tags and its checkpoints.
 
     ``first_bad`` is the first entry that fails (for a chain recomputed up to a checkpoint:
-    the checkpoint's entry; the change lies after the previous good checkpoint).
+    the checkpoint's entry; the change lies after the previous good checkpoint). ``from_seq``
+    is the signed checkpoint the check started at (0: the first entry); ``entries`` counts
+    the entries after it.
     """
 
     ok: bool
@@ -95,6 +97,7 @@ class Verification:
     state_checked: bool = False
     note: str | None = None
     kept_checkpoints: int = 0
+    from_seq: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
@@ -315,14 +318,14 @@ class AuditLog:
                 for row in result:
                     yield tuple(row)
 
-    def _pages(self, size: int = 20_000) -> Generator[list[tuple[Any, ...]]]:
-        """All entries in order, a page at a time (keyset pagination on the raw driver)."""
+    def _pages(self, size: int = 20_000, *, after: int = 0) -> Generator[list[tuple[Any, ...]]]:
+        """The entries after ``after`` in order, a page at a time (keyset pagination)."""
         ph = placeholder(self.engine)
         sql = (
             "SELECT seq, at, actor, action, body, prev_hash, hash, tag FROM audit_log"
             f" WHERE seq > {ph} ORDER BY seq LIMIT {int(size)}"
         )
-        last = 0
+        last = after
         with self.engine.connect() as conn:
             cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             while True:
@@ -338,8 +341,15 @@ class AuditLog:
         *,
         external: Sequence[Checkpoint] = (),
         observe: Callable[[int, str, str, str], None] | None = None,
+        start: Checkpoint | None = None,
     ) -> Verification:
         """Check every entry, the head row and every checkpoint; stop at the first failure.
+
+        ``start``, a signed checkpoint an earlier verification reached, makes the check
+        incremental: every checkpoint's signature is still checked, ``start`` must be the
+        database's checkpoint at its entry and that entry must hash (and tag) to what it signs;
+        then only the entries after it are replayed. Entries before it are not read (a full
+        check, without ``start``, does).
 
         ``external`` are checkpoints kept outside the database (:func:`read_checkpoints`):
         each must carry the audit key's signature, chained as the database's are, and name an
@@ -374,6 +384,7 @@ class AuditLog:
                 first_bad=first_bad,
                 problem=problem,
                 kept_checkpoints=len(external),
+                from_seq=0 if start is None else start.seq,
             )
 
         for point in points:
@@ -392,8 +403,14 @@ class AuditLog:
         last_signed = max(by_seq, default=0)
         tag_of = self.tag
         sha256 = hashlib.sha256
-        running_bytes = bytes.fromhex(GENESIS)
-        for page in self._pages():
+        if start is not None:
+            stored = next((p for p in points if p.seq == start.seq), None)
+            wrong = self._start_problem(start, stored)
+            if wrong is not None:
+                return result(start.seq, wrong)
+            expected_seq, running = start.seq, start.hash
+        running_bytes = bytes.fromhex(running)
+        for page in self._pages(after=expected_seq):
             for seq, at, actor, action, body, prev_hash, entry_hash, tag in page:
                 expected_seq += 1
                 if seq != expected_seq:
@@ -429,6 +446,33 @@ class AuditLog:
                 f"the head row says entry {head_seq} but the log ends at entry {expected_seq}",
             )
         return result()
+
+    def _start_problem(self, start: Checkpoint, stored: Checkpoint | None) -> str | None:
+        """Why an incremental check cannot start at ``start`` (``None``: it can).
+
+        The checkpoint must be the database's (whose signatures were just checked) and its
+        entry must still be the one it signs: body, hash and tag.
+        """
+        if stored is None or stored != start:
+            return (
+                f"the signed checkpoint at entry {start.seq}, where the last verification"
+                " stopped, is missing or was changed"
+            )
+        row = next(self.rows(after=start.seq - 1, limit=1), None)
+        if row is None or int(row[0]) != start.seq:
+            return f"entry {start.seq}, signed by the checkpoint verification starts at, is gone"
+        seq, at, actor, action, body, prev_hash, entry_hash, tag = row
+        if (
+            entry_hash != start.hash
+            or chain_hash(prev_hash, body) != entry_hash
+            or not hmac.compare_digest(self.tag(entry_hash), tag)
+            or not _columns_match(seq, at, actor, action, body)
+        ):
+            return (
+                f"entry {seq} differs from the signed checkpoint at {seq}, where the"
+                " verification starts (rewritten)"
+            )
+        return None
 
 
 class CheckpointFileError(ValueError):

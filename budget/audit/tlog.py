@@ -98,6 +98,8 @@ class TlogVerification:
     leaves: int
     checkpoints: int
     problem: str | None = None
+    edge: tuple[bytes, ...] = ()  # the tree's right edge at ``leaves`` (where the next run starts)
+    nodes: int = 0  # the subtree hashes the leaves make, all of them
 
 
 class TransparencyLog:
@@ -363,15 +365,18 @@ class TransparencyLog:
 
     # -- verifying -------------------------------------------------------------------------------
 
-    def verify(self) -> TlogVerification:
+    def verify(self, start: TlogVerification | None = None) -> TlogVerification:
         """Check each leaf against its audit entry, each stored node and each signed checkpoint.
 
         Streams the audit log and the leaves side by side, rebuilds the tree with a
         :class:`~dp_governor.mechanisms.merkle.Frontier` and compares the stored subtree
         hashes and every checkpoint (root and the log key's signature) as it passes their size.
-        The audit chain itself is checked by :meth:`AuditLog.verify`.
+        ``start``, an earlier accepted result, resumes at its size from its edge (the leaves
+        before it are not read again). The audit chain itself is checked by
+        :meth:`AuditLog.verify`.
         """
-        frontier = Frontier()
+        frontier = Frontier() if start is None else Frontier(start.leaves, start.edge)
+        made_before = 0 if start is None else start.nodes
         with self.engine.connect() as conn:
             points = {
                 int(s): (bytes.fromhex(r), n)
@@ -387,7 +392,7 @@ class TransparencyLog:
 
         if 0 in points:
             return fail("a checkpoint signs the empty tree, which this log never does")
-        for (seq, at, actor, action, body), leaf in self._paired():
+        for (seq, at, actor, action, body), leaf in self._paired(after=frontier.size):
             index = frontier.size
             if leaf is None:
                 if index < max(points, default=0):
@@ -427,9 +432,10 @@ class TransparencyLog:
             return fail(
                 f"a checkpoint signs {max(points)} leaves but the audit log has {frontier.size}"
             )
+        made += made_before
         if made != n_nodes:
             return fail(f"tlog_nodes holds {n_nodes} subtree hashes, the leaves make {made}")
-        return TlogVerification(True, frontier.size, len(points))
+        return TlogVerification(True, frontier.size, len(points), None, tuple(frontier.edge), made)
 
     def _nodes_differ(self, made: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
         """The first of ``made`` whose stored hash differs (or is missing), or ``None``."""
@@ -440,12 +446,14 @@ class TransparencyLog:
                 return level, index
         return None
 
-    def _paired(self) -> Iterator[tuple[tuple[int, str, str, str, str], bytes | None]]:
-        """Audit entries beside the leaf of the same position (``None`` past the last leaf)."""
+    def _paired(
+        self, *, after: int = 0
+    ) -> Iterator[tuple[tuple[int, str, str, str, str], bytes | None]]:
+        """Audit entries after ``after`` beside the leaf of the same position (``None``: none)."""
         ph = self._ph
         with self.engine.connect() as conn:
             cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            last = 0
+            last = after
             while True:
                 cur.execute(
                     "SELECT a.seq, a.at, a.actor, a.action, a.body, l.data FROM audit_log a"

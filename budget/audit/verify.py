@@ -38,6 +38,7 @@ rows, so it is what is being verified.
 from __future__ import annotations
 
 import hmac
+import json
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -45,9 +46,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine, inspect, select, text
+from sqlalchemy import ColumnElement, Engine, Select, inspect, select, text
 
 from dp_governor.budget.audit.log import idempotency_hash, record_digest
+from dp_governor.budget.audit.verdicts import Resume
 from dp_governor.budget.keyed import KeyedHash
 from dp_governor.budget.rule.book import NO_HORIZON
 from dp_governor.budget.rule.state import ANY_BUDGET, decode
@@ -64,6 +66,8 @@ from dp_governor.policies.model import Policy
 __all__ = ["StateCheck", "StateReplay", "budgets_since"]
 
 _MOD = 1 << 256
+_PER_DAY = ("charges", "days", "accepted", "batches")  # digests and counts by (use case, day)
+NO_LIMIT = (1 << 31) - 1  # a restored replay's first touched day until it touches one (int4)
 _POLICY_ACTIONS = ("policy.create", "policy.update", "policy.delete")
 
 
@@ -73,7 +77,8 @@ class StateCheck:
 
     ``accepted`` counts the accepted charges per (use case, day) after the horizons;
     ``legacy_through`` is the last day an earlier release charged (``None``: none did), up to
-    which rows it wrote carry no tags (:mod:`dp_governor.budget.audit.row_tags`).
+    which rows it wrote carry no tags (:mod:`dp_governor.budget.audit.row_tags`); ``resume``,
+    where the next incremental verification may start if every later check accepts too.
     """
 
     checked: bool
@@ -81,6 +86,7 @@ class StateCheck:
     note: str | None = None
     accepted: dict[tuple[str, int], int] = field(default_factory=dict)
     legacy_through: int | None = None
+    resume: Resume | None = None
 
 
 class StateReplay:
@@ -103,6 +109,61 @@ class StateReplay:
         self.refusals: dict[tuple[str, str], tuple[int, int]] = {}  # may be decided again
         self.idempotency_through = NO_HORIZON  # records on or before may have been purged
         self.batches: dict[tuple[str, int], int] = defaultdict(int)
+        self.since_day: int | None = None  # restored: the first day the new entries touch
+
+    def snapshot(self) -> str:
+        """Everything replayed so far, as JSON (where an incremental verification resumes)."""
+        return json.dumps(
+            {
+                "budgets_since": self.budgets_since,
+                "policies": [[k[0], k[1], v] for k, v in self.policies.items()],
+                "device_budgets": [[k, *v] for k, v in self.device_budgets.items()],
+                "horizons": self.horizons,
+                "legacy": self.legacy,
+                "legacy_through": self.legacy_through,
+                "idempotency_through": self.idempotency_through,
+                "lifetime": self.lifetime,
+                "idempotency": [[k, v] for k, v in self.idempotency.items()],
+                "refusals": [[*k, *v] for k, v in self.refusals.items()],
+                **{
+                    name: [[k[0], k[1], v] for k, v in getattr(self, name).items()]
+                    for name in _PER_DAY
+                },
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def restore(cls, audit_key: bytes, snapshot: str) -> StateReplay:
+        """A replay resumed from :meth:`snapshot`; its comparison is limited to new days.
+
+        :meth:`compare` then reads ``charges`` and ``idempotency`` only from the first day
+        the entries replayed since touch (``since_day``): the days before were compared when
+        the snapshot was taken, and a full verification compares them again.
+        """
+        data = json.loads(snapshot)
+        replay = cls(audit_key, budgets_since=int(data["budgets_since"]))
+        replay.policies = {(str(n), int(v)): new for n, v, new in data["policies"]}
+        replay.device_budgets = {
+            int(v): (str(actor), str(at), new) for v, actor, at, new in data["device_budgets"]
+        }
+        replay.horizons = {str(k): int(v) for k, v in data["horizons"].items()}
+        replay.legacy = data["legacy"]
+        replay.legacy_through = data["legacy_through"]
+        replay.idempotency_through = int(data["idempotency_through"])
+        replay.lifetime = int(data["lifetime"])
+        replay.idempotency.update({int(k): int(v) for k, v in data["idempotency"]})
+        replay.refusals = {(str(a), str(b)): (int(d), int(e)) for a, b, d, e in data["refusals"]}
+        for name in _PER_DAY:
+            getattr(replay, name).update({(str(u), int(d)): int(v) for u, d, v in data[name]})
+        replay.since_day = NO_LIMIT
+        return replay
+
+    def _touch(self, day: int) -> None:
+        """Note a day the entries replayed since a snapshot touch."""
+        if self.since_day is not None and day < self.since_day:
+            self.since_day = day
 
     def h(self, *parts: object) -> int:
         """The keyed hash of a tuple, as an integer."""
@@ -149,6 +210,7 @@ class StateReplay:
     def _record(self, dk: str, data: dict[str, Any]) -> None:
         """The idempotency record a keyed decision stored (the latest decision of its key)."""
         day = int(data["day"])
+        self._touch(day)
         element = self.h(
             "i", dk, data["idempotency"], day, data["use_case"], data["accepted"],
             data["charge_id"], data["reason"], data["policy_version"],
@@ -175,6 +237,7 @@ class StateReplay:
         policy = self.policies.get((uc, int(version)))
         group = int(policy["group_size"]) if policy is not None else 1
         key = (str(uc), int(day))
+        self._touch(key[1])
         charge = self.h("c", data["charge_id"], dk, uc, version, eps, day)
         self.charges[key] = (self.charges[key] + charge) % _MOD
         self.days[key] = (self.days[key] + self.h("d", dk, uc, eps, group, budget, day)) % _MOD
@@ -211,11 +274,8 @@ class StateReplay:
             if problem is not None:
                 return StateCheck(True, f"device_budgets: {problem}")
             t = Charge.__table__.c  # type: ignore[attr-defined]
-            problem = self._compare_charges(
-                conn.execute(
-                    select(t.id, t.device_key, t.use_case, t.policy_version, t.epsilon_micro, t.day)
-                )
-            )
+            query = select(t.id, t.device_key, t.use_case, t.policy_version, t.epsilon_micro, t.day)
+            problem = self._compare_charges(conn.execute(self._from_since(query, t.day)))
             if problem is not None:
                 return StateCheck(True, problem)
             c = Account.__table__.c  # type: ignore[attr-defined]
@@ -223,14 +283,17 @@ class StateReplay:
             problem = self._compare_accounts(rows)
             if problem is None:
                 i = IdempotencyRecord.__table__.c  # type: ignore[attr-defined]
-                problem = self._compare_idempotency(
-                    conn.execute(select(i.device_key, i.key, i.request_hash, i.day, i.decision))
-                )
+                records = select(i.device_key, i.key, i.request_hash, i.day, i.decision)
+                problem = self._compare_idempotency(conn.execute(self._from_since(records, i.day)))
             if problem is None:
                 problem = self._compare_batches(
                     conn.execute(select(ShuffledBatch.__table__))  # type: ignore[attr-defined]
                 )
         return StateCheck(True, problem, accepted=self._held(self.accepted), legacy_through=legacy)
+
+    def _from_since(self, query: Select[Any], day: ColumnElement[int]) -> Select[Any]:
+        """``query`` limited to the days a restored replay compares (all days otherwise)."""
+        return query if self.since_day is None else query.where(day >= self.since_day)
 
     def _held(self, per_day: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """The per-(use case, day) values after each use case's horizon, zeros left out."""
@@ -278,6 +341,8 @@ class StateReplay:
     def _compare_idempotency(self, rows: Iterable[tuple[Any, ...]]) -> str | None:
         """The records after the retry window's purge and the earlier release's days."""
         low = max(self.idempotency_through, self.legacy_through or NO_HORIZON)
+        if self.since_day is not None:
+            low = max(low, self.since_day - 1)
         expected: dict[int, int] = defaultdict(int)
         for day, total in self.idempotency.items():
             expected[day] = total
@@ -333,7 +398,9 @@ class StateReplay:
             if key[1] <= self.horizons.get(key[0], NO_HORIZON):
                 continue  # deleted by definition (the purge deletes it after raising the horizon)
             digests[key] = (digests[key] + self.h("c", charge_id, dk, uc, version, eps, day)) % _MOD
-        return _first_difference("charges", self._held(self.charges), self._held(digests))
+        since = NO_HORIZON if self.since_day is None else self.since_day
+        expected = {k: v for k, v in self._held(self.charges).items() if k[1] >= since}
+        return _first_difference("charges", expected, self._held(digests))
 
     def _compare_accounts(self, rows: Iterable[tuple[Any, ...]]) -> str | None:
         days: dict[tuple[str, int], int] = defaultdict(int)

@@ -20,6 +20,9 @@
   (:mod:`dp_governor.budget.audit.log`), its head (one row, starting at :data:`GENESIS`) and its
   signed checkpoints. The log and the checkpoints are append-only: triggers refuse UPDATE and DELETE
   (and TRUNCATE on PostgreSQL).
+- ``audit_verifications``: every verdict of ``verify``, tagged with the audit key; an accepted
+  one carries the signed checkpoint it reached and the replayed state there, where the next
+  incremental verification starts (:mod:`dp_governor.budget.audit.verdicts`).
 - ``tlog_leaves``, ``tlog_nodes``, ``tlog_checkpoints``: the public transparency log
   (:mod:`dp_governor.budget.audit.tlog`): leaf ``i`` is audit entry ``i + 1`` projected, the
   nodes every complete subtree's hash, the checkpoints its signed notes; append-only too.
@@ -50,6 +53,7 @@ __all__ = [
     "AuditCheckpoint",
     "AuditEntry",
     "AuditHead",
+    "AuditVerification",
     "Charge",
     "DashboardSnapshot",
     "IdempotencyRecord",
@@ -320,3 +324,34 @@ class DashboardSnapshot(SQLModel, table=True):
     computed_at: str = Field(sa_column=Column(String(40), nullable=False))
     seconds: float = Field(description="How long the job took to compute them.")
     body: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class AuditVerification(SQLModel, table=True):
+    """One verdict of ``verify``: where it started and, if accepted, where the next one starts.
+
+    ``seq``, ``hash``, ``signed_at`` and ``signature`` are the signed checkpoint the verdict
+    reached (``None`` when it failed or reached none); ``state`` is the replay there (JSON; kept
+    by the newest accepted verdict only), ``state_sha256`` its digest; ``tag`` is the audit
+    key's HMAC over every other column: an edited verdict is refused.
+    """
+
+    __tablename__ = "audit_verifications"
+
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(
+            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+        ),
+    )
+    at: str = Field(sa_column=Column(String(40), nullable=False))
+    full: bool = Field(sa_column=Column(Boolean, nullable=False))
+    ok: bool = Field(sa_column=Column(Boolean, nullable=False))
+    from_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    seq: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    hash: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    signed_at: str | None = Field(default=None, sa_column=Column(String(40), nullable=True))
+    signature: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    problem: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    state: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    state_sha256: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    tag: str = Field(sa_column=Column(String(64), nullable=False))

@@ -85,7 +85,10 @@ def test_cli_verify_and_checkpoint_then_catch_a_rewrite(
         conn.execute(
             text("UPDATE audit_log SET body = replace(body, 'true', 'false') WHERE seq = 9")
         )
-    bad = runner.invoke(cli, ["audit", "verify", *url])
+    # entry 9 lies before the checkpoint the last verification reached: the incremental run
+    # does not read it (docs/audit.md), the full replay catches it
+    assert runner.invoke(cli, ["audit", "verify", *url]).exit_code == 0
+    bad = runner.invoke(cli, ["audit", "verify", "--full", *url])
     assert bad.exit_code == 1
     assert "fails at entry 9" in bad.output
     other_key = runner.invoke(

@@ -98,3 +98,29 @@ def test_checkpoints_are_kept_outside_and_checked(
     assert forged.exit_code == 1 and "signature" in forged.output
     missing = runner.invoke(cli, ["audit", "verify", "--checkpoints", str(path / "nope")])
     assert missing.exit_code == 2 and "no checkpoint file" in missing.output
+
+
+def test_the_job_and_the_command_start_at_the_last_verified_checkpoint(
+    service: tuple[TestClient, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, path = service
+    assert client.post("/v1/admin/jobs/checkpoint:run", headers=ADMIN).status_code == 200
+    first = client.get("/v1/audit/verify", headers=ADMIN).json()  # full: records the start
+    assert first["ok"] and first["from_seq"] == 0 and first["entries"] == first["head_seq"]
+    start = first["latest_checkpoint_seq"]
+    assert client.post("/v1/admin/jobs/verify:run", headers=ADMIN).status_code == 200
+    with create_engine(f"sqlite:///{path / 'service.sqlite'}").connect() as conn:
+        job = conn.execute(
+            text("SELECT full, ok, from_seq FROM audit_verifications ORDER BY id DESC LIMIT 1")
+        ).one()
+    assert (bool(job.full), bool(job.ok), job.from_seq) == (False, True, start)
+    monkeypatch.setenv("DPGOV_DATABASE_URL", f"sqlite:///{path / 'service.sqlite'}")
+    monkeypatch.setenv("DPGOV_SECRET_FILE", str(path / "secret"))
+    monkeypatch.setenv("DPGOV_AUDIT_KEY_FILE", str(path / "audit.key"))
+    monkeypatch.setenv("DPGOV_CHECKPOINT_FILE", str(path / "kept" / "checkpoints.jsonl"))
+    runner = CliRunner()
+    incremental = runner.invoke(cli, ["audit", "verify", "--quiet"])
+    assert incremental.exit_code == 0, incremental.output
+    assert f'"from_seq": {start}' in incremental.output
+    full = runner.invoke(cli, ["audit", "verify", "--quiet", "--full"])
+    assert full.exit_code == 0 and '"from_seq": 0' in full.output, full.output

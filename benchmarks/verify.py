@@ -1,0 +1,111 @@
+"""Incremental audit verify after one more day; prints a Markdown table.
+
+Usage: ``python -m benchmarks.verify [--devices 1000000] [--days 10] [--charges 100000]
+[--database-url URL]``.
+
+Builds a ledger with :func:`benchmarks.scale.build`, signs its head and projects the
+transparency log (the checkpoint job's work), and verifies it in full (timed), which records
+where the next verification starts. Then one more day of about ``--charges`` accepted reports goes
+through the gate's batch path (:func:`dp_governor.budget.gate.charge.charge_batch`, 1,000 a
+transaction), the checkpoint job signs again, and the incremental verification (what the
+``verify`` job and ``dpgov audit verify`` run) is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+import numpy as np
+
+from benchmarks.scale import FIRST_DAY, RATES, SECRET, build, database, device_id, noon, plan_day
+from dp_governor.budget import Ledger
+from dp_governor.budget.gate.charge import BatchItem, charge_batch
+
+__all__ = ["main"]
+
+BATCH = 1_000
+
+
+def _timed(run: Callable[[], object]) -> tuple[float, float]:
+    """Wall and CPU seconds of ``run()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _verify(ledger: Ledger, *, full: bool) -> int:
+    """One verification, recorded as the service records it; the entries it replayed."""
+    verdict, state = ledger.verify(full=full)
+    assert verdict.ok, verdict
+    ledger.verdicts.record(
+        now=noon(FIRST_DAY),
+        full=full,
+        from_seq=verdict.from_seq,
+        problem=None,
+        resume=state.resume,
+    )
+    return verdict.entries
+
+
+def _checkpoint(ledger: Ledger, day: int) -> None:
+    """The checkpoint job: the chain's head signed, the transparency log projected and signed."""
+    ledger.audit.checkpoint(now=noon(day) + timedelta(hours=11))
+    ledger.tlog.sync()
+
+
+def _one_more_day(ledger: Ledger, devices: int, day: int, charges: int) -> int:
+    """About ``charges`` accepted reports of ``day`` through the gate; how many were accepted."""
+    use_cases = [name for name in RATES if name in ledger.book().terms]
+    plan = plan_day(devices, use_cases, rng=np.random.default_rng(day))
+    rng = np.random.default_rng(day + 1)
+    attempts = plan[rng.permutation(len(plan))[: int(charges * 1.2)]]
+    items = [BatchItem(device_id(int(d)), use_cases[int(u)]) for d, u in attempts.tolist()]
+    accepted = 0
+    for start in range(0, len(items), BATCH):
+        results = charge_batch(ledger.gate, items[start : start + BATCH], now=noon(day))
+        accepted += sum(int(getattr(r, "accepted", False)) for r in results)
+        if accepted >= charges:
+            break
+    return accepted
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Build, verify in full, add a day, verify incrementally; both verifications timed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=1_000_000)
+    parser.add_argument("--days", type=int, default=10)
+    parser.add_argument("--charges", type=int, default=100_000)
+    parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
+    args = parser.parse_args(argv)
+    if args.days < 1 or args.devices < 1 or args.charges < 1:
+        parser.error("--days, --devices and --charges must be at least 1")
+    with database(args.database_url) as engine:
+        ledger = Ledger(engine, SECRET)
+        build(ledger, devices=args.devices, days=args.days, rng=np.random.default_rng(33))
+        last = FIRST_DAY + args.days - 1
+        _checkpoint(ledger, last)
+        full_s = _timed(lambda: _verify(ledger, full=True))
+        day = last + 1
+        added = _one_more_day(ledger, args.devices, day, args.charges)
+        _checkpoint(ledger, day)
+        replayed: list[int] = []
+        incremental_s = _timed(lambda: replayed.append(_verify(ledger, full=False)))
+        print(
+            "| backend | devices | days | entries | charges of the new day | entries replayed"
+            " | full verify before the day s (CPU) | incremental verify after it s (CPU) |"
+        )
+        print("|---" * 8 + "|")
+        print(
+            f"| {engine.dialect.name} | {args.devices:,} | {args.days} + 1"
+            f" | {ledger.audit.head()[0]:,} | {added:,} | {replayed[0]:,}"
+            f" | {full_s[0]:.1f} ({full_s[1]:.1f}) | {incremental_s[0]:.1f}"
+            f" ({incremental_s[1]:.1f}) |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""One verification of the chain, the deciding state and the transparency log, full or resumed.
+
+A full verification replays every entry from the first. An incremental one starts at the last
+accepted verdict (:mod:`dp_governor.budget.audit.verdicts`): it checks that verdict's signed
+checkpoint and the entry it signs, restores the state replayed up to there, and replays only
+the later entries; the transparency log's check resumes where the last one stopped. Either
+way, the state is snapshotted at the newest signed checkpoint the replay passes, which is where
+the next incremental verification starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from sqlalchemy import Engine
+
+from dp_governor.budget.audit.log import AuditLog, Checkpoint, Verification
+from dp_governor.budget.audit.tlog import TlogVerification, TransparencyLog
+from dp_governor.budget.audit.verdicts import Resume, VerdictForged, Verdicts
+from dp_governor.budget.audit.verify import StateCheck, StateReplay, budgets_since
+
+__all__ = ["PROGRESS_EVERY", "verify_ledger"]
+
+PROGRESS_EVERY = 1000  # audit entries between two progress reports of a verification
+
+
+def verify_ledger(
+    audit: AuditLog,
+    tlog: TransparencyLog,
+    verdicts: Verdicts,
+    audit_key: bytes,
+    *,
+    kept: Sequence[Checkpoint] = (),
+    progress: Callable[[int, int], None] | None = None,
+    full: bool = True,
+) -> tuple[Verification, StateCheck]:
+    """The chain, the tables against it and the transparency log; where the next run starts.
+
+    ``full=False`` resumes at the last accepted verdict (a full replay when there is none).
+    The state check's ``resume`` is ``None`` unless everything checked here was accepted.
+    """
+    engine: Engine = audit.engine
+    try:
+        found = None if full else verdicts.last()
+    except VerdictForged as exc:
+        seq, head = audit.head()
+        failed = Verification(False, 0, seq, head, 0, None, None, None, str(exc))
+        return failed, StateCheck(False, note="no verdict to start from")
+    start = None if found is None else found[0]
+    if start is None:
+        replay = StateReplay(audit_key, budgets_since=budgets_since(engine))
+    else:
+        replay = StateReplay.restore(audit_key, start.state)
+    points = audit.checkpoints()
+    newest = points[-1] if points else None
+    if newest is not None and start is not None and newest.seq <= start.checkpoint.seq:
+        newest = None
+    snapshots: list[str] = []
+    total = audit.head()[0]
+    if progress is not None:
+        progress(0 if start is None else start.checkpoint.seq, total)
+
+    def observe(seq: int, actor: str, action: str, body: str) -> None:
+        replay(seq, actor, action, body)
+        if newest is not None and seq == newest.seq:
+            snapshots.append(replay.snapshot())
+        if progress is not None and (seq % PROGRESS_EVERY == 0 or seq == total):
+            progress(seq, total)
+
+    chain = audit.verify(
+        external=kept, observe=observe, start=None if start is None else start.checkpoint
+    )
+    if not chain.ok:
+        return chain, StateCheck(False, note="the chain failed: the state was not checked")
+    state = replay.compare(engine)
+    resume = None
+    if state.problem is None:
+        public = tlog.verify(start=None if start is None else _tlog_start(start))
+        if not public.ok:
+            problem = f"transparency log: {public.problem}"
+            return _verdict(chain, state, problem), state
+        at = (public.leaves, tuple(e.hex() for e in public.edge), public.nodes)
+        if newest is not None and snapshots:
+            resume = Resume(newest, snapshots[0], at)
+        elif start is not None:
+            resume = Resume(start.checkpoint, start.state, at)
+    return _verdict(chain, state, state.problem), replace(state, resume=resume)
+
+
+def _tlog_start(start: Resume) -> TlogVerification:
+    """The transparency log's accepted check that ``start`` records (where it resumes)."""
+    leaves, edge, nodes = start.tlog
+    return TlogVerification(True, leaves, 0, None, tuple(bytes.fromhex(e) for e in edge), nodes)
+
+
+def _verdict(chain: Verification, state: StateCheck, problem: str | None) -> Verification:
+    """The chain's verification with the state's outcome."""
+    return replace(
+        chain,
+        ok=problem is None,
+        problem=problem,
+        state_checked=state.checked,
+        note=state.note,
+    )
