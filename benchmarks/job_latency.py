@@ -9,7 +9,9 @@ one every ``--interval-ms`` on a fixed schedule (a new device each), first with 
 (the baseline), then while each job runs in a separate process, as ``dpgov jobs run NAME``
 would: ``flush-inbox`` after the relay filled the inbox with ``--reports`` reports,
 ``aggregate`` after it filled the inbox again (it flushes, then folds both lots),
-``checkpoint``, and ``purge`` run with its clock ten years ahead (every retention window has
+``checkpoint``, the population passes (``dashboard``: the effective-epsilon report and every
+use case's distributions; ``verify``: the chain and the tables, from the last verified
+checkpoint), and ``purge`` run with its clock ten years ahead (every retention window has
 passed: it deletes everything). Each row gives the job's own run time (without the process's
 start-up), what it handled, and the latency of the single reports sent while it ran. The
 Safari policy's batch minimum is lowered to 1 first (the default holds a batch for 5,000
@@ -41,7 +43,7 @@ from benchmarks.http import TOKEN, Body, report_bodies, server_env, start_server
 from dp_governor.budget.storage.db import WRITE_OPTION, scratch_schema
 
 USE_CASE = "safari-energy-domains"
-JOBS = ("flush-inbox", "aggregate", "checkpoint", "purge")
+JOBS = ("flush-inbox", "aggregate", "checkpoint", "dashboard", "verify", "purge")
 AHEAD_DAYS = 3651  # beyond the longest retention a policy may set (3,650 days)
 HEADER = (
     "| backend | job | rows handled | job s | write transactions | single reports"

@@ -14,7 +14,7 @@ def test_the_job_latency_benchmark_prints_a_row_per_job(capsys: pytest.CaptureFi
         ["--reports", "300", "--interval-ms", "20", "--baseline-seconds", "0.5", "--postgres", ""]
     )
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("| backend | job | rows handled |") and len(lines) == 7
+    assert lines[0].startswith("| backend | job | rows handled |") and len(lines) == 9
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
     assert [r[1] for r in rows] == ["none (baseline)", *job_latency.JOBS]
     assert all(len(r) == 9 and r[0] == "sqlite" for r in rows), rows

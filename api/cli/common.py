@@ -85,6 +85,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     settings name its keys and their checks), through :func:`long_lived_imports`.
     """
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from dp_governor.api._unknown_settings import UnknownSetting
 
@@ -98,6 +99,8 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
         return Settings(**values)  # type: ignore[arg-type]
     except UnknownSetting as exc:
         refuse(str(exc))
+    except SettingsError as exc:  # a list or object setting that is not JSON
+        refuse(f"invalid setting: {exc} (a list is JSON, e.g. '[\"URL VKEY\"]')")
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "settings"

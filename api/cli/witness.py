@@ -79,6 +79,13 @@ def witness_serve(
             logs.append(Verifier.parse(vkey))
         except NoteError as exc:
             refuse(f"--log-key: {exc}")
+    names = [log.name for log in logs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # a checkpoint names its log by origin: one key would silently replace the other
+        refuse(
+            f"--log-key: two keys name the log {twice[0]!r}; a witness follows one log of a"
+            " name (run one witness per log of that name)"
+        )
     signer = _signer(name, key_file)
     try:
         store = WitnessStore(state_db)

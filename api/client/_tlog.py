@@ -71,7 +71,7 @@ def verify_record(
     if record.checkpoint is None:
         if record.leaves or record.gate:
             return answer("the server shows charges but no signed checkpoint")
-        return answer(None)
+        return answer(_sent_problem(sent, {}))  # nothing shown: what the device sent is missing
     try:
         point, cosigned = Checkpoint.open(record.checkpoint, log_key, witnesses=keys, quorum=quorum)
     except NoteError as exc:
@@ -118,13 +118,20 @@ def verify_record(
             f" proves {proven.get(where[0], (0, 0))} (reports, micro-epsilon){pending}",
             names,
         )
-    if sent is not None:
-        mine = {uc: (int(n), int(e)) for uc, (n, e) in sent.items() if n}
-        if mine != proven:
-            where = sorted(set(mine) ^ set(proven) | {k for k in mine if mine[k] != proven.get(k)})
-            return answer(
-                f"for {where[0]!r} the device sent {mine.get(where[0], (0, 0))} but the log"
-                f" records {proven.get(where[0], (0, 0))} (reports, micro-epsilon)",
-                names,
-            )
-    return answer(None, names)
+    return answer(_sent_problem(sent, proven), names)
+
+
+def _sent_problem(
+    sent: Mapping[str, tuple[int, int]] | None, proven: Mapping[str, tuple[int, int]]
+) -> str | None:
+    """The first use case where the device's own count differs from what the log proves."""
+    if sent is None:
+        return None
+    mine = {uc: (int(n), int(e)) for uc, (n, e) in sent.items() if n}
+    if mine == proven:
+        return None
+    where = sorted(set(mine) ^ set(proven) | {k for k in mine if mine[k] != proven.get(k)})
+    return (
+        f"for {where[0]!r} the device sent {mine.get(where[0], (0, 0))} but the log"
+        f" records {proven.get(where[0], (0, 0))} (reports, micro-epsilon)"
+    )

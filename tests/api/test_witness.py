@@ -272,3 +272,16 @@ def test_concurrent_add_checkpoint_requests_advance_the_state_once(tmp_path: Pat
             assert final.status_code == 200, final.text  # from the winner's size, it advances
     finally:
         engine.dispose()
+
+
+def test_two_keys_of_one_log_name_are_refused_at_start(tmp_path: Path) -> None:
+    key_file = tmp_path / "w.key"
+    key_file.write_text(bytes([7] * 32).hex() + "\n", encoding="ascii")
+    a = Signer("dp-governor.invalid/tlog", bytes([1] * 32)).verifier.vkey()
+    b = Signer("dp-governor.invalid/tlog", bytes([2] * 32)).verifier.vkey()
+    done = _dpgov(
+        "serve", "--log-key", a, "--log-key", b, "--name", "w.example/w",
+        "--key-file", str(key_file), "--state-db", str(tmp_path / "w.sqlite"),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "two keys name the log 'dp-governor.invalid/tlog'" in done.stderr

@@ -8,6 +8,9 @@ and a client's quorum check accepts or refuses it with no other call.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -150,3 +153,20 @@ def test_a_witnesses_setting_that_is_not_url_and_key_is_refused_naming_it() -> N
             Settings(witnesses=[entry])
         assert words in str(caught.value)
     assert Settings(witnesses=[f"https://w1.example/ {_wkey('w1', 1)}"]).witnesses
+
+
+@pytest.mark.parametrize("value", ["not json", '"https://w1.example KEY"'])
+def test_a_witnesses_variable_that_is_no_json_list_is_one_line_naming_it(
+    value: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "DPGOV_WITNESSES": value, "DPGOV_DATABASE_URL": "sqlite:///x.sqlite"}
+    done = subprocess.run(
+        [sys.executable, "-m", "dp_governor.api.cli", "audit", "verify"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "witnesses" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr

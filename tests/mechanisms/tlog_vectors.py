@@ -7,7 +7,8 @@ their charges' labels), its checkpoint signed by the log and cosigned by one wit
 device's record as ``GET /v1/devices/{id}/tlog`` returns it, and cases that each break one
 thing (a leaf altered, a charge dropped, a forked checkpoint, a proof in hex, a bad cosignature,
 a quorum not met, another log's key, a device that sent more, a leaf whose running total is
-wrong, the device's leaves out of order, another device's leaf).
+wrong, the device's leaves out of order, another device's leaf, a record that shows nothing
+though the device sent).
 Each case carries the answer of :func:`dp_governor.api.client.verify_record`, word for word:
 another implementation (``devices/js``) must give the same.
 """
@@ -163,6 +164,8 @@ def tlog() -> dict[str, Any]:
     name, _, blob = lines[1].rpartition(" ")
     lines[1] = f"{name} {blob[:-8]}{'A' if blob[-8] != 'A' else 'B'}{blob[-7:]}"
     bad_cosign["checkpoint"] = head + "\n\n" + "\n".join(lines) + "\n"
+    hidden = copy.deepcopy(record)  # the server shows nothing at all for the device's day
+    hidden.update(checkpoint=None, leaves=[], gate=[])
     cases_in: list[tuple[str, dict[str, Any], list[str], int, dict[str, list[int]] | None]] = [
         ("valid", record, [], 0, None),
         ("valid, cosigned by the quorum", record, [keys["witness"]], 1, None),
@@ -180,6 +183,8 @@ def tlog() -> dict[str, Any]:
         ("a leaf's running total is not the device's", miscounted, [], 0, None),
         ("the device's charges out of order", reordered, [], 0, None),
         ("another device's charge", others, [], 0, None),
+        ("nothing shown, though the device sent", hidden, [keys["witness"]], 1,
+         {"emoji": [2, 8_000_000]}),
     ]  # fmt: skip
     cases = []
     for name, rec, witnesses, quorum, sent in cases_in:

@@ -376,7 +376,7 @@ export async function verifyRecord(record, log, options = {}) {
     if (record.leaves.length || record.gate.length) {
       return answer("the server shows charges but no signed checkpoint");
     }
-    return answer(null);
+    return answer(sentProblem(options.sent, new Map())); // nothing shown: what it sent is missing
   }
   let point;
   try {
@@ -443,19 +443,27 @@ export async function verifyRecord(record, log, options = {}) {
         ` proves ${tuple(totals.get(where) ?? [0, 0])} (reports, micro-epsilon)${pending}`,
     );
   }
-  if (options.sent) {
-    const mine = new Map(
-      Object.entries(options.sent)
-        .filter(([, v]) => v[0])
-        .map(([k, v]) => [k, [Number(v[0]), Number(v[1])]]),
-    );
-    const differs = firstDifference(mine, totals);
-    if (differs !== undefined) {
-      return answer(
-        `for ${pyRepr(differs)} the device sent ${tuple(mine.get(differs) ?? [0, 0])} but the` +
-          ` log records ${tuple(totals.get(differs) ?? [0, 0])} (reports, micro-epsilon)`,
-      );
-    }
-  }
-  return answer(null);
+  return answer(sentProblem(options.sent, totals));
+}
+
+/**
+ * The first use case where the device's own count differs from what the log proves, or null.
+ *
+ * @param {Record<string, [number, number]> | null | undefined} sent
+ * @param {Map<string, [number, number]>} proven
+ * @returns {string | null}
+ */
+function sentProblem(sent, proven) {
+  if (!sent) return null;
+  const mine = new Map(
+    Object.entries(sent)
+      .filter(([, v]) => v[0])
+      .map(([k, v]) => [k, [Number(v[0]), Number(v[1])]]),
+  );
+  const differs = firstDifference(mine, proven);
+  if (differs === undefined) return null;
+  return (
+    `for ${pyRepr(differs)} the device sent ${tuple(mine.get(differs) ?? [0, 0])} but the` +
+    ` log records ${tuple(proven.get(differs) ?? [0, 0])} (reports, micro-epsilon)`
+  );
 }
