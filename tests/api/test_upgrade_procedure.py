@@ -144,7 +144,11 @@ def follow(installation: Installation, **extra: str) -> list[subprocess.Complete
     """Run the procedure's steps 2 to 5 as written (3 installs this release: it is installed)."""
     steps = documented_procedure()
     assert [s.split()[0] for s in steps] == ["pg_dump", "pip", "dpgov", "dpgov", "dpgov"]
-    assert steps[2:5] == ["dpgov db upgrade", "dpgov audit verify", "dpgov serve --workers 4"]
+    assert steps[2:5] == [
+        "dpgov db upgrade",
+        "dpgov audit verify --full",
+        "dpgov serve --workers 4",
+    ]
     done = []
     for step in (steps[0], steps[2], steps[3]):
         done.append(installation.run(step, **extra))
