@@ -71,7 +71,9 @@ def cms_body_schema(k: int | None = None, m: int | None = None) -> dict[str, Any
     else:
         n_bytes = (m + 7) // 8
         j |= {"maximum": k - 1, "description": "The hash row, 0 to k - 1."}
+        tail = ("", "[A-Za-z0-9+/]{2}==", "[A-Za-z0-9+/]{3}=")[n_bytes % 3]  # its padding
         bits |= {
+            "pattern": f"^(?:[A-Za-z0-9+/]{{4}})*{tail}$",  # so 'AAAA' is not 2 bytes
             "minLength": 4 * ((n_bytes + 2) // 3),
             "maxLength": 4 * ((n_bytes + 2) // 3),
             "description": f"The {m} privatized coordinates (1 = +1), packed big-endian"
