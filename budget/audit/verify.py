@@ -26,6 +26,17 @@ account reset, a slot moved to another budget, a policy or device-wide budget ro
 place, a horizon moved, a deleted idempotency record (a retry then charged twice), an edited
 batch figure: each makes the check fail, and the problem starts with the table's name.
 
+Each acceptance's ``n`` and ``spent`` (its ordinal among the device's charges of the use case
+that day and the device's micro-epsilon on it after this charge: what its transparency-log leaf
+publishes) are compared the same way, per use case and day: the replay hashes them as the
+entries state them, and the database computes them from ``charges`` with window functions
+(``row_number()`` and a running ``sum`` per device, use case and day, in id order, the order the
+gate decided them), so no per-device state is held here. A misstated ordinal or running spend
+fails as ``charges: the n or spent ...``. Acceptances written before per-charge labels carry no
+``n``: the (use case, day) of such an entry is not compared (both sides skip it), and an
+acceptance without ``n`` after one with it is itself a failure (releases only move forward; one
+could otherwise hide a day from this check).
+
 Entries written by a release before these digests (charge entries without ``idempotency``)
 describe no idempotency record, no batch and no row tag: the days up to the last such charge
 (``legacy_through``) are not checked for those three; every later day is.
@@ -46,7 +57,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import ColumnElement, Engine, Select, inspect, select, text
+from sqlalchemy import ColumnElement, Engine, Select, func, inspect, select, text
 
 from dp_governor.budget.audit.log import idempotency_hash, record_digest
 from dp_governor.budget.audit.verdicts import Resume
@@ -66,7 +77,9 @@ from dp_governor.policies.model import Policy
 __all__ = ["StateCheck", "StateReplay", "budgets_since"]
 
 _MOD = 1 << 256
-_PER_DAY = ("charges", "days", "accepted", "batches")  # digests and counts by (use case, day)
+# digests and counts by (use case, day)
+_PER_DAY = ("charges", "days", "accepted", "batches", "tallies")
+_PAGE = 10_000  # rows a comparison holds at a time (PostgreSQL streams them from a cursor)
 NO_LIMIT = (1 << 31) - 1  # a restored replay's first touched day until it touches one (int4)
 _POLICY_ACTIONS = ("policy.create", "policy.update", "policy.delete")
 
@@ -110,6 +123,10 @@ class StateReplay:
         self.idempotency_through = NO_HORIZON  # records on or before may have been purged
         self.batches: dict[tuple[str, int], int] = defaultdict(int)
         self.since_day: int | None = None  # restored: the first day the new entries touch
+        self.tallies: dict[tuple[str, int], int] = defaultdict(int)  # charges' (n, spent)
+        self.untallied: set[tuple[str, int]] = set()  # days an entry without ``n`` charged
+        self.labelled = False  # an accepted entry with ``n`` was replayed
+        self.unlabelled: str | None = None  # an entry without ``n`` after one with it
 
     def snapshot(self) -> str:
         """Everything replayed so far, as JSON (where an incremental verification resumes)."""
@@ -125,6 +142,8 @@ class StateReplay:
                 "lifetime": self.lifetime,
                 "idempotency": [[k, v] for k, v in self.idempotency.items()],
                 "refusals": [[*k, *v] for k, v in self.refusals.items()],
+                "untallied": sorted(self.untallied),
+                "labelled": self.labelled,
                 **{
                     name: [[k[0], k[1], v] for k, v in getattr(self, name).items()]
                     for name in _PER_DAY
@@ -156,7 +175,14 @@ class StateReplay:
         replay.idempotency.update({int(k): int(v) for k, v in data["idempotency"]})
         replay.refusals = {(str(a), str(b)): (int(d), int(e)) for a, b, d, e in data["refusals"]}
         for name in _PER_DAY:
-            getattr(replay, name).update({(str(u), int(d)): int(v) for u, d, v in data[name]})
+            getattr(replay, name).update(
+                {(str(u), int(d)): int(v) for u, d, v in data.get(name, ())}
+            )
+        if "tallies" in data:
+            replay.untallied = {(str(u), int(d)) for u, d in data["untallied"]}
+            replay.labelled = bool(data["labelled"])
+        else:  # taken by a release before this check: its days' (n, spent) were not replayed
+            replay.untallied = set(replay.accepted)
         replay.since_day = NO_LIMIT
         return replay
 
@@ -178,6 +204,7 @@ class StateReplay:
             if data["accepted"]:
                 budget = ANY_BUDGET if seq <= self.budgets_since else str(data["budget"])
                 self._charge(dk, data, budget)
+                self._tally(seq, dk, data)
             if "idempotency" not in data:  # written by an earlier release
                 day = int(data["day"])
                 self.legacy_through = max(self.legacy_through or NO_HORIZON, day)
@@ -231,6 +258,24 @@ class StateReplay:
             data["min_batch_devices"],
         )  # fmt: skip
 
+    def _tally(self, seq: int, dk: str, data: dict[str, Any]) -> None:
+        """An acceptance's ``n`` and ``spent`` (what its transparency-log leaf publishes)."""
+        key = (str(data["use_case"]), int(data["day"]))
+        n, spent = data.get("n"), data.get("spent")
+        if n is None:  # a release before per-charge labels wrote it: its day is not compared
+            self.untallied.add(key)
+            if self.labelled and self.unlabelled is None:
+                self.unlabelled = (
+                    f"charges: entry {seq} records an acceptance without its n and spent, after"
+                    " acceptances with them (its leaf would hide the device's running spend)"
+                )
+            return
+        self.labelled = True
+        if type(n) is not int or type(spent) is not int:
+            n = f"not an integer: {n!r}, {spent!r}"  # matches no row
+        element = self.h("s", dk, key[0], key[1], n, spent)
+        self.tallies[key] = (self.tallies[key] + element) % _MOD
+
     def _charge(self, dk: str, data: dict[str, Any], budget: str) -> None:
         uc, version = data["use_case"], data["policy_version"]
         eps, day = data["epsilon_micro"], data["day"]
@@ -273,14 +318,17 @@ class StateReplay:
             )
             if problem is not None:
                 return StateCheck(True, f"device_budgets: {problem}")
-            t = Charge.__table__.c  # type: ignore[attr-defined]
-            query = select(t.id, t.device_key, t.use_case, t.policy_version, t.epsilon_micro, t.day)
-            problem = self._compare_charges(conn.execute(self._from_since(query, t.day)))
+            query = self._from_since(_charges_query(), Charge.__table__.c.day)  # type: ignore[attr-defined]
+            problem = self.unlabelled
+            if problem is None:
+                with conn.execution_options(yield_per=_PAGE).execute(query) as rows:
+                    problem = self._compare_charges(rows)
             if problem is not None:
                 return StateCheck(True, problem)
             c = Account.__table__.c  # type: ignore[attr-defined]
-            rows = conn.execute(select(c.device_key, c.count, c.epsilon_micro, c.days, c.lifetime))
-            problem = self._compare_accounts(rows)
+            accounts = select(c.device_key, c.count, c.epsilon_micro, c.days, c.lifetime)
+            with conn.execution_options(yield_per=_PAGE).execute(accounts) as rows:
+                problem = self._compare_accounts(rows)
             if problem is None:
                 i = IdempotencyRecord.__table__.c  # type: ignore[attr-defined]
                 records = select(i.device_key, i.key, i.request_hash, i.day, i.decision)
@@ -392,15 +440,33 @@ class StateReplay:
         return None
 
     def _compare_charges(self, rows: Iterable[tuple[Any, ...]]) -> str | None:
+        """Every charge row, then each acceptance's ``(n, spent)`` as the rows order them."""
         digests: dict[tuple[str, int], int] = defaultdict(int)
-        for charge_id, dk, uc, version, eps, day in rows:
+        tallies: dict[tuple[str, int], int] = defaultdict(int)
+        untallied = self.untallied
+        for charge_id, dk, uc, version, eps, day, n, spent in rows:
             key = (str(uc), int(day))
             if key[1] <= self.horizons.get(key[0], NO_HORIZON):
                 continue  # deleted by definition (the purge deletes it after raising the horizon)
             digests[key] = (digests[key] + self.h("c", charge_id, dk, uc, version, eps, day)) % _MOD
+            if key not in untallied:
+                tallies[key] = (tallies[key] + self.h("s", dk, uc, day, n, int(spent))) % _MOD
         since = NO_HORIZON if self.since_day is None else self.since_day
         expected = {k: v for k, v in self._held(self.charges).items() if k[1] >= since}
-        return _first_difference("charges", expected, self._held(digests))
+        problem = _first_difference("charges", expected, self._held(digests))
+        if problem is not None:
+            return problem
+        recorded = self._held(self.tallies)
+        expected = {k: v for k, v in recorded.items() if k[1] >= since and k not in untallied}
+        actual = self._held(tallies)
+        for key in sorted(set(expected) | set(actual)):
+            if expected.get(key, 0) != actual.get(key, 0):
+                return (
+                    f"charges: the n or spent the audit entries recorded for {key[0]!r} on day"
+                    f" {key[1]} disagree with the charges (a charge's ordinal or the device's"
+                    " running spend that its transparency-log leaf publishes is wrong)"
+                )
+        return None
 
     def _compare_accounts(self, rows: Iterable[tuple[Any, ...]]) -> str | None:
         days: dict[tuple[str, int], int] = defaultdict(int)
@@ -423,6 +489,26 @@ class StateReplay:
         if lifetime != self.lifetime:
             return "accounts' lifetime counts disagree with the charges recorded"
         return _first_difference("accounts' days", self._held(self.days), self._held(days))
+
+
+def _charges_query() -> Select[Any]:
+    """Every charge with its ``n`` and ``spent`` as the gate counts them (window functions).
+
+    ``n``: the charge's ordinal among its device's charges of its use case that day, in id
+    order (the order the gate decided them); ``spent``: their micro-epsilon up to this one.
+    Every budget and policy version counts, as in
+    :meth:`~dp_governor.budget.rule.state.AccountState.use_case_today`; refusals have no row.
+    """
+    t = Charge.__table__.c  # type: ignore[attr-defined]
+    group = {
+        "partition_by": (t.day, t.use_case, t.device_key),
+        "order_by": t.id,
+        "rows": (None, 0),
+    }
+    return select(
+        t.id, t.device_key, t.use_case, t.policy_version, t.epsilon_micro, t.day,
+        func.row_number().over(**group), func.sum(t.epsilon_micro).over(**group),
+    )  # fmt: skip
 
 
 def budgets_since(engine: Engine) -> int:
