@@ -273,8 +273,12 @@ class StateReplay:
         self.labelled = True
         if type(n) is not int or type(spent) is not int:
             n = f"not an integer: {n!r}, {spent!r}"  # matches no row
-        element = self.h("s", dk, key[0], key[1], n, spent)
-        self.tallies[key] = (self.tallies[key] + element) % _MOD
+        self.tallies[key] = (self.tallies[key] + self._spent(dk, key[0], key[1], n, spent)) % _MOD
+
+    def _spent(self, dk: object, uc: object, day: object, n: object, spent: object) -> int:
+        """``h("s", dk, uc, day, n, spent)``, formatted directly (once per charge, both sides)."""
+        text = f"s\0{dk}\0{uc}\0{day}\0{n}\0{spent}".encode()
+        return int.from_bytes(self._keyed.digest(text), "big")
 
     def _charge(self, dk: str, data: dict[str, Any], budget: str) -> None:
         uc, version = data["use_case"], data["policy_version"]
@@ -450,7 +454,7 @@ class StateReplay:
                 continue  # deleted by definition (the purge deletes it after raising the horizon)
             digests[key] = (digests[key] + self.h("c", charge_id, dk, uc, version, eps, day)) % _MOD
             if key not in untallied:
-                tallies[key] = (tallies[key] + self.h("s", dk, uc, day, n, int(spent))) % _MOD
+                tallies[key] = (tallies[key] + self._spent(dk, uc, day, n, int(spent))) % _MOD
         since = NO_HORIZON if self.since_day is None else self.since_day
         expected = {k: v for k, v in self._held(self.charges).items() if k[1] >= since}
         problem = _first_difference("charges", expected, self._held(digests))
