@@ -70,6 +70,7 @@ NEWEST_CLAIM: Final = (
 CLAIMS_SINCE: Final = (
     f"SELECT body FROM audit_log WHERE action = '{CLAIM_ACTION}' AND at >= :since ORDER BY at, seq"
 )
+ARCHIVED_CLAIMS: Final = "SELECT max(claimed_through) FROM audit_archives"
 ACTOR: Final = "job:claims"
 _BATCH_FIELDS: Final = (
     "first_day",
@@ -250,9 +251,16 @@ def render_report(claim: Mapping[str, Any]) -> str:
 
 
 def _last_claimed(conn: Connection) -> int | None:
-    """The latest day claimed: the newest claim entry (one entry of the claims' index, 0014)."""
+    """The latest day claimed: the newest claim entry (one entry of the claims' index, 0014).
+
+    Once archived, a claim is no longer in the log: ``audit_archives`` records the newest day
+    the archived entries claimed, so a day is never claimed twice.
+    """
     body = conn.execute(text(NEWEST_CLAIM)).scalar()
-    return None if body is None else int(orjson.loads(body)["data"]["inputs"]["day"])
+    if body is None:  # none in the log: the newest an archive moved out, if any
+        archived = conn.execute(text(ARCHIVED_CLAIMS)).scalar()
+        return None if archived is None else int(archived)
+    return int(orjson.loads(body)["data"]["inputs"]["day"])
 
 
 def _local(conn: Connection, use_case: str, day: int) -> dict[int, int]:
