@@ -51,6 +51,7 @@ from sqlalchemy import DDL, BigInteger, Boolean, Column, Index, Integer, String,
 from sqlmodel import Field, SQLModel
 
 __all__ = [
+    "CLAIM_LEAF_PREDICATE",
     "GENESIS",
     "Account",
     "AuditArchive",
@@ -69,6 +70,9 @@ __all__ = [
     "TlogLeaf",
     "TlogNode",
 ]
+
+CLAIM_LEAF_PREDICATE = """data LIKE '{"actor":"job\\:claims",%'"""
+"""A claim's leaf (keys sorted: its actor first), as the partial index and its reader write it."""
 
 GENESIS = "0" * 64
 """The audit chain's hash before its first entry (and the first checkpoint's previous signature)."""
@@ -203,6 +207,15 @@ class TlogLeaf(SQLModel, table=True):
     """One leaf of the transparency log: the public projection of one audit entry."""
 
     __tablename__ = "tlog_leaves"
+    __table_args__ = (
+        # the claims' leaves alone (revision 0017): a claim the audit log archived is read here
+        Index(
+            "ix_tlog_leaves_claims",
+            "idx",
+            sqlite_where=text(CLAIM_LEAF_PREDICATE),
+            postgresql_where=text(CLAIM_LEAF_PREDICATE),
+        ),
+    )
 
     idx: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
     seq: int = Field(sa_column=Column(BigInteger, nullable=False, unique=True))

@@ -23,7 +23,7 @@ from dp_governor.budget import Ledger
 from dp_governor.budget.audit.archive import ArchiveError, ArchiveRefused, read_archive
 from dp_governor.budget.audit.log import Verification
 from dp_governor.budget.reporting.activity import daily_activity
-from dp_governor.budget.reporting.claims import publish_claims
+from dp_governor.budget.reporting.claims import logged_claim, publish_claims
 from dp_governor.mechanisms.merkle import leaf_hash, verify_inclusion
 from dp_governor.mechanisms.signed_note import Checkpoint
 
@@ -199,6 +199,8 @@ def test_claims_activity_and_receipts_read_on_after_an_archive(
     today = utc_day(NOW) + 1
     claimed = publish_claims(ledger, today=today, now=NOW + timedelta(days=1))
     assert claimed > 0
+    before = logged_claim(ledger, "emoji", today - 1)
+    assert before is not None
     _verified(ledger, NOW + timedelta(days=1))
     ledger.archive(through=None, out=tmp_path / "a.gz", now=NOW)
     with ledger.engine.connect() as conn:
@@ -207,6 +209,8 @@ def test_claims_activity_and_receipts_read_on_after_an_archive(
         ).scalar_one()
     assert left == 0  # every claim was archived: the day is still known as claimed
     assert publish_claims(ledger, today=today, now=NOW + timedelta(days=1)) == 0
+    assert logged_claim(ledger, "emoji", today - 1) == before  # read from its public leaf
+    assert logged_claim(ledger, "emoji", today) is None
     activity = daily_activity(ledger.engine, now=NOW + timedelta(days=1))
     assert sum(activity.accepted["emoji"]) >= 3
     receipt = ledger.tlog.receipt(1)  # an archived entry's leaf stays, and still proves

@@ -5,6 +5,8 @@ entry, kept in ``audit_log``), its chain head, the archived range and the chain 
 the file's name and SHA-256, and the verified replay state at the boundary, tagged with the audit
 key. The table is append-only (UPDATE and DELETE refused). ``audit_log``'s DELETE trigger is
 replaced: a row strictly below the newest archive's boundary may be deleted, any other still not.
+A partial index over the transparency log's claim leaves (``ix_tlog_leaves_claims``) lets the
+daily report of a day whose claim was archived be read from its leaf.
 
 Revision ID: 0017
 Revises: 0015
@@ -20,6 +22,8 @@ down_revision: str | None = "0015"
 branch_labels = None
 depends_on = None
 
+# a claim's leaf (keys sorted: its actor first); the colon escaped from SQLAlchemy's binds
+_CLAIM_LEAF = """data LIKE '{"actor":"job\\:claims",%'"""
 _REFUSED = "audit_log is append-only: DELETE refused (only archived entries may be deleted)"
 
 
@@ -90,6 +94,13 @@ def upgrade() -> None:
     if "audit_archives" in set(sa.inspect(conn).get_table_names()):
         return
     _table(sa.MetaData()).create(conn)
+    op.create_index(
+        "ix_tlog_leaves_claims",
+        "tlog_leaves",
+        ["idx"],
+        sqlite_where=sa.text(_CLAIM_LEAF),
+        postgresql_where=sa.text(_CLAIM_LEAF),
+    )
     if conn.dialect.name == "sqlite":
         _sqlite_triggers()
     else:
