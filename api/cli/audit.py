@@ -62,7 +62,8 @@ def audit_verify(
     """Check the audit chain and the state the gate decides on; exit 1 naming what fails.
 
     Starts at the signed checkpoint the last accepted verification reached (docs/audit.md
-    says which checks then cover only the entries after it); ``--full`` replays everything.
+    says which checks then cover only the entries after it); ``--full`` replays everything the
+    log holds, and with ``--archive`` the archived entries first.
     On stderr: the entries verified (a bar on a terminal, a line per tenth in a log), then
     each later part with its time; ``--quiet``: none of it.
     """
