@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import select, text
+from sqlalchemy.exc import IntegrityError
 
 from dp_governor.budget.audit.log import (
     AuditLog,
@@ -223,7 +224,9 @@ class Archives:
                 " `dpgov audit verify`"
             )
         boundary = self._boundary_row(point)
-        start = next(self.audit.rows(after=first - 1, limit=1))
+        if out.exists() or out.is_symlink():
+            raise ArchiveRefused(f"{out} exists (an archive is never overwritten)")
+        [start] = list(self.audit.rows(after=first - 1, limit=1))  # read whole: closed
         state = json.dumps(
             {
                 "replay": resume.state,
@@ -244,7 +247,11 @@ class Archives:
         claimed = self._write(out, header, first, point.seq)
         if claimed is None and previous:
             claimed = previous[-1].claimed_through
-        self.check_file(out, header, checkpoints)
+        try:
+            self.check_file(out, header, checkpoints)
+        except ArchiveError:
+            out.unlink()  # not recorded, nothing deleted: a file no archive names is no use
+            raise
         row: dict[str, Any] = {
             "boundary": point.seq,
             "hash": point.hash,
@@ -260,23 +267,36 @@ class Archives:
             "at": timestamp(now),
         }
         row["tag"] = self._tag(row)
+        try:
+            self._record(row, first, point.seq)
+        except IntegrityError:
+            out.unlink()
+            raise ArchiveRefused(
+                f"another archive recorded the boundary {point.seq} meanwhile: nothing was deleted"
+            ) from None
+        return ArchiveRecord(**row)
+
+    def _record(self, row: dict[str, Any], first: int, boundary: int) -> None:
+        """Record the archive and delete its entries, in one transaction.
+
+        Rolled back (raising :class:`ArchiveRefused`) unless exactly ``[first, boundary)`` went.
+        """
         with writer(self.engine).begin() as conn:
             conn.execute(_TABLE.insert().values(**row))
             deleted = conn.execute(
                 text("DELETE FROM audit_log WHERE seq >= :a AND seq < :b"),
-                {"a": first, "b": point.seq},
+                {"a": first, "b": boundary},
             ).rowcount
-            if deleted != point.seq - first:
+            if deleted != boundary - first:
                 raise ArchiveRefused(  # rolled back: the log changed under the archive
-                    f"the log held {deleted} entries in [{first}, {point.seq}), not"
-                    f" {point.seq - first}: nothing was deleted"
+                    f"the log held {deleted} entries in [{first}, {boundary}), not"
+                    f" {boundary - first}: nothing was deleted"
                 )
-        return ArchiveRecord(**row)
 
     def _boundary_row(self, point: Checkpoint) -> Row:
         """The boundary entry, checked to be the one the checkpoint signs."""
         signed = [p for p in self.audit.checkpoints() if p.seq == point.seq]
-        row = next(self.audit.rows(after=point.seq - 1, limit=1), None)
+        row = next(iter(list(self.audit.rows(after=point.seq - 1, limit=1))), None)
         if (
             signed != [point]
             or row is None
