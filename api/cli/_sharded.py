@@ -1,4 +1,4 @@
-"""``dpgov audit report --shard URL ...``: the report over a ledger sharded by device key.
+"""``--shard URL ...``: the report and the what-if over a ledger sharded by device key.
 
 Each shard is opened here (a refusal is one line naming the shard, exit 2), then read in
 worker processes by :func:`dp_governor.budget.reporting.sharded.sharded_basis`.
@@ -10,7 +10,7 @@ import contextlib
 import functools
 import io
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import typer
 
@@ -20,10 +20,10 @@ if TYPE_CHECKING:
     from dp_governor.budget.ledger import Ledger
     from dp_governor.budget.reporting.report import EffectiveEpsilonReport
 
-__all__ = ["sharded_report"]
+__all__ = ["open_shards", "refuse_other_policies", "sharded_report", "shown"]
 
 
-def _shown(url: str) -> str:
+def shown(url: str) -> str:
     """``url`` with its password hidden, as a message names it."""
     from sqlalchemy import make_url
     from sqlalchemy.exc import ArgumentError
@@ -47,8 +47,30 @@ def _open_shard(shard: int, url: str) -> tuple[Ledger, Callable[[], Ledger]]:
             ledger = open_ledger(settings)
     except typer.Exit:
         problem = said.getvalue().strip().removeprefix("Error: ")
-        refuse(f"--shard {shard} ({_shown(url)}): {problem}")
+        refuse(f"--shard {shard} ({shown(url)}): {problem}")
+    if said.getvalue():  # a warning of an open that went through: said as it was
+        typer.echo(said.getvalue(), err=True, nl=False)
     return ledger, functools.partial(open_ledger, settings)
+
+
+def open_shards(urls: Sequence[str], opened: list[tuple[Ledger, Callable[[], Ledger]]]) -> None:
+    """Open every shard into ``opened`` (the caller closes them); refuse a URL given twice.
+
+    Each is ``(ledger, opener)``: the shard opened here, and its opener for a worker process.
+    """
+    repeated = next((u for i, u in enumerate(urls) if u in urls[:i]), None)
+    if repeated is not None:
+        refuse(f"--shard {shown(repeated)} is given twice: its devices would count twice")
+    for shard, url in enumerate(urls):
+        opened.append(_open_shard(shard, url))
+
+
+def refuse_other_policies(urls: Sequence[str], shard: int) -> NoReturn:
+    """The one line saying shard ``shard``'s policies differ from the first's (exit 2)."""
+    refuse(
+        f"--shard {shard} ({shown(urls[shard])}) has other policies than --shard 0"
+        f" ({shown(urls[0])}): apply the same policies to every shard"
+    )
 
 
 def sharded_report(
@@ -64,13 +86,9 @@ def sharded_report(
     from dp_governor.budget.reporting.report import finish_report
     from dp_governor.budget.reporting.sharded import ShardPoliciesDiffer, sharded_basis
 
-    repeated = next((u for i, u in enumerate(urls) if u in urls[:i]), None)
-    if repeated is not None:
-        refuse(f"--shard {_shown(repeated)} is given twice: its devices would count twice")
     opened: list[tuple[Ledger, Callable[[], Ledger]]] = []
     try:
-        for shard, url in enumerate(urls):
-            opened.append(_open_shard(shard, url))
+        open_shards(urls, opened)
         ledgers = [ledger for ledger, _ in opened]
         with (
             Progress("audit report: key ranges", "ranges", stream=sink) as bar,
@@ -87,12 +105,9 @@ def sharded_report(
                     done=bar,
                 )
             except ShardPoliciesDiffer as exc:
-                refuse(
-                    f"--shard {exc.shard} ({_shown(urls[exc.shard])}) has other policies than"
-                    f" --shard 0 ({_shown(urls[0])}): apply the same policies to every shard"
-                )
+                refuse_other_policies(urls, exc.shard)
             except PoliciesChanged as exc:
-                refuse(f"--shard {exc.source} ({_shown(urls[exc.source])}): {exc}", 1)
+                refuse(f"--shard {exc.source} ({shown(urls[exc.source])}): {exc}", 1)
             bar.close()
             stages("the bounds of every policy")
             return finish_report(basis, accountant=ledgers[0].accountant, delta=delta)

@@ -44,6 +44,7 @@ __all__ = [
     "ShardPoliciesDiffer",
     "book_digest",
     "merge_central",
+    "same_policies",
     "shard_of",
     "sharded_basis",
 ]
@@ -90,6 +91,20 @@ def book_digest(book: PolicyBook) -> str:
         option=orjson.OPT_SORT_KEYS,
     )
     return hashlib.sha256(blob).hexdigest()
+
+
+def same_policies(ledgers: Sequence[Ledger]) -> list[PolicyBook]:
+    """Every shard's policy book, checked equal to the first's (:func:`book_digest`).
+
+    Raises:
+        ShardPoliciesDiffer: naming the first shard whose policies differ.
+    """
+    books = [ledger.book() for ledger in ledgers]
+    first = book_digest(books[0])
+    for shard, book in enumerate(books[1:], start=1):
+        if book_digest(book) != first:
+            raise ShardPoliciesDiffer(shard)
+    return books
 
 
 def _worst(figures: Sequence[CentralLoss | None]) -> CentralLoss | None:
@@ -170,11 +185,8 @@ def sharded_basis(
     """
     if not ledgers or len(ledgers) != len(openers):
         raise ValueError("give one opener for each of at least one shard")
-    books = [ledger.book() for ledger in ledgers]
-    digests = [book_digest(book) for book in books]
-    for shard, digest in enumerate(digests):
-        if digest != digests[0]:
-            raise ShardPoliciesDiffer(shard)
+    books = same_policies(ledgers)
+    digests = [book_digest(books[0])]
     ranges = [
         r
         for shard, (ledger, opener) in enumerate(zip(ledgers, openers, strict=True))

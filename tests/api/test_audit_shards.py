@@ -126,3 +126,28 @@ def test_shard_options_that_cannot_hold_are_refused(
     assert twice.exit_code == 2 and "is given twice" in twice.stderr
     both = _report(["--shard", urls[0], "--database-url", urls[1]], env)
     assert both.exit_code == 2 and "--shard URLs or --database-url" in both.stderr
+
+
+def test_a_dry_run_over_shards_counts_every_shards_devices(
+    service: tuple[dict[str, str], list[str]], tmp_path: Path
+) -> None:
+    env, urls = service
+    exported = runner.invoke(app, ["policies", "export"], env=env)
+    assert exported.exit_code == 0, exported.output
+    edit = tmp_path / "edit.yaml"
+    edit.write_text(
+        exported.stdout.replace("max_reports_per_day: 2", "max_reports_per_day: 1", 1),
+        encoding="utf-8",
+    )
+    single = runner.invoke(app, ["policies", "apply", "--dry-run", str(edit)], env=env)
+    assert single.exit_code == 0, single.output
+    shards = [arg for url in urls for arg in ("--shard", url)]
+    merged = runner.invoke(
+        app, ["policies", "apply", "--dry-run", str(edit), *shards, "--workers", "2"], env=env
+    )
+    assert merged.exit_code == 0, merged.output
+    *review, last = merged.stdout.splitlines()
+    assert review == single.stdout.splitlines()[:-1] and "version" in merged.stdout
+    assert last == f"dry run over {SHARDS} shards: 1 change(s), nothing written"
+    written = runner.invoke(app, ["policies", "apply", str(edit), *shards], env=env)
+    assert written.exit_code == 2 and "--shard needs --dry-run" in written.stderr

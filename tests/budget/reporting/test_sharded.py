@@ -255,3 +255,38 @@ def test_the_merged_central_figure_is_the_worst_shards(shards: list[list[Shuffle
             (b.devices, b.reports) for b in all_of.batches
         )
     assert any("merged over" in note for note in line.notes)
+
+
+def test_the_sharded_what_if_adds_the_shards_counts(tmp_path: Path) -> None:
+    """A policy edit's and a device budget's what-if over 2 shards equal the one database's."""
+    from dp_governor.budget.reporting.sharded_what_if import (
+        sharded_what_if,
+        sharded_what_if_device_budget,
+    )
+    from dp_governor.budget.reporting.views import what_if, what_if_device_budget
+    from dp_governor.policies.device import DeviceBudgetCreate
+
+    source = create_db_engine(f"sqlite:///{tmp_path / 'source.sqlite'}")
+    init_db(source)
+    ledger = Ledger(source, scale.SECRET)
+    rng = np.random.default_rng(7)
+    scale.build(ledger, devices=250, days=DAYS, rng=rng, audit=False)
+    current = ledger.policies.get("emoji")
+    fields = current.model_dump(include=set(PolicyCreate.model_fields))
+    proposed = PolicyCreate.model_validate(
+        {**fields, "max_reports_per_day": 1, "window_epsilon_cap": 8.0}
+    )
+    device = DeviceBudgetCreate(epsilon_per_day=5.0)
+    single = what_if(ledger, "emoji", proposed, now=NOW)
+    single_device = what_if_device_budget(ledger, device, now=NOW)
+    assert single.refused_next_report_today["proposed"] > 0, "nothing counted"
+    with _shards(tmp_path, 2) as engines:
+        split(source, engines)
+        urls = [e.url.render_as_string(hide_password=False) for e in engines]
+        ledgers = [Ledger(e, scale.SECRET) for e in engines]
+        openers = [functools.partial(_open, url) for url in urls]
+        merged = sharded_what_if(ledgers, openers, "emoji", proposed, now=NOW, workers=2)
+        merged_device = sharded_what_if_device_budget(ledgers, openers, device, now=NOW, workers=2)
+    assert merged == single
+    assert merged_device == single_device
+    source.dispose()
