@@ -38,7 +38,8 @@ def _open_shard(shard: int, url: str) -> tuple[Ledger, Callable[[], Ledger]]:
     """Shard ``shard`` opened here, and its opener for a worker; a refusal names the shard.
 
     The settings' and the database's own refusal (one line) is caught and said again with
-    the shard's number and URL in front, exit 2: the command was given a shard it cannot use.
+    the shard's number and URL in front, naming ``--shard`` where it names the database
+    setting, exit 2: the command was given a shard it cannot use.
     """
     said = io.StringIO()
     try:
@@ -47,6 +48,7 @@ def _open_shard(shard: int, url: str) -> tuple[Ledger, Callable[[], Ledger]]:
             ledger = open_ledger(settings)
     except typer.Exit:
         problem = said.getvalue().strip().removeprefix("Error: ")
+        problem = problem.replace("DPGOV_DATABASE_URL (or --database-url)", "--shard")
         refuse(f"--shard {shard} ({shown(url)}): {problem}")
     if said.getvalue():  # a warning of an open that went through: said as it was
         typer.echo(said.getvalue(), err=True, nl=False)
