@@ -126,8 +126,8 @@ def audit_report(
         int,
         typer.Option(
             min=1,
-            help="Split the devices into this many key ranges, each read in a process of its"
-            " own; the results merge exactly.",
+            help="Split the devices into this many key ranges (with --shard: each shard's),"
+            " each read in a process of its own; the results merge exactly.",
         ),
     ] = 1,
     workers: Annotated[

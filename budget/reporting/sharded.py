@@ -186,7 +186,6 @@ def sharded_basis(
     if not ledgers or len(ledgers) != len(openers):
         raise ValueError("give one opener for each of at least one shard")
     books = same_policies(ledgers)
-    digests = [book_digest(books[0])]
     ranges = [
         r
         for shard, (ledger, opener) in enumerate(zip(ledgers, openers, strict=True))
@@ -210,7 +209,7 @@ def sharded_basis(
         "shards": len(ledgers),
         "devices": sum(devices),
         "devices_per_shard": devices,
-        "policies_sha256": digests[0],
+        "policies_sha256": book_digest(books[0]),
         "routing": ROUTING,
         "merge": "every shard's per-device histograms added (exact: as one database)",
         "central": CENTRAL_RULE,
