@@ -151,3 +151,7 @@ def test_a_dry_run_over_shards_counts_every_shards_devices(
     assert last == f"dry run over {SHARDS} shards: 1 change(s), nothing written"
     written = runner.invoke(app, ["policies", "apply", str(edit), *shards], env=env)
     assert written.exit_code == 2 and "--shard needs --dry-run" in written.stderr
+    alone = runner.invoke(
+        app, ["policies", "apply", "--dry-run", str(edit), "--workers", "2"], env=env
+    )
+    assert alone.exit_code == 2 and "--workers needs --shard" in alone.stderr
