@@ -190,13 +190,22 @@ def audit_report(
         int,
         typer.Option(
             min=1,
-            help="Split the devices into this many key ranges, each read in a process of its"
-            " own; the results merge exactly.",
+            help="Split the devices into this many key ranges (with --shard: each shard's),"
+            " each read in a process of its own; the results merge exactly.",
         ),
     ] = 1,
     workers: Annotated[
         int | None,
-        typer.Option(min=1, help="Processes at once with --partitions (default: the CPUs)."),
+        typer.Option(
+            min=1, help="Processes at once with --partitions or --shard (default: the CPUs)."
+        ),
+    ] = None,
+    shard: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A shard's database URL (repeat for each shard of a ledger sharded by device"
+            " key): every shard is read, --partitions ranges each, and the results merged.",
+        ),
     ] = None,
     database_url: DatabaseOption = None,
     quiet: QuietOption = False,
@@ -204,19 +213,30 @@ def audit_report(
     """The effective-epsilon report: what each policy allows and what devices spent.
 
     On stderr: the devices read (a bar on a terminal, a line per tenth in a log), or with
-    ``--partitions`` the ranges finished, then the bounds' time; ``--quiet``: none of it.
+    ``--partitions`` or ``--shard`` the ranges finished, then the bounds' time; ``--quiet``:
+    none of it.
     """
+    import os
+
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.loss import effective_epsilon
 
     if delta is not None and not 0 < delta < 1:
         typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
         raise typer.Exit(2)
+    sink = io.StringIO() if quiet else None
+    if shard:
+        from dp_governor.api.cli._sharded import sharded_report
+
+        if database_url is not None:
+            refuse("give --shard URLs or --database-url, not both")
+        workers = workers or os.cpu_count() or 1
+        _print_report(sharded_report(shard, partitions, workers, delta, sink), as_json)
+        return
     if workers is not None and partitions == 1:
-        refuse("--workers needs --partitions (more than 1)")
+        refuse("--workers needs --partitions (more than 1) or --shard")
     settings = load_settings(database_url)
     ledger = open_ledger(settings)  # a refusal: one line, no progress
-    sink = io.StringIO() if quiet else None
     if partitions > 1:
         try:
             report = _partitioned_report(ledger, settings, partitions, workers, delta, sink)
