@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -9,7 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from dp_governor.budget import Ledger
+    from dp_governor.budget.reporting.views import WhatIf
     from dp_governor.policies import Policy, PolicyCreate
     from dp_governor.policies.device import DeviceBudgetCreate
 
@@ -68,6 +72,16 @@ def policies_apply(
             help="Allow a change that lets some device spend more than the policies before it.",
         ),
     ] = False,
+    shard: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="With --dry-run: a shard's database URL (repeat for each shard of a ledger"
+            " sharded by device key); the what-if counts every shard's devices.",
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Shards read at once (default: the CPUs).")
+    ] = None,
     database_url: DatabaseOption = None,
 ) -> None:
     """Create or update every policy of a complete file, as one change; review it first.
@@ -88,6 +102,15 @@ def policies_apply(
         device = load_device_budget(file)
     except PolicyFileError as exc:
         refuse(f"{file}: {exc}", 1)
+    if shard:
+        if not dry_run:
+            refuse("--shard needs --dry-run: write the policies to each shard's database")
+        if database_url is not None:
+            refuse("give --shard URLs or --database-url, not both")
+        _sharded_dry_run(shard, workers, policies, device, allow_loosen=allow_loosen)
+        return
+    if workers is not None:
+        refuse("--workers needs --shard")
     ledger = open_ledger(load_settings(database_url), Access.READ if dry_run else Access.WRITE)
     try:
         now = SystemClock().now()
@@ -120,10 +143,73 @@ def policies_apply(
         ledger.close()
 
 
+def _sharded_dry_run(
+    urls: list[str],
+    workers: int | None,
+    policies: list[PolicyCreate],
+    device: DeviceBudgetCreate | None,
+    *,
+    allow_loosen: bool,
+) -> None:
+    """``apply --dry-run --shard ...``: the review on shard 0, each what-if over every shard."""
+    import os
+
+    from dp_governor.api.cli._sharded import open_shards, refuse_other_policies
+    from dp_governor.budget import SystemClock
+    from dp_governor.budget.reporting.sharded import ShardPoliciesDiffer, same_policies
+    from dp_governor.budget.reporting.sharded_what_if import (
+        sharded_what_if,
+        sharded_what_if_device_budget,
+    )
+
+    opened: list[tuple[Ledger, Callable[[], Ledger]]] = []
+    try:
+        open_shards(urls, opened)
+        ledgers, openers = [x for x, _ in opened], [o for _, o in opened]
+        try:
+            same_policies(ledgers)
+        except ShardPoliciesDiffer as exc:
+            refuse_other_policies(urls, exc.shard)
+        at_once = workers or os.cpu_count() or 1
+        now = SystemClock().now()
+        what_if_of = functools.partial(sharded_what_if, ledgers, openers, workers=at_once)
+        problems, loosening, changed = _review(ledgers[0], policies, now=now, what_if_of=what_if_of)
+        device_changed = device is not None and _review_device_budget(
+            ledgers[0],
+            device,
+            loosening,
+            now=now,
+            refused_of=functools.partial(
+                sharded_what_if_device_budget, ledgers, openers, workers=at_once
+            ),
+        )
+        if loosening:
+            print("this change loosens:")
+            for item in loosening:
+                print(f"  {item}")
+        if loosening and not allow_loosen:  # as without --shard: reported with the others
+            problems.append(f"{len(loosening)} loosening(s) above need --allow-loosen")
+        if problems:
+            refuse("; ".join(problems), 1)
+        count = len(changed) + int(device_changed)
+        print(f"dry run over {len(urls)} shards: {count} change(s), nothing written")
+    finally:
+        for ledger, _ in opened:
+            ledger.close()
+
+
 def _review_device_budget(
-    ledger: Ledger, device: DeviceBudgetCreate, loosening: list[str], *, now: datetime
+    ledger: Ledger,
+    device: DeviceBudgetCreate,
+    loosening: list[str],
+    *,
+    now: datetime,
+    refused_of: Callable[..., dict[str, dict[str, dict[str, int]]]] | None = None,
 ) -> bool:
-    """Print whether the file's device-wide budget changes and its what-if; add its loosenings."""
+    """Print whether the file's device-wide budget changes and its what-if; add its loosenings.
+
+    ``refused_of(device, now=...)`` counts the devices refused (default: this ledger's).
+    """
     from dp_governor.budget.reporting.views import what_if_device_budget
     from dp_governor.policies.device import device_budget_versions
     from dp_governor.policies.device import loosening as device_loosening
@@ -134,7 +220,8 @@ def _review_device_budget(
     changed = old != device
     print(f"device_budget: {'changed' if changed else 'unchanged'}")
     if changed:
-        refused = what_if_device_budget(ledger, device, now=now)
+        count = refused_of or functools.partial(what_if_device_budget, ledger)
+        refused = count(device, now=now)
         for name, sides in refused.items():
             if sides["current"] != sides["proposed"]:
                 before, after = sides["current"], sides["proposed"]
@@ -144,9 +231,16 @@ def _review_device_budget(
 
 
 def _review(
-    ledger: Ledger, policies: list[PolicyCreate], *, now: datetime
+    ledger: Ledger,
+    policies: list[PolicyCreate],
+    *,
+    now: datetime,
+    what_if_of: Callable[..., WhatIf] | None = None,
 ) -> tuple[list[str], list[str], list[PolicyCreate]]:
     """Print each policy's diff and what-if; return the problems, the loosenings and the changes.
+
+    ``what_if_of(use_case, policy, now=..., alongside=...)`` computes a what-if (default:
+    :func:`~dp_governor.budget.reporting.views.what_if` on this ledger).
 
     The file's changed policies are checked and compared as one change (the write's own
     checks, :meth:`dp_governor.policies.repository.PolicyStore.proposed`, and its loosening review,
@@ -195,7 +289,9 @@ def _review(
         for field, was, now_value in diff:
             print(f"  {field}: {_shown(was)} -> {_shown(now_value)}")
         try:
-            result = what_if(ledger, policy.name, policy, now=now, alongside=changed)
+            result = (what_if_of or functools.partial(what_if, ledger))(
+                policy.name, policy, now=now, alongside=changed
+            )
         except (PolicyConflict, InvalidRequest) as exc:
             problems.append(f"{policy.name}: {exc}")
             continue

@@ -154,12 +154,14 @@ class StateReplay:
         )
 
     @classmethod
-    def restore(cls, audit_key: bytes, snapshot: str) -> StateReplay:
+    def restore(cls, audit_key: bytes, snapshot: str, *, new_days_only: bool = True) -> StateReplay:
         """A replay resumed from :meth:`snapshot`; its comparison is limited to new days.
 
         :meth:`compare` then reads ``charges`` and ``idempotency`` only from the first day
         the entries replayed since touch (``since_day``): the days before were compared when
         the snapshot was taken, and a full verification compares them again.
+        ``new_days_only=False`` compares every day, as a replay from the first entry does
+        (the snapshot holds every day's digests): a full verification starting at an archive.
         """
         data = json.loads(snapshot)
         replay = cls(audit_key, budgets_since=int(data["budgets_since"]))
@@ -183,7 +185,7 @@ class StateReplay:
             replay.labelled = bool(data["labelled"])
         else:  # taken by a release before this check: its days' (n, spent) were not replayed
             replay.untallied = set(replay.accepted)
-        replay.since_day = NO_LIMIT
+        replay.since_day = NO_LIMIT if new_days_only else None
         return replay
 
     def _touch(self, day: int) -> None:

@@ -92,4 +92,11 @@ def render_text(report: EffectiveEpsilonReport) -> str:
         f"Computed by {report.provenance['accountant']}; policy versions"
         f" {report.provenance['policy_versions']}",
     ]
+    shards = report.provenance.get("shards")
+    if shards is not None:  # a sharded ledger's report (dp_governor.budget.reporting.sharded)
+        each = ", ".join(f"{n:,}" for n in shards["devices_per_shard"])
+        out += [
+            f"Over {shards['shards']} shards, {shards['devices']:,} devices ({each}); central"
+            f" figures: {shards['central']}",
+        ]
     return "\n".join(out) + "\n"

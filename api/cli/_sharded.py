@@ -1,0 +1,118 @@
+"""``--shard URL ...``: the report and the what-if over a ledger sharded by device key.
+
+Each shard is opened here (a refusal is one line naming the shard, exit 2), then read in
+worker processes by :func:`dp_governor.budget.reporting.sharded.sharded_basis`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NoReturn, TextIO
+
+import typer
+
+from dp_governor.api.cli.common import Progress, Stages, load_settings, open_ledger, refuse
+
+if TYPE_CHECKING:
+    from dp_governor.budget.ledger import Ledger
+    from dp_governor.budget.reporting.report import EffectiveEpsilonReport
+
+__all__ = ["open_shards", "refuse_other_policies", "sharded_report", "shown"]
+
+
+def shown(url: str) -> str:
+    """``url`` with its password hidden, as a message names it."""
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def _open_shard(shard: int, url: str) -> tuple[Ledger, Callable[[], Ledger]]:
+    """Shard ``shard`` opened here, and its opener for a worker; a refusal names the shard.
+
+    The settings' and the database's own refusal (one line) is caught and said again with
+    the shard's number and URL in front, naming ``--shard`` where it names the database
+    setting, exit 2: the command was given a shard it cannot use.
+    """
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            settings = load_settings(url)
+            ledger = open_ledger(settings)
+    except typer.Exit:
+        problem = said.getvalue().strip().removeprefix("Error: ")
+        problem = problem.replace("DPGOV_DATABASE_URL (or --database-url)", "--shard")
+        refuse(f"--shard {shard} ({shown(url)}): {problem}")
+    if said.getvalue():  # a warning of an open that went through: said as it was
+        typer.echo(said.getvalue(), err=True, nl=False)
+    return ledger, functools.partial(open_ledger, settings)
+
+
+def open_shards(urls: Sequence[str], opened: list[tuple[Ledger, Callable[[], Ledger]]]) -> None:
+    """Open every shard into ``opened`` (the caller closes them); refuse a URL given twice.
+
+    Each is ``(ledger, opener)``: the shard opened here, and its opener for a worker process.
+    """
+    repeated = next((u for i, u in enumerate(urls) if u in urls[:i]), None)
+    if repeated is not None:
+        refuse(f"--shard {shown(repeated)} is given twice: its devices would count twice")
+    for shard, url in enumerate(urls):
+        opened.append(_open_shard(shard, url))
+
+
+def refuse_other_policies(urls: Sequence[str], shard: int) -> NoReturn:
+    """The one line saying shard ``shard``'s policies differ from the first's (exit 2)."""
+    refuse(
+        f"--shard {shard} ({shown(urls[shard])}) has other policies than --shard 0"
+        f" ({shown(urls[0])}): apply the same policies to every shard"
+    )
+
+
+def sharded_report(
+    urls: Sequence[str],
+    partitions: int,
+    workers: int,
+    delta: float | None,
+    sink: TextIO | None,
+) -> EffectiveEpsilonReport:
+    """Every shard's key ranges in worker processes, merged into one report (exit on refusal)."""
+    from dp_governor.budget import SystemClock
+    from dp_governor.budget.reporting.partitioned import PoliciesChanged
+    from dp_governor.budget.reporting.report import finish_report
+    from dp_governor.budget.reporting.sharded import ShardPoliciesDiffer, sharded_basis
+
+    opened: list[tuple[Ledger, Callable[[], Ledger]]] = []
+    try:
+        open_shards(urls, opened)
+        ledgers = [ledger for ledger, _ in opened]
+        with (
+            Progress("audit report: key ranges", "ranges", stream=sink) as bar,
+            Stages("audit report", stream=sink) as stages,
+        ):
+            bar(0, partitions * len(urls))
+            try:
+                basis = sharded_basis(
+                    ledgers,
+                    [opener for _, opener in opened],
+                    now=SystemClock().now(),
+                    partitions=partitions,
+                    workers=workers,
+                    done=bar,
+                )
+            except ShardPoliciesDiffer as exc:
+                refuse_other_policies(urls, exc.shard)
+            except PoliciesChanged as exc:
+                refuse(f"--shard {exc.source} ({shown(urls[exc.source])}): {exc}", 1)
+            bar.close()
+            stages("the bounds of every policy")
+            return finish_report(basis, accountant=ledgers[0].accountant, delta=delta)
+    finally:
+        for ledger, _ in opened:
+            ledger.close()

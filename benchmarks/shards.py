@@ -1,0 +1,172 @@
+"""The effective-epsilon report over a ledger sharded by device key against one database.
+
+Usage: ``python -m benchmarks.shards [--devices 100000] [--days 30] [--shards 2]
+[--database-url URL]``.
+
+Builds one ledger (:func:`benchmarks.scale.build`, no audit entries: the report does not read
+them), copies its devices into ``--shards`` databases by the routing rule of docs/scaling.md
+(:func:`split`), then runs the report's basis on the one database
+(:func:`~dp_governor.budget.reporting.loss.effective_epsilon_basis`) and over the shards
+(:func:`~dp_governor.budget.reporting.sharded.sharded_basis`, one worker process a shard), each
+in a spawned process of its own, and checks the two equal. Prints a Markdown table: CPU
+seconds (the process and its workers), wall seconds and peak RSS (the largest process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import multiprocessing
+import resource
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, Table, select
+
+from benchmarks import scale
+from dp_governor.budget import Ledger, create_db_engine
+from dp_governor.budget.reporting.sharded import shard_of
+from dp_governor.budget.storage.tables import (
+    Account,
+    Charge,
+    IdempotencyRecord,
+    RetentionHorizon,
+    SlotBudgets,
+)
+from dp_governor.policies.device import DeviceBudgetVersion
+from dp_governor.policies.model import Policy
+
+__all__ = ["main", "split"]
+
+_WHOLE: tuple[Any, ...] = (Policy, DeviceBudgetVersion, RetentionHorizon, SlotBudgets)
+_ROUTED: tuple[Any, ...] = (Account, Charge, IdempotencyRecord)
+_CHUNK = 20_000
+
+
+def _rows(engine: Engine, table: Table) -> Iterator[list[dict[str, Any]]]:
+    """Every row of ``table``, :data:`_CHUNK` at a time, as column mappings."""
+    with engine.connect() as conn:
+        result = conn.execution_options(stream_results=True).execute(select(table))
+        for part in result.mappings().partitions(_CHUNK):
+            yield [dict(r) for r in part]
+
+
+def split(source: Engine, targets: Sequence[Engine]) -> list[int]:
+    """Copy ``source``'s ledger into ``targets`` (initialised, empty) as shards; accounts each.
+
+    The policy tables, horizons and the slot-budget mark replace every shard's own; each
+    account, charge and idempotency record goes to the shard its device key routes to
+    (:func:`dp_governor.budget.reporting.sharded.shard_of`). Nothing else is copied (the
+    audit log, the inbox and the published batches are each shard's own).
+    """
+    accounts = [0] * len(targets)
+    for model in (*_WHOLE, *_ROUTED):
+        table: Table = model.__table__
+        if model in _WHOLE:  # what the schema's creation wrote is the source's to say
+            for target in targets:
+                with target.begin() as conn:
+                    conn.execute(table.delete())
+        for rows in _rows(source, table):
+            parts: list[list[dict[str, Any]]] = [[] for _ in targets]
+            for row in rows:
+                if model in _WHOLE:
+                    for part in parts:
+                        part.append(row)
+                else:
+                    parts[shard_of(row["device_key"], len(targets))].append(row)
+            for shard, (target, part) in enumerate(zip(targets, parts, strict=True)):
+                if part:
+                    with target.begin() as conn:
+                        conn.execute(table.insert(), part)
+                    if model is Account:
+                        accounts[shard] += len(part)
+    return accounts
+
+
+def _open(url: str) -> Ledger:
+    """A generated ledger (or shard) at ``url``, opened in a worker process."""
+    return Ledger(create_db_engine(url), scale.SECRET)
+
+
+def _timed(urls: list[str], days: int, queue: Any) -> None:
+    """The report's basis on one database or over the shards ``urls`` (spawned); its figures."""
+    from dp_governor.budget.reporting.loss import effective_epsilon_basis
+    from dp_governor.budget.reporting.sharded import sharded_basis
+
+    now = scale.noon(scale.FIRST_DAY + days - 1)
+    ledgers = [_open(url) for url in urls]
+    t0, cpu = time.perf_counter(), time.process_time()
+    if len(urls) == 1:
+        basis = effective_epsilon_basis(ledgers[0], now=now)
+    else:
+        openers = [functools.partial(_open, url) for url in urls]
+        basis = sharded_basis(ledgers, openers, now=now, workers=len(urls))
+        kept = {k: v for k, v in basis.provenance.items() if k != "shards"}
+        basis = dataclasses.replace(basis, provenance=kept)  # as the one database's
+    wall, own = time.perf_counter() - t0, time.process_time() - cpu
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers_cpu = children.ru_utime + children.ru_stime
+    peak = max(scale.own_peak_rss_mib(), children.ru_maxrss / 1024)
+    for ledger in ledgers:
+        ledger.close()
+    queue.put((basis, own + workers_cpu, wall, peak))
+
+
+def _run(urls: list[str], days: int) -> tuple[Any, float, float, float]:
+    """:func:`_timed` in a spawned process: ``(basis, CPU s, wall s, peak RSS MiB)``."""
+    spawn = multiprocessing.get_context("spawn")
+    queue = spawn.Queue()
+    process = spawn.Process(target=_timed, args=(urls, days, queue))
+    process.start()
+    result = queue.get()
+    process.join()
+    return result  # type: ignore[no-any-return]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Build, shard, and time the report both ways; print one row each."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=100_000)
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--database-url", default=None, help="default: temporary SQLite files")
+    parser.add_argument("--seed", type=int, default=33)
+    args = parser.parse_args(argv)
+    if args.days < 2 or args.devices < 1 or args.shards < 2:
+        parser.error("--days and --shards must be at least 2, --devices at least 1")
+    with ExitStack() as stack:
+        source = stack.enter_context(scale.database(args.database_url))
+        built = scale.build(
+            Ledger(source, scale.SECRET),
+            devices=args.devices,
+            days=args.days,
+            rng=np.random.default_rng(args.seed),
+            audit=False,
+        )
+        shards = [
+            stack.enter_context(scale.database(args.database_url)) for _ in range(args.shards)
+        ]
+        accounts = split(source, shards)
+        urls = [e.url.render_as_string(hide_password=False) for e in [source, *shards]]
+        single, *one = _run(urls[:1], args.days)
+        merged, *many = _run(urls[1:], args.days)
+        assert merged == single, "the sharded report differs from the single database's"
+        print("| ledger | devices | charges | report CPU s | wall s | peak RSS MiB |")
+        print("|---" * 6 + "|")
+        print(
+            f"| one database | {built.devices:,} | {built.charges:,}"
+            f" | {one[0]:.1f} | {one[1]:.1f} | {one[2]:.0f} |"
+        )
+        each = " + ".join(f"{n:,}" for n in accounts)
+        print(
+            f"| {args.shards} shards ({each} accounts) | {built.devices:,} | {built.charges:,}"
+            f" | {many[0]:.1f} | {many[1]:.1f} | {many[2]:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""``python -m benchmarks.shards`` prints its table, the sharded report checked equal to one's."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import shards
+
+
+def test_the_shards_benchmark_prints_both_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    shards.main(["--devices", "400", "--days", "3", "--shards", "2"])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].startswith("| ledger | devices | charges | report CPU s")
+    assert rows[2].startswith("| one database | 400 |")
+    assert rows[3].startswith("| 2 shards (") and "| 400 |" in rows[3]
+    assert len(rows) == 4
+
+
+def test_the_shards_benchmark_refuses_one_shard() -> None:
+    with pytest.raises(SystemExit) as refused:
+        shards.main(["--shards", "1"])
+    assert refused.value.code == 2
