@@ -116,6 +116,45 @@ def audit_checkpoints(
     typer.echo(f"{added} new checkpoint(s) appended to {output}")
 
 
+@app.command("tiles")
+def audit_tiles(
+    out: Annotated[
+        Path, typer.Option("--out", help="Folder to write the tiles to (a static host's root).")
+    ],
+    database_url: DatabaseOption = None,
+) -> None:
+    """Write the transparency log as C2SP tlog-tiles static files, the checkpoint last.
+
+    The same bytes at the same paths as ``/checkpoint`` and ``/tile/...``; a second run writes
+    only the tiles new since the last (a tile once written never changes) and the checkpoint.
+    """
+    from dp_governor.budget.audit.tiles import write_tiles
+
+    if out.exists() and not out.is_dir():
+        refuse(f"`--out` must be a folder, {out} is a file")
+    ledger = open_ledger(load_settings(database_url))
+    try:
+        done = write_tiles(ledger.tlog, out)
+    except OSError as exc:
+        refuse(f"cannot write the tiles under {out}: {exc.strerror or exc}", 1)
+    finally:
+        ledger.close()
+    if done.size == 0:
+        refuse("the log has signed no checkpoint yet: run `dpgov jobs run checkpoint`", 1)
+    tiles = len(done.written) - done.checkpoint
+    said = "written" if done.checkpoint else "unchanged"
+    typer.echo(
+        f"checkpoint of {done.size:,} leaves {said}; {tiles:,} tile(s) written,"
+        f" {done.kept:,} already there, under {out}"
+    )
+    for name in done.skipped:
+        typer.echo(
+            f"Warning: {name} not written: a leaf is longer than a bundle can hold"
+            " (/v1/tlog/leaves serves it)",
+            err=True,
+        )
+
+
 @app.command("report")
 def audit_report(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
