@@ -343,7 +343,13 @@ def audit_recompute(
     witness: Annotated[
         list[str] | None, typer.Option(help="A witness's vkey (repeat for several).")
     ] = None,
-    quorum: Annotated[int, typer.Option(min=0, help="Witness cosignatures required.")] = 0,
+    quorum: Annotated[
+        int | None,
+        typer.Option(
+            help="Witness cosignatures required: 1 to the number of --witness keys (default:"
+            " all of them)."
+        ),
+    ] = None,
     checkpoint: Annotated[
         Path | None,
         typer.Option(
@@ -365,7 +371,9 @@ def audit_recompute(
     if log is not None:
         if file is not None:
             refuse("give an export FILE or --log, not both")
-        _recompute_log(log, log_key, witness or [], quorum, checkpoint, save, reports)
+        witnesses = witness or []
+        needed = len(witnesses) if quorum is None else quorum
+        _recompute_log(log, log_key, witnesses, needed, checkpoint, save, reports)
         return
     if file is None:
         refuse("give an export FILE (`dpgov audit export`) or --log URL_OR_FILE")
@@ -394,8 +402,12 @@ def _recompute_log(
 
     from dp_governor.api.client.log_copy import LogCopy, LogCopyError, check_tree
     from dp_governor.budget.reporting.claims import check_claims
-    from dp_governor.mechanisms.signed_note import NoteError, Verifier
+    from dp_governor.mechanisms.signed_note import NoteError, Verifier, check_quorum
 
+    try:
+        check_quorum(quorum, len(witnesses))
+    except ValueError as exc:
+        refuse(str(exc))
     try:
         copy = LogCopy.load(source)
     except LogCopyError as exc:

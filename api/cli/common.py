@@ -61,15 +61,23 @@ def long_lived_imports() -> Iterator[None]:
 def refuse_unknown_settings() -> None:
     """Exit 2 naming a ``DPGOV_`` variable that is no setting, before any command runs.
 
+    A removed setting (``RETIRED``) is one warning line on stderr: the command runs.
     Every command, those that read no setting included: a typo must never pass for a default.
     The settings' names are imported only when some such variable is set (``--help`` stays light).
     """
     import os
 
-    from dp_governor.api._unknown_settings import PREFIX, UnknownSetting, check_environment
+    from dp_governor.api._unknown_settings import (
+        PREFIX,
+        UnknownSetting,
+        check_environment,
+        retired_variables,
+    )
 
     if not any(name.upper().startswith(PREFIX) for name in os.environ):
         return
+    for warning in retired_variables(os.environ):
+        typer.echo(f"Warning: {warning}", err=True)
     with long_lived_imports():
         from dp_governor.api.settings import setting_names
     try:
@@ -193,7 +201,15 @@ def open_service(
         keys = service_keys(
             settings, engine, generate=access is Access.CREATE, record=access is not Access.READ
         )
-        ledger = Ledger(engine, keys.device_key_secret, audit_key=keys.audit_key)
+        ledger = Ledger(
+            engine,
+            keys.device_key_secret,
+            audit_key=keys.audit_key,
+            tlog_origin=settings.tlog_origin,
+        )
+        origin = ledger.tlog.origin_problem()
+        if origin is not None:
+            raise KeyRefused(origin)
         if access is Access.CREATE:
             policy_store(ledger).ensure_defaults()
     except KeyRefused as exc:

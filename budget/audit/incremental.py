@@ -38,6 +38,7 @@ def verify_ledger(
     """The chain, the tables against it and the transparency log; where the next run starts.
 
     ``full=False`` resumes at the last accepted verdict (a full replay when there is none).
+    ``progress`` is told ``(replayed, to replay)``: the entries after the starting checkpoint.
     The state check's ``resume`` is ``None`` unless everything checked here was accepted.
     """
     engine: Engine = audit.engine
@@ -57,16 +58,19 @@ def verify_ledger(
     if newest is not None and start is not None and newest.seq <= start.checkpoint.seq:
         newest = None
     snapshots: list[str] = []
-    total = audit.head()[0]
+    # progress counts the entries this run replays, as the verdict's `entries` does
+    base = 0 if start is None else start.checkpoint.seq
+    total = max(audit.head()[0] - base, 0)
     if progress is not None:
-        progress(0 if start is None else start.checkpoint.seq, total)
+        progress(0, total)
 
     def observe(seq: int, actor: str, action: str, body: str) -> None:
         replay(seq, actor, action, body)
         if newest is not None and seq == newest.seq:
             snapshots.append(replay.snapshot())
-        if progress is not None and (seq % PROGRESS_EVERY == 0 or seq == total):
-            progress(seq, total)
+        done = seq - base
+        if progress is not None and (done % PROGRESS_EVERY == 0 or done == total):
+            progress(done, total)
 
     chain = audit.verify(
         external=kept, observe=observe, start=None if start is None else start.checkpoint
