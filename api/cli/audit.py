@@ -15,6 +15,7 @@ from dp_governor.api.cli.common import (
     DatabaseOption,
     Progress,
     Stages,
+    finite,
     load_settings,
     open_ledger,
     refuse,
@@ -159,7 +160,11 @@ def audit_tiles(
 def audit_report(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     delta: Annotated[
-        float | None, typer.Option(help="Delta of the tight bounds (default: the policies').")
+        float | None,
+        typer.Option(
+            parser=finite(0.0, 1.0, open_low=True, open_high=True),
+            help="Delta of the tight bounds, in (0, 1) (default: the policies').",
+        ),
     ] = None,
     partitions: Annotated[
         int,
@@ -184,9 +189,6 @@ def audit_report(
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.loss import effective_epsilon
 
-    if delta is not None and not 0 < delta < 1:
-        typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
-        raise typer.Exit(2)
     if workers is not None and partitions == 1:
         refuse("--workers needs --partitions (more than 1)")
     settings = load_settings(database_url)

@@ -124,6 +124,38 @@ class Access(enum.Enum):
     READ = "read"  # everything else: changes nothing, creates nothing
 
 
+def finite(
+    low: float, high: float, *, open_low: bool = False, open_high: bool = False
+) -> Callable[[str], float]:
+    """A parser of a float option: a finite number in ``[low, high]`` (ends excluded if open).
+
+    ``nan`` and ``inf`` are refused as not finite before the bounds, which NaN would fail with
+    a misleading message (NaN compares false with every bound).
+
+    >>> finite(0, 1, open_low=True)("0.5")
+    0.5
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"must be a number, got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise typer.BadParameter(f"must be a finite number, got {text!r}")
+        if (
+            value < low
+            or value > high
+            or (open_low and value == low)
+            or (open_high and value == high)
+        ):
+            ends = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+            raise typer.BadParameter(f"must be in {ends}, got {value!r}")
+        return value
+
+    return parse
+
+
 def refuse(message: str, code: int = 2) -> NoReturn:
     """Print one error line and exit (2: what the command was given is wrong)."""
     typer.echo(f"Error: {message}", err=True)

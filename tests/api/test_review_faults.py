@@ -19,20 +19,22 @@ from typing import Any
 
 import httpx
 import pytest
+import typer
 from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 from typer.testing import CliRunner
 
 from dp_governor.api.app import create_app
 from dp_governor.api.cli import app as cli
 from dp_governor.api.client import Client, Unauthorized, verify_record
 from dp_governor.api.client._calls import iso_day
-from dp_governor.api.schemas import DeviceRecord
+from dp_governor.api.schemas import DeviceRecord, GroupTerms
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.mechanisms.signed_note import check_quorum
+from dp_governor.policies import PolicyUpdate
 from tests.live import ADMIN_TOKEN, serve
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
@@ -86,6 +88,35 @@ def test_every_float_parameter_refuses_nan_and_inf_as_not_finite(client: TestCli
             assert error["msg"] == f"must be a finite number, got {value!r}", error
     too_large = client.get("/v1/audit/effective-epsilon", params={"delta": 2}, headers=ADMIN)
     assert too_large.status_code == 422 and "less than 1" in too_large.text  # bounds unchanged
+
+
+def _number_fields(model: type[BaseModel]) -> list[str]:
+    """The fields of ``model`` whose JSON schema is (or may be) a number."""
+    props = model.model_json_schema()["properties"]
+    return sorted(name for name, schema in props.items() if _is_number(schema))
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_every_float_body_field_refuses_nan_and_inf_as_not_finite(
+    client: TestClient, value: str
+) -> None:
+    """Policy changes and budget-group terms: JSON's NaN literal, as Python's parser reads it."""
+    targets = [
+        ("/v1/use-cases/emoji/what-if", _number_fields(PolicyUpdate)),
+        ("/v1/budget-groups/shared/what-if", _number_fields(GroupTerms)),
+        ("/v1/budget-groups/shared", _number_fields(GroupTerms)),
+    ]
+    assert len(targets[0][1]) >= 8 and "delta" in targets[0][1]
+    for path, fields in targets:
+        method = "PUT" if path.endswith("shared") else "POST"
+        for field in fields:
+            body = f'{{"{field}": {value}}}'
+            headers = {**ADMIN, "content-type": "application/json"}
+            answer = client.request(method, path, content=body, headers=headers)
+            assert answer.status_code == 422, (path, field, answer.text)
+            errors = answer.json()["detail"]
+            wanted = {"field": field, "msg": f"must be a finite number, got {float(value)!r}"}
+            assert any(wanted.items() <= e.items() for e in errors), (path, field, errors)
 
 
 def test_a_401_naming_delta_carries_the_field_and_the_client_exposes_it(tmp_path: Path) -> None:
@@ -156,6 +187,32 @@ def test_the_recompute_refuses_a_quorum_it_could_never_meet(tmp_path: Path) -> N
         done = CliRunner().invoke(cli, args)
         assert done.exit_code == 2, done.output
         assert "`quorum`" in done.output and "Traceback" not in done.output
+
+
+def _float_options() -> list[tuple[list[str], str]]:
+    """Every option of every ``dpgov`` command declared a float: the command path, the flag."""
+    found: list[tuple[list[str], str]] = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+        for param in getattr(command, "params", []):
+            descriptor = getattr(param, "type_descriptor", None)
+            if param.param_type_name == "option" and descriptor.annotation is float:
+                found.append((path, param.opts[0]))
+
+    walk(typer.main.get_command(cli), [])
+    return found
+
+
+def test_every_float_option_of_the_cli_refuses_nan_and_inf() -> None:
+    found = _float_options()
+    assert {" ".join(p) for p, _ in found} >= {"audit report", "simulate"}
+    for path, flag in found:
+        for value in ("nan", "inf", "-inf"):
+            done = CliRunner().invoke(cli, [*path, flag, value])
+            assert done.exit_code == 2, (path, flag, done.output)
+            assert f"must be a finite number, got {value!r}" in done.output, done.output
 
 
 def test_a_removed_setting_warns_and_the_command_runs(tmp_path: Path) -> None:
