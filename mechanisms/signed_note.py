@@ -317,6 +317,8 @@ class Checkpoint:
         """Verify a signed checkpoint: the log's signature and ``quorum`` witnesses' cosignatures.
 
         Returns the checkpoint and the witnesses whose cosignatures verified (name to time).
+        A nonzero ``quorum`` must be 1 to ``len(witnesses)`` (:func:`check_quorum`, a
+        ``ValueError`` naming it); 0 asks for no cosignature.
         Unknown signatures are ignored, as the note specification requires; a known key's bad
         signature rejects the note. Raises :class:`NoteError` naming what is missing.
         """

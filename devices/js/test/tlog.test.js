@@ -25,7 +25,8 @@ for (const c of VECTORS.cases) {
 }
 
 for (const c of VECTORS.bad_quorums) {
-  test(`tlog: a quorum of ${c.quorum} under ${c.witnesses.length} witness(es) is refused`, async () => {
+  const name = `tlog: a quorum of ${c.quorum} under ${c.witnesses.length} witness(es) is refused`;
+  test(name, async () => {
     const record = VECTORS.cases[0].record;
     await assert.rejects(
       verifyRecord(record, VECTORS.log_key, { witnesses: c.witnesses, quorum: c.quorum }),
