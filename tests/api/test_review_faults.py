@@ -197,8 +197,8 @@ def _float_options() -> list[tuple[list[str], str]]:
         for name, sub in getattr(command, "commands", {}).items():
             walk(sub, [*path, name])
         for param in getattr(command, "params", []):
-            descriptor = getattr(param, "type_descriptor", None)
-            if param.param_type_name == "option" and descriptor.annotation is float:
+            annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            if param.param_type_name == "option" and annotation is float:
                 found.append((path, param.opts[0]))
 
     walk(typer.main.get_command(cli), [])
