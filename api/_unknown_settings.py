@@ -9,12 +9,26 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Mapping
 
-__all__ = ["NOT_SETTINGS", "PREFIX", "UnknownSetting", "check_environment", "unknown_variables"]
+__all__ = [
+    "NOT_SETTINGS",
+    "PREFIX",
+    "RETIRED",
+    "UnknownSetting",
+    "check_environment",
+    "retired_variables",
+    "unknown_variables",
+]
 
 PREFIX = "DPGOV_"
 
 # Variables with the prefix that are not service settings: the test suite's own.
 NOT_SETTINGS = frozenset({"DPGOV_TEST_DATABASE_URL", "DPGOV_SCREENSHOT_DIR"})
+
+# Settings a release removed: still set in deployments, so they warn instead of stopping a start.
+RETIRED = {
+    "DPGOV_VERIFY_CACHE_SECONDS": "the dashboard shows the `verify` job's verification, run"
+    " every DPGOV_VERIFY_SECONDS",
+}
 
 
 class UnknownSetting(ValueError):
@@ -36,7 +50,7 @@ def unknown_variables(environ: Mapping[str, str], known: Collection[str]) -> lis
     >>> unknown_variables({"DPGOV_PORT": "1", "DPGOV_PROT": "2", "HOME": "/"}, ["DPGOV_PORT"])
     ['DPGOV_PROT']
     """
-    names = {name.upper() for name in known} | NOT_SETTINGS
+    names = {name.upper() for name in known} | NOT_SETTINGS | RETIRED.keys()
     return sorted(
         name for name in environ if name.upper().startswith(PREFIX) and name.upper() not in names
     )
@@ -58,3 +72,16 @@ def check_environment(environ: Mapping[str, str], known: Collection[str]) -> Non
         stem = name.upper().removeprefix(PREFIX)  # the shared prefix would make any name close
         nearest = difflib.get_close_matches(stem, sorted(suffixes), n=1, cutoff=0.6)
         raise UnknownSetting(name, suffixes[nearest[0]] if nearest else None)
+
+
+def retired_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each variable of ``environ`` naming a removed setting (:data:`RETIRED`).
+
+    >>> retired_variables({"DPGOV_VERIFY_CACHE_SECONDS": "60"})[0].split(":")[0]
+    'DPGOV_VERIFY_CACHE_SECONDS is no longer used and has no effect'
+    """
+    return [
+        f"{name.upper()} is no longer used and has no effect: {RETIRED[name.upper()]}; unset it"
+        for name in sorted(environ)
+        if name.upper() in RETIRED
+    ]

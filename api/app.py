@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,7 +25,7 @@ from dp_governor.api._keys import service_keys
 from dp_governor.api._lane import ReportLane
 from dp_governor.api._middleware import BodyLimit, HeadAsGet, Timing
 from dp_governor.api._ratelimit import RateLimiter
-from dp_governor.api._unknown_settings import UnknownSetting
+from dp_governor.api._unknown_settings import UnknownSetting, retired_variables
 from dp_governor.api.database import database_problem, init_service_db
 from dp_governor.api.jobs import RUNTIMES, Runtime, start_scheduler
 from dp_governor.api.metrics import Metrics
@@ -41,7 +42,7 @@ from dp_governor.api.routes import (
     use_cases,
 )
 from dp_governor.api.server import report_start_failure
-from dp_governor.api.settings import Settings
+from dp_governor.api.settings import KeyRefused, Settings
 from dp_governor.budget import Clock, Ledger, SystemClock, create_db_engine
 from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.seal import InboxSeal
@@ -121,6 +122,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Open the database and keys, load default policies, start the committer and scheduler."""
     settings: Settings = app.state.settings
     clock: Clock = app.state.clock
+    for warning in retired_variables(os.environ):
+        log.warning("%s", warning)
     if settings.admin_token is None:
         log.warning(
             "no admin token is set: every admin route refuses. Set DPGOV_ADMIN_TOKEN to at"
@@ -140,7 +143,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         report_start_failure(database_problem(settings.database_url, exc) or str(exc))
         raise
     secret = keys.device_key_secret
-    ledger = Ledger(engine, secret, audit_key=keys.audit_key)
+    ledger = Ledger(engine, secret, audit_key=keys.audit_key, tlog_origin=settings.tlog_origin)
+    origin = ledger.tlog.origin_problem()
+    if origin is not None:  # a log keeps its origin: refuse rather than sign as another log
+        engine.dispose()
+        report_start_failure(origin)
+        raise KeyRefused(origin)
     loaded = policy_store(ledger).ensure_defaults()
     if loaded:
         log.info("loaded %d default policies into an empty database", len(loaded))

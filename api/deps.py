@@ -123,7 +123,9 @@ def admin_credential(request: Request) -> bool:
     token = token.strip()
     if scheme.lower() == "bearer" and not token:
         raise HttpError(
-            UNAUTHORIZED, "admin routes need `Authorization: Bearer <token>`; the token is empty"
+            UNAUTHORIZED,
+            "admin routes need `Authorization: Bearer <token>`; the token is empty",
+            field="Authorization",
         )
     failures: RateLimiter = request.app.state.admin_failures
     client = request.client.host if request.client else "unknown"
@@ -136,7 +138,7 @@ def admin_credential(request: Request) -> bool:
     if scheme.lower() == "bearer" and secret and hmac.compare_digest(token.encode(), secret):
         return True
     failures.hit(client)
-    raise HttpError(FORBIDDEN, "the admin token is not valid")
+    raise HttpError(FORBIDDEN, "the admin token is not valid", field="Authorization")
 
 
 AdminCredential = Annotated[bool, Depends(admin_credential)]
@@ -152,7 +154,9 @@ def require_admin(
     document (the lock and "Authorize" in ``/docs``); :func:`admin_credential` decides.
     """
     if not admin:
-        raise HttpError(UNAUTHORIZED, "admin routes need `Authorization: Bearer <token>`")
+        raise HttpError(
+            UNAUTHORIZED, "admin routes need `Authorization: Bearer <token>`", field="Authorization"
+        )
 
 
 LedgerDep = Annotated[Ledger, Depends(get_ledger)]
@@ -251,11 +255,15 @@ def readable_device(
     if not admin:
         if x_device_id is None:
             raise HttpError(
-                UNAUTHORIZED, "send `X-Device-Id` (the device itself) or an admin token"
+                UNAUTHORIZED,
+                "send `X-Device-Id` (the device itself) or an admin token",
+                field="X-Device-Id",
             )
         if x_device_id != device_id:
             raise HttpError(
-                FORBIDDEN, "a device may read only its own records (`X-Device-Id` is another id)"
+                FORBIDDEN,
+                "a device may read only its own records (`X-Device-Id` is another id)",
+                field="X-Device-Id",
             )
     return device_id
 

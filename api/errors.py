@@ -74,13 +74,25 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 class HttpError(Exception):
-    """An HTTP error with a plain message (mapped by :func:`error_response`)."""
+    """An HTTP error with a plain message (mapped by :func:`error_response`).
 
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+    ``field`` is the parameter, header or body field at fault, when the message names one:
+    the body carries it as ``field`` (``ErrorBody``), so a client need not parse the sentence.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        headers: dict[str, str] | None = None,
+        *,
+        field: str | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
         self.headers = headers
+        self.field = field
 
 
 DOMAIN_ERRORS: tuple[type[Exception], ...] = (
@@ -128,7 +140,12 @@ def error_response(exc: Exception) -> JSONResponse | None:
     if isinstance(exc, PolicyConflict):
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=status)
     if isinstance(exc, HttpError):
-        return JSONResponse({"detail": exc.detail}, status_code=status, headers=exc.headers)
+        body = (
+            {"detail": exc.detail}
+            if exc.field is None
+            else {"detail": exc.detail, "field": exc.field}
+        )
+        return JSONResponse(body, status_code=status, headers=exc.headers)
     return JSONResponse({"detail": str(exc)}, status_code=status)
 
 
@@ -137,11 +154,14 @@ def field_errors(exc: ValidationError | RequestValidationError) -> list[dict[str
     out = []
     for err in exc.errors():
         loc = [str(x) for x in err.get("loc", ())]
+        msg = str(err.get("msg"))
+        if err.get("type") == "finite_number":  # `Finite`: said as the policies' checks say it
+            msg = f"must be a finite number, got {err.get('input')!r}"
         out.append(
             {
                 "loc": loc,
                 "field": ".".join(loc[1:] if loc and loc[0] == "body" else loc),
-                "msg": str(err.get("msg")),
+                "msg": msg,
                 "type": str(err.get("type", "value_error")),
             }
         )

@@ -111,6 +111,14 @@ class Settings(BaseSettings):
         " their cosignatures are served with the checkpoint (docs/transparency.md). A witness"
         " that does not answer is logged, counted and tried again at the next run.",
     )
+    tlog_origin: str = Field(
+        default="dp-governor.invalid/tlog",
+        description="The transparency log's origin, the first line of its checkpoints and its"
+        " key's name (so its vkey), which witnesses tell logs apart by: a schema-less URL such as"
+        " `dpgov.example.com/tlog` (C2SP tlog-checkpoint: no scheme, no spaces, no `+`). Fixed"
+        " once the log has signed a checkpoint: a start under another origin is refused"
+        " (docs/transparency.md#the-logs-origin).",
+    )
     dashboard_seconds: int = Field(
         default=60,
         ge=1,
@@ -122,13 +130,6 @@ class Settings(BaseSettings):
         ge=1,
         description="Interval of the `verify` job, whose verification the dashboard and the"
         " metrics show.",
-    )
-    verify_cache_seconds: float = Field(
-        default=300.0,
-        ge=0,
-        description="Unused since the dashboard shows the `verify` job's verification (its"
-        " interval: `verify_seconds`); still accepted, so that an environment that sets it"
-        " starts.",
     )
     figures_wait_seconds: float = Field(
         default=2.0,
@@ -293,6 +294,14 @@ class Settings(BaseSettings):
             if key.kind != COSIGNATURE:
                 raise ValueError(f"{entry!r}: the key is not a witness (cosignature) key")
         return value
+
+    @field_validator("tlog_origin")
+    @classmethod
+    def _origin_is_c2sp(cls, value: str) -> str:
+        """A C2SP origin (also the key name): refused at start rather than at the first signing."""
+        from dp_governor.mechanisms.signed_note import check_origin
+
+        return check_origin(value)
 
     @field_validator("admin_token")
     @classmethod

@@ -7,7 +7,9 @@ Appends ``entries`` realistic charge decisions to the audit log (as ``benchmarks
 does), then times the checkpoint job's ``TransparencyLog.sync`` (leaves and subtree hashes
 stored, one checkpoint signed), a receipt read and its verification by a device (the signed
 note and the inclusion proof; median of 200), and ``TransparencyLog.verify`` (every leaf
-against its entry, every node and checkpoint). A second table gives the receipt's size and
+against its entry, every node and checkpoint), and ``dpgov audit tiles``'s writer
+(``write_tiles``: every tile and bundle as static files, then again with nothing new, which
+keeps every file). A second table gives the receipt's size and
 verification time at simulated sizes up to 10^9 leaves: the proof is computed over a
 synthetic node function (hashes of the node's position), as long as a real one. A receipt's
 size is its JSON as the wire carries it (hashes in base64); a device's time includes decoding.
@@ -20,7 +22,9 @@ import hashlib
 import os
 import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -28,6 +32,7 @@ import orjson
 from benchmarks.audit import CHUNK
 from benchmarks.budget import NOW, SECRET, database
 from dp_governor.budget.audit.log import AuditLog, Entry, derive_audit_key
+from dp_governor.budget.audit.tiles import write_tiles
 from dp_governor.budget.audit.tlog import Receipt, TransparencyLog
 from dp_governor.budget.storage.db import writer
 from dp_governor.mechanisms.merkle import (
@@ -106,11 +111,19 @@ def run(kind: str, pg_url: str | None, entries: int) -> str:
         verdict = tlog.verify()
         verified = time.perf_counter() - t4
         assert verdict.ok, verdict
+        with tempfile.TemporaryDirectory() as folder:
+            t5 = time.perf_counter()
+            first = write_tiles(tlog, Path(folder))
+            t6 = time.perf_counter()
+            again = write_tiles(tlog, Path(folder))
+            t7 = time.perf_counter()
+        assert not again.written and again.kept == len(first.written) - 1
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return (
         f"| {kind} | {entries:,} | {built:.1f} s ({entries / built:,.0f} /s)"
         f" | {statistics.median(reads) * 1e3:.2f} ms | {statistics.median(sizes):,.0f} B"
-        f" | {statistics.median(checks) * 1e3:.3f} ms | {verified:.1f} s | {peak:,.0f} MiB |"
+        f" | {statistics.median(checks) * 1e3:.3f} ms | {verified:.1f} s"
+        f" | {t6 - t5:.1f} s ({len(first.written):,} files) | {t7 - t6:.2f} s | {peak:,.0f} MiB |"
     )
 
 
@@ -161,9 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(
         "| backend | entries | sync (checkpoint job) | receipt read | receipt | device verifies"
-        " | verify all | peak RSS |"
+        " | verify all | static tiles | tiles again | peak RSS |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print(run("sqlite", None, args.entries), flush=True)
     if args.postgres:
         print(run("postgresql", args.postgres, args.entries), flush=True)

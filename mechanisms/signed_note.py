@@ -20,6 +20,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,8 @@ __all__ = [
     "Signature",
     "Signer",
     "Verifier",
+    "check_origin",
+    "check_quorum",
     "cosignature_message",
     "open_note",
     "sign_note",
@@ -68,6 +71,55 @@ def _check_name(name: str) -> str:
     if not name or any(c.isspace() or c == "+" for c in name):
         raise NoteError(f"a key name must be non-empty, without spaces or '+', got {name!r}")
     return name
+
+
+def check_origin(origin: str) -> str:
+    """``origin`` if it is a log origin as C2SP ``tlog-checkpoint`` recommends, else ``ValueError``.
+
+    A schema-less URL (``example.com/log42``): non-empty, no scheme, no Unicode space, no
+    ``+`` (it is also the log key's name) and no control character (it is a note's first line).
+
+    >>> check_origin("dpgov.example.com/tlog")
+    'dpgov.example.com/tlog'
+    """
+    problem = None
+    if not origin:
+        problem = "is empty"
+    elif "://" in origin:
+        problem = "has a scheme (drop `https://`)"
+    elif any(c.isspace() for c in origin):
+        problem = "holds a space or line break"
+    elif "+" in origin:
+        problem = "holds a `+`"
+    elif any(unicodedata.category(c) in ("Cc", "Cf", "Cs") for c in origin):
+        problem = "holds a control character"
+    if problem is not None:
+        raise ValueError(
+            f"must be a schema-less URL such as `example.com/log` (C2SP tlog-checkpoint), but"
+            f" {origin!r} {problem}"
+        )
+    return origin
+
+
+def check_quorum(quorum: object, witnesses: int) -> int:
+    """``quorum`` if a checkpoint can meet it under ``witnesses`` configured keys, else an error.
+
+    No witness configured: the quorum is 0. Otherwise 1 to ``witnesses``: a quorum of 0 would
+    configure witnesses and never ask for them, one above ``witnesses`` could never be met.
+    ``TypeError`` for a quorum that is no integer, ``ValueError`` naming ``quorum`` otherwise.
+
+    >>> check_quorum(2, 3)
+    2
+    """
+    if isinstance(quorum, bool) or not isinstance(quorum, int):
+        raise TypeError(f"`quorum` must be an integer, got {type(quorum).__name__}")
+    if witnesses == 0 and quorum != 0:
+        raise ValueError(f"`quorum` is {quorum} but no witness is configured: it must be 0")
+    if witnesses and not 1 <= quorum <= witnesses:
+        raise ValueError(
+            f"`quorum` must be 1 to {witnesses} (the witnesses configured), got {quorum}"
+        )
+    return quorum
 
 
 def _key_id(name: str, kind: int, public: bytes) -> int:
@@ -265,9 +317,13 @@ class Checkpoint:
         """Verify a signed checkpoint: the log's signature and ``quorum`` witnesses' cosignatures.
 
         Returns the checkpoint and the witnesses whose cosignatures verified (name to time).
+        A nonzero ``quorum`` must be 1 to ``len(witnesses)`` (:func:`check_quorum`, a
+        ``ValueError`` naming it); 0 asks for no cosignature.
         Unknown signatures are ignored, as the note specification requires; a known key's bad
         signature rejects the note. Raises :class:`NoteError` naming what is missing.
         """
+        if quorum:  # 0 asks for no cosignature (what cosigned is still returned)
+            check_quorum(quorum, len(witnesses))
         text, signatures = open_note(note)
         point = cls.parse(text)
         if point.origin != log.name:

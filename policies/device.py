@@ -56,7 +56,7 @@ _LIMITS = (
 class DeviceBudgetCreate(SQLModel):
     """A device-wide budget as submitted (API body or the policy file's ``device_budget``)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")  # type: ignore[assignment]
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # type: ignore[assignment]
 
     epsilon_per_day: float | None = Field(
         default=None,

@@ -167,7 +167,7 @@ class PolicyBase(PolicyTerms):
 class PolicyCreate(PolicyBase):
     """A policy as submitted: strict types, cross-field rules, exact epsilons."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")  # type: ignore[assignment]
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # type: ignore[assignment]
 
     @field_validator(
         "epsilon_per_report",
@@ -269,6 +269,7 @@ class GroupTerms(SQLModel):
     model_config = ConfigDict(  # type: ignore[assignment]
         strict=True,
         extra="forbid",
+        allow_inf_nan=False,
         json_schema_extra={
             "examples": [
                 {
@@ -314,7 +315,7 @@ class GroupTerms(SQLModel):
 class PolicyUpdate(SQLModel):
     """A partial change to a policy; the merged result is validated as a ``PolicyCreate``."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")  # type: ignore[assignment]
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # type: ignore[assignment]
 
     description: str | None = None
     mechanism: Mechanism | None = None

@@ -15,6 +15,7 @@ from dp_governor.api.cli.common import (
     DatabaseOption,
     Progress,
     Stages,
+    finite,
     load_settings,
     open_ledger,
     refuse,
@@ -180,11 +181,54 @@ def audit_checkpoints(
     typer.echo(f"{added} new checkpoint(s) appended to {output}")
 
 
+@app.command("tiles")
+def audit_tiles(
+    out: Annotated[
+        Path, typer.Option("--out", help="Folder to write the tiles to (a static host's root).")
+    ],
+    database_url: DatabaseOption = None,
+) -> None:
+    """Write the transparency log as C2SP tlog-tiles static files, the checkpoint last.
+
+    The same bytes at the same paths as ``/checkpoint`` and ``/tile/...``; a second run writes
+    only the tiles new since the last (a tile once written never changes) and the checkpoint.
+    """
+    from dp_governor.budget.audit.tiles import write_tiles
+
+    if out.exists() and not out.is_dir():
+        refuse(f"`--out` must be a folder, {out} is a file")
+    ledger = open_ledger(load_settings(database_url))
+    try:
+        done = write_tiles(ledger.tlog, out)
+    except OSError as exc:
+        refuse(f"cannot write the tiles under {out}: {exc.strerror or exc}", 1)
+    finally:
+        ledger.close()
+    if done.size == 0:
+        refuse("the log has signed no checkpoint yet: run `dpgov jobs run checkpoint`", 1)
+    tiles = len(done.written) - done.checkpoint
+    said = "written" if done.checkpoint else "unchanged"
+    typer.echo(
+        f"checkpoint of {done.size:,} leaves {said}; {tiles:,} tile(s) written,"
+        f" {done.kept:,} already there, under {out}"
+    )
+    for name in done.skipped:
+        typer.echo(
+            f"Warning: {name} not written: a leaf is longer than a bundle can hold"
+            " (/v1/tlog/leaves serves it)",
+            err=True,
+        )
+
+
 @app.command("report")
 def audit_report(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     delta: Annotated[
-        float | None, typer.Option(help="Delta of the tight bounds (default: the policies').")
+        float | None,
+        typer.Option(
+            parser=finite(0.0, 1.0, open_low=True, open_high=True),
+            help="Delta of the tight bounds, in (0, 1) (default: the policies').",
+        ),
     ] = None,
     partitions: Annotated[
         int,
@@ -221,9 +265,6 @@ def audit_report(
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.loss import effective_epsilon
 
-    if delta is not None and not 0 < delta < 1:
-        typer.echo(f"Error: --delta must be in (0, 1), got {delta!r}", err=True)
-        raise typer.Exit(2)
     sink = io.StringIO() if quiet else None
     if shard:
         from dp_governor.api.cli._sharded import sharded_report
@@ -388,7 +429,13 @@ def audit_recompute(
     witness: Annotated[
         list[str] | None, typer.Option(help="A witness's vkey (repeat for several).")
     ] = None,
-    quorum: Annotated[int, typer.Option(min=0, help="Witness cosignatures required.")] = 0,
+    quorum: Annotated[
+        int | None,
+        typer.Option(
+            help="Witness cosignatures required: 1 to the number of --witness keys (default:"
+            " all of them)."
+        ),
+    ] = None,
     checkpoint: Annotated[
         Path | None,
         typer.Option(
@@ -410,7 +457,9 @@ def audit_recompute(
     if log is not None:
         if file is not None:
             refuse("give an export FILE or --log, not both")
-        _recompute_log(log, log_key, witness or [], quorum, checkpoint, save, reports)
+        witnesses = witness or []
+        needed = len(witnesses) if quorum is None else quorum
+        _recompute_log(log, log_key, witnesses, needed, checkpoint, save, reports)
         return
     if file is None:
         refuse("give an export FILE (`dpgov audit export`) or --log URL_OR_FILE")
@@ -439,8 +488,12 @@ def _recompute_log(
 
     from dp_governor.api.client.log_copy import LogCopy, LogCopyError, check_tree
     from dp_governor.budget.reporting.claims import check_claims
-    from dp_governor.mechanisms.signed_note import NoteError, Verifier
+    from dp_governor.mechanisms.signed_note import NoteError, Verifier, check_quorum
 
+    try:
+        check_quorum(quorum, len(witnesses))
+    except ValueError as exc:
+        refuse(str(exc))
     try:
         copy = LogCopy.load(source)
     except LogCopyError as exc:

@@ -61,15 +61,23 @@ def long_lived_imports() -> Iterator[None]:
 def refuse_unknown_settings() -> None:
     """Exit 2 naming a ``DPGOV_`` variable that is no setting, before any command runs.
 
+    A removed setting (``RETIRED``) is one warning line on stderr: the command runs.
     Every command, those that read no setting included: a typo must never pass for a default.
     The settings' names are imported only when some such variable is set (``--help`` stays light).
     """
     import os
 
-    from dp_governor.api._unknown_settings import PREFIX, UnknownSetting, check_environment
+    from dp_governor.api._unknown_settings import (
+        PREFIX,
+        UnknownSetting,
+        check_environment,
+        retired_variables,
+    )
 
     if not any(name.upper().startswith(PREFIX) for name in os.environ):
         return
+    for warning in retired_variables(os.environ):
+        typer.echo(f"Warning: {warning}", err=True)
     with long_lived_imports():
         from dp_governor.api.settings import setting_names
     try:
@@ -114,6 +122,38 @@ class Access(enum.Enum):
     CREATE = "create"  # serve, db init: the database, its tables and defaults; keys if new
     WRITE = "write"  # jobs run, policies apply: an existing database; records missing fingerprints
     READ = "read"  # everything else: changes nothing, creates nothing
+
+
+def finite(
+    low: float, high: float, *, open_low: bool = False, open_high: bool = False
+) -> Callable[[str], float]:
+    """A parser of a float option: a finite number in ``[low, high]`` (ends excluded if open).
+
+    ``nan`` and ``inf`` are refused as not finite before the bounds, which NaN would fail with
+    a misleading message (NaN compares false with every bound).
+
+    >>> finite(0, 1, open_low=True)("0.5")
+    0.5
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"must be a number, got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise typer.BadParameter(f"must be a finite number, got {text!r}")
+        if (
+            value < low
+            or value > high
+            or (open_low and value == low)
+            or (open_high and value == high)
+        ):
+            ends = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+            raise typer.BadParameter(f"must be in {ends}, got {value!r}")
+        return value
+
+    return parse
 
 
 def refuse(message: str, code: int = 2) -> NoReturn:
@@ -193,7 +233,15 @@ def open_service(
         keys = service_keys(
             settings, engine, generate=access is Access.CREATE, record=access is not Access.READ
         )
-        ledger = Ledger(engine, keys.device_key_secret, audit_key=keys.audit_key)
+        ledger = Ledger(
+            engine,
+            keys.device_key_secret,
+            audit_key=keys.audit_key,
+            tlog_origin=settings.tlog_origin,
+        )
+        origin = ledger.tlog.origin_problem()
+        if origin is not None:
+            raise KeyRefused(origin)
         if access is Access.CREATE:
             policy_store(ledger).ensure_defaults()
     except KeyRefused as exc:

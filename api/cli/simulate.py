@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dp_governor.api.cli.common import Progress, print_table, result_table
+from dp_governor.api.cli.common import Progress, finite, print_table, result_table
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,7 +34,9 @@ def simulate(
     ] = 1_000_000,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the simulation's generator.")] = 7,
     hash_seed: Annotated[int, typer.Option(min=0, help="Seed of the shared hash family.")] = 0,
-    exponent: Annotated[float, typer.Option(min=0.0, max=10.0, help="Zipf exponent.")] = 1.1,
+    exponent: Annotated[
+        float, typer.Option(parser=finite(0.0, 10.0), help="Zipf exponent, 0 to 10.")
+    ] = 1.1,
     top: Annotated[int, typer.Option(min=1, max=1000, help="How many items to print.")] = 10,
 ) -> None:
     """Simulate a fleet privatizing with the real mechanism; print the top estimates and truth."""

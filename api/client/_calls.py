@@ -39,6 +39,7 @@ __all__ = [
     "SubmitResult",
     "auth_headers",
     "build_randomizer",
+    "iso_day",
 ]
 
 Mechanism = CMS | HCMS | SFP
@@ -109,6 +110,31 @@ def _submit_result(response: httpx.Response) -> SubmitResult:
     return _adapter(Refusal).validate_python(data)  # type: ignore[no-any-return]
 
 
+def iso_day(value: object, name: str) -> str:
+    """A day parameter as the wire writes it: a ``date`` or an ISO ``YYYY-MM-DD`` string.
+
+    A ``datetime`` (a moment, not a UTC day) or anything else is a ``TypeError``, a string that
+    is no such day a ``ValueError``, each naming the parameter.
+
+    >>> iso_day("2026-03-01", "day"), iso_day(date(2026, 3, 1), "day")
+    ('2026-03-01', '2026-03-01')
+    """
+    if isinstance(value, datetime):
+        raise TypeError(f"`{name}` must be a date, not a datetime: pass {value.date()!r}")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, str):
+        try:  # fromisoformat also reads week dates and basic formats: YYYY-MM-DD alone here
+            if date.fromisoformat(value).isoformat() == value:
+                return value
+        except ValueError:
+            pass
+        raise ValueError(f"`{name}` must be a day YYYY-MM-DD, got {value!r}")
+    raise TypeError(
+        f"`{name}` must be a datetime.date or a 'YYYY-MM-DD' string, got {type(value).__name__}"
+    )
+
+
 def _key() -> str:
     return uuid.uuid4().hex
 
@@ -174,10 +200,10 @@ class Api:
         path = f"/v1/devices/{device_id}/budget"
         return Call("GET", path, _json(DeviceBudget), headers=headers)
 
-    def _record_call(self, device_id: str, day: date) -> Call:
+    def _record_call(self, device_id: str, day: date | str) -> Call:
+        params = {"day": iso_day(day, "day")}
         path = f"/v1/devices/{device_id}/tlog"
         headers = {"X-Device-Id": device_id}
-        params = {"day": day.isoformat()}
         return Call("GET", path, _json(DeviceRecord), params=params, headers=headers)
 
     def _checkpoint_call(self) -> Call:
@@ -197,13 +223,17 @@ class Api:
         return Call("POST", path, _json(WhatIf), dict(changes))
 
     def _estimates_call(
-        self, use_case: str, candidates: Sequence[str], start: date | None, end: date | None
+        self,
+        use_case: str,
+        candidates: Sequence[str],
+        start: date | str | None,
+        end: date | str | None,
     ) -> Call:
         body: dict[str, Any] = {"candidates": list(candidates)}
         if start is not None:
-            body["from"] = start.isoformat()
+            body["from"] = iso_day(start, "start")
         if end is not None:
-            body["to"] = end.isoformat()
+            body["to"] = iso_day(end, "end")
         path = f"/v1/use-cases/{use_case}/estimates:query"
         return Call("POST", path, _json(Estimates), body)
 

@@ -125,8 +125,11 @@ class Client(Api):
         """A device's budget, as the device itself or (``as_device=False``) with the token."""
         return self._run(self._budget_call(device_id, as_device))  # type: ignore[no-any-return]
 
-    def tlog_record(self, device_id: str, day: date) -> DeviceRecord:
-        """The device's transparency record of ``day`` (check it with :func:`verify_record`)."""
+    def tlog_record(self, device_id: str, day: date | str) -> DeviceRecord:
+        """The device's transparency record of ``day`` (check it with :func:`verify_record`).
+
+        ``day`` is a ``datetime.date`` or a ``YYYY-MM-DD`` string; another is refused naming it.
+        """
         return self._run(self._record_call(device_id, day))  # type: ignore[no-any-return]
 
     def tlog_checkpoint(self) -> TlogCheckpoint:
@@ -150,8 +153,8 @@ class Client(Api):
         use_case: str,
         candidates: Sequence[str],
         *,
-        start: date | None = None,
-        end: date | None = None,
+        start: date | str | None = None,
+        end: date | str | None = None,
     ) -> Estimates:
         """Published estimates of candidates over ``[start, end]`` (admin; default all days)."""
         return self._run(  # type: ignore[no-any-return]
@@ -254,8 +257,11 @@ class AsyncClient(Api):
             self._budget_call(device_id, as_device)
         )
 
-    async def tlog_record(self, device_id: str, day: date) -> DeviceRecord:
-        """The device's transparency record of ``day`` (check it with :func:`verify_record`)."""
+    async def tlog_record(self, device_id: str, day: date | str) -> DeviceRecord:
+        """The device's transparency record of ``day`` (check it with :func:`verify_record`).
+
+        ``day`` is a ``datetime.date`` or a ``YYYY-MM-DD`` string; another is refused naming it.
+        """
         return await self._run(self._record_call(device_id, day))  # type: ignore[no-any-return]
 
     async def tlog_checkpoint(self) -> TlogCheckpoint:
@@ -283,8 +289,8 @@ class AsyncClient(Api):
         use_case: str,
         candidates: Sequence[str],
         *,
-        start: date | None = None,
-        end: date | None = None,
+        start: date | str | None = None,
+        end: date | str | None = None,
     ) -> Estimates:
         """Published estimates of candidates over ``[start, end]`` (admin; default all days)."""
         return await self._run(  # type: ignore[no-any-return]

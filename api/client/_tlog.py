@@ -22,7 +22,7 @@ import orjson
 
 from dp_governor.api.schemas import DeviceRecord
 from dp_governor.mechanisms.merkle import decode_hashes, leaf_hash, verify_inclusion
-from dp_governor.mechanisms.signed_note import Checkpoint, NoteError, Verifier
+from dp_governor.mechanisms.signed_note import Checkpoint, NoteError, Verifier, check_quorum
 
 __all__ = ["RecordCheck", "verify_record"]
 
@@ -58,8 +58,10 @@ def verify_record(
 
     ``log`` and ``witnesses`` are verifier keys (objects or vkey texts) the device was
     configured with, never ones the server sent; ``sent`` is the device's own count of what it
-    sent that day and was accepted, ``(reports, micro-epsilon)`` per use case.
+    sent that day and was accepted, ``(reports, micro-epsilon)`` per use case. ``quorum`` is 0
+    with no witness, else 1 to their number: another raises ``ValueError`` naming it.
     """
+    check_quorum(quorum, len(witnesses))  # a configuration error, not the record's
     log_key = Verifier.parse(log) if isinstance(log, str) else log
     keys = [Verifier.parse(w) if isinstance(w, str) else w for w in witnesses]
     totals: dict[str, tuple[int, int]] = {}

@@ -53,7 +53,7 @@ class BadRequest(ServiceError):
 
 
 class Unauthorized(ServiceError):
-    """401 or 403: no or wrong credentials (admin token or ``X-Device-Id``)."""
+    """401 or 403: no or wrong credentials; ``field`` names the header or parameter needing them."""
 
 
 class NotFound(ServiceError):

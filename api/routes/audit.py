@@ -28,6 +28,7 @@ from dp_governor.api.schemas import (
     AuditVerification,
     Distribution,
     EffectiveEpsilonReport,
+    Finite,
     Timeline,
 )
 from dp_governor.budget.reporting.views import device_timeline
@@ -96,7 +97,7 @@ def effective_epsilon(
     caches: CachesDep,
     admin: AdminCredential,
     delta: Annotated[
-        float | None,
+        Finite | None,
         Query(
             gt=0,
             lt=1,
@@ -125,5 +126,6 @@ def effective_epsilon(
             UNAUTHORIZED,
             "`delta`: a report at another delta than the policies' reads the whole ledger, so"
             " it needs `Authorization: Bearer <token>`; without `delta` the report is public",
+            field="delta",
         )
     return wire.effective_epsilon(caches.report(ledger, delta))

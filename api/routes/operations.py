@@ -13,7 +13,7 @@ from dp_governor.api.deps import AdminDep, EngineDep, LedgerDep, MetricsDep
 from dp_governor.api.errors import CONFLICT, NOT_FOUND, SERVICE_UNAVAILABLE, HttpError
 from dp_governor.api.jobs import JOBS, JobBusy, lease_of, release_job, run_job
 from dp_governor.api.leases import LeaseLost
-from dp_governor.api.schemas import Health, JobRelease, JobRun
+from dp_governor.api.schemas import Finite, Health, JobRelease, JobRun
 from dp_governor.pipeline.tables import InboxRow
 
 __all__ = ["router"]
@@ -59,7 +59,7 @@ def run_job_now(
         bool, Query(description="Take the job's lease from whoever holds it (after a crash).")
     ] = False,
     wait: Annotated[
-        float,
+        Finite,
         Query(
             ge=0,
             le=MAX_JOB_WAIT_SECONDS,

@@ -206,6 +206,7 @@ async def submit_batch(
         raise HttpError(
             TOO_LARGE,
             f"`items` holds {len(items)} items; the maximum is {settings.max_batch_items}",
+            field="items",
         )
     results = await run_in_threadpool(ingestor.submit_many, name, items, now=clock.now())
     out = []

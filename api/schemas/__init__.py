@@ -38,6 +38,7 @@ from dp_governor.api.schemas.estimates import (
     EstimateItem,
     EstimateQuery,
     Estimates,
+    Finite,
     IsoDay,
 )
 from dp_governor.api.schemas.operations import (
@@ -98,6 +99,7 @@ __all__ = [
     "EstimateItem",
     "EstimateQuery",
     "Estimates",
+    "Finite",
     "GateTotal",
     "GroupTerms",
     "Health",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints
+from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, StringConstraints
 from pydantic import Field as PydField
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "EstimateItem",
     "EstimateQuery",
     "Estimates",
+    "Finite",
     "IsoDay",
 ]
 
@@ -57,6 +58,10 @@ def _iso_day(value: object) -> object:
 
 IsoDay = Annotated[date, BeforeValidator(_iso_day)]
 """A UTC day as an ISO date string; numbers (which pydantic reads as timestamps) are refused."""
+
+Finite = Annotated[float, AllowInfNan(False)]
+"""A float parameter: ``nan`` and ``inf`` are refused before any bound (NaN fails every
+comparison, so ``lt=1`` alone would call it too large); 422 ``must be a finite number``."""
 
 
 class EstimateQuery(BaseModel):

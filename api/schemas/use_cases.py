@@ -151,6 +151,7 @@ class GroupTerms(BaseModel):
     model_config = ConfigDict(
         strict=True,
         extra="forbid",
+        allow_inf_nan=False,
         json_schema_extra={
             "examples": [
                 {

@@ -45,8 +45,9 @@ def verify_ledger(
     Once entries are archived (``archives``), a replay that would start at the first entry
     starts at the newest archive's boundary from the state recorded there, comparing every
     day, and its note says so; with ``archive_files`` (every archive's file) it replays the
-    files first instead, a full replay from the first entry. The state check's ``resume`` is
-    ``None`` unless everything checked here was accepted.
+    files first instead, a full replay from the first entry. ``progress`` is told
+    ``(replayed, to replay)``: the entries after the starting point. The state check's
+    ``resume`` is ``None`` unless everything checked here was accepted.
     """
     engine: Engine = audit.engine
     try:
@@ -74,16 +75,19 @@ def verify_ledger(
     if newest is not None and start is not None and newest.seq <= start.checkpoint.seq:
         newest = None
     snapshots: list[str] = []
-    total = audit.head()[0]
+    # progress counts the entries this run replays, as the verdict's `entries` does
+    base = 0 if start is None else start.checkpoint.seq
+    total = max(audit.head()[0] - base, 0)
     if progress is not None:
-        progress(0 if start is None else start.checkpoint.seq, total)
+        progress(0, total)
 
     def observe(seq: int, actor: str, action: str, body: str) -> None:
         replay(seq, actor, action, body)
         if newest is not None and seq == newest.seq:
             snapshots.append(replay.snapshot())
-        if progress is not None and (seq % PROGRESS_EVERY == 0 or seq == total):
-            progress(seq, total)
+        done = seq - base
+        if progress is not None and (done % PROGRESS_EVERY == 0 or done == total):
+            progress(done, total)
 
     try:
         chain = audit.verify(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, inspect, text
 
 from dp_governor.budget.audit.leaves import device_label_key, project
 from dp_governor.budget.storage.db import placeholder, write_step
@@ -256,6 +256,31 @@ class TransparencyLog:
                 text("SELECT size, root, note FROM tlog_checkpoints ORDER BY size DESC LIMIT 1")
             ).first()
             return None if row is None else _cosigned(conn, row)
+
+    def signed_origin(self) -> str | None:
+        """The origin the log's first checkpoint was signed under (``None``: none signed yet)."""
+        with self.engine.connect() as conn:
+            if not inspect(conn).has_table("tlog_checkpoints"):
+                return None  # a ledger from before the transparency log: nothing signed
+            note = conn.execute(
+                text("SELECT note FROM tlog_checkpoints ORDER BY size LIMIT 1")
+            ).scalar()
+        return None if note is None else str(note).split("\n", 1)[0]
+
+    def origin_problem(self) -> str | None:
+        """Why this log may not sign under its origin: its checkpoints name another, or ``None``.
+
+        An origin is the log's key name, so a checkpoint under another one would be another
+        log's to every witness and device: the origin is fixed once a checkpoint is signed.
+        """
+        signed = self.signed_origin()
+        if signed is None or signed == self.origin:
+            return None
+        return (
+            f"`tlog_origin` is {self.origin!r} but this log's checkpoints are signed under"
+            f" {signed!r}: set DPGOV_TLOG_ORIGIN={signed} (a log keeps the origin of its first"
+            " checkpoint; a new origin needs a new log, docs/transparency.md#the-logs-origin)"
+        )
 
     def checkpoint_at(self, size: int) -> SignedCheckpoint | None:
         """The checkpoint signed at ``size`` with its cosignatures, if one was."""

@@ -136,6 +136,14 @@ def test_audit_verify_and_report_count_entries_and_devices_on_stderr(tmp_path: P
     assert lines[0] == "audit report: every device's spend: 0 of 40 devices (0%)", lines
     assert "audit report: every device's spend: 40 of 40 devices (100%)" in lines
     assert "audit report: the bounds of every policy..." in lines
+    signed = runner.invoke(app, ["jobs", "run", "checkpoint"], env=env)
+    assert signed.exit_code == 0, signed.output
+    for _ in range(2):  # from the last accepted run: the entries since, then none
+        again = runner.invoke(app, ["audit", "verify"], env=env)
+        assert again.exit_code == 0, again.output
+        n = json.loads(again.stdout)["entries"]  # the count on stderr is the result's
+        assert f"audit verify: the chain: {n:,d} of {n:,d} entries (100%)" in again.stderr
+    assert n == 0, again.stderr
     for command in (["audit", "verify", "--quiet"], ["audit", "report", "-q"]):
         quiet = runner.invoke(app, command, env=env)
         assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr

@@ -29,7 +29,6 @@ from dp_governor.budget.storage.schema import init_db
 from dp_governor.mechanisms.signed_note import (
     COSIGNATURE,
     Checkpoint,
-    NoteError,
     Signer,
     Verifier,
     sign_note,
@@ -89,7 +88,7 @@ def test_a_witness_cosigns_extensions_and_refuses_a_fork(tmp_path: Path) -> None
         assert state.size == grown.size
         with pytest.raises(Fork, match="rolled back"):
             cosign_checkpoint(first.note, log, state, honest.tlog.consistency, witness, now=5)
-        with pytest.raises(NoteError, match="quorum is 2"):
+        with pytest.raises(ValueError, match="`quorum` must be 1 to 1"):  # never met
             Checkpoint.open(note, log, witnesses=[witness.verifier], quorum=2)
     finally:
         e1.dispose()

@@ -6,11 +6,13 @@ the day's label, written before the upgrade to per-charge labels, and two versio
 their charges' labels), its checkpoint signed by the log and cosigned by one witness, the
 device's record as ``GET /v1/devices/{id}/tlog`` returns it, and cases that each break one
 thing (a leaf altered, a charge dropped, a forked checkpoint, a proof in hex, a bad cosignature,
-a quorum not met, another log's key, a device that sent more, a leaf whose running total is
-wrong, the device's leaves out of order, another device's leaf, a record that shows nothing
-though the device sent).
+a quorum the cosignatures do not meet, another log's key, a device that sent more, a leaf
+whose running total is wrong, the device's leaves out of order, another device's leaf, a
+record that shows nothing though the device sent).
 Each case carries the answer of :func:`dp_governor.api.client.verify_record`, word for word:
-another implementation (``devices/js``) must give the same.
+another implementation (``devices/js``) must give the same. ``bad_quorums`` are quorums no
+checkpoint could meet under the witnesses configured (-1, 0 with a witness, one more than the
+witnesses): a configuration error, refused with the message given before any record is read.
 """
 
 from __future__ import annotations
@@ -171,7 +173,6 @@ def tlog() -> dict[str, Any]:
         ("valid, cosigned by the quorum", record, [keys["witness"]], 1, None),
         ("valid, what the device counted", record, [], 0,
          {"emoji": [2, 8_000_000], "quicktype": [1, 8_000_000]}),
-        ("no witness configured for a quorum of one", record, [], 1, None),
         ("a leaf altered", altered, [], 0, None),
         ("a charge dropped from the log", dropped, [], 0, None),
         ("a forked checkpoint", forked, [], 0, None),
@@ -214,4 +215,23 @@ def tlog() -> dict[str, Any]:
         "log_key": keys["log"],
         "witness_key": keys["witness"],
         "cases": cases,
+        "bad_quorums": [
+            _bad_quorum(record, keys["log"], w, q) for w, q in _bad_quorums(keys["witness"])
+        ],
     }
+
+
+def _bad_quorums(witness: str) -> list[tuple[list[str], int]]:
+    """Witnesses and a quorum they cannot carry: none for one, one for -1, 0 and 2."""
+    return [([], 1), ([witness], -1), ([witness], 0), ([witness], 2)]
+
+
+def _bad_quorum(
+    record: dict[str, Any], log: str, witnesses: list[str], quorum: int
+) -> dict[str, Any]:
+    """The refusal of a quorum that cannot be met, word for word."""
+    try:
+        verify_record(DeviceRecord.model_validate(record), log, witnesses=witnesses, quorum=quorum)
+    except ValueError as exc:
+        return {"witnesses": witnesses, "quorum": quorum, "error": str(exc)}
+    raise AssertionError(f"a quorum of {quorum} under {len(witnesses)} witnesses was accepted")

@@ -274,6 +274,30 @@ export function parseCheckpoint(text) {
 }
 
 /**
+ * A quorum a checkpoint can meet under `witnesses` configured keys: 0 with none, else 1 to
+ * their number. Throws a RangeError (a TypeError for no integer) naming `quorum`, word for word
+ * as the Python client's (docs/vectors/tlog.json, `bad_quorums`).
+ *
+ * @param {number} quorum
+ * @param {number} witnesses
+ * @returns {number}
+ */
+export function checkQuorum(quorum, witnesses) {
+  if (!Number.isInteger(quorum)) {
+    throw new TypeError(`\`quorum\` must be an integer, got ${typeof quorum}`);
+  }
+  if (witnesses === 0 && quorum !== 0) {
+    throw new RangeError(`\`quorum\` is ${quorum} but no witness is configured: it must be 0`);
+  }
+  if (witnesses > 0 && !(quorum >= 1 && quorum <= witnesses)) {
+    throw new RangeError(
+      `\`quorum\` must be 1 to ${witnesses} (the witnesses configured), got ${quorum}`,
+    );
+  }
+  return quorum;
+}
+
+/**
  * Verify a signed checkpoint: the log's signature and `quorum` witnesses' cosignatures.
  * Unknown signatures are ignored; a known key's bad signature rejects the note.
  *
@@ -285,6 +309,7 @@ export function parseCheckpoint(text) {
  *   cosigned: Map<string, bigint>}>}
  */
 export async function openCheckpoint(note, log, witnesses = [], quorum = 0) {
+  if (quorum !== 0) checkQuorum(quorum, witnesses.length);
   const { text, signatures } = openNote(note);
   const point = parseCheckpoint(text);
   if (point.origin !== log.name) {
@@ -361,6 +386,7 @@ function firstDifference(a, b) {
  *   cosigned: string[], problem: string | null}>}
  */
 export async function verifyRecord(record, log, options = {}) {
+  checkQuorum(options.quorum ?? 0, (options.witnesses ?? []).length); // configuration, not record
   const logKey = await Verifier.parse(log);
   const keys = await Promise.all((options.witnesses ?? []).map((w) => Verifier.parse(w)));
   /** @type {Map<string, [number, number]>} */

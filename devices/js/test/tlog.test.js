@@ -24,6 +24,17 @@ for (const c of VECTORS.cases) {
   });
 }
 
+for (const c of VECTORS.bad_quorums) {
+  const name = `tlog: a quorum of ${c.quorum} under ${c.witnesses.length} witness(es) is refused`;
+  test(name, async () => {
+    const record = VECTORS.cases[0].record;
+    await assert.rejects(
+      verifyRecord(record, VECTORS.log_key, { witnesses: c.witnesses, quorum: c.quorum }),
+      (error) => error instanceof RangeError && error.message === c.error,
+    );
+  });
+}
+
 test("tlog: a proof for another index, a size that cannot hold it or a short path fails", async () => {
   const record = VECTORS.cases[0].record;
   const item = record.leaves[0];
