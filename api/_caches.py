@@ -7,6 +7,8 @@ bounded whatever clients ask.
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -14,26 +16,77 @@ from collections.abc import Callable, Sequence
 
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api._snapshots import FIGURES, Figures, Snapshots, compute_figures, store_snapshot
+from dp_governor.api.errors import SERVICE_UNAVAILABLE, HttpError
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Clock, Ledger
-from dp_governor.budget.gate.prepared import InternalError
 from dp_governor.budget.reporting.loss import effective_epsilon_basis
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, ReportBasis, finish_report
-from dp_governor.budget.reporting.views import (
-    Distribution,
-    SpendSpread,
-    distribution_of,
-    spend_spread,
-)
 from dp_governor.mechanisms import Discovering
 from dp_governor.mechanisms.sfp import DiscoveredWord
 from dp_governor.policies import Policy
 
-__all__ = ["REPORT_CACHE_ENTRIES", "Caches"]
+__all__ = ["REPORT_CACHE_ENTRIES", "Caches", "FiguresPending"]
+
+log = logging.getLogger("dpgov.api")
 
 REPORT_CACHE_ENTRIES = 32  # effective-epsilon reports kept, one per distinct delta asked
 _DISCOVERIES = 16  # discoveries kept before the cache is emptied
 _PAGE_SECONDS = 60.0  # the public page is drawn again at least this often: its ages stay true
+_RETRY_FAILED = 30.0  # seconds before figures whose computation failed are computed again
+_POLL = 0.25  # seconds between two looks at another process's stored figures
+
+
+class FiguresPending(HttpError):
+    """503: the stored figures predate the policies in force (or none exist yet).
+
+    They are being computed in the background; ``Retry-After`` is the last computation's
+    length. Never figures computed under other policies than those in force.
+    """
+
+    def __init__(self, detail: str, retry_after: int) -> None:
+        super().__init__(SERVICE_UNAVAILABLE, detail, {"Retry-After": str(retry_after)})
+        self.retry_after = retry_after
+
+
+class _Refresher:
+    """Computes and stores the figures in a thread of its own: at most one at a time.
+
+    What a request waits for instead of computing: it costs the request no CPU, and however
+    many requests ask, the ledger is read once per policy revision (a failed attempt is made
+    again after :data:`_RETRY_FAILED` seconds).
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._started: tuple[tuple[int, ...], float] | None = None  # revision, when
+        self.finished = threading.Condition()
+
+    def start(self, ledger: Ledger, revision: Sequence[int]) -> None:
+        """Start computing unless a computation runs, or this revision's started recently."""
+        key = tuple(revision)
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            if self._started is not None and self._started[0] == key:
+                if time.monotonic() - self._started[1] < _RETRY_FAILED:
+                    return
+            self._started = (key, time.monotonic())
+            self._thread = threading.Thread(
+                target=self._run, args=(ledger,), name="dpgov-figures", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self, ledger: Ledger) -> None:
+        try:
+            figures = compute_figures(ledger, now=self._clock.now())
+            store_snapshot(ledger_engine(ledger), FIGURES, figures)
+        except Exception:  # logged; the requests waiting for it answer 503
+            log.exception("the dashboard figures could not be computed")
+        finally:
+            with self.finished:
+                self.finished.notify_all()
 
 
 class Caches:
@@ -50,16 +103,14 @@ class Caches:
     def __init__(self, settings: Settings, clock: Clock) -> None:
         self._settings = settings
         self._clock = clock
+        self._refresher = _Refresher(clock)
         self._basis: list[tuple[float, tuple[int, int], ReportBasis]] = []  # at most one entry
         self.reports: OrderedDict[float | None, EffectiveEpsilonReport] = OrderedDict()
         self._report_lock = threading.Lock()
         self.snapshots = Snapshots()  # the stored figures and verification, parsed once each
-        self._first_lock = threading.Lock()  # the figures of a ledger that has none yet
         self._discovered: dict[tuple[str, int, tuple[int, ...], int], list[DiscoveredWord]] = {}
         self._page: list[tuple[float, tuple[str, ...], str]] = []  # the page without estimates
         self._page_lock = threading.Lock()
-        self._spreads: dict[tuple[str, str], tuple[float, SpendSpread]] = {}
-        self._spread_lock = threading.Lock()
 
     def discovery(
         self, policy: Policy, days: Sequence[int], sketch: Discovering
@@ -97,44 +148,27 @@ class Caches:
                 self.reports.popitem(last=False)
             return report
 
-    def distribution(self, ledger: Ledger, use_case: str, scope: str, bins: int) -> Distribution:
-        """A use case's public distribution: the ledger read once per ``report_cache_seconds``.
-
-        One reading per (use case, scope), taken by one thread while the others wait for it
-        (one at a time, whatever the use case: a flood of callers costs one scan); any bin
-        count is then derived from it in ``O(bins log n)``. Entries are bounded by the use
-        cases that exist (an unknown one raises before anything is kept) times two scopes.
-        """
-        key = (use_case, scope)
-        with self._spread_lock:
-            found = self._spreads.get(key)
-            if found is None or time.monotonic() >= found[0]:
-                spread = spend_spread(ledger, use_case, now=self._clock.now(), scope=scope)
-                expires = time.monotonic() + self._settings.report_cache_seconds
-                found = self._spreads[key] = (expires, spread)
-        return distribution_of(found[1], bins)
-
     def figures(self, ledger: Ledger) -> Figures:
         """The latest stored dashboard figures (:mod:`dp_governor.api._snapshots`).
 
-        A request reads them, never computes them: the ``dashboard`` job does. Only when none
-        fit (a fresh install before the job's first run, or a policy edit since they were
-        computed: an admin's act, never a visitor's) are they computed here, once, by one
-        request while the others wait for its row.
+        A request reads them, never computes them. When none fit (a fresh install before the
+        ``dashboard`` job's first run, or a policy edit since they were computed) the
+        refresher computes them in its own thread and the request waits for them at most
+        ``figures_wait_seconds``, then answers :class:`FiguresPending` (503).
         """
         engine = ledger_engine(ledger)
-        revision = list(ledger.book_revision())
-        found = self.snapshots.figures(engine)
-        if found is not None and found.book == revision:
-            return found
-        with self._first_lock:
+        deadline = time.monotonic() + self._settings.figures_wait_seconds
+        while True:
+            revision = list(ledger.book_revision())
             found = self.snapshots.figures(engine)
-            if found is None or found.book != revision:
-                store_snapshot(engine, FIGURES, compute_figures(ledger, now=self._clock.now()))
-                found = self.snapshots.figures(engine)
-        if found is None:
-            raise InternalError("the dashboard figures just stored cannot be read back")
-        return found
+            if found is not None and found.book == revision:
+                return found
+            self._refresher.start(ledger, revision)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _pending(found, revision)
+            with self._refresher.finished:
+                self._refresher.finished.wait(min(left, _POLL))
 
     def public_page(self, stamp: tuple[str, ...], render: Callable[[], str]) -> str:
         """The public dashboard page, drawn again when ``stamp`` changes or once a minute.
@@ -149,3 +183,20 @@ class Caches:
             page = render()
             self._page[:] = [(time.monotonic() + _PAGE_SECONDS, stamp, page)]
             return page
+
+
+def _pending(found: Figures | None, revision: list[int]) -> FiguresPending:
+    """The 503 of figures being computed: what is stored, and when to ask again."""
+    if found is None:
+        why = "no audit figures have been computed yet"
+    else:
+        why = (
+            f"the audit figures stored ({found.computed_at}) were computed under other policies"
+            " than those in force"
+        )
+    retry = 5 if found is None else max(1, math.ceil(found.seconds))
+    return FiguresPending(
+        f"{why}: they are being computed for policy revision {revision} (this takes about"
+        f" {retry} s); ask again then",
+        retry,
+    )

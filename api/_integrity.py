@@ -94,6 +94,7 @@ def verify_service(
     stage: Callable[[str], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
     full: bool = True,
+    archive_files: Sequence[Path] = (),
 ) -> Verification:
     """The chain, the deciding state, and the inbox and store against the recorded charges.
 
@@ -107,9 +108,17 @@ def verify_service(
     entries verified (a command's progress). ``full=False`` starts at the last accepted
     verdict's signed checkpoint (:mod:`dp_governor.budget.audit.incremental`). The verdict is
     recorded (``audit_verifications``): an accepted one is where the next incremental run starts.
+    ``archive_files`` replays archived entries from their files (docs/audit.md, archiving).
     """
     verdict, resume = _verify(
-        ledger, now=now, kept=kept, seal=seal, stage=stage, progress=progress, full=full
+        ledger,
+        now=now,
+        kept=kept,
+        seal=seal,
+        stage=stage,
+        progress=progress,
+        full=full,
+        archive_files=archive_files,
     )
     ledger.verdicts.record(
         now=now, full=full, from_seq=verdict.from_seq, problem=verdict.problem, resume=resume
@@ -126,12 +135,15 @@ def _verify(
     stage: Callable[[str], None] | None,
     progress: Callable[[int, int], None] | None,
     full: bool,
+    archive_files: Sequence[Path] = (),
 ) -> tuple[Verification, Resume | None]:
     """:func:`verify_service`'s checks, and where the next run may start if all accepted."""
     copy = kept if isinstance(kept, KeptCheckpoints) else KeptCheckpoints(points=tuple(kept))
     if stage is not None:
         stage("the chain, its tags, its checkpoints and the deciding state")
-    verdict, state = ledger.verify(kept=copy.points, progress=progress, full=full)
+    verdict, state = ledger.verify(
+        kept=copy.points, progress=progress, full=full, archive_files=archive_files
+    )
     if not verdict.ok:
         return verdict, None
     file_problem = copy.problem

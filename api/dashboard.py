@@ -325,6 +325,25 @@ size="48"></p>
 """
 
 
+def render_pending(*, detail: str, retry_after: int) -> str:
+    """The page shown while the figures are computed for the policies in force (HTTP 503).
+
+    It reloads itself after ``retry_after`` seconds; no figure computed under other policies
+    is shown meanwhile.
+    """
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>dp-governor: computing</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="refresh" content="{int(retry_after)}">
+<link rel="icon" href="data:,"><style>{_CSS}</style></head><body>
+<h1>dp-governor</h1>
+<h2>The figures are being computed</h2>
+<p id="pending">{escape(detail)}.</p>
+<p>This page reloads itself in {int(retry_after)} s.</p>
+</body></html>
+"""
+
+
 def _policy_rows(policies: Sequence[Policy]) -> str:
     """The policies table's rows."""
     return "".join(

@@ -130,12 +130,19 @@ class Settings(BaseSettings):
         " interval: `verify_seconds`); still accepted, so that an environment that sets it"
         " starts.",
     )
+    figures_wait_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=600,
+        description="How long a public request waits for the audit figures when those stored"
+        " predate the policies in force (or none exist yet); they are computed in the"
+        " background, and the request answers 503 with `Retry-After` when they take longer.",
+    )
     report_cache_seconds: float = Field(
         default=30.0,
         ge=0,
         description="How long an effective-epsilon report at a delta other than the policies'"
-        " and a distribution of a use case newer than the `dashboard` job's figures are served"
-        " again.",
+        " (admin only) is served again.",
     )
     host: str = Field(default="127.0.0.1", description="Address `dpgov serve` listens on.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port `dpgov serve` listens on.")

@@ -1,7 +1,7 @@
 """Incremental audit verify after one more day; prints a Markdown table.
 
 Usage: ``python -m benchmarks.verify [--devices 1000000] [--days 10] [--charges 100000]
-[--database-url URL]``.
+[--database-url URL] [--archive]``.
 
 Builds a ledger with :func:`benchmarks.scale.build`, signs its head and projects the
 transparency log (the checkpoint job's work), and verifies it in full (timed), which records
@@ -9,16 +9,26 @@ where the next verification starts. Then one more day of about ``--charges`` acc
 through the gate's batch path (:func:`dp_governor.budget.gate.charge.charge_batch`, 1,000 a
 transaction), the checkpoint job signs again, and the incremental verification (what the
 ``verify`` job and ``dpgov audit verify`` run) is timed.
+
+``--archive`` then archives every entry before the last verified checkpoint
+(:meth:`dp_governor.budget.Ledger.archive`) and prints a second table: the audit log's rows and
+stored size before and after (and after ``VACUUM FULL`` on PostgreSQL, where a DELETE leaves
+dead rows until a vacuum), the archive file's size, the archive's time, and the full
+verification's time without the file (from the archive's boundary) and with it (from the first
+entry).
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
+from sqlalchemy import Engine, text
 
 from benchmarks.scale import FIRST_DAY, RATES, SECRET, build, database, device_id, noon, plan_day
 from dp_governor.budget import Ledger
@@ -36,9 +46,9 @@ def _timed(run: Callable[[], object]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def _verify(ledger: Ledger, *, full: bool) -> int:
+def _verify(ledger: Ledger, *, full: bool, files: Sequence[Path] = ()) -> int:
     """One verification, recorded as the service records it; the entries it replayed."""
-    verdict, state = ledger.verify(full=full)
+    verdict, state = ledger.verify(full=full, archive_files=files)
     assert verdict.ok, verdict
     ledger.verdicts.record(
         now=noon(FIRST_DAY),
@@ -72,6 +82,59 @@ def _one_more_day(ledger: Ledger, devices: int, day: int, charges: int) -> int:
     return accepted
 
 
+def _log_size(engine: Engine) -> tuple[int, int]:
+    """The audit log's rows and stored bytes.
+
+    PostgreSQL: table, indexes and TOAST; SQLite: its table's and primary key's pages (``dbstat``).
+    """
+    with engine.connect() as conn:
+        rows = int(conn.execute(text("SELECT count(*) FROM audit_log")).scalar_one())
+        if engine.dialect.name == "postgresql":
+            size = conn.execute(text("SELECT pg_total_relation_size('audit_log')")).scalar_one()
+        else:
+            size = conn.execute(
+                text(
+                    "SELECT sum(pgsize) FROM dbstat"
+                    " WHERE name IN ('audit_log', 'sqlite_autoindex_audit_log_1')"
+                )
+            ).scalar_one()
+    return rows, int(size or 0)
+
+
+def _archive_table(ledger: Ledger, day: int) -> None:
+    """Archive up to the last verified checkpoint; sizes and the full verify's times, a table."""
+    before = _log_size(ledger.engine)
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "audit-archive.jsonl.gz"
+        archive_s = _timed(lambda: ledger.archive(through=None, out=out, now=noon(day)))
+        after = _log_size(ledger.engine)
+        if ledger.engine.dialect.name == "postgresql":  # DELETE leaves dead rows until a vacuum
+            with ledger.engine.connect() as conn:
+                conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+                    text("VACUUM FULL audit_log")
+                )
+        returned = _log_size(ledger.engine)
+        without_s = _timed(lambda: _verify(ledger, full=True))
+        with_s = _timed(lambda: _verify(ledger, full=True, files=[out]))
+        file_size = out.stat().st_size
+    print()
+    print(
+        "| backend | audit_log rows before | after | stored MiB before | after | after a vacuum"
+        " | archive file MiB | archive s (CPU) | full verify without the file s (CPU)"
+        " | with --archive s (CPU) |"
+    )
+    print("|---" * 10 + "|")
+    mib = 1 << 20
+    print(
+        f"| {ledger.engine.dialect.name} | {before[0]:,} | {after[0]:,} | {before[1] / mib:.1f}"
+        f" | {after[1] / mib:.1f} | {returned[1] / mib:.1f} | {file_size / mib:.1f}"
+        f" | {archive_s[0]:.1f}"
+        f" ({archive_s[1]:.1f}) | {without_s[0]:.1f} ({without_s[1]:.1f}) | {with_s[0]:.1f}"
+        f" ({with_s[1]:.1f}) |",
+        flush=True,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Build, verify in full, add a day, verify incrementally; both verifications timed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,6 +142,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--days", type=int, default=10)
     parser.add_argument("--charges", type=int, default=100_000)
     parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
+    parser.add_argument(
+        "--archive",
+        action="store_true",
+        help="then archive up to the last verified checkpoint and time the full verification"
+        " with and without the archive file",
+    )
     args = parser.parse_args(argv)
     if args.days < 1 or args.devices < 1 or args.charges < 1:
         parser.error("--days, --devices and --charges must be at least 1")
@@ -105,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f" ({incremental_s[1]:.1f}) |",
             flush=True,
         )
+        if args.archive:
+            _archive_table(ledger, day)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, select
 
+from dp_governor.budget.audit.archive import ArchiveRecord, Archives
 from dp_governor.budget.audit.incremental import verify_ledger
 from dp_governor.budget.audit.log import AuditLog, Checkpoint, Entry, Verification, derive_audit_key
 from dp_governor.budget.audit.row_tags import RowTags
@@ -150,6 +152,7 @@ class Ledger:
         self.row_tags = RowTags(self._audit_key)  # the reports' rows: inbox and store
         self.tlog = TransparencyLog(engine, self._audit_key, origin=tlog_origin)
         self.verdicts = Verdicts(engine, self._audit_key)  # where the next verification starts
+        self.archives = Archives(self.audit, self._audit_key)  # entries moved out to files
         self.gate = Gate(engine, secret, self.audit)
         self.policies = PolicyStore(
             engine, on_change=self._policy_changed, review=self._review_policies
@@ -240,6 +243,7 @@ class Ledger:
         kept: Sequence[Checkpoint] = (),
         progress: Callable[[int, int], None] | None = None,
         full: bool = True,
+        archive_files: Sequence[Path] = (),
     ) -> tuple[Verification, StateCheck]:
         """The audit chain, the tables the gate decides on against it, the transparency log.
 
@@ -250,6 +254,7 @@ class Ledger:
         :data:`~dp_governor.budget.audit.incremental.PROGRESS_EVERY` entries and at the end.
         The state check's ``resume`` is where the next run may start
         (:meth:`~dp_governor.budget.audit.verdicts.Verdicts.record` keeps it).
+        ``archive_files`` (with ``full``) replays the archived entries from their files.
         """
         return verify_ledger(
             self.audit,
@@ -259,7 +264,16 @@ class Ledger:
             kept=kept,
             progress=progress,
             full=full,
+            archives=self.archives,
+            archive_files=archive_files,
         )
+
+    def archive(self, *, through: int | None, out: Path, now: datetime) -> ArchiveRecord:
+        """Move the entries before a verified signed checkpoint to ``out`` (``None``: the last).
+
+        :meth:`dp_governor.budget.audit.archive.Archives.archive`; raises ``ArchiveRefused``.
+        """
+        return self.archives.archive(self.verdicts, through=through, out=out, now=now)
 
     # -- the gate --------------------------------------------------------------------------------
 

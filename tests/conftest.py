@@ -70,6 +70,23 @@ def _bodies_without_family() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _figures_waited_for() -> Iterator[None]:
+    """Public requests wait for the audit figures however slow a busy machine computes them.
+
+    The production default (2 s) answers 503 sooner; that answer is tested by
+    ``tests/api/test_figures_pending.py`` with its own setting. Servers the tests start as
+    subprocesses inherit it.
+    """
+    old = os.environ.get("DPGOV_FIGURES_WAIT_SECONDS")
+    os.environ["DPGOV_FIGURES_WAIT_SECONDS"] = "600"
+    yield
+    if old is None:
+        del os.environ["DPGOV_FIGURES_WAIT_SECONDS"]
+    else:
+        os.environ["DPGOV_FIGURES_WAIT_SECONDS"] = old
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _private_secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Key files a test does not place itself go to a scratch folder, never the user's own."""
     old = os.environ.get("XDG_CONFIG_HOME")

@@ -32,8 +32,9 @@ class Served(NamedTuple):
 def server_env(folder: Path, **settings: str | None) -> dict[str, str]:
     """The environment of a server on a SQLite file in ``folder``.
 
-    The caller's ``DPGOV_*`` variables are left out (but ``DPGOV_REQUIRE_REPORT_FAMILY``, which
-    the suite sets for its bodies without ``family``); ``settings`` are ``DPGOV_*`` variables
+    The caller's ``DPGOV_*`` variables are left out (but ``DPGOV_REQUIRE_REPORT_FAMILY`` and
+    ``DPGOV_FIGURES_WAIT_SECONDS``, which the suite sets for its bodies without ``family`` and
+    for a busy machine); ``settings`` are ``DPGOV_*`` variables
     (lowercase names without the prefix) on top of the defaults, ``None`` removing one (e.g.
     ``admin_token=None`` for a server without an admin token).
     """
@@ -45,6 +46,7 @@ def server_env(folder: Path, **settings: str | None) -> dict[str, str]:
         "admin_token": ADMIN_TOKEN,
         "scheduler": "false",
         "require_report_family": os.environ.get("DPGOV_REQUIRE_REPORT_FAMILY"),
+        "figures_wait_seconds": os.environ.get("DPGOV_FIGURES_WAIT_SECONDS"),
         **settings,
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPGOV_")}

@@ -48,18 +48,33 @@ def audit_verify(
             " the last accepted verification reached).",
         ),
     ] = False,
+    archive: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--archive",
+            help="With --full: an archive file (`dpgov audit archive`) to replay first;"
+            " repeat for each, so that the replay starts at the first entry.",
+        ),
+    ] = None,
     database_url: DatabaseOption = None,
     quiet: QuietOption = False,
 ) -> None:
     """Check the audit chain and the state the gate decides on; exit 1 naming what fails.
 
     Starts at the signed checkpoint the last accepted verification reached (docs/audit.md
-    says which checks then cover only the entries after it); ``--full`` replays everything.
+    says which checks then cover only the entries after it); ``--full`` replays everything the
+    log holds, and with ``--archive`` the archived entries first.
     On stderr: the entries verified (a bar on a terminal, a line per tenth in a log), then
     each later part with its time; ``--quiet``: none of it.
     """
     from dp_governor.api._integrity import kept_checkpoints, verify_service
 
+    files = archive or []
+    if files and not full:
+        refuse("--archive needs --full (an incremental verification reads no archive)")
+    for file in files:
+        if not file.is_file():
+            refuse(f"--archive: no archive file at {file}")
     settings = load_settings(database_url)
     path = checkpoints or settings.checkpoint_file
     if checkpoints is not None and not checkpoints.exists():
@@ -83,7 +98,13 @@ def audit_verify(
                 stages(name)
 
             result = verify_service(
-                ledger, now=datetime.now(UTC), kept=kept, stage=stage, progress=bar, full=full
+                ledger,
+                now=datetime.now(UTC),
+                kept=kept,
+                stage=stage,
+                progress=bar,
+                full=full,
+                archive_files=files,
             )
     finally:
         ledger.close()
@@ -91,6 +112,49 @@ def audit_verify(
     if not result.ok:
         where = "" if result.first_bad is None else f" at entry {result.first_bad}"
         refuse(f"the audit log fails{where}: {result.problem}", 1)
+
+
+@app.command("archive")
+def audit_archive(
+    through: Annotated[
+        str,
+        typer.Option(
+            help="The signed checkpoint's entry to archive up to (kept), or 'verified': the one"
+            " the last accepted verification reached (the only one it holds the state at)."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The archive file to write (new).")],
+    database_url: DatabaseOption = None,
+) -> None:
+    """Move the entries before a verified signed checkpoint to a file, then delete them.
+
+    The file (gzip JSON lines) is written, fsynced, read back and checked against the chain
+    and its checkpoints before the entries are deleted; keep it (and a copy) with the
+    checkpoint file. ``dpgov audit verify --full --archive FILE`` replays it again.
+    """
+    from dp_governor.api.cli.common import Access
+    from dp_governor.budget.audit.archive import ArchiveError, ArchiveRefused
+
+    seq: int | None = None
+    if through != "verified":
+        if not through.isdigit() or int(through) < 1:
+            refuse(f"--through must be a checkpoint's entry number or 'verified', got {through!r}")
+        seq = int(through)
+    if out.exists() or out.is_symlink():
+        refuse(f"--out: {out} exists (an archive is never overwritten): choose a new name")
+    if not out.parent.is_dir():
+        refuse(f"--out: no folder {out.parent}")
+    ledger = open_ledger(load_settings(database_url), Access.WRITE)
+    try:
+        record = ledger.archive(through=seq, out=out, now=datetime.now(UTC))
+    except (ArchiveRefused, ArchiveError) as exc:
+        refuse(str(exc))
+    finally:
+        ledger.close()
+    typer.echo(
+        f"entries {record.first_seq} to {record.boundary - 1} archived to {out}"
+        f" (sha256 {record.sha256}); the log starts at entry {record.boundary}"
+    )
 
 
 @app.command("checkpoints")

@@ -31,6 +31,7 @@ from dp_governor.api.schemas import (
     Timeline,
 )
 from dp_governor.budget.reporting.views import device_timeline
+from dp_governor.policies.errors import UnknownUseCase
 
 __all__ = ["router"]
 
@@ -79,15 +80,14 @@ def audit_distribution(
 ) -> Distribution:
     """Histogram and quantiles of cumulative epsilon per device (public: names no device).
 
-    From the figures the ``dashboard`` job stored (any bin count derives from them, whatever
-    the ledger's size). A use case newer than them is read from the ledger at most once per
-    ``report_cache_seconds``, by one request at a time.
+    From the figures the ``dashboard`` job stored for the policies in force (any bin count
+    derives from them, whatever the ledger's size; 503 while they are being computed).
     """
     policy_store(ledger).get(name)  # UnknownUseCase (404): a name never defined or retired
     spends = caches.figures(ledger).spends_of(name, scope)
-    if spends is not None:
-        return wire.distribution(spends.distribution(bins))
-    return wire.distribution(caches.distribution(ledger, name, scope, bins))
+    if spends is None:  # retired between the two reads: the figures follow the book in force
+        raise UnknownUseCase(name)
+    return wire.distribution(spends.distribution(bins))
 
 
 @router.get("/v1/audit/effective-epsilon", response_model=EffectiveEpsilonReport)

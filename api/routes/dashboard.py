@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from dp_governor.api._caches import Caches
+from dp_governor.api._caches import Caches, FiguresPending
 from dp_governor.api._handles import ledger_engine, policy_store
 from dp_governor.api._session import signed_in
-from dp_governor.api.dashboard import EstimatePanel, render_dashboard
+from dp_governor.api.dashboard import EstimatePanel, render_dashboard, render_pending
 from dp_governor.api.deps import AdminCredential, CachesDep, ClockDep, IngestorDep, LedgerDep
 from dp_governor.api.errors import UNAUTHORIZED, HttpError
 from dp_governor.api.routes.signin import sign_in_page
@@ -47,8 +47,28 @@ def dashboard(
     SFP's words, and with
     ``?estimate=NAME&candidates=...`` a dictionary's estimates. A browser proves the token
     through the sign-in form (a session cookie, :mod:`dp_governor.api._session`): asking for
-    estimates without it shows that form (401); other clients get the JSON 401.
+    estimates without it shows that form (401); other clients get the JSON 401. While the
+    figures are computed for the policies in force (after a policy edit), a page that says so
+    and reloads itself (503).
     """
+    try:
+        return _dashboard(request, ledger, ingestor, admin, caches, clock, estimate, candidates)
+    except FiguresPending as pending:
+        page = render_pending(detail=pending.detail, retry_after=pending.retry_after)
+        return HTMLResponse(page, status_code=pending.status, headers=pending.headers)
+
+
+def _dashboard(
+    request: Request,
+    ledger: Ledger,
+    ingestor: Ingestor,
+    admin: bool,
+    caches: Caches,
+    clock: Clock,
+    estimate: str | None,
+    candidates: list[str] | None,
+) -> HTMLResponse:
+    """The page for this request: the public one (cached), an admin's, or the sign-in form."""
     admin = admin or signed_in(request)
     if not admin:
         if estimate is not None or candidates:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from sqlalchemy import Engine
 
+from dp_governor.budget.audit.archive import ArchiveError, Archives
 from dp_governor.budget.audit.log import AuditLog, Checkpoint, Verification
 from dp_governor.budget.audit.tlog import TlogVerification, TransparencyLog
 from dp_governor.budget.audit.verdicts import Resume, VerdictForged, Verdicts
@@ -34,24 +36,39 @@ def verify_ledger(
     kept: Sequence[Checkpoint] = (),
     progress: Callable[[int, int], None] | None = None,
     full: bool = True,
+    archives: Archives | None = None,
+    archive_files: Sequence[Path] = (),
 ) -> tuple[Verification, StateCheck]:
     """The chain, the tables against it and the transparency log; where the next run starts.
 
     ``full=False`` resumes at the last accepted verdict (a full replay when there is none).
-    The state check's ``resume`` is ``None`` unless everything checked here was accepted.
+    Once entries are archived (``archives``), a replay that would start at the first entry
+    starts at the newest archive's boundary from the state recorded there, comparing every
+    day, and its note says so; with ``archive_files`` (every archive's file) it replays the
+    files first instead, a full replay from the first entry. The state check's ``resume`` is
+    ``None`` unless everything checked here was accepted.
     """
     engine: Engine = audit.engine
     try:
         found = None if full else verdicts.last()
-    except VerdictForged as exc:
+        records = [] if archives is None else archives.records()
+        before = archives.replay(archive_files, records) if archive_files and archives else None
+    except (VerdictForged, ArchiveError) as exc:
         seq, head = audit.head()
         failed = Verification(False, 0, seq, head, 0, None, None, None, str(exc))
         return failed, StateCheck(False, note="no verdict to start from")
     start = None if found is None else found[0]
+    archived_note = None
+    if start is None and records and before is None:
+        start = records[-1].resume()  # the oldest entry the log holds, and the state there
+        archived_note = (
+            f"entries before {start.checkpoint.seq} are archived and were not replayed"
+            " (`--archive FILE` replays them)"
+        )
     if start is None:
         replay = StateReplay(audit_key, budgets_since=budgets_since(engine))
     else:
-        replay = StateReplay.restore(audit_key, start.state)
+        replay = StateReplay.restore(audit_key, start.state, new_days_only=archived_note is None)
     points = audit.checkpoints()
     newest = points[-1] if points else None
     if newest is not None and start is not None and newest.seq <= start.checkpoint.seq:
@@ -68,15 +85,35 @@ def verify_ledger(
         if progress is not None and (seq % PROGRESS_EVERY == 0 or seq == total):
             progress(seq, total)
 
-    chain = audit.verify(
-        external=kept, observe=observe, start=None if start is None else start.checkpoint
-    )
+    try:
+        chain = audit.verify(
+            external=kept,
+            observe=observe,
+            start=None if start is None else start.checkpoint,
+            before=() if before is None else before,
+        )
+    except ArchiveError as exc:
+        seq, head = audit.head()
+        failed = Verification(False, 0, seq, head, len(points), None, None, None, str(exc))
+        return failed, StateCheck(False, note="an archive failed: the state was not checked")
     if not chain.ok:
         return chain, StateCheck(False, note="the chain failed: the state was not checked")
     state = replay.compare(engine)
+    if archived_note is not None:
+        state = replace(
+            state, note=archived_note if state.note is None else f"{state.note}; {archived_note}"
+        )
     resume = None
     if state.problem is None:
-        public = tlog.verify(start=None if start is None else _tlog_start(start))
+        try:
+            public = tlog.verify(
+                start=None if start is None else _tlog_start(start),
+                before=()
+                if before is None or archives is None
+                else archives.replay(archive_files, records),
+            )
+        except ArchiveError as exc:
+            return _verdict(chain, state, str(exc)), state
         if not public.ok:
             problem = f"transparency log: {public.problem}"
             return _verdict(chain, state, problem), state

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -342,6 +342,7 @@ class AuditLog:
         external: Sequence[Checkpoint] = (),
         observe: Callable[[int, str, str, str], None] | None = None,
         start: Checkpoint | None = None,
+        before: Iterable[Sequence[tuple[Any, ...]]] = (),
     ) -> Verification:
         """Check every entry, the head row and every checkpoint; stop at the first failure.
 
@@ -356,7 +357,9 @@ class AuditLog:
         entry the log still holds with the same hash, so a log truncated back to any earlier
         checkpoint (its later checkpoints deleted with it) is caught. ``observe`` is called
         with ``(seq, actor, action, body)`` of each entry once it is verified (the state check
-        replays them, :mod:`dp_governor.budget.audit.verify`).
+        replays them, :mod:`dp_governor.budget.audit.verify`). ``before``, with no ``start``:
+        pages of archived entries (:mod:`dp_governor.budget.audit.archive`), replayed first as
+        if the log held them, the log's own entries continuing after the last.
         """
         problem = self._check_signatures(external)
         if problem is not None:
@@ -410,7 +413,12 @@ class AuditLog:
                 return result(start.seq, wrong)
             expected_seq, running = start.seq, start.hash
         running_bytes = bytes.fromhex(running)
-        for page in self._pages(after=expected_seq):
+
+        def pages() -> Iterator[Sequence[tuple[Any, ...]]]:
+            yield from before
+            yield from self._pages(after=expected_seq)  # after the archived entries, if any
+
+        for page in pages():
             for seq, at, actor, action, body, prev_hash, entry_hash, tag in page:
                 expected_seq += 1
                 if seq != expected_seq:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -372,15 +372,21 @@ class TransparencyLog:
 
     # -- verifying -------------------------------------------------------------------------------
 
-    def verify(self, start: TlogVerification | None = None) -> TlogVerification:
+    def verify(
+        self,
+        start: TlogVerification | None = None,
+        *,
+        before: Iterable[Sequence[tuple[Any, ...]]] = (),
+    ) -> TlogVerification:
         """Check each leaf against its audit entry, each stored node and each signed checkpoint.
 
         Streams the audit log and the leaves side by side, rebuilds the tree with a
         :class:`~dp_governor.mechanisms.merkle.Frontier` and compares the stored subtree
         hashes and every checkpoint (root and the log key's signature) as it passes their size.
         ``start``, an earlier accepted result, resumes at its size from its edge (the leaves
-        before it are not read again). The audit chain itself is checked by
-        :meth:`AuditLog.verify`.
+        before it are not read again). ``before``, pages of archived audit entries (from the
+        first), stand for the entries the log no longer holds. The audit chain itself is
+        checked by :meth:`AuditLog.verify`.
         """
         frontier = Frontier() if start is None else Frontier(start.leaves, start.edge)
         made_before = 0 if start is None else start.nodes
@@ -399,7 +405,9 @@ class TransparencyLog:
 
         if 0 in points:
             return fail("a checkpoint signs the empty tree, which this log never does")
-        for (seq, at, actor, action, body), leaf in self._paired(after=frontier.size):
+        for (seq, at, actor, action, body), leaf in self._paired(
+            after=frontier.size, before=before
+        ):
             index = frontier.size
             if leaf is None:
                 if index < max(points, default=0):
@@ -452,13 +460,32 @@ class TransparencyLog:
         return None
 
     def _paired(
-        self, *, after: int = 0
+        self, *, after: int = 0, before: Iterable[Sequence[tuple[Any, ...]]] = ()
     ) -> Iterator[tuple[tuple[int, str, str, str, str], bytes | None]]:
-        """Audit entries after ``after`` beside the leaf of the same position (``None``: none)."""
+        """Audit entries after ``after`` beside the leaf of the same position (``None``: none).
+
+        ``before``: archived entries' pages, paired first (with the leaves read by index).
+        """
         ph = self._ph
+        last = after
+        leaves: Generator[tuple[int, bytes]] | None = None
+        leaf: tuple[int, bytes] | None = None
+        for page in before:
+            for seq, at, actor, action, body, *_ in page:
+                if int(seq) <= last:
+                    continue
+                if leaves is None:  # the leaves are read only when there are archived entries
+                    leaves = self._leaves_after(after)
+                    leaf = next(leaves, None)
+                data = None
+                if leaf is not None and leaf[0] == int(seq) - 1:
+                    data, leaf = leaf[1], next(leaves, None)
+                yield (int(seq), at, actor, action, body), data
+                last = int(seq)
+        if leaves is not None:
+            leaves.close()
         with self.engine.connect() as conn:
             cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            last = after
             while True:
                 cur.execute(
                     "SELECT a.seq, a.at, a.actor, a.action, a.body, l.data FROM audit_log a"
@@ -475,6 +502,24 @@ class TransparencyLog:
                         None if data is None else str(data).encode(),
                     )
                 last = int(page[-1][0])
+
+    def _leaves_after(self, after: int) -> Generator[tuple[int, bytes]]:
+        """The leaves from index ``after`` on, ``(index, leaf)``, read a page at a time."""
+        with self.engine.connect() as conn:
+            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            start = after
+            while True:
+                cur.execute(
+                    f"SELECT idx, data FROM tlog_leaves WHERE idx >= {self._ph}"
+                    f" ORDER BY idx LIMIT {_PAGE}",
+                    (start,),
+                )
+                page = cur.fetchall()
+                if not page:
+                    return
+                for idx, data in page:
+                    yield int(idx), str(data).encode()
+                start = int(page[-1][0]) + 1
 
 
 def _insert(cur: Any, ph: str, into: str, rows: Sequence[tuple[Any, ...]]) -> None:

@@ -135,12 +135,14 @@ class StateReplay:
         )
 
     @classmethod
-    def restore(cls, audit_key: bytes, snapshot: str) -> StateReplay:
+    def restore(cls, audit_key: bytes, snapshot: str, *, new_days_only: bool = True) -> StateReplay:
         """A replay resumed from :meth:`snapshot`; its comparison is limited to new days.
 
         :meth:`compare` then reads ``charges`` and ``idempotency`` only from the first day
         the entries replayed since touch (``since_day``): the days before were compared when
         the snapshot was taken, and a full verification compares them again.
+        ``new_days_only=False`` compares every day, as a replay from the first entry does
+        (the snapshot holds every day's digests): a full verification starting at an archive.
         """
         data = json.loads(snapshot)
         replay = cls(audit_key, budgets_since=int(data["budgets_since"]))
@@ -157,7 +159,7 @@ class StateReplay:
         replay.refusals = {(str(a), str(b)): (int(d), int(e)) for a, b, d, e in data["refusals"]}
         for name in _PER_DAY:
             getattr(replay, name).update({(str(u), int(d)): int(v) for u, d, v in data[name]})
-        replay.since_day = NO_LIMIT
+        replay.since_day = NO_LIMIT if new_days_only else None
         return replay
 
     def _touch(self, day: int) -> None:

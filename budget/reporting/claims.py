@@ -44,7 +44,7 @@ from dp_governor.budget.reporting.central import (
 )
 from dp_governor.budget.rule.book import NO_HORIZON
 from dp_governor.budget.storage.db import placeholder, write_step
-from dp_governor.budget.storage.tables import ShuffledBatch
+from dp_governor.budget.storage.tables import CLAIM_LEAF_PREDICATE, ShuffledBatch
 from dp_governor.policies.model import Policy, from_micro
 
 __all__ = [
@@ -70,6 +70,8 @@ NEWEST_CLAIM: Final = (
 CLAIMS_SINCE: Final = (
     f"SELECT body FROM audit_log WHERE action = '{CLAIM_ACTION}' AND at >= :since ORDER BY at, seq"
 )
+CLAIM_LEAVES: Final = f"SELECT data FROM tlog_leaves WHERE {CLAIM_LEAF_PREDICATE} ORDER BY idx"
+ARCHIVED_CLAIMS: Final = "SELECT max(claimed_through) FROM audit_archives"
 ACTOR: Final = "job:claims"
 _BATCH_FIELDS: Final = (
     "first_day",
@@ -250,9 +252,16 @@ def render_report(claim: Mapping[str, Any]) -> str:
 
 
 def _last_claimed(conn: Connection) -> int | None:
-    """The latest day claimed: the newest claim entry (one entry of the claims' index, 0014)."""
+    """The latest day claimed: the newest claim entry (one entry of the claims' index, 0014).
+
+    Once archived, a claim is no longer in the log: ``audit_archives`` records the newest day
+    the archived entries claimed, so a day is never claimed twice.
+    """
     body = conn.execute(text(NEWEST_CLAIM)).scalar()
-    return None if body is None else int(orjson.loads(body)["data"]["inputs"]["day"])
+    if body is None:  # none in the log: the newest an archive moved out, if any
+        archived = conn.execute(text(ARCHIVED_CLAIMS)).scalar()
+        return None if archived is None else int(archived)
+    return int(orjson.loads(body)["data"]["inputs"]["day"])
 
 
 def _local(conn: Connection, use_case: str, day: int) -> dict[int, int]:
@@ -328,12 +337,21 @@ def logged_claim(ledger: Ledger, use_case: str, day: int) -> dict[str, Any] | No
 
     Reads the claims' index (revision 0014) from the day's start, in the order they were
     written, and stops at the first that matches: a day is claimed after it ends, so its claims
-    come first unless the job was catching up on earlier days.
+    come first unless the job was catching up on earlier days. A claim an archive moved out
+    of the log (a day up to the archives' ``claimed_through``) is read from its transparency
+    log leaf, which holds the entry's data in full (the leaves' claims index, revision 0016).
     """
     with ledger.connect() as conn:
         rows = conn.execute(text(CLAIMS_SINCE), {"since": day_date(day).isoformat()})
         for (body,) in rows:
             data: dict[str, Any] = orjson.loads(body)["data"]
+            if data["inputs"]["use_case"] == use_case and int(data["inputs"]["day"]) == day:
+                return data
+        archived = conn.execute(text(ARCHIVED_CLAIMS)).scalar()
+        if archived is None or day > int(archived):
+            return None
+        for (leaf,) in conn.execute(text(CLAIM_LEAVES)):  # archived: its public leaf holds it
+            data = orjson.loads(leaf)["data"]
             if data["inputs"]["use_case"] == use_case and int(data["inputs"]["day"]) == day:
                 return data
     return None

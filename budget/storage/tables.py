@@ -23,6 +23,9 @@
 - ``audit_verifications``: every verdict of ``verify``, tagged with the audit key; an accepted
   one carries the signed checkpoint it reached and the replayed state there, where the next
   incremental verification starts (:mod:`dp_governor.budget.audit.verdicts`).
+- ``audit_archives``: each archive of old audit entries (:mod:`dp_governor.budget.audit.archive`):
+  its boundary entry's chain head, the file's SHA-256 and the replay state there; append-only.
+  ``audit_log`` rows strictly below the newest boundary are the only ones a DELETE may remove.
 - ``tlog_leaves``, ``tlog_nodes``, ``tlog_checkpoints``: the public transparency log
   (:mod:`dp_governor.budget.audit.tlog`): leaf ``i`` is audit entry ``i + 1`` projected, the
   nodes every complete subtree's hash, the checkpoints its signed notes; append-only too.
@@ -48,8 +51,10 @@ from sqlalchemy import DDL, BigInteger, Boolean, Column, Index, Integer, String,
 from sqlmodel import Field, SQLModel
 
 __all__ = [
+    "CLAIM_LEAF_PREDICATE",
     "GENESIS",
     "Account",
+    "AuditArchive",
     "AuditCheckpoint",
     "AuditEntry",
     "AuditHead",
@@ -65,6 +70,9 @@ __all__ = [
     "TlogLeaf",
     "TlogNode",
 ]
+
+CLAIM_LEAF_PREDICATE = """data LIKE '{"actor":"job\\:claims",%'"""
+"""A claim's leaf (keys sorted: its actor first), as the partial index and its reader write it."""
 
 GENESIS = "0" * 64
 """The audit chain's hash before its first entry (and the first checkpoint's previous signature)."""
@@ -199,6 +207,15 @@ class TlogLeaf(SQLModel, table=True):
     """One leaf of the transparency log: the public projection of one audit entry."""
 
     __tablename__ = "tlog_leaves"
+    __table_args__ = (
+        # the claims' leaves alone (revision 0016): a claim the audit log archived is read here
+        Index(
+            "ix_tlog_leaves_claims",
+            "idx",
+            sqlite_where=text(CLAIM_LEAF_PREDICATE),
+            postgresql_where=text(CLAIM_LEAF_PREDICATE),
+        ),
+    )
 
     idx: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
     seq: int = Field(sa_column=Column(BigInteger, nullable=False, unique=True))
@@ -354,4 +371,31 @@ class AuditVerification(SQLModel, table=True):
     problem: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     state: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     state_sha256: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    tag: str = Field(sa_column=Column(String(64), nullable=False))
+
+
+class AuditArchive(SQLModel, table=True):
+    """One archive of audit entries ``[first_seq, boundary)``, written to ``file`` and deleted.
+
+    ``boundary`` is a signed checkpoint's entry (kept), ``hash`` its chain head, ``signed_at``
+    and ``signature`` the checkpoint's; ``prev_hash`` is the head before ``first_seq``,
+    ``last_hash`` the archived last entry's; ``claimed_through`` the newest day the archived
+    entries claimed; ``state`` the verified replay at the boundary; ``tag`` the audit key's
+    HMAC over every other column. Never updated or deleted (triggers).
+    """
+
+    __tablename__ = "audit_archives"
+
+    boundary: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    hash: str = Field(sa_column=Column(String(64), nullable=False))
+    first_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    prev_hash: str = Field(sa_column=Column(String(64), nullable=False))
+    last_hash: str = Field(sa_column=Column(String(64), nullable=False))
+    file: str = Field(sa_column=Column(Text, nullable=False))
+    sha256: str = Field(sa_column=Column(String(64), nullable=False))
+    signed_at: str = Field(sa_column=Column(String(40), nullable=False))
+    signature: str = Field(sa_column=Column(String(64), nullable=False))
+    claimed_through: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    state: str = Field(sa_column=Column(Text, nullable=False))
+    at: str = Field(sa_column=Column(String(40), nullable=False))
     tag: str = Field(sa_column=Column(String(64), nullable=False))
