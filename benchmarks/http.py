@@ -24,7 +24,9 @@ no throughput wait on SQLite's single writer). PostgreSQL's own processes are no
 seconds (the other jobs' intervals a day, so only the log's work is added) and watches the
 database from this process every 0.25 s during each load: the seconds between successive
 signed transparency-log checkpoints (from the load's start to its end, so a stall at either end
-counts) and the log's lag, audit entries not yet under a signed checkpoint.
+counts), the longest stretch with entries waiting and no checkpoint signed (from the first
+entry past the newest checkpoint to the next signed one: the load's first seconds, before a
+batch commits, do not count) and the log's lag, audit entries not yet under a signed checkpoint.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ class LogWatch:
         self._thread.join()
         self.engine.dispose()
         if len(self.samples) < 2:
-            return "n/a | n/a"
+            return "n/a | n/a | n/a"
         marks = [self.samples[0][0]]
         marks += [t for (_, before, _), (t, size, _) in pairwise(self.samples) if size > before]
         marks.append(self.samples[-1][0])
@@ -235,8 +237,31 @@ class LogWatch:
         lags = [head - size for _, size, head in self.samples]
         return (
             f"{np.median(gaps):.1f} / {gaps.max():.1f} s ({len(marks) - 2} signed)"
+            f" | {self.unsigned():.1f} s"
             f" | {np.median(lags):,.0f} / {max(lags):,} / {lags[-1]:,}"
         )
+
+    def unsigned(self) -> float:
+        """The longest stretch with entries under no signed checkpoint and no new one signed.
+
+        It starts when an entry beyond the newest checkpoint is first seen (at the load's start
+        if there is one then) and ends at the next checkpoint or the load's end: what "a signed
+        checkpoint at least every N s under load" bounds, without counting the load's first
+        seconds, before its first batch commits, when there is nothing to sign.
+        """
+        longest = 0.0
+        since: float | None = None
+        last_size = self.samples[0][1]
+        for t, size, head in self.samples:
+            if size > last_size:
+                if since is not None:
+                    longest = max(longest, t - since)
+                since, last_size = None, size
+            if head > size and since is None:
+                since = t
+        if since is not None:
+            longest = max(longest, self.samples[-1][0] - since)
+        return longest
 
 
 def _started_jobs_done(url: str) -> None:
@@ -503,13 +528,14 @@ def main(argv: list[str] | None = None) -> None:
     log_head = (
         ""
         if args.checkpoint_seconds is None
-        else " between signed checkpoints (median / max) | log lag, entries (median / max / end) |"
+        else " between signed checkpoints (median / max) | longest unsigned"
+        " | log lag, entries (median / max / end) |"
     )
     print(
         "| backend | load | accepted throughput | p50 ms | p99 ms | errors"
         " | server CPU per report (busy processes) | accepted = charged = stored |" + log_head
     )
-    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if log_head else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|---|" if log_head else ""))
     n = args.sqlite_workers
     configs = [(f"sqlite, {n} worker{'s' if n > 1 else ''}", None, n)]
     if args.postgres:

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["charge_label", "day_label", "device_label_key", "leaf_of", "project"]
+__all__ = ["LabelKeys", "charge_label", "day_label", "device_label_key", "leaf_of", "project"]
 
 _DAY_SECONDS = 86_400
 _SORTED = orjson.OPT_SORT_KEYS
@@ -33,6 +33,30 @@ _SORTED = orjson.OPT_SORT_KEYS
 def device_label_key(label_secret: bytes, dk: str) -> bytes:
     """The key a device's labels are made with: ``HMAC-SHA256(label secret, pseudonym)``."""
     return hmac.digest(label_secret, b"device:" + dk.encode(), "sha256")
+
+
+class LabelKeys:
+    """Device label keys under one label secret, cached by actor (a bounded cache).
+
+    The secret's HMAC is keyed once and copied for each device (:func:`device_label_key`'s
+    value, a third cheaper than keying it again): the checkpoint job makes one a new device.
+    """
+
+    def __init__(self, label_secret: bytes, *, cached: int = 20_000) -> None:
+        self._keyed = hmac.new(label_secret, digestmod="sha256")
+        self._cache: dict[str, bytes] = {}
+        self._cached = cached
+
+    def of(self, actor: str) -> bytes:
+        """The device label key of ``actor`` (``device:<pseudonym>``)."""
+        key = self._cache.get(actor)
+        if key is None:
+            if len(self._cache) >= self._cached:
+                self._cache.clear()  # bounded memory: the cache only saves a repeated device
+            mac = self._keyed.copy()
+            mac.update(b"device:" + actor.removeprefix("device:").encode())
+            key = self._cache[actor] = mac.digest()
+        return key
 
 
 def day_label(key: bytes, day: int) -> str:
@@ -65,28 +89,25 @@ def _day_of(at: str) -> int:
 
 def leaf_of(label_secret: bytes, seq: int, at: str, actor: str, action: str, body: str) -> bytes:
     """The public leaf of audit entry ``seq``: canonical JSON (sorted keys, no spaces), UTF-8."""
-    return project(label_secret, {}, seq, at, actor, action, body)[0]
+    return project(LabelKeys(label_secret), seq, at, actor, action, body)[0]
 
 
 def project(
-    label_secret: bytes,
-    keys: dict[str, bytes],
+    keys: LabelKeys,
     seq: int,
     at: str,
     actor: str,
     action: str,
     body: str,
 ) -> tuple[bytes, str | None]:
-    """:func:`leaf_of` and the leaf's label; ``keys`` caches device label keys by actor."""
+    """:func:`leaf_of` and the leaf's label; ``keys`` makes the device label keys."""
     data = orjson.loads(body)["data"]
     leaf: dict[str, Any]
     label = None
     if action == "charge":
         day = int(data["day"])
         if data["accepted"]:
-            key = keys.get(actor)
-            if key is None:
-                key = keys[actor] = device_label_key(label_secret, actor.removeprefix("device:"))
+            key = keys.of(actor)
             leaf = {
                 "kind": "charge",
                 "use_case": data["use_case"],

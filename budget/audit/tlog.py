@@ -15,6 +15,7 @@ What a leaf shows, and the labels that hide its device: :mod:`dp_governor.budget
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Engine, inspect, text
 
-from dp_governor.budget.audit.leaves import device_label_key, project
+from dp_governor.budget.audit.leaves import LabelKeys, device_label_key, project
 from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.mechanisms.merkle import (
     Frontier,
@@ -43,6 +44,8 @@ __all__ = [
     "TransparencyLog",
 ]
 
+log = logging.getLogger("dpgov.tlog")
+
 DEFAULT_ORIGIN = "dp-governor.invalid/tlog"
 _PAGE = 20_000
 _CHUNK = 1_000
@@ -50,6 +53,7 @@ _STEP_ENTRIES = 5_000  # one sync step's most: its transaction stays short on a 
 STEP_SECONDS = 1.0
 """The longest one step of :meth:`TransparencyLog.sync` computes before it stores and signs."""
 _SORTED = orjson.OPT_SORT_KEYS
+_ROWS_PER_INSERT = 200  # SQLite: 800 parameters a statement, well under its limit of 32,766
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,15 +182,24 @@ class TransparencyLog:
         done = 0
         while limit is None or done < limit:
             page = _STEP_ENTRIES if limit is None else min(_STEP_ENTRIES, limit - done)
+            began = time.monotonic()
             step = self._prepare(page)
             if step is None:
                 break
+            prepared = time.monotonic()
             with write_step(self.engine) as conn:
                 if self._size(conn) != step.start:
                     continue  # another sync stored these entries meanwhile: prepare again
                 self._store(conn, step)
             signed = step.point
             done += step.point.size - step.start
+            log.debug(
+                "tlog step: %d entries to size %d, prepared in %.0f ms, stored in %.0f ms",
+                step.point.size - step.start,
+                step.point.size,
+                (prepared - began) * 1000,
+                (time.monotonic() - prepared) * 1000,
+            )
         return signed
 
     def _prepare(self, page: int) -> _Step | None:
@@ -201,7 +214,7 @@ class TransparencyLog:
             cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             leaves: list[tuple[int, int, str | None, str]] = []
             nodes: list[tuple[int, int, str]] = []
-            keys: dict[str, bytes] = {}
+            keys = LabelKeys(self.label_secret)
             while frontier.size - start < page and (not leaves or time.monotonic() < deadline):
                 cur.execute(
                     "SELECT seq, at, actor, action, body FROM audit_log"
@@ -216,9 +229,7 @@ class TransparencyLog:
                         raise RuntimeError(
                             f"audit entry {frontier.size + 1} is missing (next is {seq})"
                         )
-                    data, label = project(
-                        self.label_secret, keys, int(seq), at, actor, action, body
-                    )
+                    data, label = project(keys, int(seq), at, actor, action, body)
                     leaves.append((frontier.size, int(seq), label, data.decode()))
                     nodes.extend(
                         (level, index, digest.hex())
@@ -232,19 +243,15 @@ class TransparencyLog:
 
     def _store(self, conn: Connection, step: _Step) -> None:
         """Insert a prepared step's leaves, subtree hashes and checkpoint."""
-        ph = self._ph
         cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        cur.executemany(
-            f"INSERT INTO tlog_leaves (idx, seq, label, data) VALUES ({ph}, {ph}, {ph}, {ph})",
-            step.leaves,
-        )
-        cur.executemany(
-            f"INSERT INTO tlog_nodes (level, idx, hash) VALUES ({ph}, {ph}, {ph})", step.nodes
-        )
+        _insert(cur, self._ph, "tlog_leaves (idx, seq, label, data)", step.leaves)
+        _insert(cur, self._ph, "tlog_nodes (level, idx, hash)", step.nodes)
         point = step.point
-        cur.execute(
-            f"INSERT INTO tlog_checkpoints (size, root, note) VALUES ({ph}, {ph}, {ph})",
-            (point.size, point.root.hex(), point.note),
+        _insert(
+            cur,
+            self._ph,
+            "tlog_checkpoints (size, root, note)",
+            [(point.size, point.root.hex(), point.note)],
         )
 
     # -- reading ---------------------------------------------------------------------------------
@@ -416,7 +423,7 @@ class TransparencyLog:
             n_nodes = conn.execute(text("SELECT count(*) FROM tlog_nodes")).scalar() or 0
         made = 0
         pending: list[tuple[int, int, bytes]] = []
-        keys: dict[str, bytes] = {}
+        keys = LabelKeys(self.label_secret, cached=_PAGE)
 
         def fail(problem: str) -> TlogVerification:
             return TlogVerification(False, frontier.size, len(points), problem)
@@ -433,9 +440,7 @@ class TransparencyLog:
                 break
             if seq != index + 1:
                 return fail(f"leaf {index} is not audit entry {index + 1}")
-            if len(keys) > _PAGE:
-                keys.clear()  # bounded memory: the cache only saves a device's repeated key
-            expected = project(self.label_secret, keys, seq, at, actor, action, body)[0]
+            expected = project(keys, seq, at, actor, action, body)[0]
             if leaf != expected:
                 return fail(f"leaf {index} differs from the projection of audit entry {seq}")
             pending.extend(frontier.append(leaf_hash(leaf)))
@@ -540,6 +545,29 @@ class TransparencyLog:
                 for idx, data in page:
                     yield int(idx), str(data).encode()
                 start = int(page[-1][0]) + 1
+
+
+def _insert(cur: Any, ph: str, into: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Insert ``rows`` into ``into`` (``table (columns)``) with the fewest statements.
+
+    PostgreSQL (``%s`` marker): one ``COPY ... FROM STDIN``, a fraction of the client and
+    server CPU of row-by-row inserts. SQLite: multi-row ``INSERT ... VALUES``, a statement
+    per :data:`_ROWS_PER_INSERT` rows, half the CPU of ``executemany``.
+    """
+    if not rows:
+        return
+    if ph == "%s":
+        with cur.copy(f"COPY {into} FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        return
+    marks = "(" + ", ".join([ph] * len(rows[0])) + ")"
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        part = rows[start : start + _ROWS_PER_INSERT]
+        cur.execute(
+            f"INSERT INTO {into} VALUES {', '.join([marks] * len(part))}",
+            [value for row in part for value in row],
+        )
 
 
 def _cosigned(conn: Connection, row: Any) -> SignedCheckpoint:

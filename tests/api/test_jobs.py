@@ -221,3 +221,32 @@ def test_a_busy_database_stops_a_job_in_one_line_and_the_next_run_resumes(
         RUNTIMES.pop("busy", None)
         other.dispose()
         engine.dispose()
+
+
+def test_the_log_is_signed_while_a_batch_holds_the_audit_head(empty_url: str) -> None:
+    """The checkpoint job signs the transparency log before it waits for the audit head's lock.
+
+    A batch of reports holds the head row while it commits; the log's step must not wait for
+    it (the job then stops busy on the head's own signature, which the next run makes).
+    """
+    if not empty_url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer: a held head lock blocks every write, the log's too")
+    engine = create_db_engine(empty_url, job_lock_seconds=1.0)
+    try:
+        init_service_db(engine)
+        ledger = Ledger(engine, SECRET)
+        ledger.policies.ensure_defaults()
+        for device in ("a", "b", "c"):
+            ledger.charge(device, "emoji", now=NOW)
+        RUNTIMES["held"] = Runtime(ledger, Ingestor(ledger, SECRET, seal=SEAL), FixedClock(NOW))
+        head, _ = ledger.audit.head()
+        with writer(engine).begin() as conn:  # a batch committing: it holds the head row
+            conn.execute(text("SELECT seq FROM audit_head WHERE id = 1 FOR UPDATE"))
+            with pytest.raises(JobBusy):
+                run_job("checkpoint", "held")
+            point = ledger.tlog.latest()
+            assert point is not None and point.size == head
+        assert ledger.audit.checkpoint(now=NOW) is not None  # the head's, once it is free
+    finally:
+        RUNTIMES.pop("held", None)
+        engine.dispose()

@@ -11,11 +11,13 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 from dp_governor.budget import Ledger
 from dp_governor.budget.audit import tlog
-from dp_governor.budget.audit.leaves import charge_label, day_label
+from dp_governor.budget.audit.leaves import LabelKeys, charge_label, day_label, device_label_key
 from dp_governor.budget.audit.log import Entry
 from dp_governor.budget.storage.db import writer
 from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
@@ -196,3 +198,17 @@ def test_witness_cosignatures_are_kept_once_and_served_with_their_checkpoint(
     assert ledger.verify()[0].ok
     with pytest.raises(Exception, match="append-only"), ledger.engine.begin() as conn:
         conn.execute(text("DELETE FROM tlog_cosignatures"))
+
+
+@given(
+    secret=st.binary(min_size=1, max_size=80),  # past SHA-256's 64-byte block: a hashed key
+    pseudonyms=st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=30),
+    cached=st.integers(min_value=1, max_value=5),
+)
+def test_label_keys_from_the_pre_keyed_hmac_are_the_device_label_keys(
+    secret: bytes, pseudonyms: list[str], cached: int
+) -> None:
+    """The sync's pre-keyed, cached label keys equal the defined ones, however the cache fills."""
+    keys = LabelKeys(secret, cached=cached)
+    for dk in pseudonyms + pseudonyms[::-1]:
+        assert keys.of(f"device:{dk}") == device_label_key(secret, dk)
