@@ -20,11 +20,13 @@ __all__ = [
     "Frontier",
     "NodeReader",
     "consistency_proof",
+    "consistency_ranges",
     "decode_hashes",
     "encode_hashes",
     "inclusion_proof",
     "leaf_hash",
     "node_hash",
+    "path_ranges",
     "range_nodes",
     "root_of",
     "verify_consistency",
@@ -253,3 +255,36 @@ class Frontier:
         for part in reversed(self.edge[:-1]):
             result = node_hash(part, result)
         return result
+
+
+def path_ranges(index: int, size: int) -> list[tuple[int, int]]:
+    """The leaf ranges whose hashes an inclusion proof names (RFC 9162's recursion)."""
+    ranges = []
+    start, end = 0, size
+    while end - start > 1:
+        k = 1 << ((end - start - 1).bit_length() - 1)
+        if index - start < k:
+            ranges.append((start + k, end))
+            end = start + k
+        else:
+            ranges.append((start, start + k))
+            start += k
+    return ranges
+
+
+def consistency_ranges(old: int, new: int) -> list[tuple[int, int]]:
+    """The leaf ranges whose hashes a consistency proof names."""
+    ranges = []
+    start, end, complete = 0, new, True
+    while old != end:
+        k = 1 << ((end - start - 1).bit_length() - 1)
+        if old - start <= k:
+            ranges.append((start + k, end))
+            end = start + k
+        else:
+            ranges.append((start, start + k))
+            start += k
+            complete = False
+    if not complete:
+        ranges.append((start, end))
+    return ranges

@@ -29,9 +29,11 @@ from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.mechanisms.merkle import (
     Frontier,
     consistency_proof,
+    consistency_ranges,
     encode_hashes,
     inclusion_proof,
     leaf_hash,
+    path_ranges,
     range_nodes,
 )
 from dp_governor.mechanisms.signed_note import Checkpoint, Signer, Verifier, sign_note
@@ -329,7 +331,7 @@ class TransparencyLog:
             ).scalar()
             if data is None:
                 return None
-            ranges = _path_ranges(index, point.size)
+            ranges = path_ranges(index, point.size)
             proof = inclusion_proof(index, point.size, self._reader(conn, ranges))
         return Receipt(index, str(data).encode(), proof, point.note)
 
@@ -358,7 +360,7 @@ class TransparencyLog:
                 )
                 found.extend((int(index), str(data)) for index, data in cur.fetchall())
             found.sort()
-            ranges = [r for index, _ in found for r in _path_ranges(index, point.size)]
+            ranges = [r for index, _ in found for r in path_ranges(index, point.size)]
             node = self._reader(conn, ranges)
             receipts = [
                 Receipt(index, data.encode(), inclusion_proof(index, point.size, node), point.note)
@@ -374,7 +376,7 @@ class TransparencyLog:
                 raise ValueError(f"sizes must satisfy 0 <= old <= new <= {size}, got {old}, {new}")
             if old == 0 or old == new:
                 return []  # the empty tree and a tree itself need no proof (RFC 9162, 2.1.4)
-            ranges = _consistency_ranges(old, new)
+            ranges = consistency_ranges(old, new)
             return consistency_proof(old, new, self._reader(conn, ranges))
 
     def leaves(self, label: str) -> list[tuple[int, bytes]]:
@@ -580,36 +582,3 @@ def _cosigned(conn: Connection, row: Any) -> SignedCheckpoint:
     return SignedCheckpoint(
         size, bytes.fromhex(row[1]), str(row[2]) + "".join(f"{x}\n" for x in lines)
     )
-
-
-def _path_ranges(index: int, size: int) -> list[tuple[int, int]]:
-    """The leaf ranges whose hashes an inclusion proof names (RFC 9162's recursion)."""
-    ranges = []
-    start, end = 0, size
-    while end - start > 1:
-        k = 1 << ((end - start - 1).bit_length() - 1)
-        if index - start < k:
-            ranges.append((start + k, end))
-            end = start + k
-        else:
-            ranges.append((start, start + k))
-            start += k
-    return ranges
-
-
-def _consistency_ranges(old: int, new: int) -> list[tuple[int, int]]:
-    """The leaf ranges whose hashes a consistency proof names."""
-    ranges = []
-    start, end, complete = 0, new, True
-    while old != end:
-        k = 1 << ((end - start - 1).bit_length() - 1)
-        if old - start <= k:
-            ranges.append((start + k, end))
-            end = start + k
-        else:
-            ranges.append((start, start + k))
-            start += k
-            complete = False
-    if not complete:
-        ranges.append((start, end))
-    return ranges
