@@ -46,6 +46,7 @@ from dp_governor.budget.gate.charge import charge_entry
 from dp_governor.budget.rule.decide import decide_on
 from dp_governor.budget.rule.state import AccountState, state_columns
 from dp_governor.budget.storage.db import placeholder, scratch_schema
+from dp_governor.pipeline.tables import STEP_ROWS
 from dp_governor.policies.defaults import default_policies
 
 __all__ = ["RATES", "Built", "build", "main", "plan_day"]
@@ -222,10 +223,20 @@ def _publish(
     for name, members in sorted(per_use_case.items()):
         batch = next(batch_ids)
         params = hashlib.sha256(name.encode()).hexdigest()
-        ids = rng.bytes(16 * len(members))
+        # the flush's ids: a random 64-bit prefix for each move step of STEP_ROWS reports,
+        # then the report's place in the step (pipeline.flush), so a step's ids are neighbours
+        steps = [rng.bytes(8).hex() for _ in range(-(-len(members) // STEP_ROWS))]
         payload = '{"index": 1, "bits": "' + "01" * 32 + '"}'  # a CMS report's size
         rows = [
-            (ids[16 * i : 16 * i + 16].hex(), name, params, day, payload, batch, None)
+            (
+                f"{steps[i // STEP_ROWS]}{i % STEP_ROWS:016x}",
+                name,
+                params,
+                day,
+                payload,
+                batch,
+                None,
+            )
             for i in range(len(members))
         ]
         with engine.connect() as conn, conn.begin():

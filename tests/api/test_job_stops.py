@@ -175,7 +175,9 @@ def test_a_stopped_purge_counts_each_deletion_once_and_the_next_one_finishes(
     aggregate(ledger)
     _submit(ledger, 40, first=300)  # still in the inbox
     later = NOW + timedelta(days=31)
-    with stopped_at(engine, "DELETE FROM charges", 2):
+    # SQLite deletes each page in one statement, so "kept" (nothing expired) sends one too
+    second_page = 3 if engine.dialect.name == "sqlite" else 2
+    with stopped_at(engine, "DELETE FROM charges", second_page):
         ledger.purge(now=later, rows=100)
     assert 0 < _count(engine, "SELECT COUNT(*) FROM charges") < 340
     _verifies(ledger, later)

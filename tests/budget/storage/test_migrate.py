@@ -274,3 +274,62 @@ def test_the_purge_deletes_charges_through_an_index_not_a_scan(ledger: Ledger) -
             assert "SCAN charges" not in plan and "PRIMARY KEY" in plan, plan
     finally:
         raw.close()
+
+
+def test_the_purge_deletes_reports_and_records_a_page_a_statement_through_their_indexes(
+    ledger: Ledger,
+) -> None:
+    """SQLite: each page is one DELETE whose subquery is a range of the purge's index.
+
+    No key of a page goes through Python, and neither the page nor its rows are found by a scan.
+    """
+    from datetime import timedelta
+
+    from sqlalchemy import event
+
+    from dp_governor.budget.storage.db import writer
+    from dp_governor.budget.storage.tables import IdempotencyRecord
+    from dp_governor.pipeline.purge import purge
+    from dp_governor.pipeline.tables import PARTS, REPORTS
+
+    old = DAY - 40
+    reports = [
+        {"id": f"{i:032x}", "use_case": "emoji", "params": "p", "day": old, "payload": "{}"}
+        for i in range(5)
+    ]
+    records = [
+        {"device_key": f"d{i}", "key": f"k{i}", "request_hash": "h", "day": old}
+        | {"decision": "{}", "use_case": "emoji"}
+        for i in range(5)
+    ]
+    with writer(ledger.engine).begin() as conn:
+        conn.execute(REPORTS.insert(), [r | {"batch": 4} for r in reports])
+        part = {"batch": 4, "params": "p", "day": old, "use_case": "emoji", "reports": 5}
+        conn.execute(PARTS.insert(), [part | {"folded": True, "charge_days": "{}"}])
+        conn.execute(IdempotencyRecord.__table__.insert(), records)  # type: ignore[attr-defined]
+    deletes: list[tuple[str, Any]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if statement.lstrip().upper().startswith(("DELETE FROM REPORTS", "DELETE FROM IDEMP")):
+            deletes.append((statement, params))
+
+    event.listen(ledger.engine, "before_cursor_execute", seen)
+    try:
+        result = purge(ledger, now=NOW + timedelta(days=60), rows=2)  # pages of 2
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", seen)
+    assert (result["reports"], result["idempotency"]) == (5, 5), result
+    if ledger.engine.dialect.name != "sqlite":
+        return  # PostgreSQL: keyset pages, read then deleted by key (the plans test above)
+    assert len(deletes) == 6, deletes  # 3 pages each: 2, 2, then 1 (the last)
+    raw = ledger.engine.raw_connection()
+    try:
+        for statement, params in deletes:
+            rows = raw.execute(f"EXPLAIN QUERY PLAN {statement}", params)
+            plan = " ".join(str(r[-1]) for r in rows)
+            table = "reports" if "FROM reports" in statement else "idempotency"
+            assert "SCAN" not in plan and "TEMP B-TREE" not in plan, plan
+            assert f"COVERING INDEX {PURGE_INDEXES[table]}" in plan, plan  # the page
+            assert "PRIMARY KEY" in plan or "sqlite_autoindex_reports_1" in plan, plan  # its rows
+    finally:
+        raw.close()
