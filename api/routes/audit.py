@@ -23,11 +23,12 @@ from dp_governor.api.deps import (
     SettingsDep,
     UseCaseName,
 )
-from dp_governor.api.errors import UNAUTHORIZED, HttpError
+from dp_governor.api.errors import SERVICE_UNAVAILABLE, UNAUTHORIZED, HttpError
 from dp_governor.api.schemas import (
     AuditVerification,
     Distribution,
     EffectiveEpsilonReport,
+    ErrorBody,
     Finite,
     Timeline,
 )
@@ -68,7 +69,18 @@ def audit_device(device_id: ReadableDevice, ledger: LedgerDep, clock: ClockDep) 
     return wire.timeline(device_timeline(ledger, device_id, now=clock.now()))
 
 
-@router.get("/v1/audit/use-cases/{name}/distribution", response_model=Distribution)
+_PENDING = {
+    SERVICE_UNAVAILABLE: {
+        "model": ErrorBody,
+        "description": "The figures are being computed for the policies in force (after a"
+        " policy edit, or on a new install); `Retry-After` says when to ask again.",
+    }
+}
+
+
+@router.get(
+    "/v1/audit/use-cases/{name}/distribution", response_model=Distribution, responses=_PENDING
+)
 def audit_distribution(
     name: UseCaseName,
     ledger: LedgerDep,
@@ -91,7 +103,9 @@ def audit_distribution(
     return wire.distribution(spends.distribution(bins))
 
 
-@router.get("/v1/audit/effective-epsilon", response_model=EffectiveEpsilonReport)
+@router.get(
+    "/v1/audit/effective-epsilon", response_model=EffectiveEpsilonReport, responses=_PENDING
+)
 def effective_epsilon(
     ledger: LedgerDep,
     caches: CachesDep,
