@@ -224,7 +224,7 @@ class LogWatch:
             self._stop.wait(self.every)
 
     def summary(self) -> str:
-        """``median / max s between checkpoints | median / max / final lag`` as table cells."""
+        """``median / max s between checkpoints | longest unsigned | median / max / final lag``."""
         self._stop.set()
         self._thread.join()
         self.engine.dispose()

@@ -34,6 +34,7 @@ def test_the_http_benchmark_reports_the_logs_cadence(capsys: pytest.CaptureFixtu
     lines = capsys.readouterr().out.splitlines()
     assert "between signed checkpoints" in lines[0] and len(lines) == 3
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert len(cells) == 10 and cells[7] == "yes"
+    assert len(cells) == 11 and cells[7] == "yes"
     assert cells[8].endswith(" signed)") and " / " in cells[8], cells[8]  # seconds between
-    assert cells[9].count(" / ") == 2, cells[9]  # lag: median / max / at the end
+    assert cells[9].endswith(" s"), cells[9]  # the longest stretch with entries unsigned
+    assert cells[10].count(" / ") == 2, cells[10]  # lag: median / max / at the end

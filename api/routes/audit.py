@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Security
 from fastapi.security import HTTPAuthorizationCredentials
@@ -69,7 +69,7 @@ def audit_device(device_id: ReadableDevice, ledger: LedgerDep, clock: ClockDep) 
     return wire.timeline(device_timeline(ledger, device_id, now=clock.now()))
 
 
-_PENDING = {
+_PENDING: dict[int | str, dict[str, Any]] = {
     SERVICE_UNAVAILABLE: {
         "model": ErrorBody,
         "description": "The figures are being computed for the policies in force (after a"
