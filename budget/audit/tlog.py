@@ -51,6 +51,7 @@ log = logging.getLogger("dpgov.tlog")
 DEFAULT_ORIGIN = "dp-governor.invalid/tlog"
 _PAGE = 20_000
 _CHUNK = 1_000
+_POINTS = 5_000  # the checkpoints verify holds at a time
 _STEP_ENTRIES = 5_000  # one sync step's most: its transaction stays short on a loaded database
 STEP_SECONDS = 1.0
 """The longest one step of :meth:`TransparencyLog.sync` computes before it stores and signs."""
@@ -487,9 +488,9 @@ class TransparencyLog:
         last, full = after, True
         while full:
             with self.engine.connect() as conn:
-                rows = conn.execute(text(sql + str(_STEP_ENTRIES)), {"n": last}).all()
+                rows = conn.execute(text(sql + str(_POINTS)), {"n": last}).all()
             yield from ((int(n), bytes.fromhex(root), str(note)) for n, root, note in rows)
-            full, last = len(rows) == _STEP_ENTRIES, int(rows[-1][0]) if rows else last
+            full, last = len(rows) == _POINTS, int(rows[-1][0]) if rows else last
 
     def _nodes_differ(self, made: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
         """The first of ``made`` whose stored hash differs (or is missing), or ``None``."""
