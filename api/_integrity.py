@@ -37,6 +37,7 @@ from dp_governor.budget.audit.log import (
     CheckpointFile,
     CheckpointFileError,
     Verification,
+    last_kept_seq,
 )
 from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.audit.verdicts import Resume
@@ -77,20 +78,19 @@ class KeptCheckpoints:
 def kept_checkpoints(path: Path | None) -> KeptCheckpoints:
     """The checkpoints kept in ``path`` (none if it is unset); never raises for the file.
 
-    The file is read through once here, a line at a time, so that one it cannot read is
-    known before the verification starts.
+    Only its last line is read here (a file that cannot be opened, or torn by a crash
+    mid-append, is known before the verification starts); a bad line earlier is met when the
+    verification streams the file, and fails it the same way.
     """
     if path is None:
         return KeptCheckpoints()
     if not path.exists() and not path.is_symlink():
         return KeptCheckpoints(path, missing=True)
-    points = CheckpointFile(path)
     try:
-        for _ in points:
-            pass
+        last_kept_seq(path)
     except CheckpointFileError as exc:
         return KeptCheckpoints(path, problem=str(exc))
-    return KeptCheckpoints(path, points)
+    return KeptCheckpoints(path, CheckpointFile(path))
 
 
 def verify_service(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
@@ -117,30 +118,62 @@ class CheckpointFile:
 
     What :meth:`AuditLog.verify` takes for the kept copy: memory stays one line however
     long the file. Iterating raises :class:`CheckpointFileError` as :func:`read_checkpoints`.
+    ``since``: start at about the last line before that entry's checkpoint, found by a binary
+    search on the file's bytes (an incremental verification reads only what follows).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, since: int = 0) -> None:
         self.path = path
+        self.since = since
+
+    def after(self, seq: int) -> CheckpointFile:
+        """This file read from about the line before the checkpoint of entry ``seq``."""
+        return CheckpointFile(self.path, since=seq)
 
     def __iter__(self) -> Iterator[Checkpoint]:
-        """Each checkpoint of the file, in its order, parsed as it is read."""
+        """Each checkpoint of the file (from ``since``'s line before), parsed as it is read."""
         path = self.path
         try:
-            with path.open(encoding="utf-8") as handle:
-                for n, line in enumerate(handle, start=1):
-                    if not line.strip():
+            with path.open("rb") as handle:
+                offset = _search(handle, self.since) if self.since > 1 else 0
+                handle.seek(offset)
+                if offset:
+                    handle.readline()  # the line the search landed in the middle of
+                for n, raw in enumerate(handle, start=1):
+                    if not raw.strip():
                         continue
+                    where = f"line {n}" if not offset else f"a line after byte {offset}"
                     try:
-                        point = _parse(line)
+                        point = _parse(raw.decode("utf-8"))
+                    except UnicodeDecodeError as exc:
+                        raise CheckpointFileError(path, f"not UTF-8 text ({exc.reason})") from None
                     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                         raise CheckpointFileError(
-                            path, f"line {n} is not a checkpoint ({exc})"
+                            path, f"{where} is not a checkpoint ({exc})"
                         ) from None
                     yield point
-        except UnicodeDecodeError as exc:
-            raise CheckpointFileError(path, f"not UTF-8 text ({exc.reason})") from None
         except OSError as exc:
             raise CheckpointFileError(path, exc.strerror or type(exc).__name__) from None
+
+
+def _search(handle: BinaryIO, seq: int) -> int:
+    """A byte offset whose next whole line is a checkpoint before ``seq`` (or 0), by bisection.
+
+    A line that cannot be read where the search looks ends it there: the reading goes on
+    from the last offset known good, and meets that line.
+    """
+    lo, hi = 0, handle.seek(0, 2)
+    while hi - lo > _TAIL * 16:
+        mid = (lo + hi) // 2
+        handle.seek(mid)
+        handle.readline()
+        line = handle.readline()
+        try:
+            below = bool(line.strip()) and _parse(line.decode("utf-8")).seq < seq
+        except (UnicodeDecodeError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return lo
+        lo, hi = (mid, hi) if below else (lo, mid)
+    return lo
 
 
 def read_checkpoints(path: Path) -> list[Checkpoint]:

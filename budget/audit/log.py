@@ -424,6 +424,8 @@ class AuditLog:
         if the log held them, the log's own entries continuing after the last.
         """
         since = 0 if start is None else start.seq
+        if since and isinstance(external, CheckpointFile):
+            external = external.after(since)  # the kept copy from the start on, bisected
         kept_n, kept_last, problem = self._chain_problem(
             external, GENESIS, "the kept checkpoint at entry {seq}", since=since
         )

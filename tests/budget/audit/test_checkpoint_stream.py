@@ -184,3 +184,54 @@ def test_a_checkpoint_that_disagrees_still_fails_past_the_first_page(
     verdict, _ = ledger.verify(kept=CheckpointFile(kept))
     head = ledger.audit.head()[0]
     assert not verdict.ok and verdict.first_bad == head and "signature" in str(verdict.problem)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(0, 3_000),
+    since=st.integers(0, 3_100),
+    blanks=st.booleans(),
+)
+def test_the_bisected_reading_starts_just_before_since_and_misses_nothing(
+    tmp_path_factory: pytest.TempPathFactory, n: int, since: int, blanks: bool
+) -> None:
+    kept = tmp_path_factory.mktemp("kept") / "checkpoints.jsonl"
+    write_checkpoints(_points(n), kept)
+    if blanks and n:
+        kept.write_bytes(kept.read_bytes().replace(b"}\n", b"}\n\n", n // 3))
+    every = [p.seq for p in CheckpointFile(kept)]
+    read = [p.seq for p in CheckpointFile(kept).after(since)]
+    assert read == every[len(every) - len(read) :]  # a suffix, in order
+    assert all(s in read for s in every if s >= since)  # nothing from since on is skipped
+    before = [s for s in every if s < since]
+    if before:
+        assert read and read[0] < since  # the line before, whose signature the next chains to
+
+
+def test_an_incremental_run_reads_the_kept_file_from_its_start_only(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """The kept copy's early part unreadable: the full run fails, the incremental one does not.
+
+    The incremental run bisects the file to its start; a bad line after the start fails it.
+    """
+    _signed_often(ledger, 800, 1)
+    kept = tmp_path / "checkpoints.jsonl"
+    write_checkpoints(ledger.audit.iter_checkpoints(), kept)
+    verdict, state = ledger.verify(kept=CheckpointFile(kept), full=True)
+    assert verdict.ok and state.resume is not None
+    ledger.verdicts.record(now=NOW, full=True, from_seq=0, problem=None, resume=state.resume)
+    data = kept.read_bytes()
+    kept.write_bytes(b"\xff\xfe\n" + data[data.index(b"\n") + 1 :])
+    with pytest.raises(CheckpointFileError):
+        ledger.verify(kept=CheckpointFile(kept), full=True)
+    incremental, _ = ledger.verify(kept=CheckpointFile(kept), full=False)
+    assert incremental.ok and incremental.from_seq == state.resume.checkpoint.seq
+    ledger.audit.record("system", "test", {"i": -1}, now=NOW)
+    ledger.audit.checkpoint(now=NOW)
+    ledger.tlog.sync()
+    write_checkpoints(ledger.audit.iter_checkpoints(after=last_kept_seq(kept)), kept)
+    lines = kept.read_bytes().splitlines(keepends=True)
+    kept.write_bytes(b"".join([*lines[:-1], lines[-1].replace(b'"seq":', b'"seq":9')]))
+    failed, _ = ledger.verify(kept=CheckpointFile(kept), full=False)
+    assert not failed.ok and "signature" in str(failed.problem)
