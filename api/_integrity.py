@@ -19,7 +19,7 @@ fails the verification too (a copy nobody can read, or that is gone, protects no
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -34,9 +34,10 @@ from dp_governor.api._handles import ledger_engine
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import (
     Checkpoint,
+    CheckpointFile,
     CheckpointFileError,
     Verification,
-    read_checkpoints,
+    last_kept_seq,
 )
 from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.audit.verdicts import Resume
@@ -61,28 +62,35 @@ _PAGE = 10_000
 
 @dataclass(frozen=True, slots=True)
 class KeptCheckpoints:
-    """The checkpoints kept outside the database, as read from their file.
+    """The checkpoints kept outside the database: their file, read a line at a time.
 
-    ``problem`` says why the file could not be read (its points are then unknown);
-    ``missing``: a file is set but does not exist (not written yet, or gone).
+    ``points`` streams the file again each time it is iterated (memory stays a line however
+    long it grows); ``problem`` says why the file could not be read (its points are then
+    unknown); ``missing``: a file is set but does not exist (not written yet, or gone).
     """
 
     path: Path | None = None
-    points: tuple[Checkpoint, ...] = ()
+    points: Iterable[Checkpoint] = ()
     problem: str | None = None
     missing: bool = False
 
 
 def kept_checkpoints(path: Path | None) -> KeptCheckpoints:
-    """The checkpoints kept in ``path`` (none if it is unset); never raises for the file."""
+    """The checkpoints kept in ``path`` (none if it is unset); never raises for the file.
+
+    Only its last line is read here (a file that cannot be opened, or torn by a crash
+    mid-append, is known before the verification starts); a bad line earlier is met when the
+    verification streams the file, and fails it the same way.
+    """
     if path is None:
         return KeptCheckpoints()
     if not path.exists() and not path.is_symlink():
         return KeptCheckpoints(path, missing=True)
     try:
-        return KeptCheckpoints(path, tuple(read_checkpoints(path)))
+        last_kept_seq(path)
     except CheckpointFileError as exc:
         return KeptCheckpoints(path, problem=str(exc))
+    return KeptCheckpoints(path, CheckpointFile(path))
 
 
 def verify_service(
@@ -141,9 +149,13 @@ def _verify(
     copy = kept if isinstance(kept, KeptCheckpoints) else KeptCheckpoints(points=tuple(kept))
     if stage is not None:
         stage("the chain, its tags, its checkpoints and the deciding state")
-    verdict, state = ledger.verify(
-        kept=copy.points, progress=progress, full=full, archive_files=archive_files
-    )
+    try:
+        verdict, state = ledger.verify(
+            kept=copy.points, progress=progress, full=full, archive_files=archive_files
+        )
+    except CheckpointFileError as exc:  # the file changed since it was read through
+        seq, head = ledger.audit.head()
+        return Verification(False, 0, seq, head, 0, None, None, None, str(exc)), None
     if not verdict.ok:
         return verdict, None
     file_problem = copy.problem

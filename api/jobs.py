@@ -61,7 +61,7 @@ from dp_governor.api.leases import (
 from dp_governor.api.logs import log_fields
 from dp_governor.api.metrics import Metrics
 from dp_governor.budget import Clock, Ledger
-from dp_governor.budget.audit.log import CheckpointFileError, write_checkpoints
+from dp_governor.budget.audit.log import CheckpointFileError, last_kept_seq, write_checkpoints
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.reporting.claims import publish_claims
 from dp_governor.budget.storage.db import (
@@ -206,8 +206,9 @@ def _checkpoint(rt: Runtime) -> dict[str, Any]:
     path = rt.checkpoint_file
     if path is None:
         return done
-    try:  # every signed checkpoint, also the ones a failed append missed
-        added = write_checkpoints(rt.ledger.audit.checkpoints(), path)
+    try:  # every checkpoint after the file's last line (also ones a failed append missed)
+        held = last_kept_seq(path) if path.exists() or path.is_symlink() else 0
+        added = write_checkpoints(rt.ledger.audit.iter_checkpoints(after=held), path)
     except CheckpointFileError as exc:
         log.error("job checkpoint: %s; nothing was appended to it", exc)
         return done | {"kept": {"added": 0, "problem": str(exc)}}
@@ -232,7 +233,7 @@ JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {
     "flush-inbox": (_flush, {"trigger": "interval", "seconds": 60}),
     "aggregate": (_aggregate, {"trigger": "interval", "seconds": 300}),
     "purge": (_purge, {"trigger": "cron", "hour": 0, "minute": 15}),
-    "checkpoint": (_checkpoint, {"trigger": "interval", "seconds": 300}),
+    "checkpoint": (_checkpoint, {"trigger": "interval", "seconds": 5}),
     "dashboard": (_dashboard, {"trigger": "interval", "seconds": 60}),
     "verify": (_verify, {"trigger": "interval", "seconds": 300}),
 }

@@ -7,7 +7,7 @@ its accounts and policy book in :mod:`dp_governor.budget.reporting`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -240,17 +240,18 @@ class Ledger:
     def verify(
         self,
         *,
-        kept: Sequence[Checkpoint] = (),
+        kept: Iterable[Checkpoint] = (),
         progress: Callable[[int, int], None] | None = None,
         full: bool = True,
         archive_files: Sequence[Path] = (),
     ) -> tuple[Verification, StateCheck]:
         """The audit chain, the tables the gate decides on against it, the transparency log.
 
-        ``kept`` are checkpoints kept outside the database (truncation back to any of them is
-        caught). ``full=False`` starts at the last accepted verdict's signed checkpoint
-        (:func:`dp_governor.budget.audit.incremental.verify_ledger`). ``progress`` is told
-        ``(entries verified, entries in the log)`` every
+        ``kept`` are checkpoints kept outside the database, oldest first and re-iterable (a
+        sequence or a :class:`~dp_governor.budget.audit.log.CheckpointFile`; truncation back
+        to any of them is caught). ``full=False`` starts at the last accepted verdict's signed
+        checkpoint (:func:`dp_governor.budget.audit.incremental.verify_ledger`).
+        ``progress`` is told ``(entries verified, entries in the log)`` every
         :data:`~dp_governor.budget.audit.incremental.PROGRESS_EVERY` entries and at the end.
         The state check's ``resume`` is where the next run may start
         (:meth:`~dp_governor.budget.audit.verdicts.Verdicts.record` keeps it).

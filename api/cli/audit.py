@@ -169,11 +169,16 @@ def audit_checkpoints(
 
     The file is created with mode 0600; one that cannot be read is left untouched (exit 1).
     """
-    from dp_governor.budget.audit.log import CheckpointFileError, write_checkpoints
+    from dp_governor.budget.audit.log import (
+        CheckpointFileError,
+        last_kept_seq,
+        write_checkpoints,
+    )
 
     ledger = open_ledger(load_settings(database_url))
     try:
-        added = write_checkpoints(ledger.audit.checkpoints(), output)
+        held = last_kept_seq(output) if output.exists() or output.is_symlink() else 0
+        added = write_checkpoints(ledger.audit.iter_checkpoints(after=held), output)
     except CheckpointFileError as exc:
         refuse(str(exc), 1)
     finally:

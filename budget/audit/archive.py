@@ -206,8 +206,8 @@ class Archives:
         resume = found[0]
         point = resume.checkpoint
         if through is not None and through != point.seq:
-            signed = {p.seq for p in self.audit.checkpoints()}
-            what = "a signed checkpoint" if through in signed else "no signed checkpoint"
+            signed = next(self.audit.iter_checkpoints(after=through - 1, through=through), None)
+            what = "no signed checkpoint" if signed is None else "a signed checkpoint"
             raise ArchiveRefused(
                 f"entry {through} is {what} an accepted verification holds the state at (the"
                 f" last reached entry {point.seq}): run `dpgov audit verify` first, or give"
@@ -234,7 +234,7 @@ class Archives:
             },
             separators=(",", ":"),
         )
-        checkpoints = [p for p in self.audit.checkpoints() if first <= p.seq <= point.seq]
+        checkpoints = list(self.audit.iter_checkpoints(after=first - 1, through=point.seq))
         header = {
             "format": FORMAT,
             "first_seq": first,
@@ -295,7 +295,7 @@ class Archives:
 
     def _boundary_row(self, point: Checkpoint) -> Row:
         """The boundary entry, checked to be the one the checkpoint signs."""
-        signed = [p for p in self.audit.checkpoints() if p.seq == point.seq]
+        signed = list(self.audit.iter_checkpoints(after=point.seq - 1, through=point.seq))
         row = next(iter(list(self.audit.rows(after=point.seq - 1, limit=1))), None)
         if (
             signed != [point]

@@ -10,7 +10,7 @@ the next incremental verification starts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +33,7 @@ def verify_ledger(
     verdicts: Verdicts,
     audit_key: bytes,
     *,
-    kept: Sequence[Checkpoint] = (),
+    kept: Iterable[Checkpoint] = (),
     progress: Callable[[int, int], None] | None = None,
     full: bool = True,
     archives: Archives | None = None,
@@ -70,8 +70,7 @@ def verify_ledger(
         replay = StateReplay(audit_key, budgets_since=budgets_since(engine))
     else:
         replay = StateReplay.restore(audit_key, start.state, new_days_only=archived_note is None)
-    points = audit.checkpoints()
-    newest = points[-1] if points else None
+    newest = audit.latest_checkpoint()  # one row: verify streams the rest
     if newest is not None and start is not None and newest.seq <= start.checkpoint.seq:
         newest = None
     snapshots: list[str] = []
@@ -98,7 +97,7 @@ def verify_ledger(
         )
     except ArchiveError as exc:
         seq, head = audit.head()
-        failed = Verification(False, 0, seq, head, len(points), None, None, None, str(exc))
+        failed = Verification(False, 0, seq, head, 0, None, None, None, str(exc))
         return failed, StateCheck(False, note="an archive failed: the state was not checked")
     if not chain.ok:
         return chain, StateCheck(False, note="the chain failed: the state was not checked")

@@ -18,30 +18,40 @@ detected as well. :meth:`AuditLog.verify` checks all of it and names the first b
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
+import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import Connection, Engine, select, text
+from sqlalchemy import Connection, Engine, func, select, text
 
+from dp_governor.budget.audit.checkpoints import (
+    Checkpoint,
+    CheckpointFile,
+    CheckpointFileError,
+    last_kept_seq,
+    read_checkpoints,
+    write_checkpoints,
+)
 from dp_governor.budget.keyed import KeyedHash
 from dp_governor.budget.storage.db import placeholder, write_step, writer
-from dp_governor.budget.storage.files import open_private
 from dp_governor.budget.storage.tables import GENESIS, AuditCheckpoint, AuditEntry, AuditHead
 
 __all__ = [
     "AuditLog",
     "Checkpoint",
+    "CheckpointFile",
     "CheckpointFileError",
     "Entry",
     "Verification",
     "chain_hash",
     "derive_audit_key",
     "idempotency_hash",
+    "last_kept_seq",
     "read_checkpoints",
     "record_digest",
     "write_checkpoints",
@@ -50,6 +60,7 @@ __all__ = [
 _LOG = AuditEntry.__table__  # type: ignore[attr-defined]
 _HEAD = AuditHead.__table__  # type: ignore[attr-defined]
 _CHECKPOINTS = AuditCheckpoint.__table__  # type: ignore[attr-defined]
+_CHECKPOINT_PAGE = 5_000  # checkpoints read at a time: memory is a page, not the history
 
 
 class Entry(NamedTuple):
@@ -63,16 +74,6 @@ class Entry(NamedTuple):
     actor: str
     action: str
     data: dict[str, Any] | str
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """A signed head."""
-
-    seq: int
-    hash: str
-    at: str
-    signature: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +254,13 @@ class AuditLog:
         return mac.hexdigest()
 
     def checkpoint(self, *, now: datetime) -> Checkpoint | None:
-        """Sign the current head (``None`` when nothing was appended since the last one)."""
+        """Sign the current head (``None`` when nothing was appended since the last one).
+
+        With nothing new, two indexed reads and no write transaction: an idle run is cheap.
+        """
+        latest = self.latest_checkpoint()
+        if self.head()[0] == (0 if latest is None else latest.seq):
+            return None
         at = timestamp(now)
         with write_step(self.engine) as conn:  # a job's transaction: bounded wait, fenced
             seq, head = conn.execute(text(self._head)).one()
@@ -271,21 +278,74 @@ class AuditLog:
             )
             return point
 
-    def _check_signatures(self, points: Sequence[Checkpoint]) -> tuple[int, str] | None:
-        """The first external checkpoint whose signature is not the audit key's, or ``None``."""
-        previous = GENESIS
-        for point in sorted(points, key=lambda p: p.seq):
+    def _chain_problem(
+        self, points: Iterable[Checkpoint], previous: str, what: str, *, since: int = 0
+    ) -> tuple[int, int, tuple[int, str] | None]:
+        """Stream ``points``, each signed chained to the one before: ``(count, last seq, problem)``.
+
+        ``previous`` is the signature the first chains to; ``what`` words a bad one (``{seq}``).
+        Points before ``since`` (an incremental check's start) are counted, not checked.
+        """
+        n = last = 0
+        for point in points:
+            if point.seq <= last:
+                return n, last, (point.seq, f"{what.format(seq=point.seq)} is out of order")
+            if point.seq < since:
+                previous, last, n = point.signature, point.seq, n + 1
+                continue
             signature = self._signature(point.seq, point.hash, point.at, previous)
             if not hmac.compare_digest(point.signature, signature):
-                return point.seq, f"the kept checkpoint at entry {point.seq} has a bad signature"
-            previous = point.signature
-        return None
+                return n, last, (point.seq, f"{what.format(seq=point.seq)} has a bad signature")
+            previous, last, n = point.signature, point.seq, n + 1
+        return n, last, None
 
     def checkpoints(self) -> list[Checkpoint]:
-        """All checkpoints, oldest first."""
+        """All checkpoints, oldest first (for tools and tests: the service streams them)."""
+        return list(self.iter_checkpoints())
+
+    def iter_checkpoints(
+        self, *, after: int = 0, through: int | None = None
+    ) -> Iterator[Checkpoint]:
+        """The checkpoints of entries in ``(after, through]``, oldest first, a page at a time.
+
+        Keyset pages of :data:`_CHECKPOINT_PAGE` rows, so memory stays one page however many
+        checkpoints the log holds (tens of thousands a day at a checkpoint every few seconds).
+        """
+        c = _CHECKPOINTS.c
+        last = after
+        while True:
+            query = select(_CHECKPOINTS).where(c.seq > last).order_by(c.seq)
+            if through is not None:
+                query = query.where(c.seq <= through)
+            with self.engine.connect() as conn:
+                rows = conn.execute(query.limit(_CHECKPOINT_PAGE)).all()
+            for r in rows:
+                yield Checkpoint(int(r.seq), r.hash, r.at, r.signature)
+            if len(rows) < _CHECKPOINT_PAGE:
+                return
+            last = int(rows[-1].seq)
+
+    def _checkpoint_before(self, seq: int) -> Checkpoint | None:
+        """The newest checkpoint of an entry before ``seq`` (``None``: none), one indexed row."""
+        c = _CHECKPOINTS.c
         with self.engine.connect() as conn:
-            rows = conn.execute(select(_CHECKPOINTS).order_by(_CHECKPOINTS.c.seq)).all()
-        return [Checkpoint(int(r.seq), r.hash, r.at, r.signature) for r in rows]
+            r = conn.execute(
+                select(_CHECKPOINTS).where(c.seq < seq).order_by(c.seq.desc()).limit(1)
+            ).first()
+        return None if r is None else Checkpoint(int(r.seq), r.hash, r.at, r.signature)
+
+    def latest_checkpoint(self) -> Checkpoint | None:
+        """The newest checkpoint (``None``: none signed yet), one indexed row."""
+        with self.engine.connect() as conn:
+            r = conn.execute(
+                select(_CHECKPOINTS).order_by(_CHECKPOINTS.c.seq.desc()).limit(1)
+            ).first()
+        return None if r is None else Checkpoint(int(r.seq), r.hash, r.at, r.signature)
+
+    def checkpoint_count(self) -> int:
+        """How many checkpoints the database holds (counted by the database, none read)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(_CHECKPOINTS)).scalar_one())
 
     # -- reading and verifying -------------------------------------------------------------------
 
@@ -339,7 +399,7 @@ class AuditLog:
     def verify(
         self,
         *,
-        external: Sequence[Checkpoint] = (),
+        external: Iterable[Checkpoint] = (),
         observe: Callable[[int, str, str, str], None] | None = None,
         start: Checkpoint | None = None,
         before: Iterable[Sequence[tuple[Any, ...]]] = (),
@@ -347,71 +407,78 @@ class AuditLog:
         """Check every entry, the head row and every checkpoint; stop at the first failure.
 
         ``start``, a signed checkpoint an earlier verification reached, makes the check
-        incremental: every checkpoint's signature is still checked, ``start`` must be the
-        database's checkpoint at its entry and that entry must hash (and tag) to what it signs;
-        then only the entries after it are replayed. Entries before it are not read (a full
-        check, without ``start``, does).
+        incremental: ``start`` must be the database's checkpoint at its entry, its signature
+        chained to the checkpoint before it, and that entry must hash (and tag) to what it
+        signs; then only the entries and checkpoints after it are checked. Entries and
+        checkpoints before it are left to a full check (without ``start``), as entries were.
+        Checkpoints are streamed a page at a time: memory does not grow with their number.
 
-        ``external`` are checkpoints kept outside the database (:func:`read_checkpoints`):
-        each must carry the audit key's signature, chained as the database's are, and name an
-        entry the log still holds with the same hash, so a log truncated back to any earlier
+        ``external`` are checkpoints kept outside the database, oldest first, iterated more
+        than once (a sequence, or a :class:`CheckpointFile` that re-reads its file): each must
+        carry the audit key's signature, chained as the database's are, and name an entry the
+        log still holds with the same hash, so a log truncated back to any earlier
         checkpoint (its later checkpoints deleted with it) is caught. ``observe`` is called
         with ``(seq, actor, action, body)`` of each entry once it is verified (the state check
         replays them, :mod:`dp_governor.budget.audit.verify`). ``before``, with no ``start``:
         pages of archived entries (:mod:`dp_governor.budget.audit.archive`), replayed first as
         if the log held them, the log's own entries continuing after the last.
         """
-        problem = self._check_signatures(external)
+        since = 0 if start is None else start.seq
+        if since and isinstance(external, CheckpointFile):
+            external = external.after(since)  # the kept copy from the start on, bisected
+        kept_n, kept_last, problem = self._chain_problem(
+            external, GENESIS, "the kept checkpoint at entry {seq}", since=since
+        )
         if problem is not None:
             seq, message = problem
             head_seq, head_hash = self.head()
             return Verification(False, 0, head_seq, head_hash, 0, None, None, seq, message)
-        points = self.checkpoints()
+        latest = self.latest_checkpoint()
+        count = self.checkpoint_count()
         head_seq, head_hash = self.head()
-        by_seq: dict[int, Checkpoint] = {}
-        previous = GENESIS
         n = 0
         expected_seq = 0
         running = GENESIS
 
         def result(first_bad: int | None = None, problem: str | None = None) -> Verification:
-            latest = points[-1] if points else None
             return Verification(
                 ok=problem is None,
                 entries=n,
                 head_seq=expected_seq,
                 head_hash=running,
-                checkpoints=len(points),
+                checkpoints=count,
                 latest_checkpoint_seq=latest.seq if latest else None,
                 latest_checkpoint_at=latest.at if latest else None,
                 first_bad=first_bad,
                 problem=problem,
-                kept_checkpoints=len(external),
-                from_seq=0 if start is None else start.seq,
+                kept_checkpoints=kept_n,
+                from_seq=since,
             )
 
-        for point in points:
-            if not hmac.compare_digest(
-                point.signature, self._signature(point.seq, point.hash, point.at, previous)
-            ):
-                return result(point.seq, f"checkpoint at entry {point.seq} has a bad signature")
-            previous = point.signature
-            by_seq[point.seq] = point
-        kept = {p.seq: p for p in external}
-        for seq, point in kept.items():
-            known = by_seq.get(seq)
-            if known is not None and known.hash != point.hash:
+        # the database's checkpoints, streamed: from the first, or (incremental) from the one
+        # before the start, whose signature the start's chains to
+        prior = None if start is None else self._checkpoint_before(start.seq)
+        _, _, problem = self._chain_problem(
+            self.iter_checkpoints(after=0 if prior is None else prior.seq),
+            GENESIS if prior is None else prior.signature,
+            "checkpoint at entry {seq}",
+        )
+        if problem is not None:
+            return result(*problem)
+        for seq, known, copy in _merged(self.iter_checkpoints(after=max(since - 1, 0)), external):
+            if seq >= since and known is not None and copy is not None and known != copy:
                 return result(seq, f"the checkpoint at entry {seq} differs from the copy kept")
-            by_seq.setdefault(seq, point)
-        last_signed = max(by_seq, default=0)
+        last_signed = max(latest.seq if latest else 0, kept_last)
         tag_of = self.tag
         sha256 = hashlib.sha256
         if start is not None:
-            stored = next((p for p in points if p.seq == start.seq), None)
+            stored = next(self.iter_checkpoints(after=start.seq - 1, through=start.seq), None)
             wrong = self._start_problem(start, stored)
             if wrong is not None:
                 return result(start.seq, wrong)
             expected_seq, running = start.seq, start.hash
+        signed = _merged(self.iter_checkpoints(after=since), external)
+        next_signed = next(signed, None)
         running_bytes = bytes.fromhex(running)
 
         def pages() -> Iterator[Sequence[tuple[Any, ...]]]:
@@ -434,9 +501,14 @@ class AuditLog:
                     )
                 if not _columns_match(seq, at, actor, action, body):
                     return result(seq, f"entry {seq}'s columns disagree with its hashed body")
-                signed = by_seq.get(seq)
-                if signed is not None and signed.hash != entry_hash:
-                    return result(seq, f"entry {seq} differs from the signed checkpoint at {seq}")
+                while next_signed is not None and next_signed[0] < seq:
+                    next_signed = next(signed, None)
+                if next_signed is not None and next_signed[0] == seq:
+                    _, known, copy = next_signed
+                    if entry_hash != (known if known is not None else copy):
+                        return result(
+                            seq, f"entry {seq} differs from the signed checkpoint at {seq}"
+                        )
                 running = entry_hash
                 running_bytes = digest
                 n += 1
@@ -483,66 +555,13 @@ class AuditLog:
         return None
 
 
-class CheckpointFileError(ValueError):
-    """The checkpoint file kept outside the database cannot be read as checkpoints.
-
-    Torn by a crash mid-append, not UTF-8, a folder, unreadable: ``verify`` fails naming it
-    (a copy that cannot be read protects nothing) and the checkpoint job appends nothing to it.
-    """
-
-    def __init__(self, path: Path, cause: str) -> None:
-        self.path = path
-        self.cause = cause
-        super().__init__(f"checkpoint file unreadable: {path}: {cause}")
-
-
-def write_checkpoints(points: Iterable[Checkpoint], path: Path) -> int:
-    """Append ``points`` to ``path`` as JSON lines (a copy kept outside the database).
-
-    Points the file already holds are skipped; returns how many were added. The file is
-    created with mode 0600 (:func:`dp_governor.budget.storage.files.open_private`). Raises
-    :class:`CheckpointFileError`, appending nothing, when the file cannot be read.
-    """
-    held = {p.seq for p in read_checkpoints(path)} if path.exists() else set()
-    added = [p for p in points if p.seq not in held]
-    if added:
-        try:
-            with open_private(path, "a") as out:
-                for p in sorted(added, key=lambda p: p.seq):
-                    out.write(orjson.dumps(asdict(p)).decode() + "\n")
-        except OSError as exc:
-            raise CheckpointFileError(path, exc.strerror or type(exc).__name__) from None
-    return len(added)
-
-
-def read_checkpoints(path: Path) -> list[Checkpoint]:
-    """The checkpoints of a file written by :func:`write_checkpoints`, oldest first.
-
-    Raises :class:`CheckpointFileError` for a file that cannot be read (missing included) or
-    holds a line that is not a checkpoint (naming the line).
-    """
-    points: list[Checkpoint] = []
-    try:
-        with path.open(encoding="utf-8") as handle:
-            for n, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    data = orjson.loads(line)
-                    points.append(
-                        Checkpoint(
-                            int(data["seq"]),
-                            str(data["hash"]),
-                            str(data["at"]),
-                            str(data["signature"]),
-                        )
-                    )
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                    raise CheckpointFileError(
-                        path, f"line {n} is not a checkpoint ({exc})"
-                    ) from None
-    except UnicodeDecodeError as exc:
-        raise CheckpointFileError(path, f"not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise CheckpointFileError(path, exc.strerror or type(exc).__name__) from None
-    return sorted(points, key=lambda p: p.seq)
+def _merged(
+    stored: Iterable[Checkpoint], kept: Iterable[Checkpoint]
+) -> Iterator[tuple[int, str | None, str | None]]:
+    """``(seq, stored hash, kept hash)`` of two ascending streams of checkpoints, merged by seq."""
+    tagged = heapq.merge(((p.seq, 0, p.hash) for p in stored), ((p.seq, 1, p.hash) for p in kept))
+    for seq, group in itertools.groupby(tagged, key=lambda t: t[0]):
+        hashes: list[str | None] = [None, None]
+        for _, side, digest in group:
+            hashes[side] = digest
+        yield seq, hashes[0], hashes[1]

@@ -51,6 +51,7 @@ log = logging.getLogger("dpgov.tlog")
 DEFAULT_ORIGIN = "dp-governor.invalid/tlog"
 _PAGE = 20_000
 _CHUNK = 1_000
+_POINTS = 5_000  # the checkpoints verify holds at a time
 _STEP_ENTRIES = 5_000  # one sync step's most: its transaction stays short on a loaded database
 STEP_SECONDS = 1.0
 """The longest one step of :meth:`TransparencyLog.sync` computes before it stores and signs."""
@@ -409,7 +410,8 @@ class TransparencyLog:
 
         Streams the audit log and the leaves side by side, rebuilds the tree with a
         :class:`~dp_governor.mechanisms.merkle.Frontier` and compares the stored subtree
-        hashes and every checkpoint (root and the log key's signature) as it passes their size.
+        hashes and every checkpoint (root and the log key's signature) as it passes their size,
+        the checkpoints read a page at a time beside the leaves (memory does not grow with them).
         ``start``, an earlier accepted result, resumes at its size from its edge (the leaves
         before it are not read again). ``before``, pages of archived audit entries (from the
         first), stand for the entries the log no longer holds. The audit chain itself is
@@ -418,26 +420,28 @@ class TransparencyLog:
         frontier = Frontier() if start is None else Frontier(start.leaves, start.edge)
         made_before = 0 if start is None else start.nodes
         with self.engine.connect() as conn:
-            points = {
-                int(s): (bytes.fromhex(r), n)
-                for s, r, n in conn.execute(text("SELECT size, root, note FROM tlog_checkpoints"))
-            }
+            low, high, count = conn.execute(
+                text("SELECT min(size), max(size), count(*) FROM tlog_checkpoints")
+            ).one()
             n_nodes = conn.execute(text("SELECT count(*) FROM tlog_nodes")).scalar() or 0
+        highest = int(high or 0)
+        points = self._points(after=frontier.size)
+        point = next(points, None)
         made = 0
         pending: list[tuple[int, int, bytes]] = []
         keys = LabelKeys(self.label_secret, cached=_PAGE)
 
         def fail(problem: str) -> TlogVerification:
-            return TlogVerification(False, frontier.size, len(points), problem)
+            return TlogVerification(False, frontier.size, int(count), problem)
 
-        if 0 in points:
+        if low is not None and int(low) <= 0:
             return fail("a checkpoint signs the empty tree, which this log never does")
         for (seq, at, actor, action, body), leaf in self._paired(
             after=frontier.size, before=before
         ):
             index = frontier.size
             if leaf is None:
-                if index < max(points, default=0):
+                if index < highest:
                     return fail(f"leaf {index} is missing but a checkpoint covers it")
                 break
             if seq != index + 1:
@@ -452,9 +456,10 @@ class TransparencyLog:
                     return fail(f"the stored hash of subtree {bad} differs from its leaves'")
                 made += len(pending)
                 pending = []
-            point = points.get(frontier.size)
-            if point is not None:
-                root, note = point
+            while point is not None and point[0] < frontier.size:
+                point = next(points, None)  # a size no leaf reaches: the last check names it
+            if point is not None and point[0] == frontier.size:
+                _, root, note = point
                 if root != frontier.root():
                     return fail(f"the checkpoint at size {frontier.size} signs another root")
                 expected_note = Checkpoint(self.origin, frontier.size, root)
@@ -468,14 +473,24 @@ class TransparencyLog:
         if bad is not None:
             return fail(f"the stored hash of subtree {bad} differs from its leaves'")
         made += len(pending)
-        if max(points, default=0) > frontier.size:
+        if highest > frontier.size:
             return fail(
-                f"a checkpoint signs {max(points)} leaves but the audit log has {frontier.size}"
+                f"a checkpoint signs {highest} leaves but the audit log has {frontier.size}"
             )
         made += made_before
         if made != n_nodes:
             return fail(f"tlog_nodes holds {n_nodes} subtree hashes, the leaves make {made}")
-        return TlogVerification(True, frontier.size, len(points), None, tuple(frontier.edge), made)
+        return TlogVerification(True, frontier.size, int(count), None, tuple(frontier.edge), made)
+
+    def _points(self, *, after: int) -> Iterator[tuple[int, bytes, str]]:
+        """The checkpoints of sizes above ``after``, ``(size, root, note)``, a page at a time."""
+        sql = "SELECT size, root, note FROM tlog_checkpoints WHERE size > :n ORDER BY size LIMIT "
+        last, full = after, True
+        while full:
+            with self.engine.connect() as conn:
+                rows = conn.execute(text(sql + str(_POINTS)), {"n": last}).all()
+            yield from ((int(n), bytes.fromhex(root), str(note)) for n, root, note in rows)
+            full, last = len(rows) == _POINTS, int(rows[-1][0]) if rows else last
 
     def _nodes_differ(self, made: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
         """The first of ``made`` whose stored hash differs (or is missing), or ``None``."""
