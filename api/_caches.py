@@ -166,7 +166,7 @@ class Caches:
             self._refresher.start(ledger, revision)
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _pending(found, revision)
+                raise _pending(found)
             with self._refresher.finished:
                 self._refresher.finished.wait(min(left, _POLL))
 
@@ -185,7 +185,7 @@ class Caches:
             return page
 
 
-def _pending(found: Figures | None, revision: list[int]) -> FiguresPending:
+def _pending(found: Figures | None) -> FiguresPending:
     """The 503 of figures being computed: what is stored, and when to ask again."""
     if found is None:
         why = "no audit figures have been computed yet"
@@ -196,7 +196,7 @@ def _pending(found: Figures | None, revision: list[int]) -> FiguresPending:
         )
     retry = 5 if found is None else max(1, math.ceil(found.seconds))
     return FiguresPending(
-        f"{why}: they are being computed for policy revision {revision} (this takes about"
+        f"{why}: they are being computed for the policies now in force (this takes about"
         f" {retry} s); ask again then",
         retry,
     )

@@ -199,6 +199,12 @@ class Archives:
         except VerdictForged as exc:
             raise ArchiveRefused(str(exc)) from None
         if found is None:
+            if self.audit.latest_checkpoint() is None:
+                raise ArchiveRefused(
+                    "the audit log has no signed checkpoint yet: run `dpgov jobs run checkpoint`"
+                    " (the service's `checkpoint` job signs one every DPGOV_CHECKPOINT_SECONDS),"
+                    " then `dpgov audit verify`"
+                )
             raise ArchiveRefused(
                 "no accepted verification has reached a signed checkpoint: run"
                 " `dpgov audit verify` first"
@@ -316,7 +322,9 @@ class Archives:
         temporary = out.with_name(f".{out.name}.{os.getpid()}.partial")
         claimed: int | None = None
         try:
-            with temporary.open("wb") as raw:
+            # owner-only, like the database: the entries name devices by their pseudonyms
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as raw:
                 with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed:
                     packed.write(orjson.dumps(header) + b"\n")
                     for row in self.audit.rows(after=first - 1):

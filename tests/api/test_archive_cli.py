@@ -83,7 +83,7 @@ def test_archive_and_verify_from_the_command_line(service: tuple[TestClient, Pat
     _one_line_error(
         _run("audit", "archive", "--through", "verified", "--out", str(out)),
         2,
-        "run `dpgov audit verify` first",
+        "no signed checkpoint yet: run `dpgov jobs run checkpoint`",
     )
     _verified(client)
     made = _run("audit", "archive", "--through", "verified", "--out", str(out))

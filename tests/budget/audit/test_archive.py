@@ -77,6 +77,7 @@ def test_archive_then_verify_incremental_full_and_from_the_files(
     head = ledger.audit.head()
     record = ledger.archive(through=None, out=tmp_path / "a1.jsonl.gz", now=NOW)
     assert (record.first_seq, record.boundary) == (1, boundary)
+    assert (tmp_path / "a1.jsonl.gz").stat().st_mode & 0o777 == 0o600  # it names pseudonyms
     assert _first_seq(ledger) == boundary and ledger.audit.head() == head
     header, pages = read_archive(tmp_path / "a1.jsonl.gz")
     assert (header["first_seq"], header["last_seq"]) == (1, boundary - 1)
@@ -90,6 +91,16 @@ def test_archive_then_verify_incremental_full_and_from_the_files(
     replayed = _verify(ledger, full=True, files=(tmp_path / "a1.jsonl.gz",))
     assert replayed.ok and replayed.from_seq == 0, replayed
     assert replayed.entries == ledger.audit.head()[0] and replayed.note is None
+
+
+def test_archive_before_any_signed_checkpoint_says_to_sign_one(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    _charges(ledger, 2, NOW)
+    assert _verify(ledger, full=False).ok  # accepted, but no checkpoint to start from
+    with pytest.raises(ArchiveRefused, match="no signed checkpoint yet: run `dpgov jobs run"):
+        ledger.archive(through=None, out=tmp_path / "a.gz", now=NOW)
+    assert not (tmp_path / "a.gz").exists()
 
 
 def test_a_second_archive_continues_from_the_first(ledger: Ledger, tmp_path: Path) -> None:
