@@ -93,7 +93,7 @@ def sharded_report(
         open_shards(urls, opened)
         ledgers = [ledger for ledger, _ in opened]
         with (
-            Progress("audit report: key ranges", "ranges", stream=sink) as bar,
+            Progress("audit report: the shards' key ranges", "ranges", stream=sink) as bar,
             Stages("audit report", stream=sink) as stages,
         ):
             bar(0, partitions * len(urls))
