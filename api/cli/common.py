@@ -96,6 +96,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     from pydantic_settings import SettingsError
 
     from dp_governor.api._unknown_settings import UnknownSetting
+    from dp_governor.policies.errors import error_message
 
     with long_lived_imports():
         from dp_governor.api.settings import Settings
@@ -112,7 +113,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "settings"
-        typer.echo(f"Error: invalid setting `{field}`: {err['msg']}", err=True)
+        typer.echo(f"Error: invalid setting `{field}`: {error_message(err)}", err=True)
         raise typer.Exit(2) from None
 
 
