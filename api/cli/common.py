@@ -227,7 +227,14 @@ def open_service(
     try:
         if access is Access.WRITE and not inspect(engine).has_table("audit_log"):
             raise KeyRefused(NOT_INITIALISED)
-        if access is not Access.READ:  # a read neither creates nor upgrades: no pipeline tables
+        if access is Access.READ:  # a read neither creates nor upgrades: it refuses an old schema
+            from dp_governor.api._schema_status import schema_status
+
+            status = schema_status(engine)
+            if status.ledger and not status.current:
+                behind = ";".join(status.describe().split(";")[:2])
+                raise KeyRefused(f"this database's schema is {behind}")
+        else:
             from dp_governor.api.database import init_service_db
 
             init_service_db(engine, upgrade=upgrade)
