@@ -21,7 +21,7 @@ from dp_governor.api.schemas import ErrorBody
 from dp_governor.budget.errors import IdempotencyConflict, InvalidRequest
 from dp_governor.mechanisms import InvalidReport
 from dp_governor.pipeline.ingest import PolicyChanged
-from dp_governor.policies.errors import PolicyConflict, UnknownUseCase
+from dp_governor.policies.errors import PolicyConflict, UnknownUseCase, error_message
 
 __all__ = [
     "ACCEPTED",
@@ -154,9 +154,7 @@ def field_errors(exc: ValidationError | RequestValidationError) -> list[dict[str
     out = []
     for err in exc.errors():
         loc = [str(x) for x in err.get("loc", ())]
-        msg = str(err.get("msg"))
-        if err.get("type") == "finite_number":  # `Finite`: said as the policies' checks say it
-            msg = f"must be a finite number, got {err.get('input')!r}"
+        msg = error_message(err)  # `Finite`: said as the policies' checks say it
         out.append(
             {
                 "loc": loc,

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from dp_governor.policies.device import DeviceBudgetCreate
+from dp_governor.policies.errors import error_message
 from dp_governor.policies.model import PolicyBase, PolicyCreate
 
 __all__ = ["PolicyFileError", "dump_policies", "load_device_budget", "load_policies"]
@@ -84,7 +85,8 @@ def load_device_budget(path: str | Path) -> DeviceBudgetCreate | None:
         return DeviceBudgetCreate.model_validate(found)
     except ValidationError as exc:
         problems = [
-            f"device_budget `{'.'.join(str(x) for x in e['loc']) or 'device_budget'}`: {e['msg']}"
+            f"device_budget `{'.'.join(str(x) for x in e['loc']) or 'device_budget'}`:"
+            f" {error_message(e)}"
             for e in exc.errors()
         ]
         raise PolicyFileError("; ".join(problems)) from None
@@ -125,7 +127,7 @@ def load_policies(path: str | Path) -> list[PolicyCreate]:
             for error in exc.errors():
                 if error["type"] != "missing":  # reported above, by name
                     where = ".".join(str(x) for x in error["loc"]) or "policy"
-                    problems.append(f"policies[{i}] `{where}`: {error['msg']}")
+                    problems.append(f"policies[{i}] `{where}`: {error_message(error)}")
             continue
         out.append(policy)
     if problems:

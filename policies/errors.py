@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-__all__ = ["PolicyConflict", "PolicyError", "PolicyLoosens", "UnknownUseCase"]
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+
+__all__ = ["PolicyConflict", "PolicyError", "PolicyLoosens", "UnknownUseCase", "error_message"]
+
+
+def error_message(error: ErrorDetails) -> str:
+    """One validation error's message in the project's words ("must be a finite number").
+
+    Files, commands and routes thus refuse a NaN or an infinity alike.
+    """
+    if error.get("type") == "finite_number":
+        return f"must be a finite number, got {error.get('input')!r}"
+    return str(error.get("msg"))
 
 
 class PolicyError(Exception):

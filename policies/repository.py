@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Engine, Select, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
-from dp_governor.policies.errors import PolicyConflict, UnknownUseCase
+from dp_governor.policies.errors import PolicyConflict, UnknownUseCase, error_message
 from dp_governor.policies.model import (
     GroupTerms,
     Policy,
@@ -256,7 +256,7 @@ class PolicyStore:
                     error = exc.errors()[0]
                     field = ".".join(str(x) for x in error["loc"]) or _named(error["msg"])
                     raise PolicyConflict(
-                        field, f"cannot hold for member {member.name!r}: {error['msg']}"
+                        field, f"cannot hold for member {member.name!r}: {error_message(error)}"
                     ) from None
                 changes.append(Change(policy, "group"))
             return changes

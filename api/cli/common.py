@@ -96,6 +96,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     from pydantic_settings import SettingsError
 
     from dp_governor.api._unknown_settings import UnknownSetting
+    from dp_governor.policies.errors import error_message
 
     with long_lived_imports():
         from dp_governor.api.settings import Settings
@@ -112,7 +113,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "settings"
-        typer.echo(f"Error: invalid setting `{field}`: {err['msg']}", err=True)
+        typer.echo(f"Error: invalid setting `{field}`: {error_message(err)}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -226,7 +227,14 @@ def open_service(
     try:
         if access is Access.WRITE and not inspect(engine).has_table("audit_log"):
             raise KeyRefused(NOT_INITIALISED)
-        if access is not Access.READ:  # a read neither creates nor upgrades: no pipeline tables
+        if access is Access.READ:  # a read neither creates nor upgrades: it refuses an old schema
+            from dp_governor.api._schema_status import schema_status
+
+            status = schema_status(engine)
+            if status.ledger and not status.current:
+                behind = ";".join(status.describe().split(";")[:2])
+                raise KeyRefused(f"this database's schema is {behind}")
+        else:
             from dp_governor.api.database import init_service_db
 
             init_service_db(engine, upgrade=upgrade)

@@ -7,6 +7,7 @@ loosening only when asked for.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomli_w
 import yaml
 from sqlalchemy import text
 from typer.testing import CliRunner, Result
@@ -293,3 +295,31 @@ def test_dry_run_shows_the_epsilon_advisor_and_warns_on_waste(db: Database) -> N
     assert "  emoji: report cms at 4: variance 2.4x the best known oracle's" in dry.stdout
     assert "  WARNING emoji-hcms: report hcms at 4: variance 14.2x" in dry.stdout
     assert "57% of epsilon 4 wasted (would do: 1.71)" in dry.stdout
+
+
+@pytest.mark.parametrize(
+    ("nan", "suffix"), [(".nan", ".yaml"), (".NaN", ".yaml"), ("nan", ".toml")]
+)
+def test_a_nan_in_a_file_is_refused_in_the_projects_words(
+    db: Database, nan: str, suffix: str
+) -> None:
+    """YAML's ``.nan`` or TOML's ``nan``: "must be a finite number", as the HTTP routes say."""
+    before = db.state()
+    emoji = db.emoji()
+    if suffix == ".yaml":
+        text = Path(db.write(emoji)).read_text(encoding="utf-8")
+    else:
+        policy = {k: v for k, v in emoji.items() if v is not None}
+        text = tomli_w.dumps({"policies": [{**policy, "unset": sorted(set(emoji) - set(policy))}]})
+    assert text.count("epsilon_per_report") == 1
+    text = re.sub(r"epsilon_per_report(: | = )4\.0", rf"epsilon_per_report\g<1>{nan}", text)
+    assert f"epsilon_per_report: {nan}" in text or f"epsilon_per_report = {nan}" in text
+    path = db.tmp / f"nan{suffix}"
+    path.write_text(text, encoding="utf-8")
+    result = db.cli(["policies", "apply", str(path)])
+    assert result.exit_code == 1, result.output
+    message = result.output.strip()
+    assert len(message.splitlines()) == 1 and "Traceback" not in message
+    assert "policies[0] `epsilon_per_report`: must be a finite number, got nan" in message
+    assert "Input should be" not in message
+    assert db.state() == before

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, get_args, get_origin
 
 import pytest
+import tomli_w
+import yaml
 from pydantic import ValidationError
 
 from dp_governor.mechanisms import CMS, HCMS, SFP
 from dp_governor.policies import (
+    PolicyBase,
     PolicyCreate,
     PolicyFileError,
     PolicyUpdate,
@@ -18,6 +23,8 @@ from dp_governor.policies import (
     load_policies,
     mechanism_for,
 )
+from dp_governor.policies._files import load_device_budget
+from dp_governor.policies.device import DeviceBudgetCreate
 from dp_governor.policies.model import MAX_SKETCH_BYTES, sketch_bytes, to_micro
 
 DUPLICATE = (
@@ -264,3 +271,50 @@ def test_bad_files(tmp_path: Path, name: str, content: str, message: str) -> Non
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(PolicyFileError, match="cannot read"):
         load_policies(tmp_path / "absent.yaml")
+
+
+def _float_fields(model: type[Any]) -> list[str]:
+    """The fields of a model that take a float (alone or beside ``None``)."""
+    return [
+        name
+        for name, f in model.model_fields.items()
+        if f.annotation is float
+        or (get_origin(f.annotation) is UnionType and float in get_args(f.annotation))
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "toml"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_every_float_field_of_a_file_refuses_nan_and_inf_in_the_projects_words(
+    tmp_path: Path, fmt: str, value: float
+) -> None:
+    """Every float field of a policy or ``device_budget`` refuses NaN and infinities in a file.
+
+    In the HTTP routes' words, ``must be a finite number``, naming the field.
+    """
+    fields = _float_fields(PolicyBase)
+    assert {"epsilon_per_report", "window_filter_delta"} <= set(fields)
+    loads = yaml.safe_load if fmt == "yaml" else tomllib.loads
+    policies = [p for p in default_policies() if p.mechanism == "sfp"]
+    base = loads(dump_policies(policies[:1], fmt))["policies"][0]
+    dump = yaml.safe_dump if fmt == "yaml" else tomli_w.dumps
+    path = tmp_path / f"p.{fmt}"
+    for field in fields:
+        item = {**base, field: value}
+        item["unset"] = [x for x in item.get("unset", []) if x != field]
+        if fmt == "yaml":
+            item.pop("unset")
+        path.write_text(dump({"policies": [item]}), encoding="utf-8")
+        with pytest.raises(PolicyFileError) as refused:
+            load_policies(path)
+        wanted = f"policies[0] `{field}`: must be a finite number, got {value!r}"
+        assert wanted in str(refused.value), (field, str(refused.value))
+    for field in [*_float_fields(DeviceBudgetCreate), "quotas.emoji"]:
+        name, _, key = field.partition(".")
+        budget = {name: {key: value} if key else value}
+        data = {"policies": [base], "device_budget": budget}
+        path.write_text(dump(data), encoding="utf-8")
+        with pytest.raises(PolicyFileError) as refused:
+            load_device_budget(path)
+        wanted = f"device_budget `{field}`: must be a finite number, got {value!r}"
+        assert wanted in str(refused.value), (field, str(refused.value))
