@@ -26,8 +26,7 @@ from dp_governor.api.client import verify_record
 from dp_governor.api.schemas import DeviceRecord
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.leaves import charge_label, day_label
-from dp_governor.budget.audit.log import Entry
-from dp_governor.budget.gate.charge import BatchItem, charge_batch, charge_entry
+from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.budget.reporting.claims import (
     CLAIM_ACTION,
     DayTotals,
@@ -36,6 +35,7 @@ from dp_governor.budget.reporting.claims import (
 )
 from dp_governor.budget.reporting.transparency import device_record
 from dp_governor.policies import PolicyUpdate
+from tests.budget.audit.releases import entry_before_labels
 
 NOW = datetime(2026, 11, 22, 9, tzinfo=UTC)
 DAY = utc_day(NOW)
@@ -173,28 +173,12 @@ def test_a_mid_day_epsilon_change_is_recounted_and_claimed_from_the_leaves(ledge
     assert any(p.startswith("local epsilon distribution: claimed") for p in problems), problems
 
 
-def _earlier_release(
-    dk: str,
-    decision: Any,
-    terms: Any,
-    idempotency: str | None = None,
-    tally: tuple[int, int] | None = None,
-) -> Entry:
-    """A charge entry as the release before per-charge labels wrote it (no ``n``, no ``spent``)."""
-    entry = charge_entry(dk, decision, terms, idempotency)
-    data = orjson.loads(str(entry.data))
-    del data["n"], data["spent"]
-    return Entry(
-        entry.actor, entry.action, orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode()
-    )
-
-
 def test_an_upgraded_ledger_keeps_its_day_labels_beside_per_charge_labels(
     ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _generous(ledger)
     with monkeypatch.context() as patch:  # the earlier release's gate writes the morning
-        patch.setattr(gate_charge, "charge_entry", _earlier_release)
+        patch.setattr(gate_charge, "charge_entry", entry_before_labels)
         ledger.charge("a", "emoji", now=NOW)
         ledger.charge("b", "emoji", now=NOW)
         ledger.charge("a", "quicktype", now=NOW)

@@ -27,6 +27,7 @@ from dp_governor.budget.audit.log import Entry, Verification
 from dp_governor.budget.audit.verify import StateReplay
 from dp_governor.budget.gate.charge import BatchItem, charge_batch, charge_entry
 from dp_governor.policies import PolicyUpdate
+from tests.budget.audit.releases import entry_before_labels
 from tests.conftest import SECRET
 
 NOW = datetime(2026, 11, 22, 9, tzinfo=UTC)
@@ -49,22 +50,6 @@ def _generous(ledger: Ledger) -> None:
     """Room for several reports a day, so ordinals and running totals go past one."""
     for name in USE_CASES:
         ledger.policies.update(name, PolicyUpdate(max_reports_per_day=4), allow_loosen=True)
-
-
-def _earlier_release(
-    dk: str,
-    decision: Any,
-    terms: Any,
-    idempotency: str | None = None,
-    tally: tuple[int, int] | None = None,
-) -> Entry:
-    """A charge entry as the release before per-charge labels wrote it (no ``n``, no ``spent``)."""
-    entry = charge_entry(dk, decision, terms, idempotency)
-    data = orjson.loads(str(entry.data))
-    del data["n"], data["spent"]
-    return Entry(
-        entry.actor, entry.action, orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode()
-    )
 
 
 @contextmanager
@@ -170,19 +155,19 @@ def test_an_acceptance_without_n_after_labels_began_fails(ledger: Ledger) -> Non
     ledger.charge("a", "emoji", now=NOW)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gate_charge, "charge_entry", _earlier_release)
+        patch.setattr(gate_charge, "charge_entry", entry_before_labels)
         ledger.charge("b", "quicktype", now=NOW)
     verdict, _ = ledger.verify()
     assert not verdict.ok and "without its n and spent" in str(verdict.problem), verdict
 
 
-def test_days_an_earlier_release_charged_are_not_compared_and_later_ones_are(
+def test_days_anentry_before_labels_charged_are_not_compared_and_later_ones_are(
     ledger: Ledger,
 ) -> None:
     _generous(ledger)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gate_charge, "charge_entry", _earlier_release)
+        patch.setattr(gate_charge, "charge_entry", entry_before_labels)
         ledger.charge("a", "emoji", now=NOW)
     ledger.charge("a", "emoji", now=NOW)  # n 2 counts the earlier release's charge
     ledger.charge("a", "quicktype", now=NOW)
