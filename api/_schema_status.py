@@ -41,17 +41,19 @@ class SchemaStatus:
         """Whether the schema is this release's."""
         return self.ledger and self.revision == self.head
 
+    def state(self) -> str:
+        """The schema's revision and, if behind, what this release needs (a ledger's)."""
+        at = f"revision {self.revision}" if self.revision else "a release before migrations"
+        if self.current:
+            return f"at {at}, this release's"
+        return f"at {at}; this release needs revision {self.head}: run `dpgov db upgrade`"
+
     def describe(self) -> str:
         """One line: the revision, what this release needs, and the keys recorded."""
         if not self.ledger:
             return "holds no dp-governor ledger: `dpgov db init` creates one"
-        at = f"revision {self.revision}" if self.revision else "a release before migrations"
-        if self.current:
-            state = f"at {at}, this release's"
-        else:
-            state = f"at {at}; this release needs revision {self.head}: run `dpgov db upgrade`"
         keys = ", ".join(self.fingerprints) or "none (`dpgov db upgrade` records them)"
-        return f"{state}; key fingerprints recorded: {keys}"
+        return f"{self.state()}; key fingerprints recorded: {keys}"
 
 
 def schema_status(engine: Engine) -> SchemaStatus:

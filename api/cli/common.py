@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import gc
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -142,7 +143,7 @@ def finite(
             value = float(text)
         except ValueError:
             raise typer.BadParameter(f"must be a number, got {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise typer.BadParameter(f"must be a finite number, got {text!r}")
         if (
             value < low
@@ -232,8 +233,7 @@ def open_service(
 
             status = schema_status(engine)
             if status.ledger and not status.current:
-                behind = ";".join(status.describe().split(";")[:2])
-                raise KeyRefused(f"this database's schema is {behind}")
+                raise KeyRefused(f"this database's schema is {status.state()}")
         else:
             from dp_governor.api.database import init_service_db
 
