@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 import dp_governor.budget.gate.charge as gate_charge
@@ -259,3 +261,14 @@ def test_random_histories_verify_and_any_single_tampered_tally_is_rejected(
     for verdict in (incremental, full):
         assert not verdict.ok, (kind, verdict)
         assert str(verdict.problem).startswith("charges: the n or spent"), (kind, verdict)
+
+
+@given(
+    dk=st.text(), uc=st.text(), day=st.integers(0, 1 << 20), n=st.integers(1, 10**6),
+    spent=st.integers(0, 10**12),
+)  # fmt: skip
+def test_the_direct_spent_hash_is_the_general_keyed_hash(
+    dk: str, uc: str, day: int, n: int, spent: int
+) -> None:
+    replay = StateReplay(SECRET)
+    assert replay._spent(dk, uc, day, n, spent) == replay.h("s", dk, uc, day, n, spent)
