@@ -19,8 +19,15 @@ from dp_governor.api.cli.common import Progress, Stages, load_settings, open_led
 if TYPE_CHECKING:
     from dp_governor.budget.ledger import Ledger
     from dp_governor.budget.reporting.report import EffectiveEpsilonReport
+    from dp_governor.budget.reporting.routing import ShardMisrouted
 
-__all__ = ["open_shards", "refuse_other_policies", "sharded_report", "shown"]
+__all__ = [
+    "open_shards",
+    "refuse_misrouted",
+    "refuse_other_policies",
+    "sharded_report",
+    "shown",
+]
 
 
 def shown(url: str) -> str:
@@ -75,6 +82,17 @@ def refuse_other_policies(urls: Sequence[str], shard: int) -> NoReturn:
     )
 
 
+def refuse_misrouted(urls: Sequence[str], exc: ShardMisrouted) -> NoReturn:
+    """The one line saying a shard holds devices routed to another (exit 2), keys unnamed.
+
+    A device key is a pseudonym of a device id: the line gives counts and a shard, no key.
+    """
+    refuse(
+        f"--shard {exc.shard} ({shown(urls[exc.shard])}) {exc.problem('--shard')}: give each"
+        " shard's database once, in routing order (--shard i holds the devices routed to i)"
+    )
+
+
 def sharded_report(
     urls: Sequence[str],
     partitions: int,
@@ -86,7 +104,11 @@ def sharded_report(
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.partitioned import PoliciesChanged
     from dp_governor.budget.reporting.report import finish_report
-    from dp_governor.budget.reporting.sharded import ShardPoliciesDiffer, sharded_basis
+    from dp_governor.budget.reporting.sharded import (
+        ShardMisrouted,
+        ShardPoliciesDiffer,
+        sharded_basis,
+    )
 
     opened: list[tuple[Ledger, Callable[[], Ledger]]] = []
     try:
@@ -108,6 +130,8 @@ def sharded_report(
                 )
             except ShardPoliciesDiffer as exc:
                 refuse_other_policies(urls, exc.shard)
+            except ShardMisrouted as exc:
+                refuse_misrouted(urls, exc)
             except PoliciesChanged as exc:
                 refuse(f"--shard {exc.source} ({shown(urls[exc.source])}): {exc}", 1)
             bar.close()

@@ -151,18 +151,30 @@ def _sharded_dry_run(
     *,
     allow_loosen: bool,
 ) -> None:
-    """``apply --dry-run --shard ...``: the review on shard 0, each what-if over every shard."""
+    """``apply --dry-run --shard ...``: the review on shard 0, each what-if over every shard.
+
+    The review is printed once every what-if is in: a shard found holding another's devices
+    (:class:`~dp_governor.budget.reporting.routing.ShardMisrouted`) refuses it with one line
+    and nothing on stdout, as the report over shards does.
+    """
+    import contextlib
+    import io
     import os
 
-    from dp_governor.api.cli._sharded import open_shards, refuse_other_policies
+    from dp_governor.api.cli._sharded import open_shards, refuse_misrouted, refuse_other_policies
     from dp_governor.budget import SystemClock
-    from dp_governor.budget.reporting.sharded import ShardPoliciesDiffer, same_policies
+    from dp_governor.budget.reporting.sharded import (
+        ShardMisrouted,
+        ShardPoliciesDiffer,
+        same_policies,
+    )
     from dp_governor.budget.reporting.sharded_what_if import (
         sharded_what_if,
         sharded_what_if_device_budget,
     )
 
     opened: list[tuple[Ledger, Callable[[], Ledger]]] = []
+    review = io.StringIO()
     try:
         open_shards(urls, opened)
         ledgers, openers = [x for x, _ in opened], [o for _, o in opened]
@@ -173,16 +185,20 @@ def _sharded_dry_run(
         at_once = workers or os.cpu_count() or 1
         now = SystemClock().now()
         what_if_of = functools.partial(sharded_what_if, ledgers, openers, workers=at_once)
-        problems, loosening, changed = _review(ledgers[0], policies, now=now, what_if_of=what_if_of)
-        device_changed = device is not None and _review_device_budget(
-            ledgers[0],
-            device,
-            loosening,
-            now=now,
-            refused_of=functools.partial(
-                sharded_what_if_device_budget, ledgers, openers, workers=at_once
-            ),
+        refused_of = functools.partial(
+            sharded_what_if_device_budget, ledgers, openers, workers=at_once
         )
+        try:
+            with contextlib.redirect_stdout(review):
+                problems, loosening, changed = _review(
+                    ledgers[0], policies, now=now, what_if_of=what_if_of
+                )
+                device_changed = device is not None and _review_device_budget(
+                    ledgers[0], device, loosening, now=now, refused_of=refused_of
+                )
+        except ShardMisrouted as exc:
+            refuse_misrouted(urls, exc)
+        print(review.getvalue(), end="")
         if loosening:
             print("this change loosens:")
             for item in loosening:

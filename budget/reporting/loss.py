@@ -30,6 +30,7 @@ from dp_governor.budget.reporting.report import (
     basis_of,
     finish_report,
 )
+from dp_governor.budget.reporting.routing import RouteCheck
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import AccountState, Slot, lifetime_counts, window_counts
 from dp_governor.policies.model import Policy, from_micro
@@ -140,6 +141,7 @@ def spend_passes(
     observe: Callable[[AccountState], None] | None = None,
     after: str = "",
     through: str | None = None,
+    route: RouteCheck | None = None,
 ) -> list[tuple[SpendPass, SpendPass]]:
     """One streaming scan of the accounts into a (window, lifetime) pass per book; finished.
 
@@ -148,12 +150,15 @@ def spend_passes(
     The rows are :func:`window_rows` and :func:`lifetime_rows` under the ledger's own book;
     ``observe`` sees each account's state too (what-if counts its devices in the same scan);
     ``after`` and ``through`` restrict the scan to one range of device keys
-    (:meth:`dp_governor.budget.ledger.Ledger.accounts`).
+    (:meth:`dp_governor.budget.ledger.Ledger.accounts`); ``route`` sees every device key (a
+    shard's read checks each device routes to it, :mod:`dp_governor.budget.reporting.routing`).
     """
     book, day = ledger.book(), utc_day(now)
     retention = book.retention()
     passes = [(SpendPass(b), SpendPass(b)) for b in books]
     for dk, state in ledger.accounts(chunk=chunk, after=after, through=through):
+        if route is not None:
+            route.see(dk)
         window = list(_rows(dk, window_counts(state, day, retention, book.horizons)))
         lifetime = list(_rows(dk, lifetime_counts(state)))
         for in_window, ever in passes:

@@ -22,11 +22,12 @@ from dp_governor.budget.reporting.central import central_figures
 from dp_governor.budget.reporting.loss import spend_passes
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import ReportBasis, basis_of
+from dp_governor.budget.reporting.routing import RouteCheck
 from dp_governor.budget.rule.book import PolicyBook
 
 __all__ = ["KeyRange", "PoliciesChanged", "key_ranges", "merged_passes", "partitioned_basis"]
 
-Part = tuple[PolicyBook, SpendPass, SpendPass]
+Part = tuple[PolicyBook, SpendPass, SpendPass, RouteCheck | None]
 
 
 class PoliciesChanged(RuntimeError):
@@ -45,39 +46,51 @@ class KeyRange:
     """The device keys ``(after, through]`` of one ledger, read under ``book`` (its ``source``-th).
 
     ``open_ledger`` opens that ledger in a worker process (it must pickle: a module-level
-    function or a :func:`functools.partial` of one).
+    function or a :func:`functools.partial` of one). With ``shards``, the ledger is shard
+    ``source`` of that many and every device read is checked to route there
+    (:class:`~dp_governor.budget.reporting.routing.RouteCheck`).
     """
 
     source: int
     open_ledger: Callable[[], Ledger]
     after: str
     through: str | None
+    shards: int | None = None
 
 
 def key_ranges(
-    ledger: Ledger, open_ledger: Callable[[], Ledger], partitions: int, source: int = 0
+    ledger: Ledger,
+    open_ledger: Callable[[], Ledger],
+    partitions: int,
+    source: int = 0,
+    shards: int | None = None,
 ) -> list[KeyRange]:
-    """``ledger``'s accounts in ``partitions`` key ranges of nearly equal size (fewer if small)."""
+    """``ledger``'s accounts in ``partitions`` key ranges of nearly equal size (fewer if small).
+
+    ``shards``: the ledger is shard ``source`` of that many (:class:`KeyRange`).
+    """
     if partitions < 1:
         raise ValueError("partitions must be at least 1")
     bounds = ["", *ledger.account_splits(partitions)]
     return [
-        KeyRange(source, open_ledger, after, bounds[i + 1] if i + 1 < len(bounds) else None)
+        KeyRange(source, open_ledger, after, bounds[i + 1] if i + 1 < len(bounds) else None, shards)
         for i, after in enumerate(bounds)
     ]
 
 
-def _part(
-    open_ledger: Callable[[], Ledger], now: datetime, after: str, through: str | None
-) -> Part:
-    """One range's finished (window, lifetime) passes, under the book it read them with."""
-    ledger = open_ledger()
+def _part(r: KeyRange, now: datetime) -> Part:
+    """One range's finished (window, lifetime) passes, under the book it read them with.
+
+    With the range's devices checked against the routing when it is a shard's.
+    """
+    route = None if r.shards is None else RouteCheck(r.source, r.shards)
+    ledger = r.open_ledger()
     try:
         book = ledger.book()
         ((window, lifetime),) = spend_passes(
-            ledger, now=now, books=[book], after=after, through=through
+            ledger, now=now, books=[book], after=r.after, through=r.through, route=route
         )
-        return book, window, lifetime
+        return book, window, lifetime, route
     finally:
         ledger.close()
 
@@ -94,18 +107,21 @@ def merged_passes(
 
     ``books[i]`` is source ``i``'s book as read before the run; the passes are built under it
     and merged per source (:meth:`SpendPass.merge`). ``done`` is told ``(ranges finished,
-    ranges)``. Raises :class:`PoliciesChanged` naming the source whose book changed meanwhile.
+    ranges)``. Raises :class:`PoliciesChanged` naming the source whose book changed meanwhile,
+    and, once every range is read, :class:`~dp_governor.budget.reporting.routing.ShardMisrouted`
+    for the first shard that holds devices routed elsewhere (ranges with ``shards``).
     """
     if workers < 1:
         raise ValueError("workers must be at least 1")
     merged = [(SpendPass(book), SpendPass(book)) for book in books]
+    routes: dict[int, RouteCheck] = {}
     spawn = multiprocessing.get_context("spawn")  # no copy of the parent's connections
     with ProcessPoolExecutor(max_workers=min(workers, len(ranges)), mp_context=spawn) as pool:
-        futures = [
-            (r.source, pool.submit(_part, r.open_ledger, now, r.after, r.through)) for r in ranges
-        ]
+        futures = [(r.source, pool.submit(_part, r, now)) for r in ranges]
         for n, (source, future) in enumerate(futures, start=1):
-            read_under, part_window, part_lifetime = future.result()
+            read_under, part_window, part_lifetime, route = future.result()
+            if route is not None:
+                routes.setdefault(source, RouteCheck(route.position, route.shards)).merge(route)
             book = books[source]
             if (read_under.versions, read_under.horizons) != (book.versions, book.horizons):
                 raise PoliciesChanged(
@@ -115,6 +131,8 @@ def merged_passes(
             merged[source][1].merge(part_lifetime)
             if done is not None:
                 done(n, len(ranges))
+    for source in sorted(routes):
+        routes[source].refuse()
     return [(window.finish(), lifetime.finish()) for window, lifetime in merged]
 
 

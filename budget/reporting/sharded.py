@@ -36,11 +36,13 @@ from dp_governor.budget.reporting.central import (
 from dp_governor.budget.reporting.partitioned import key_ranges, merged_passes
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import ReportBasis, basis_of
+from dp_governor.budget.reporting.routing import ROUTING, ShardMisrouted, shard_of
 from dp_governor.budget.rule.book import PolicyBook
 
 __all__ = [
     "CENTRAL_RULE",
     "ROUTING",
+    "ShardMisrouted",
     "ShardPoliciesDiffer",
     "book_digest",
     "merge_central",
@@ -49,7 +51,6 @@ __all__ = [
     "sharded_basis",
 ]
 
-ROUTING: Final = "int(device_key[:8], 16) % shards"
 CENTRAL_RULE: Final = (
     "each shard shuffles and publishes its own batches and a device lies in exactly one shard,"
     " so a device's central loss is its own shard's figure: per use case, day and horizon the"
@@ -64,15 +65,6 @@ class ShardPoliciesDiffer(ValueError):
     def __init__(self, shard: int) -> None:
         super().__init__(f"shard {shard} has other policies than shard 0")
         self.shard = shard
-
-
-def shard_of(device_key: str, shards: int) -> int:
-    """The shard a device key is routed to (docs/scaling.md).
-
-    >>> shard_of("0000000a" + "0" * 56, 4)
-    2
-    """
-    return int(device_key[:8], 16) % shards
 
 
 def book_digest(book: PolicyBook) -> str:
@@ -181,7 +173,9 @@ def sharded_basis(
     (it must pickle). Raises :class:`ShardPoliciesDiffer` naming the first shard whose
     policies differ from shard 0's, and
     :class:`~dp_governor.budget.reporting.partitioned.PoliciesChanged` (``source``: the shard)
-    if a book changed during the run. The provenance's ``shards`` says what was covered.
+    if a book changed during the run, and :class:`ShardMisrouted` naming the first shard that
+    holds a device the routing puts in another (each device read is checked; a shard given
+    twice, or shards out of order, show so). The provenance's ``shards`` says what was covered.
     """
     if not ledgers or len(ledgers) != len(openers):
         raise ValueError("give one opener for each of at least one shard")
@@ -189,7 +183,7 @@ def sharded_basis(
     ranges = [
         r
         for shard, (ledger, opener) in enumerate(zip(ledgers, openers, strict=True))
-        for r in key_ranges(ledger, opener, partitions, source=shard)
+        for r in key_ranges(ledger, opener, partitions, source=shard, shards=len(ledgers))
     ]
     passes = merged_passes(ranges, books, now=now, workers=workers, done=done)
     devices = [sum(lifetime.totals.values()) for _, lifetime in passes]

@@ -6,7 +6,8 @@ the device-wide budget's is devices refused per use case and budget
 (:func:`~dp_governor.budget.reporting.views.what_if_device_budget`). A device lies in one
 shard, so the counts add; the rest (the effective-epsilon lines, what loosens) depends on the
 policies alone, which :func:`~dp_governor.budget.reporting.sharded.same_policies` checks are the
-same on every shard. Each shard is read in a worker process of its own.
+same on every shard. Each shard is read in a worker process of its own, which checks every
+device it reads routes to that shard (:class:`~dp_governor.budget.reporting.routing.RouteCheck`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from dp_governor.budget.errors import InvalidRequest
 from dp_governor.budget.ledger import Ledger
+from dp_governor.budget.reporting.routing import RouteCheck
 from dp_governor.budget.reporting.sharded import same_policies
 from dp_governor.budget.reporting.views import WhatIf, what_if, what_if_device_budget
 from dp_governor.policies.device import DeviceBudgetCreate
@@ -33,38 +35,55 @@ DeviceWhatIf = dict[str, dict[str, dict[str, int]]]
 
 def _what_if(
     open_ledger: Callable[[], Ledger],
+    route: RouteCheck,
     use_case: str,
     proposed: PolicyCreate,
     now: datetime,
     alongside: Sequence[PolicyCreate],
-) -> WhatIf:
-    """One shard's what-if, in a worker process."""
+) -> tuple[WhatIf, RouteCheck]:
+    """One shard's what-if, in a worker process, and what it read routed elsewhere."""
     ledger = open_ledger()
     try:
-        return what_if(ledger, use_case, proposed, now=now, alongside=alongside)
+        return what_if(ledger, use_case, proposed, now=now, alongside=alongside, route=route), route
     finally:
         ledger.close()
 
 
 def _device_what_if(
-    open_ledger: Callable[[], Ledger], proposed: DeviceBudgetCreate, now: datetime
-) -> DeviceWhatIf:
-    """One shard's device-wide budget what-if, in a worker process."""
+    open_ledger: Callable[[], Ledger],
+    route: RouteCheck,
+    proposed: DeviceBudgetCreate,
+    now: datetime,
+) -> tuple[DeviceWhatIf, RouteCheck]:
+    """One shard's device-wide budget what-if, in a worker process, and its route check."""
     ledger = open_ledger()
     try:
-        return what_if_device_budget(ledger, proposed, now=now)
+        return what_if_device_budget(ledger, proposed, now=now, route=route), route
     finally:
         ledger.close()
 
 
 def _each_shard(
-    call: Callable[..., Any], openers: Sequence[Callable[[], Ledger]], workers: int, *args: Any
+    call: Callable[..., tuple[Any, RouteCheck]],
+    openers: Sequence[Callable[[], Ledger]],
+    workers: int,
+    *args: Any,
 ) -> list[Any]:
-    """``call(opener, *args)`` for every shard, ``workers`` processes at once, in shard order."""
+    """``call(opener, route, *args)`` for every shard, ``workers`` processes at once, in order.
+
+    Raises :class:`~dp_governor.budget.reporting.routing.ShardMisrouted` for the first shard
+    that holds a device the routing puts in another.
+    """
     spawn = multiprocessing.get_context("spawn")  # no copy of the parent's connections
     with ProcessPoolExecutor(max_workers=min(workers, len(openers)), mp_context=spawn) as pool:
-        futures = [pool.submit(call, opener, *args) for opener in openers]
-        return [future.result() for future in futures]
+        futures = [
+            pool.submit(call, opener, RouteCheck(shard, len(openers)), *args)
+            for shard, opener in enumerate(openers)
+        ]
+        results = [future.result() for future in futures]
+    for _, route in results:
+        route.refuse()
+    return [result for result, _ in results]
 
 
 def _added(sides: Sequence[dict[str, int]]) -> dict[str, int]:
@@ -89,7 +108,8 @@ def sharded_what_if(
     :class:`~dp_governor.budget.errors.InvalidRequest` or
     :class:`~dp_governor.budget.errors.UnknownUseCase`), so a refusal never comes from a worker;
     :class:`~dp_governor.budget.reporting.sharded.ShardPoliciesDiffer` names a shard whose
-    policies differ.
+    policies differ, :class:`~dp_governor.budget.reporting.routing.ShardMisrouted` one that
+    holds devices the routing puts in another.
     """
     same_policies(ledgers)
     first = ledgers[0]
@@ -119,7 +139,10 @@ def sharded_what_if_device_budget(
     now: datetime,
     workers: int,
 ) -> DeviceWhatIf:
-    """:func:`what_if_device_budget` over every shard: the devices refused, added."""
+    """:func:`what_if_device_budget` over every shard: the devices refused, added.
+
+    Raises as :func:`sharded_what_if` does for shards with other policies or misrouted devices.
+    """
     same_policies(ledgers)
     shards: list[DeviceWhatIf] = _each_shard(_device_what_if, openers, workers, proposed, now)
     out: dict[str, dict[str, Counter[str]]] = {}

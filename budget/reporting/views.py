@@ -34,6 +34,7 @@ from dp_governor.budget.reporting.loss import (
 )
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import UseCaseLine, basis_of, finish_report
+from dp_governor.budget.reporting.routing import RouteCheck
 from dp_governor.budget.rule.book import PolicyBook, Terms
 from dp_governor.budget.rule.decide import check
 from dp_governor.budget.rule.loosening import loosenings
@@ -368,6 +369,7 @@ def what_if(
     *,
     now: datetime,
     alongside: Sequence[PolicyCreate] = (),
+    route: RouteCheck | None = None,
 ) -> WhatIf:
     """Compare the current policy of ``use_case`` with ``proposed`` on today's ledger.
 
@@ -376,7 +378,8 @@ def what_if(
     device's next report through the gate's own rule (:func:`dp_governor.budget.rule.decide.check`)
     on the budget it would draw from, with that budget's members as they would be; a change that a
     write would refuse (:meth:`dp_governor.policies.repository.PolicyStore.proposed`) raises
-    :class:`PolicyConflict` as applying it would.
+    :class:`PolicyConflict` as applying it would. ``route`` sees every device key read
+    (:func:`spend_passes`).
     """
     current = ledger.policies.get(use_case)
     if proposed.name != use_case:
@@ -396,7 +399,7 @@ def what_if(
         new.count(state, day)
 
     # one streaming scan: both sides' counts and both books' population figures
-    passes = spend_passes(ledger, now=now, books=[book, after_book], observe=count)
+    passes = spend_passes(ledger, now=now, books=[book, after_book], observe=count, route=route)
 
     def line_and_total(
         b: PolicyBook, spend: tuple[SpendPass, SpendPass]
@@ -511,14 +514,19 @@ def cumulative_series(
 
 
 def what_if_device_budget(
-    ledger: Ledger, proposed: DeviceBudgetCreate, *, now: datetime
+    ledger: Ledger,
+    proposed: DeviceBudgetCreate,
+    *,
+    now: datetime,
+    route: RouteCheck | None = None,
 ) -> dict[str, dict[str, dict[str, int]]]:
     """Per active use case, the devices whose next report would be refused now, by which budget.
 
     ``{use_case: {"current": {refused_by: devices}, "proposed": {...}}}``, each device decided
     through the gate's own rule (:func:`dp_governor.budget.rule.decide.check`) with the device-wide
     budget in force and with ``proposed``; a device with no history is never refused and is left
-    out. Nothing is written.
+    out. Nothing is written. ``route`` sees every device key read (a shard's check,
+    :mod:`dp_governor.budget.reporting.routing`).
     """
     day = utc_day(now)
     book = ledger.book()
@@ -527,7 +535,9 @@ def what_if_device_budget(
     out: dict[str, dict[str, dict[str, int]]] = {
         name: {"current": defaultdict(int), "proposed": defaultdict(int)} for name in book.terms
     }
-    for _, state in ledger.accounts():
+    for dk, state in ledger.accounts():
+        if route is not None:
+            route.see(dk)
         for name, terms in book.terms.items():
             for side, t in (("current", terms), ("proposed", replace(terms, device=after))):
                 decision = check(t, day, state)

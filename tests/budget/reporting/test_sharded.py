@@ -35,15 +35,18 @@ from dp_governor.budget.reporting.central import (
 from dp_governor.budget.reporting.loss import effective_epsilon_basis
 from dp_governor.budget.reporting.report import ReportBasis, finish_report
 from dp_governor.budget.reporting.sharded import (
+    ShardMisrouted,
     ShardPoliciesDiffer,
     merge_central,
     shard_of,
     sharded_basis,
 )
+from dp_governor.budget.reporting.views import what_if_device_budget
 from dp_governor.budget.storage.db import scratch_schema
-from dp_governor.budget.storage.tables import ShuffledBatch
+from dp_governor.budget.storage.tables import Account, ShuffledBatch
 from dp_governor.pipeline.purge import purge
 from dp_governor.policies import PolicyCreate
+from dp_governor.policies.device import DeviceBudgetCreate
 from dp_governor.policies.model import Policy
 from tests.conftest import PG_URL
 
@@ -289,4 +292,100 @@ def test_the_sharded_what_if_adds_the_shards_counts(tmp_path: Path) -> None:
         merged_device = sharded_what_if_device_budget(ledgers, openers, device, now=NOW, workers=2)
     assert merged == single
     assert merged_device == single_device
+    source.dispose()
+
+
+# -- every device read is checked to route to the shard it was read from ------------------------
+
+
+def _alias(url: str, link: Path) -> str:
+    """Another URL of the same database: a symlink ``link`` to the file, or PostgreSQL by name."""
+    if url.startswith("sqlite:///"):
+        link.symlink_to(url.removeprefix("sqlite:///"))
+        return f"sqlite:///{link}"
+    assert "127.0.0.1" in url, url
+    return url.replace("127.0.0.1", "localhost", 1)
+
+
+def _basis_of(urls: Sequence[str], partitions: int = 2) -> ReportBasis:
+    ledgers = [_open(url) for url in urls]
+    try:
+        openers = [functools.partial(_open, url) for url in urls]
+        return sharded_basis(ledgers, openers, now=NOW, partitions=partitions, workers=2)
+    finally:
+        for ledger in ledgers:
+            ledger.close()
+
+
+def _device_what_if(urls: Sequence[str]) -> object:
+    from dp_governor.budget.reporting.sharded_what_if import sharded_what_if_device_budget
+    from dp_governor.policies.device import DeviceBudgetCreate
+
+    ledgers = [_open(url) for url in urls]
+    try:
+        openers = [functools.partial(_open, url) for url in urls]
+        budget = DeviceBudgetCreate(epsilon_per_day=5.0)
+        return sharded_what_if_device_budget(ledgers, openers, budget, now=NOW, workers=2)
+    finally:
+        for ledger in ledgers:
+            ledger.close()
+
+
+def _copy_account(source: Engine, target: Engine, key: str, as_key: str | None = None) -> None:
+    """``source``'s account ``key`` written into ``target`` (under ``as_key`` if given)."""
+    table = Account.__table__  # type: ignore[attr-defined]
+    with source.connect() as conn:
+        row = dict(conn.execute(table.select().where(table.c.device_key == key)).mappings().one())
+    row["device_key"] = as_key or key
+    with target.begin() as conn:
+        conn.execute(table.insert(), [row])
+
+
+def _refusal(run: Any, urls: Sequence[str]) -> ShardMisrouted:
+    with pytest.raises(ShardMisrouted) as refused:
+        run(urls)
+    return refused.value
+
+
+def test_a_shard_holding_devices_routed_elsewhere_is_refused(tmp_path: Path) -> None:
+    """The same database twice (two URLs), shards swapped, one device misrouted: each named.
+
+    The report's pass and the what-if's read check every device they read; the good order
+    passes. With ``DPGOV_TEST_DATABASE_URL`` set the second shard is a PostgreSQL schema.
+    """
+    source = create_db_engine(f"sqlite:///{tmp_path / 'source.sqlite'}")
+    init_db(source)
+    ledger = Ledger(source, scale.SECRET)
+    scale.build(ledger, devices=80, days=3, rng=np.random.default_rng(11), audit=False)
+    keys = [dk for dk, _ in ledger.accounts()]
+    with _shards(tmp_path, 2) as engines:
+        held = split(source, engines)
+        assert all(held), "a shard without devices checks nothing"
+        urls = [e.url.render_as_string(hide_password=False) for e in engines]
+        assert _basis_of(urls).provenance["shards"]["devices_per_shard"] == held
+        assert _device_what_if(urls) == what_if_device_budget(
+            ledger, DeviceBudgetCreate(epsilon_per_day=5.0), now=NOW
+        )
+        for run in (_basis_of, _device_what_if):
+            swapped = _refusal(run, urls[::-1])
+            assert (swapped.shard, swapped.check.misrouted) == (0, held[1])
+            assert swapped.check.example == 1
+            twice = _refusal(run, [urls[1], _alias(urls[1], tmp_path / f"{run.__name__}.sqlite")])
+            assert (twice.shard, twice.check.misrouted, twice.check.example) == (0, held[1], 1)
+        stray = next(k for k in keys if shard_of(k, 2) == 0)
+        _copy_account(source, engines[1], stray)
+        for run in (_basis_of, _device_what_if):
+            misrouted = _refusal(run, urls)
+            assert (misrouted.shard, misrouted.check.misrouted, misrouted.check.example) == (
+                1,
+                1,
+                0,
+            )
+            assert stray not in str(misrouted)
+        with engines[1].begin() as conn:
+            conn.execute(text("DELETE FROM accounts WHERE device_key = :k"), {"k": stray})
+        _copy_account(source, engines[0], stray, as_key="not-a-hex-key")
+        unroutable = _refusal(_basis_of, urls)
+        assert (unroutable.shard, unroutable.check.unroutable) == (0, 1)
+        assert "not hex" in str(unroutable)
     source.dispose()
