@@ -7,6 +7,7 @@ rule of docs/scaling.md sends to it, so the shards carry the service's keys and 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
@@ -155,3 +156,50 @@ def test_a_dry_run_over_shards_counts_every_shards_devices(
         app, ["policies", "apply", "--dry-run", str(edit), "--workers", "2"], env=env
     )
     assert alone.exit_code == 2 and "--workers needs --shard" in alone.stderr
+
+
+def _misrouted_line(result: Result) -> str:
+    """The refusal's one line; it names counts and shards, never a device key."""
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert "routes to other shards" in line and "Traceback" not in result.output
+    assert re.search(r"[0-9a-f]{32}", line) is None, line
+    return line
+
+
+def test_shards_out_of_routing_order_are_refused(
+    service: tuple[dict[str, str], list[str]], tmp_path: Path
+) -> None:
+    """Swapped, or one shard's database twice under another path: the shard is named."""
+    env, urls = service
+    swapped = _report([arg for url in urls[::-1] for arg in ("--shard", url)], env)
+    line = _misrouted_line(swapped)
+    assert line.startswith(f"Error: --shard 0 ({urls[2]}) holds "), line
+    assert "(one to --shard 2)" in line
+    link = tmp_path / "same-as-shard0.sqlite"
+    link.symlink_to(urls[0].removeprefix("sqlite:///"))
+    twice = _report(["--shard", urls[0], "--shard", f"sqlite:///{link}", "--shard", urls[2]], env)
+    assert _misrouted_line(twice).startswith(f"Error: --shard 1 (sqlite:///{link}) holds ")
+
+
+def test_a_dry_run_refuses_a_shard_holding_another_shards_device(
+    service: tuple[dict[str, str], list[str]], tmp_path: Path
+) -> None:
+    """One account copied into the wrong shard: the what-if's read names it, nothing printed."""
+    env, urls = service
+    with sqlite3.connect(urls[0].removeprefix("sqlite:///")) as shard0:
+        row = shard0.execute("SELECT * FROM accounts LIMIT 1").fetchone()
+    with sqlite3.connect(urls[1].removeprefix("sqlite:///")) as shard1:
+        shard1.execute(f"INSERT INTO accounts VALUES ({', '.join('?' * len(row))})", row)
+    exported = runner.invoke(app, ["policies", "export"], env=env)
+    edit = tmp_path / "edit.yaml"
+    edit.write_text(
+        exported.stdout.replace("max_reports_per_day: 2", "max_reports_per_day: 1", 1),
+        encoding="utf-8",
+    )
+    shards = [arg for url in urls for arg in ("--shard", url)]
+    refused = runner.invoke(app, ["policies", "apply", "--dry-run", str(edit), *shards], env=env)
+    line = _misrouted_line(refused)
+    assert line.startswith(f"Error: --shard 1 ({urls[1]}) holds 1 device(s) "), line
+    assert "(one to --shard 0)" in line
