@@ -46,20 +46,22 @@ def _open_shard(shard: int, url: str) -> tuple[Ledger, Callable[[], Ledger]]:
 
     The settings' and the database's own refusal (one line) is caught and said again with
     the shard's number and URL in front, naming ``--shard`` where it names the database
-    setting, exit 2: the command was given a shard it cannot use.
+    setting, exit 2: the command was given a shard it cannot use. Each shard is its own
+    transparency log, opened under the origin its checkpoints are signed with (the report
+    reads no checkpoint); the keys must be the same everywhere.
     """
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
             settings = load_settings(url)
-            ledger = open_ledger(settings)
+            ledger = open_ledger(settings, own_origin=True)
     except typer.Exit:
         problem = said.getvalue().strip().removeprefix("Error: ")
         problem = problem.replace("DPGOV_DATABASE_URL (or --database-url)", "--shard")
         refuse(f"--shard {shard} ({shown(url)}): {problem}")
     if said.getvalue():  # a warning of an open that went through: said as it was
         typer.echo(said.getvalue(), err=True, nl=False)
-    return ledger, functools.partial(open_ledger, settings)
+    return ledger, functools.partial(open_ledger, settings, own_origin=True)
 
 
 def open_shards(urls: Sequence[str], opened: list[tuple[Ledger, Callable[[], Ledger]]]) -> None:

@@ -197,7 +197,11 @@ def existing_database(url: str) -> str:
 
 
 def open_service(
-    settings: Settings, access: Access = Access.READ, *, upgrade: bool | None = None
+    settings: Settings,
+    access: Access = Access.READ,
+    *,
+    upgrade: bool | None = None,
+    own_origin: bool = False,
 ) -> tuple[Ledger, ServiceKeys]:
     """The ledger and its checked keys; refuses (exit 2) anything that is not the service's.
 
@@ -205,7 +209,9 @@ def open_service(
     database with no history); every access checks the keys against the recorded fingerprints.
     ``upgrade`` is passed to :func:`dp_governor.api.database.init_service_db` (``None``: the
     backend's rule, SQLite upgrades and PostgreSQL refuses an old schema; ``db init`` upgrades). A
-    database that cannot be used is one line naming the setting (exit 1).
+    database that cannot be used is one line naming the setting (exit 1). A log whose checkpoints
+    are signed under another origin than ``DPGOV_TLOG_ORIGIN`` is refused, unless ``own_origin``
+    (a reader of several shards' ledgers, each its own log): then it is opened under its own.
     """
     from sqlalchemy import inspect
 
@@ -248,7 +254,12 @@ def open_service(
             tlog_origin=settings.tlog_origin,
         )
         origin = ledger.tlog.origin_problem()
-        if origin is not None:
+        signed = ledger.tlog.signed_origin() if origin is not None and own_origin else None
+        if signed is not None:
+            ledger = Ledger(
+                engine, keys.device_key_secret, audit_key=keys.audit_key, tlog_origin=signed
+            )
+        elif origin is not None:
             raise KeyRefused(origin)
         if access is Access.CREATE:
             policy_store(ledger).ensure_defaults()
@@ -297,9 +308,11 @@ def print_table(table: Table) -> None:
     console.print(table)
 
 
-def open_ledger(settings: Settings, access: Access = Access.READ) -> Ledger:
+def open_ledger(
+    settings: Settings, access: Access = Access.READ, *, own_origin: bool = False
+) -> Ledger:
     """The ledger of :func:`open_service`, for commands that need no key themselves."""
-    return open_service(settings, access)[0]
+    return open_service(settings, access, own_origin=own_origin)[0]
 
 
 class Progress:

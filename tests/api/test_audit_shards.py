@@ -203,3 +203,19 @@ def test_a_dry_run_refuses_a_shard_holding_another_shards_device(
     line = _misrouted_line(refused)
     assert line.startswith(f"Error: --shard 1 ({urls[1]}) holds 1 device(s) "), line
     assert "(one to --shard 0)" in line
+
+
+def test_shards_signed_under_their_own_origins_report_together(
+    service: tuple[dict[str, str], list[str]],
+) -> None:
+    """Each shard's log signs under its own origin; the report reads every shard all the same."""
+    env, urls = service
+    for shard, url in enumerate(urls):
+        own = {**env, "DPGOV_DATABASE_URL": url, "DPGOV_TLOG_ORIGIN": f"dpgov.example/shard{shard}"}
+        signed = runner.invoke(app, ["jobs", "run", "checkpoint"], env=own)
+        assert signed.exit_code == 0, signed.output
+    alone = _report(["--database-url", urls[1]], env)  # one log under another origin: refused
+    assert alone.exit_code == 2 and "dpgov.example/shard1" in alone.stderr, alone.output
+    merged = _report(["--json", *(arg for url in urls for arg in ("--shard", url))], env)
+    assert merged.exit_code == 0, merged.output
+    assert json.loads(merged.stdout)["provenance"]["shards"]["devices"] == 60
