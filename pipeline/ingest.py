@@ -39,6 +39,7 @@ from dp_governor.policies.errors import PolicyError
 __all__ = ["Ingestor", "ItemResult", "SubmitRequest"]
 
 INBOX_PSEUDONYM_LABEL = b"\0dp-governor/inbox-pseudonym"
+RECEIPT_LABEL = b"\0dp-governor/receipt/v2\0"  # a NUL: no device id (printable) hashes to it
 
 
 class _StalePolicies(Exception):
@@ -103,6 +104,7 @@ class Ingestor:
         self.require_family = require_family
         self.health = ReportHealth()  # implausible reports per use case, for metrics and dashboard
         self._keyed = KeyedHash(secret)
+        self._receipt_prefix = RECEIPT_LABEL + ledger.tlog.origin.encode() + b"\0"
         key = hmac.digest(secret, INBOX_PSEUDONYM_LABEL, "sha256")
         self._pseudonym_base = hashlib.blake2b(key=key, digest_size=8)
         self._pseudonym_states: dict[str, Any] = {}  # per use case, its name already hashed
@@ -206,9 +208,18 @@ class Ingestor:
         return InvalidReport(FAMILY_FIELD, mismatch_reason(sent, use_case, current, published))
 
     def receipt(self, decision: Decision) -> str:
-        """An opaque charge receipt (never the report's id, which does not exist yet)."""
-        message = f"receipt:{decision.use_case}:{decision.charge_id}".encode()
-        return self._keyed.digest(message)[:16].hex()
+        """An opaque charge receipt (never the report's id, which does not exist yet).
+
+        ``HMAC-SHA256(device-key secret, label NUL origin NUL use case NUL charge id)``, 128
+        bits in hex: charge ids are per database, and the transparency log's origin is each
+        database's own name (fixed once it signs, and distinct for every shard of a
+        deployment, whose shards share the secret), so receipts are unique across them
+        (docs/api.md#receipts).
+        """
+        if decision.charge_id is None:
+            raise ValueError("a refused report has no charge, so no receipt")
+        charge = b"%s\0%d" % (decision.use_case.encode(), decision.charge_id)
+        return self._keyed.digest(self._receipt_prefix + charge)[:16].hex()
 
     def inbox_pseudonym(self, use_case: str, device_id: str) -> int:
         """The device's pseudonym in the inbox for one use case (the flush counts distinct ones).

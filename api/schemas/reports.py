@@ -63,7 +63,8 @@ class Receipt(BaseModel):
     """A 202 answer: the charge receipt and what remains today (never a report id)."""
 
     receipt: str = PydField(
-        description="The charge's receipt: an opaque id a device may keep (never a report id)."
+        description="The charge's receipt: an opaque id a device may keep (never a report id),"
+        " unique across the shards of a deployment (docs/api.md#receipts)."
     )
     use_case: str = PydField(description="The use case charged.")
     policy_version: int = PydField(description="The policy version the report was charged under.")

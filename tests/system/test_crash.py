@@ -33,6 +33,7 @@ from sqlalchemy import text
 
 from dp_governor.api.server import free_port
 from dp_governor.budget import create_db_engine
+from dp_governor.budget.audit.tlog import DEFAULT_ORIGIN
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import default_policies, mechanism_for
 from tests.live import lower_batch_minimums
@@ -227,10 +228,11 @@ def _check(
 ) -> None:
     """Every 202 charged and stored once; nothing over a cap; the chain verifies."""
     charges = query("SELECT use_case, day, id FROM charges")
-    # every 202 has its charge: the receipt is an HMAC of the charge id
+    # every 202 has its charge: the receipt is an HMAC of the log's origin and the charge id
     secret = (server.tmp / "secret").read_text().strip().encode()
+    label = f"\0dp-governor/receipt/v2\0{DEFAULT_ORIGIN}\0"
     receipts = {
-        hmac.new(secret, f"receipt:{uc}:{cid}".encode(), hashlib.sha256).hexdigest()[:32]
+        hmac.new(secret, f"{label}{uc}\0{cid}".encode(), hashlib.sha256).hexdigest()[:32]
         for uc, _, cid in charges
     }
     assert {b["receipt"] for b in accepted} <= receipts
