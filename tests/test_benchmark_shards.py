@@ -7,13 +7,14 @@ import pytest
 from benchmarks import shards
 
 
-def test_the_shards_benchmark_prints_both_rows(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_shards_benchmark_prints_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
     shards.main(["--devices", "400", "--days", "3", "--shards", "2"])
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].startswith("| ledger | devices | charges | report CPU s")
     assert rows[2].startswith("| one database | 400 |")
     assert rows[3].startswith("| 2 shards (") and "| 400 |" in rows[3]
-    assert len(rows) == 4
+    assert rows[4].startswith("| of which the routing check of every device | ")
+    assert len(rows) == 5
 
 
 def test_the_shards_benchmark_refuses_one_shard() -> None:
