@@ -11,4 +11,5 @@
 - :mod:`.partitioned`: the report's pass over ranges of device keys in worker processes, merged.
 - :mod:`.sharded`, :mod:`.sharded_what_if`: the report and what-if over a ledger sharded by
   device key (one database a shard), merged exactly; central figures by the worst shard's.
+- :mod:`.routing`: the routing rule, and the check that each device read lies in its shard.
 """

@@ -6,8 +6,9 @@ two shards, or by the wrong one, would count twice or under another shard's batc
 given twice under two URLs, shards given in another order, or a shard holding another's
 devices all show as devices that route elsewhere: :class:`RouteCheck` counts them as the
 shard's accounts are read (one comparison a device), and :class:`ShardMisrouted` refuses the
-result. Device keys are 128-bit HMAC pseudonyms in hex (:func:`dp_governor.budget.gate.prepared.
-device_key`); a key that is not hex routes nowhere and is counted apart.
+result. Device keys are 128-bit HMAC pseudonyms in hex
+(:func:`dp_governor.budget.gate.prepared.device_key`): a key that is not hex (no release writes
+one) routes nowhere and is counted apart, and no message names a key.
 """
 
 from __future__ import annotations
