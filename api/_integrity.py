@@ -116,7 +116,9 @@ def verify_service(
     entries verified (a command's progress). ``full=False`` starts at the last accepted
     verdict's signed checkpoint (:mod:`dp_governor.budget.audit.incremental`). The verdict is
     recorded (``audit_verifications``): an accepted one is where the next incremental run starts.
-    ``archive_files`` replays archived entries from their files (docs/audit.md, archiving).
+    ``archive_files`` replays archived entries from their files (docs/audit.md, archiving);
+    files that are not every archive's raise
+    :class:`~dp_governor.budget.audit.archive.NotTheArchives`, and nothing is recorded.
     """
     verdict, resume = _verify(
         ledger,

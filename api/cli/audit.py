@@ -69,6 +69,7 @@ def audit_verify(
     each later part with its time; ``--quiet``: none of it.
     """
     from dp_governor.api._integrity import kept_checkpoints, verify_service
+    from dp_governor.budget.audit.archive import NotTheArchives
 
     files = archive or []
     if files and not full:
@@ -107,6 +108,8 @@ def audit_verify(
                 full=full,
                 archive_files=files,
             )
+    except NotTheArchives as exc:  # the argument is wrong, not the log: no verdict recorded
+        refuse(f"--archive: {exc}")
     finally:
         ledger.close()
     typer.echo(json.dumps(result.to_dict(), indent=2))
