@@ -66,7 +66,8 @@ def audit_verify(
     says which checks then cover only the entries after it); ``--full`` replays everything the
     log holds, and with ``--archive`` the archived entries first.
     On stderr: the entries verified (a bar on a terminal, a line per tenth in a log), then
-    each later part with its time; ``--quiet``: none of it.
+    each later part with its time, then the verdict in a line (the entries checked, first to
+    last, and the note, as the dashboard says them); ``--quiet``: none of it.
     """
     from dp_governor.api._integrity import kept_checkpoints, verify_service
     from dp_governor.budget.audit.archive import NotTheArchives
@@ -112,7 +113,11 @@ def audit_verify(
         refuse(f"--archive: {exc}")
     finally:
         ledger.close()
+    from dp_governor.api._verdict_text import summary
+
     typer.echo(json.dumps(result.to_dict(), indent=2))
+    if not quiet:  # the verdict in the words the dashboard uses
+        typer.echo(f"audit verify: {summary(result)}", err=True)
     if not result.ok:
         where = "" if result.first_bad is None else f" at entry {result.first_bad}"
         refuse(f"the audit log fails{where}: {result.problem}", 1)
