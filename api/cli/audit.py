@@ -205,6 +205,8 @@ def audit_tiles(
 
     The same bytes at the same paths as ``/checkpoint`` and ``/tile/...``; a second run writes
     only the tiles new since the last (a tile once written never changes) and the checkpoint.
+    Beside them, ``vkey``: the log's verifier key, to give devices and witnesses (they check
+    the tiles with it: docs/transparency.md).
     """
     from dp_governor.budget.audit.tiles import write_tiles
 
@@ -219,11 +221,11 @@ def audit_tiles(
         ledger.close()
     if done.size == 0:
         refuse("the log has signed no checkpoint yet: run `dpgov jobs run checkpoint`", 1)
-    tiles = len(done.written) - done.checkpoint
     said = "written" if done.checkpoint else "unchanged"
     typer.echo(
-        f"checkpoint of {done.size:,} leaves {said}; {tiles:,} tile(s) written,"
+        f"checkpoint of {done.size:,} leaves {said}; {done.tiles:,} tile(s) written,"
         f" {done.kept:,} already there, under {out}"
+        + (f"; the log's verifier key written to {out / 'vkey'}" if done.vkey else "")
     )
     for name in done.skipped:
         typer.echo(
