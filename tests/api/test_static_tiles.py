@@ -2,7 +2,9 @@
 
 A client rebuilds the root, inclusion proofs and a consistency proof from the files alone
 (with the client code that reads tiles over HTTP), every file equals what the routes serve,
-and a second run writes nothing but what is new: full tiles are never written again.
+and a second run writes nothing but what is new: full tiles are never written again. ``vkey``
+beside them is the log's verifier key, and docs/transparency.md's example checks a device's
+record against the files served by a static host, as written.
 """
 
 from __future__ import annotations
