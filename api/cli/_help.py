@@ -79,6 +79,8 @@ def _convert(command: Any) -> None:
         value = getattr(command, attribute, None)
         if isinstance(value, str):
             setattr(command, attribute, plain_text(value))
+    if not command.short_help and command.help:  # its line in a list: the first one, whole
+        command.short_help = " ".join(command.help.split("\n\n", 1)[0].split())
     for param in command.params:
         if isinstance(getattr(param, "help", None), str):
             param.help = plain_text(param.help)

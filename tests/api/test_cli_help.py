@@ -66,6 +66,13 @@ def test_every_help_is_plain_text(path: list[str]) -> None:
     assert not arguments, f"`dpgov {' '.join(path)} --help`: arguments shown oddly: {arguments}"
 
 
+def test_a_command_list_shows_each_commands_first_line_whole() -> None:
+    listed = CliRunner().invoke(cli, ["--help"]).stdout.split("\nCommands:\n", 1)[1]
+    text = " ".join(listed.split())
+    assert "Simulate a fleet privatizing with the real mechanism; print the top estimates" in text
+    assert "..." not in text
+
+
 def test_help_keeps_square_brackets_rich_markup_would_eat() -> None:
     done = CliRunner().invoke(cli, ["aggregate", "--help"], env={"COLUMNS": "200"})
     assert "pip install 'dp-governor[scale]'" in done.stdout, done.stdout
