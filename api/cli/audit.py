@@ -38,7 +38,8 @@ def audit_verify(
         Path | None,
         typer.Option(
             help="Checkpoints kept outside the database (default: the `checkpoint_file`"
-            " setting); a log truncated back to an earlier one fails."
+            " setting); a log truncated back to an earlier one fails. A file given here that"
+            " cannot be read as checkpoints is refused (exit 2); the setting's fails the run."
         ),
     ] = None,
     full: Annotated[
@@ -83,6 +84,8 @@ def audit_verify(
     if checkpoints is not None and not checkpoints.exists():
         refuse(f"no checkpoint file at {checkpoints}")
     kept = kept_checkpoints(path)  # one it cannot read fails the verification, naming it
+    if checkpoints is not None and kept.problem is not None:  # ... unless given here: wrong
+        refuse(f"--checkpoints: {kept.problem}")
     ledger = open_ledger(settings)  # a refusal is one line, before any progress
     sink = io.StringIO() if quiet else None
     try:
