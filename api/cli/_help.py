@@ -51,7 +51,9 @@ def metavar(param: Any) -> str:
     A choice lists its values (``[text|json]``), a date its format (``YYYY-MM-DD``); read from
     the option's annotated type (a list's: its element's, as the option is repeated).
     """
-    described = param.type_descriptor
+    described = getattr(param, "type_descriptor", None)
+    if described is None:  # a Typer whose options carry click's type instead
+        return _click_metavar(param.type)
     kind = described.annotation
     if get_origin(kind) is list:
         (kind,) = get_args(kind)
@@ -66,6 +68,27 @@ def metavar(param: Any) -> str:
         info = described.parameter_info
         return "PATH" if info.dir_okay == info.file_okay else ("DIR" if info.dir_okay else "FILE")
     return _NAMES.get(kind, "TEXT")
+
+
+_CLICK_NAMES = {"integer": "N", "integer range": "N", "float": "NUMBER", "float range": "NUMBER"}
+
+
+def _click_metavar(kind: Any) -> str:
+    """:func:`metavar` from a click parameter type (its ``name`` and attributes).
+
+    >>> from types import SimpleNamespace as Type
+    >>> _click_metavar(Type(name="path", dir_okay=True, file_okay=False))
+    'DIR'
+    >>> _click_metavar(Type(name="choice", choices=["a", "b"])), _click_metavar(Type(name="float"))
+    ('[a|b]', 'NUMBER')
+    """
+    name = str(getattr(kind, "name", "")).lower()
+    if name == "path":
+        dirs, files = bool(kind.dir_okay), bool(kind.file_okay)
+        return "PATH" if dirs == files else ("DIR" if dirs else "FILE")
+    if name == "choice":
+        return "[" + "|".join(str(c) for c in kind.choices) + "]"
+    return _CLICK_NAMES.get(name, "TEXT")
 
 
 def _no_type(ctx: object) -> None:
