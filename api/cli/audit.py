@@ -71,6 +71,7 @@ def audit_verify(
     last, and the note, as the dashboard says them); ``--quiet``: none of it.
     """
     from dp_governor.api._integrity import kept_checkpoints, verify_service
+    from dp_governor.api._verdict_text import summary
     from dp_governor.budget.audit.archive import NotTheArchives
 
     files = archive or []
@@ -116,8 +117,6 @@ def audit_verify(
         refuse(f"--archive: {exc}")
     finally:
         ledger.close()
-    from dp_governor.api._verdict_text import summary
-
     typer.echo(json.dumps(result.to_dict(), indent=2))
     if not quiet:  # the verdict in the words the dashboard uses
         typer.echo(f"audit verify: {summary(result)}", err=True)
