@@ -31,6 +31,7 @@ import orjson
 from sqlalchemy import Connection, func, select
 
 from dp_governor.api._handles import ledger_engine
+from dp_governor.api._verdict_text import SEALED_COUNTED, SEALED_OPENED, with_clause
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import (
     Checkpoint,
@@ -111,12 +112,15 @@ def verify_service(
     once the database holds a signed checkpoint: the checkpoint job writes every checkpoint to
     it, so from then on it must be there. Either is named after any problem of the ledger
     itself. ``seal`` (the service's) opens every sealed inbox row, which authenticates it;
-    without it (a command that reads no shuffler key) sealed rows are counted, not opened, and
-    the verdict's note says so. ``stage`` is told each part as it starts, ``progress`` the
-    entries verified (a command's progress). ``full=False`` starts at the last accepted
-    verdict's signed checkpoint (:mod:`dp_governor.budget.audit.incremental`). The verdict is
-    recorded (``audit_verifications``): an accepted one is where the next incremental run starts.
-    ``archive_files`` replays archived entries from their files (docs/audit.md, archiving).
+    without it (a command that reads no shuffler key) sealed rows are counted, not opened; the
+    verdict's note says which once the pipeline was checked (:mod:`.._verdict_text`).
+    ``stage`` is told each part as it starts, ``progress`` the entries verified (a command's
+    progress). ``full=False`` starts at the last accepted verdict's signed checkpoint
+    (:mod:`dp_governor.budget.audit.incremental`). The verdict is recorded
+    (``audit_verifications``): an accepted one is where the next incremental run starts.
+    ``archive_files`` replays archived entries from their files (docs/audit.md, archiving);
+    files that are not every archive's raise
+    :class:`~dp_governor.budget.audit.archive.NotTheArchives`, and nothing is recorded.
     """
     verdict, resume = _verify(
         ledger,
@@ -174,11 +178,8 @@ def _verify(
     problem = pipeline_problem(ledger, state, now=now, seal=seal)
     if problem is not None:
         return replace(verdict, ok=False, problem=problem), None
-    if seal is None:
-        unopened = "sealed inbox rows were counted, not opened (no shuffler key was read)"
-        note = f"{verdict.note}; {unopened}" if verdict.note else unopened
-        return replace(verdict, note=note), state.resume
-    return verdict, state.resume
+    sealed = SEALED_COUNTED if seal is None else SEALED_OPENED
+    return replace(verdict, note=with_clause(verdict.note, sealed)), state.resume
 
 
 def pipeline_problem(

@@ -20,6 +20,7 @@ from html import escape
 from typing import Any
 
 from dp_governor.api._session import SESSION_SECONDS
+from dp_governor.api._verdict_text import checked_entries
 from dp_governor.budget.audit.log import Verification
 from dp_governor.budget.privacy.display import fmt_up
 from dp_governor.budget.reporting.activity import Activity
@@ -475,17 +476,15 @@ def _chain_panel(chain: Verification | None, verified_at: datetime | None, now: 
     else:
         checkpoint = "no signed checkpoint yet (the checkpoint job writes one)"
     behind = chain.head_seq - (chain.latest_checkpoint_seq or 0)
-    checked = f"{chain.entries:,d} entries"
-    if chain.from_seq:
-        checked = f"entries {chain.from_seq:,d} to {chain.head_seq:,d} (from a verified checkpoint)"
-    chain_panel = (
-        f'<p id="chain">Audit chain: {status}, {checked}, checked'
+    note = "" if not chain.note else f'; <span id="chain-note">note: {escape(chain.note)}</span>'
+    return (
+        f'<p id="chain">Audit chain: {status}, <span id="chain-entries">'
+        f"{escape(checked_entries(chain))}</span> checked"
         f" {_age((now - verified_at).total_seconds())} ago"
         f' (<span id="chain-verified-at">{verified_at:%Y-%m-%d %H:%M:%S} UTC</span>);'
         f' <span id="chain-checkpoint">{escape(checkpoint)}</span>'
-        f"{f'; {behind:,d} entries since it' if chain.latest_checkpoint_at else ''}.</p>"
+        f"{f'; {behind:,d} entries since it' if chain.latest_checkpoint_at else ''}{note}.</p>"
     )
-    return chain_panel
 
 
 def _central_loss(loss: CentralLoss | None) -> str:

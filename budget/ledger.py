@@ -255,7 +255,8 @@ class Ledger:
         :data:`~dp_governor.budget.audit.incremental.PROGRESS_EVERY` entries and at the end.
         The state check's ``resume`` is where the next run may start
         (:meth:`~dp_governor.budget.audit.verdicts.Verdicts.record` keeps it).
-        ``archive_files`` (with ``full``) replays the archived entries from their files.
+        ``archive_files`` (with ``full``) replays the archived entries from their files; files
+        that are not this log's archives raise ``NotTheArchives`` before anything is checked.
         """
         return verify_ledger(
             self.audit,

@@ -27,6 +27,7 @@ from dp_governor.api.cli import (
     simulate,
     witness,
 )
+from dp_governor.api.cli._help import PlainHelpGroup
 from dp_governor.api.cli.common import refuse_unknown_settings
 
 __all__ = ["app", "main"]
@@ -36,6 +37,8 @@ app = typer.Typer(
     help="dp-governor: privacy accounting and budget governance for local-DP telemetry.",
     no_args_is_help=True,
     add_completion=False,
+    cls=PlainHelpGroup,  # every command's help as plain text
+    rich_markup_mode=None,
 )
 
 

@@ -38,7 +38,8 @@ def audit_verify(
         Path | None,
         typer.Option(
             help="Checkpoints kept outside the database (default: the `checkpoint_file`"
-            " setting); a log truncated back to an earlier one fails."
+            " setting); a log truncated back to an earlier one fails. A file given here that"
+            " cannot be read as checkpoints is refused (exit 2); the setting's fails the run."
         ),
     ] = None,
     full: Annotated[
@@ -66,9 +67,12 @@ def audit_verify(
     says which checks then cover only the entries after it); ``--full`` replays everything the
     log holds, and with ``--archive`` the archived entries first.
     On stderr: the entries verified (a bar on a terminal, a line per tenth in a log), then
-    each later part with its time; ``--quiet``: none of it.
+    each later part with its time, then the verdict in a line (the entries checked, first to
+    last, and the note, as the dashboard says them); ``--quiet``: none of it.
     """
     from dp_governor.api._integrity import kept_checkpoints, verify_service
+    from dp_governor.api._verdict_text import summary
+    from dp_governor.budget.audit.archive import NotTheArchives
 
     files = archive or []
     if files and not full:
@@ -81,6 +85,8 @@ def audit_verify(
     if checkpoints is not None and not checkpoints.exists():
         refuse(f"no checkpoint file at {checkpoints}")
     kept = kept_checkpoints(path)  # one it cannot read fails the verification, naming it
+    if checkpoints is not None and kept.problem is not None:  # ... unless given here: wrong
+        refuse(f"--checkpoints: {kept.problem}")
     ledger = open_ledger(settings)  # a refusal is one line, before any progress
     sink = io.StringIO() if quiet else None
     try:
@@ -107,9 +113,13 @@ def audit_verify(
                 full=full,
                 archive_files=files,
             )
+    except NotTheArchives as exc:  # the argument is wrong, not the log: no verdict recorded
+        refuse(f"--archive: {exc}")
     finally:
         ledger.close()
     typer.echo(json.dumps(result.to_dict(), indent=2))
+    if not quiet:  # the verdict in the words the dashboard uses
+        typer.echo(f"audit verify: {summary(result)}", err=True)
     if not result.ok:
         where = "" if result.first_bad is None else f" at entry {result.first_bad}"
         refuse(f"the audit log fails{where}: {result.problem}", 1)
@@ -197,6 +207,8 @@ def audit_tiles(
 
     The same bytes at the same paths as ``/checkpoint`` and ``/tile/...``; a second run writes
     only the tiles new since the last (a tile once written never changes) and the checkpoint.
+    Beside them, ``vkey``: the log's verifier key, to give devices and witnesses (they check
+    the tiles with it: docs/transparency.md).
     """
     from dp_governor.budget.audit.tiles import write_tiles
 
@@ -211,11 +223,11 @@ def audit_tiles(
         ledger.close()
     if done.size == 0:
         refuse("the log has signed no checkpoint yet: run `dpgov jobs run checkpoint`", 1)
-    tiles = len(done.written) - done.checkpoint
     said = "written" if done.checkpoint else "unchanged"
     typer.echo(
-        f"checkpoint of {done.size:,} leaves {said}; {tiles:,} tile(s) written,"
+        f"checkpoint of {done.size:,} leaves {said}; {done.tiles:,} tile(s) written,"
         f" {done.kept:,} already there, under {out}"
+        + (f"; the log's verifier key written to {out / 'vkey'}" if done.vkey else "")
     )
     for name in done.skipped:
         typer.echo(

@@ -33,6 +33,7 @@ DatabaseOption = Annotated[
     str | None,
     typer.Option(
         "--database-url",
+        metavar="URL",
         help="Overrides DPGOV_DATABASE_URL (default: sqlite:///dpgov.sqlite, in this folder).",
     ),
 ]

@@ -46,8 +46,15 @@ class AuditVerification(BaseModel):
     """The audit chain's state: entries checked, head, checkpoints, and the first failure."""
 
     ok: bool = PydField(description="True when every entry, tag and checkpoint checks out.")
-    entries: int = PydField(description="Entries checked.")
-    head_seq: int = PydField(description="The last entry's sequence number.")
+    entries: int = PydField(
+        description="Entries checked: `from_seq + 1` to `from_seq + entries`, 1-based and"
+        " inclusive (the dashboard's 'entries X to Y'); on an accepted run the last is"
+        " `head_seq`."
+    )
+    head_seq: int = PydField(
+        description="The last entry the run read: the log's head on an accepted run, where it"
+        " stopped on a failed one."
+    )
     head_hash: str = PydField(description="The last entry's chain hash (SHA-256, hex).")
     checkpoints: int = PydField(description="Signed checkpoints in the database.")
     latest_checkpoint_seq: int | None = PydField(
@@ -61,10 +68,13 @@ class AuditVerification(BaseModel):
     state_checked: bool = PydField(
         description="Whether the tables the gate decides on were checked against the chain."
     )
-    note: str | None = PydField(description="Why the state was not checked, when it was not.")
+    note: str | None = PydField(
+        description="What the run did not check and why, and how the sealed inbox rows were"
+        " checked (opened under the shuffler key, or only counted); the dashboard shows it too."
+    )
     kept_checkpoints: int = PydField(description="Checkpoints read from `checkpoint_file`.")
     from_seq: int = PydField(
         0,
-        description="The signed checkpoint an incremental check started at (0: the first"
-        " entry); `entries` counts those after it.",
+        description="The signed checkpoint the check started after (0: none, the first"
+        " entry is 1); `entries` counts those after it.",
     )

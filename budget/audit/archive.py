@@ -48,6 +48,7 @@ __all__ = [
     "ArchiveRecord",
     "ArchiveRefused",
     "Archives",
+    "NotTheArchives",
     "read_archive",
 ]
 
@@ -64,6 +65,16 @@ class ArchiveRefused(ValueError):
 
 class ArchiveError(ValueError):
     """An archive file or record is not what the database recorded (names which and why)."""
+
+
+class NotTheArchives(ValueError):
+    """The files given to replay are not this log's archives: a wrong argument, no verdict.
+
+    A file whose SHA-256 no ``audit_archives`` row records (another file, a corrupt or edited
+    copy) or an archive left without its file: what was given is wrong, not the log, so the
+    verification does not run. Only a file that is a recorded archive (its SHA-256 matches) and
+    disagrees with the log fails a verification (:class:`ArchiveError`).
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,25 +405,35 @@ class Archives:
         """The entries of the files of every archive, oldest first, a page at a time.
 
         Each file is matched to its archive by SHA-256 before anything is read; every archive
-        needs its file. Raises :class:`ArchiveError` naming a file that is none of them, an
-        archive without its file, or a header that disagrees with its record. The chain itself
-        is checked by whoever replays the pages (:meth:`AuditLog.verify`).
+        needs its file. Raises :class:`NotTheArchives` at once naming a file that is none of
+        them (or cannot be read) or an archive without its file; the pages raise
+        :class:`ArchiveError` for a header that disagrees with its record. The chain itself is
+        checked by whoever replays the pages (:meth:`AuditLog.verify`).
         """
+        if paths and not records:
+            raise NotTheArchives(
+                f"{paths[0]}: this log has no archive (`dpgov audit verify --full` replays it"
+                " all without files)"
+            )
         by_digest = {r.sha256: r for r in records}
         given: dict[int, Path] = {}
         for path in paths:
-            record = by_digest.get(file_sha256(path))
+            try:
+                digest = file_sha256(path)
+            except ArchiveError as exc:
+                raise NotTheArchives(str(exc)) from None
+            record = by_digest.get(digest)
             if record is None:
-                raise ArchiveError(
+                raise NotTheArchives(
                     f"{path} is none of the recorded archives (its SHA-256 differs: edited,"
                     " truncated or another file)"
                 )
             given[record.boundary] = path
         missing = [r for r in records if r.boundary not in given]
         if missing:
-            raise ArchiveError(
+            raise NotTheArchives(
                 f"no file given for the archive of entries {missing[0].first_seq} to"
-                f" {missing[0].boundary - 1} ({missing[0].file})"
+                f" {missing[0].boundary - 1} ({missing[0].file}): give every archive's file"
             )
         return self._pages(records, given)
 

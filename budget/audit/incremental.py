@@ -47,7 +47,9 @@ def verify_ledger(
     day, and its note says so; with ``archive_files`` (every archive's file) it replays the
     files first instead, a full replay from the first entry. ``progress`` is told
     ``(replayed, to replay)``: the entries after the starting point. The state check's
-    ``resume`` is ``None`` unless everything checked here was accepted.
+    ``resume`` is ``None`` unless everything checked here was accepted. ``archive_files`` that
+    are not every archive's file raise :class:`~dp_governor.budget.audit.archive.NotTheArchives`
+    before anything is checked (a wrong argument is no verdict).
     """
     engine: Engine = audit.engine
     try:

@@ -82,8 +82,8 @@ class Verification:
 
     ``first_bad`` is the first entry that fails (for a chain recomputed up to a checkpoint:
     the checkpoint's entry; the change lies after the previous good checkpoint). ``from_seq``
-    is the signed checkpoint the check started at (0: the first entry); ``entries`` counts
-    the entries after it.
+    is the signed checkpoint the check started after (0: none); ``entries`` counts the entries
+    it accepted after it: entries ``from_seq + 1`` to ``from_seq + entries``, 1-based.
     """
 
     ok: bool

@@ -5,7 +5,9 @@ level-``L`` tile's hashes are the subtrees of height ``8 * L``), so a tile is on
 read, and an entry bundle one range of ``tlog_leaves``. Only what the newest signed checkpoint
 covers is served: a full tile once its 256 hashes are complete, a partial one of any width up
 to what that checkpoint's size gives (the partials of earlier checkpoints included).
-:func:`write_tiles` writes the same resources as static files, for a static host or a CDN.
+:func:`write_tiles` writes the same resources as static files, for a static host or a CDN,
+and the log's verifier key beside them (``vkey``: C2SP signed-note format, for the operator to
+copy into devices' and witnesses' configuration; docs/transparency.md).
 """
 
 from __future__ import annotations
@@ -77,6 +79,12 @@ class TilesWritten:
     kept: int = 0  # tiles and bundles already there (immutable: never written again)
     skipped: list[str] = field(default_factory=list)  # bundles no uint16 length can hold
     checkpoint: bool = False  # whether the checkpoint file changed
+    vkey: bool = False  # whether the verifier key file was written (new, or another key's)
+
+    @property
+    def tiles(self) -> int:
+        """The tiles and entry bundles written (the checkpoint and the vkey aside)."""
+        return len(self.written) - self.checkpoint - self.vkey
 
 
 def _tiles_of(size: int) -> list[TilePath]:
@@ -119,11 +127,18 @@ def write_tiles(tlog: TransparencyLog, folder: Path) -> TilesWritten:
     path says its width, so a file once written never changes: one already there is kept, and
     a run writes only the tiles new since the last. ``checkpoint`` is replaced last, once every
     tile it needs is in place, so a host serving ``folder`` is consistent at every moment.
+    ``vkey`` (the log's verifier key, ``<origin>+<key id>+<key>`` and a newline) is written
+    first, when it is missing or differs.
     """
     point = tlog.latest()
     if point is None:
         return TilesWritten(0)
     done = TilesWritten(point.size)
+    vkey = f"{tlog.verifier.vkey()}\n".encode()
+    if not (folder / "vkey").exists() or (folder / "vkey").read_bytes() != vkey:
+        _replace(folder, "vkey", vkey)
+        done.written.append("vkey")
+        done.vkey = True
     for tile in _tiles_of(point.size):
         name = tile.path()
         if (folder / name).exists():

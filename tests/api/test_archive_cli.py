@@ -2,7 +2,8 @@
 
 The archive is written by the command, verified incrementally, in full from its boundary and in
 full from the file; the service's own verification, a device's record and receipts in the
-transparency log, and the export's recompute read on after it. Every refusal is one line, exit 2.
+transparency log, and the export's recompute read on after it. Every refusal is one line, exit 2,
+an ``--archive`` file that is not the log's archive included (no verdict is recorded).
 """
 
 from __future__ import annotations
@@ -71,6 +72,16 @@ def _one_line_error(result: Result, code: int, words: str) -> None:
     assert words in result.stderr, result.stderr
 
 
+def _verdicts(path: Path) -> int:
+    """The verdicts recorded in ``audit_verifications``."""
+    engine = create_engine(f"sqlite:///{path / 'service.sqlite'}")
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM audit_verifications")).scalar_one())
+    finally:
+        engine.dispose()
+
+
 def _verified(client: TestClient) -> None:
     assert client.post("/v1/admin/jobs/checkpoint:run", headers=ADMIN).status_code == 200
     verify = _run("audit", "verify", "--quiet")
@@ -103,11 +114,16 @@ def test_archive_and_verify_from_the_command_line(service: tuple[TestClient, Pat
     assert service_verify["ok"], service_verify
     tampered = path / "tampered.jsonl.gz"
     tampered.write_bytes(gzip.compress(gzip.decompress(out.read_bytes()) + b"\n"))
-    _one_line_error(
-        _run("audit", "verify", "--quiet", "--full", "--archive", str(tampered)),
-        1,
-        "none of the recorded archives",
-    )
+    corrupt = path / "corrupt.jsonl.gz"
+    corrupt.write_bytes(out.read_bytes()[:-9])
+    recorded = _verdicts(path)
+    for wrong in (tampered, corrupt, path / "service.sqlite"):  # a usage error, not an audit
+        _one_line_error(
+            _run("audit", "verify", "--quiet", "--full", "--archive", str(wrong)),
+            2,
+            f"Error: --archive: {wrong} is none of the recorded archives",
+        )
+    assert _verdicts(path) == recorded  # nothing recorded: no failed audit on the dashboard
 
 
 def test_a_devices_record_and_the_export_read_on_after_an_archive(

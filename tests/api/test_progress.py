@@ -10,6 +10,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from dp_governor.api._verdict_text import SEALED_COUNTED
 from dp_governor.api.app import create_app
 from dp_governor.api.cli import app
 from dp_governor.api.cli.common import Progress
@@ -141,8 +142,15 @@ def test_audit_verify_and_report_count_entries_and_devices_on_stderr(tmp_path: P
     for _ in range(2):  # from the last accepted run: the entries since, then none
         again = runner.invoke(app, ["audit", "verify"], env=env)
         assert again.exit_code == 0, again.output
-        n = json.loads(again.stdout)["entries"]  # the count on stderr is the result's
+        result = json.loads(again.stdout)
+        n = result["entries"]  # the count on stderr is the result's
         assert f"audit verify: the chain: {n:,d} of {n:,d} entries (100%)" in again.stderr
+        # the verdict's line: the entries after `from_seq`, and the note, as the dashboard says
+        start = result["from_seq"]
+        span = f"entries {start + 1:,d} to {start + n:,d}" if n else "no entry"
+        line = again.stderr.splitlines()[-1]
+        assert line.startswith(f"audit verify: accepted: {span}"), line
+        assert line.endswith(f"; note: {result['note']}") and SEALED_COUNTED in line, line
     assert n == 0, again.stderr
     for command in (["audit", "verify", "--quiet"], ["audit", "report", "-q"]):
         quiet = runner.invoke(app, command, env=env)

@@ -98,6 +98,25 @@ def test_checkpoints_are_kept_outside_and_checked(
     assert forged.exit_code == 1 and "signature" in forged.output
     missing = runner.invoke(cli, ["audit", "verify", "--checkpoints", str(path / "nope")])
     assert missing.exit_code == 2 and "no checkpoint file" in missing.output
+    recorded = _verdicts(path)
+    for wrong in (path / "service.sqlite", path / "kept"):  # not checkpoints: a usage error
+        refused = runner.invoke(cli, ["audit", "verify", "-q", "--checkpoints", str(wrong)])
+        assert refused.exit_code == 2, refused.output
+        assert refused.stderr.startswith(
+            f"Error: --checkpoints: checkpoint file unreadable: {wrong}"
+        )
+        assert refused.stderr.count("\n") == 1, refused.stderr
+    assert _verdicts(path) == recorded  # nothing recorded: no failed audit
+
+
+def _verdicts(path: Path) -> int:
+    """The verdicts recorded in ``audit_verifications``."""
+    engine = create_engine(f"sqlite:///{path / 'service.sqlite'}")
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM audit_verifications")).scalar_one())
+    finally:
+        engine.dispose()
 
 
 def test_the_job_and_the_command_start_at_the_last_verified_checkpoint(

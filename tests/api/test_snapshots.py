@@ -8,10 +8,12 @@ the ledger's tables (counted on the engine); charges after them change nothing u
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict
 from datetime import UTC, datetime
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,17 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
-from dp_governor.api._snapshots import FIGURES, Figures, compute_figures, read_snapshot
+from dp_governor.api._snapshots import (
+    FIGURES,
+    VERIFICATION,
+    Figures,
+    Verified,
+    compute_figures,
+    read_snapshot,
+)
+from dp_governor.api._verdict_text import SEALED_OPENED
 from dp_governor.api.app import create_app
+from dp_governor.api.schemas import AuditVerification
 from dp_governor.budget import FixedClock
 from dp_governor.budget.reporting.activity import daily_activity
 from dp_governor.budget.reporting.loss import effective_epsilon_basis
@@ -171,7 +182,7 @@ def test_the_page_and_the_metrics_show_the_scheduled_verification(client: TestCl
     assert result["ok"] is True and result["entries"] > 0, result
     page = client.get("/").text
     assert '<span class="ok" id="chain-status">verified</span>' in page
-    assert f"{result['entries']:,d} entries" in page
+    assert f'id="chain-entries">entries 1 to {result["entries"]:,d}</span>' in page
     metrics = client.get("/metrics", headers=ADMIN).text
     assert "dpgov_audit_verification_ok 1.0" in metrics
     assert 'dpgov_job_runs_total{job="verify",outcome="done"} 1.0' in metrics
@@ -187,3 +198,38 @@ def test_the_page_and_the_metrics_show_the_scheduled_verification(client: TestCl
         ]
         assert at == NOW.timestamp()  # the job's time (the app's clock), not this worker's
         assert "verified</span>" in worker.get("/").text
+
+
+def _page_entries(page: str) -> tuple[int, int] | None:
+    """The span the page's chain line names (``None``: "no entry ...")."""
+    text = page.split('id="chain-entries">', 1)[1].split("</span>", 1)[0]
+    found = re.match(r"entries ([\d,]+) to ([\d,]+)", text)
+    if found is None:
+        assert text.startswith("no entry"), text
+        return None
+    first, last = (int(n.replace(",", "")) for n in found.groups())
+    return first, last
+
+
+def test_the_pages_entries_are_the_stored_verifications_json(client: TestClient) -> None:
+    """Full, incremental and empty runs: the page says the entries the JSON's fields name."""
+    assert client.post("/v1/admin/jobs/checkpoint:run", headers=ADMIN).status_code == 200
+    ledger = client.app.state.ledger  # type: ignore[attr-defined]
+    for step in range(3):
+        if step == 1:
+            _send(client, "emoji", range(500, 530), seed=4)  # new entries after the checkpoint
+        assert client.post("/v1/admin/jobs/verify:run", headers=ADMIN).status_code == 200
+        stored = read_snapshot(ledger.engine, VERIFICATION)
+        assert isinstance(stored, Verified)
+        json_view = AuditVerification(**stored.verification.to_dict()).model_dump()
+        page = client.get("/", headers=ADMIN).text  # not the public page's cache (a fixed clock)
+        first, last = json_view["from_seq"] + 1, json_view["from_seq"] + json_view["entries"]
+        assert _page_entries(page) == (None if last < first else (first, last)), (step, json_view)
+        assert json_view["ok"] and last in (json_view["head_seq"], json_view["from_seq"])
+        note = escape(str(json_view["note"]))
+        assert f'id="chain-note">note: {note}</span>' in page
+        assert SEALED_OPENED in str(json_view["note"])  # the job opened the sealed rows
+        if step == 1:
+            assert json_view["from_seq"] > 0 and json_view["entries"] > 0  # incremental
+    http = client.get("/v1/audit/verify", headers=ADMIN).json()  # the route: full, from 0
+    assert http["ok"] and SEALED_OPENED in http["note"], http

@@ -2,18 +2,29 @@
 
 A client rebuilds the root, inclusion proofs and a consistency proof from the files alone
 (with the client code that reads tiles over HTTP), every file equals what the routes serve,
-and a second run writes nothing but what is new: full tiles are never written again.
+and a second run writes nothing but what is new: full tiles are never written again. ``vkey``
+beside them is the log's verifier key, and docs/transparency.md's example checks a device's
+record against the files served by a static host, as written.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import pytest
 
 from dp_governor.budget import Ledger, create_db_engine
+from dp_governor.client import Client, Receipt
 from dp_governor.mechanisms.merkle import (
     consistency_proof,
     inclusion_proof,
@@ -67,9 +78,12 @@ def test_static_tiles_are_the_routes_bytes_and_prove_from_files_alone(tmp_path: 
             _checkpoint_job(base)
             first = _tiles(tmp_path, out)
             assert first.returncode == 0, first.stderr
+            assert f"verifier key written to {out / 'vkey'}" in first.stdout, first.stdout
             before = _files(out)
             assert not [name for name in before if "/." in f"/{name}"]  # no temporary file left
-            for name in before:  # the same bytes as the routes serve
+            vkey = httpx.get(f"{base}/v1/tlog/checkpoint", timeout=T).json()["vkey"]
+            assert (out / "vkey").read_text() == f"{vkey}\n" == f"{log.vkey()}\n"
+            for name in set(before) - {"vkey"}:  # the same bytes as the routes serve
                 served_bytes = httpx.get(f"{base}/{name}", timeout=T)
                 assert served_bytes.status_code == 200, name
                 assert (out / name).read_bytes() == served_bytes.content, name
@@ -91,6 +105,7 @@ def test_static_tiles_are_the_routes_bytes_and_prove_from_files_alone(tmp_path: 
 
             again = _tiles(tmp_path, out)
             assert again.returncode == 0 and "unchanged; 0 tile(s) written" in again.stdout
+            assert "verifier key" not in again.stdout  # written once
             assert _files(out) == before  # nothing rewritten
 
             for n in range(300, 600):
@@ -101,7 +116,7 @@ def test_static_tiles_are_the_routes_bytes_and_prove_from_files_alone(tmp_path: 
             after = _files(out)
             for name, stat in before.items():  # tiles are immutable: only the checkpoint moves
                 assert (after[name] == stat) == (name != "checkpoint"), name
-            for name in after:
+            for name in set(after) - {"vkey"}:
                 answer = httpx.get(f"{base}/{name}", timeout=T)
                 assert (out / name).read_bytes() == answer.content, name
             later, _ = Checkpoint.open((out / "checkpoint").read_text(), log)
@@ -115,3 +130,63 @@ def test_static_tiles_are_the_routes_bytes_and_prove_from_files_alone(tmp_path: 
     refused = _tiles(tmp_path, tmp_path / "a-file")
     assert refused.returncode == 2 and "`--out` must be a folder" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+@contextmanager
+def _static_host(folder: Path) -> Iterator[str]:
+    """``folder`` served over HTTP, as a static host serves the tiles; its base URL."""
+    handler = functools.partial(_QuietFiles, directory=str(folder))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=T)
+
+
+class _QuietFiles(SimpleHTTPRequestHandler):
+    """A static file server that keeps its request log to itself."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Log nothing (the test's output stays the test's)."""
+
+
+def test_the_transparency_docs_example_checks_a_record_against_the_static_tiles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/transparency.md's example, as written: a real server, its tiles on a static host."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "transparency.md").read_text("utf-8")
+    section = doc.split("### Checking a device's record against the static tiles", 1)[1]
+    (code,) = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)
+    out = tmp_path / "site"
+    with serve(tmp_path, device_key_secret=SECRET, audit_key=AUDIT_KEY) as served:
+        with Client(served.base) as device:
+            mech = device.randomizer("emoji")
+            for n in range(3):  # others' leaves around the device's
+                device.submit("emoji", f"other-{n}", mech.privatize_one("x"))
+            receipt = device.submit("emoji", "phone", mech.privatize_one("x"))
+            assert isinstance(receipt, Receipt)
+        _checkpoint_job(served.base)
+        assert _tiles(tmp_path, out).returncode == 0
+        (tmp_path / "device.vkey").write_bytes((out / "vkey").read_bytes())  # the operator's copy
+        day = datetime.now(UTC).date().isoformat()
+        with _static_host(out) as host:
+            runnable = (
+                code.replace("http://127.0.0.1:8000", served.base)
+                .replace("https://tlog.example.com", host)
+                .replace('Path("log.vkey")', f"Path({str(tmp_path / 'device.vkey')!r})")
+                .replace('"device-9", "2026-11-22"', f'"phone", "{day}"')
+            )
+            exec(compile(runnable, "docs/transparency.md", "exec"), {})
+            printed = capsys.readouterr().out
+            assert re.match(r"1 leaves of device-9 in the static log of \d+ leaves", printed)
+            # the same check fails on a host whose tiles are not the signed tree's
+            (tile,) = [p for p in (out / "tile" / "0").rglob("*") if p.is_file()]
+            data = bytearray(tile.read_bytes())
+            data[0] ^= 1
+            tile.write_bytes(bytes(data))
+            with pytest.raises(AssertionError):
+                exec(compile(runnable, "docs/transparency.md", "exec"), {})

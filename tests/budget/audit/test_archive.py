@@ -10,6 +10,8 @@ interleaves charges, checkpoints, verifications and archives and checks all of i
 from __future__ import annotations
 
 import gzip
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,7 +22,12 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from dp_governor.budget import Ledger
-from dp_governor.budget.audit.archive import ArchiveError, ArchiveRefused, read_archive
+from dp_governor.budget.audit.archive import (
+    ArchiveError,
+    ArchiveRefused,
+    NotTheArchives,
+    read_archive,
+)
 from dp_governor.budget.audit.log import Verification
 from dp_governor.budget.reporting.activity import daily_activity
 from dp_governor.budget.reporting.claims import logged_claim, publish_claims
@@ -58,6 +65,29 @@ def _verified(ledger: Ledger, when: datetime = NOW) -> int:
     found = ledger.verdicts.last()
     assert found is not None
     return found[0].checkpoint.seq
+
+
+def _verdicts(ledger: Ledger) -> int:
+    with ledger.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM audit_verifications")).scalar_one())
+
+
+@contextmanager
+def _no_verdict(ledger: Ledger) -> Iterator[None]:
+    """The block records no verdict (a wrong argument is no audit)."""
+    before = _verdicts(ledger)
+    yield
+    assert _verdicts(ledger) == before
+
+
+def _drop_append_only(ledger: Ledger) -> None:
+    """What a writer without the key can do to the database: drop the log's triggers."""
+    with ledger.engine.begin() as conn:
+        if ledger.engine.dialect.name == "sqlite":
+            for op in ("update", "delete"):
+                conn.execute(text(f"DROP TRIGGER IF EXISTS audit_log_no_{op}"))
+        else:
+            conn.execute(text("DROP TRIGGER IF EXISTS audit_log_append_only ON audit_log"))
 
 
 def _delete_fails(ledger: Ledger, statement: str, **params: int) -> None:
@@ -115,8 +145,11 @@ def test_a_second_archive_continues_from_the_first(ledger: Ledger, tmp_path: Pat
     assert _verify(ledger, full=True, files=files).ok
     assert _verify(ledger, full=True, files=files[::-1]).ok  # matched by digest, in any order
     assert _verify(ledger, full=True).from_seq == second
-    only = _verify(ledger, full=True, files=files[1:])
-    assert not only.ok and "no file given for the archive of entries 1 to" in str(only.problem)
+    with (
+        _no_verdict(ledger),
+        pytest.raises(NotTheArchives, match="no file given for the archive of entries 1 to"),
+    ):
+        _verify(ledger, full=True, files=files[1:])
     again = _verify(ledger, full=False)
     assert again.ok and again.from_seq == second
 
@@ -137,14 +170,44 @@ def test_a_tampered_archive_file_is_refused(ledger: Ledger, tmp_path: Path) -> N
     out = tmp_path / "a.gz"
     record = ledger.archive(through=None, out=out, now=NOW)
     _rewrite(out, 2)
-    verdict = _verify(ledger, full=True, files=(out,))
-    assert not verdict.ok and "none of the recorded archives" in str(verdict.problem)
+    with _no_verdict(ledger), pytest.raises(NotTheArchives, match="none of the recorded archives"):
+        _verify(ledger, full=True, files=(out,))
     header, _ = read_archive(out)
     points = [p for p in ledger.audit.checkpoints() if p.seq <= record.boundary]
     with pytest.raises(ArchiveError, match="does not chain to entry"):
         ledger.archives.check_file(out, header, points)
     out.write_bytes(b"not gzip")
-    assert not _verify(ledger, full=True, files=(out,)).ok
+    with _no_verdict(ledger), pytest.raises(NotTheArchives, match="none of the recorded"):
+        _verify(ledger, full=True, files=(out,))
+    with _no_verdict(ledger), pytest.raises(NotTheArchives, match="cannot read the archive"):
+        _verify(ledger, full=True, files=(tmp_path / "gone.gz",))
+
+
+def test_files_given_to_a_log_without_archives_are_refused(ledger: Ledger, tmp_path: Path) -> None:
+    _verified(ledger)
+    (tmp_path / "x.gz").write_bytes(b"anything")
+    with _no_verdict(ledger), pytest.raises(NotTheArchives, match="this log has no archive"):
+        _verify(ledger, full=True, files=(tmp_path / "x.gz",))
+
+
+def test_a_genuine_archive_the_log_no_longer_continues_is_a_failed_verification(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """The file is the recorded archive (its SHA-256 matches): a mismatch is the log's."""
+    boundary = _verified(ledger)
+    out = tmp_path / "a.gz"
+    ledger.archive(through=None, out=out, now=NOW)
+    _drop_append_only(ledger)
+    with ledger.engine.begin() as conn:  # the boundary entry re-linked by a writer without the key
+        conn.execute(
+            text("UPDATE audit_log SET prev_hash = :h WHERE seq = :s"),
+            {"h": "0" * 64, "s": boundary},
+        )
+    before = _verdicts(ledger)
+    verdict = _verify(ledger, full=True, files=(out,))
+    assert not verdict.ok and verdict.first_bad == boundary, verdict
+    assert f"entry {boundary} does not link to entry {boundary - 1}" in str(verdict.problem)
+    assert _verdicts(ledger) == before + 1  # recorded: a failed audit
 
 
 def test_archive_refuses_a_boundary_without_an_accepted_verdict(
