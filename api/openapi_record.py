@@ -58,7 +58,12 @@ def _seed(client: TestClient, examples: dict[str, Any]) -> None:
     )
     emoji = client.get("/v1/use-cases/emoji").json()
     fields = {k: v for k, v in emoji.items() if k in PolicyBase.model_fields}
-    put = client.put("/v1/use-cases/emoji", json={**fields, "min_batch_devices": 2}, headers=ADMIN)
+    put = client.put(
+        "/v1/use-cases/emoji",
+        json={**fields, "min_batch_devices": 2},
+        params={"allow_loosen": "true"},
+        headers=ADMIN,
+    )
     put.raise_for_status()
     examples["responses"]["put /v1/use-cases/{name}"] = {"200": _trim(put.json())}
     group = client.get("/v1/budget-groups/safari-domains").json()["terms"]
@@ -79,13 +84,14 @@ def _seed(client: TestClient, examples: dict[str, Any]) -> None:
         "200": _trim(proposal.json())
     }
     mechanism = from_published(put.json()["randomizer"])
+    family = put.json()["randomizer"]["family_id"]
     for device in DEVICES:
-        body = mechanism.privatize_one("😂").to_dict()
+        body = {**mechanism.privatize_one("😂").to_dict(), "family": family}
         sent = client.post(
             "/v1/use-cases/emoji/reports", json=body, headers={"X-Device-Id": device}
         )
         sent.raise_for_status()
-    again = mechanism.privatize_one("😂").to_dict()
+    again = {**mechanism.privatize_one("😂").to_dict(), "family": family}
     refused = client.post(
         "/v1/use-cases/emoji/reports", json=again, headers={"X-Device-Id": DEVICE}
     )
