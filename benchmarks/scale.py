@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from dp_governor.budget import Ledger, create_db_engine, init_db
 from dp_governor.budget.clock import day_start
@@ -50,7 +50,7 @@ from dp_governor.budget.storage.partitions import ensure_partitions
 from dp_governor.pipeline.tables import STEP_ROWS
 from dp_governor.policies.defaults import default_policies
 
-__all__ = ["RATES", "Built", "build", "main", "plan_day"]
+__all__ = ["RATES", "Built", "analyze", "build", "main", "plan_day"]
 
 SECRET = b"benchmark-secret-benchmark-secret!!"
 FIRST_DAY = 20_000  # 2024-10-04: any UTC day; the generated days follow it
@@ -186,7 +186,19 @@ def build(
             cur.execute(
                 "SELECT setval(pg_get_serial_sequence('charges', 'id'), %s)", (max(next_id - 1, 1),)
             )
+    analyze(engine)
     return Built(devices, days, attempts, charges, entries, stored, time.perf_counter() - t0)
+
+
+def analyze(engine: Engine) -> None:
+    """PostgreSQL: the planner's statistics of the bulk-loaded tables, as autovacuum keeps them.
+
+    Without them (a server with autovacuum off, or before its next round) the planner guesses
+    row counts, and a lookup of 500 keys can scan a whole level of ``tlog_nodes``.
+    """
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.execute(text("ANALYZE"))
 
 
 def _write_accounts(
