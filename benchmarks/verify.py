@@ -30,7 +30,17 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import Engine, text
 
-from benchmarks.scale import FIRST_DAY, RATES, SECRET, build, database, device_id, noon, plan_day
+from benchmarks.scale import (
+    FIRST_DAY,
+    RATES,
+    SECRET,
+    analyze,
+    build,
+    database,
+    device_id,
+    noon,
+    plan_day,
+)
 from dp_governor.budget import Ledger
 from dp_governor.budget.gate.charge import BatchItem, charge_batch
 
@@ -156,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         build(ledger, devices=args.devices, days=args.days, rng=np.random.default_rng(33))
         last = FIRST_DAY + args.days - 1
         _checkpoint(ledger, last)
+        analyze(engine)  # the transparency log's tables, filled by the checkpoint job's sync
         full_s = _timed(lambda: _verify(ledger, full=True))
         day = last + 1
         added = _one_more_day(ledger, args.devices, day, args.charges)

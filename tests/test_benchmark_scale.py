@@ -13,8 +13,10 @@ from sqlalchemy import Engine, text
 
 from benchmarks import scale
 from dp_governor.budget import Ledger
+from dp_governor.budget.storage.partitions import partition_days
+from dp_governor.pipeline.purge import purge
 from dp_governor.policies.defaults import default_policies
-from tests.conftest import BACKENDS, make_engine
+from tests.conftest import BACKENDS, PG_URL, make_engine
 
 DEVICES, DAYS, SEED = 60, 6, 7
 
@@ -80,3 +82,35 @@ def test_generated_rows_equal_the_gates(engines: tuple[Engine, Engine]) -> None:
     verdict, state = generated.verify()
     assert verdict.ok, verdict.problem
     assert state.checked
+
+
+@pytest.fixture
+def pg_engine(tmp_path: Path) -> Iterator[Engine]:
+    """A fresh PostgreSQL scratch schema (skipped without the server)."""
+    if not PG_URL:
+        pytest.skip("DPGOV_TEST_DATABASE_URL is not set (no PostgreSQL to test on)")
+    yield from make_engine("postgresql", tmp_path)
+
+
+def test_generated_days_are_partitions_the_purge_drops(pg_engine: Engine) -> None:
+    """On PostgreSQL each generated day is its own partition, so the purge drops the old half."""
+    engine = pg_engine
+    ledger = Ledger(engine, scale.SECRET)
+    built = scale.build(
+        ledger,
+        devices=DEVICES,
+        days=DAYS,
+        rng=np.random.default_rng(SEED),
+        reports=True,
+        retention_days=DAYS // 2,
+    )
+    assert _rows(engine, "SELECT count(*) FROM charges_default") == [(0,)]
+    days = range(scale.FIRST_DAY, scale.FIRST_DAY + DAYS)
+    with engine.connect() as conn:
+        assert set(days) <= set(partition_days(conn))
+    purged = purge(ledger, now=scale.noon(days[-1]))
+    (body,) = _rows(engine, "SELECT body FROM audit_log WHERE action = 'purge.ledger'")[0]
+    dropped = orjson.loads(body)["data"]["partitions_dropped"]
+    assert dropped == list(days[: len(dropped)]) and len(dropped) >= DAYS // 2 - 1
+    kept = _rows(engine, "SELECT count(*) FROM charges")[0][0]
+    assert 0 < purged["charges"] and purged["charges"] + kept == built.charges
