@@ -367,6 +367,15 @@ def _store(engine: Engine, name: str, summary: Summary, now: datetime) -> None:
         log.warning("the report's summary was not stored: %s", exc.orig)
 
 
+def _moved(before: Summary, after: Summary) -> bool:
+    """Whether ``after`` counts other charges, days or horizons than ``before`` (worth a write)."""
+    return (before.day, before.watermark, before.horizons) != (
+        after.day,
+        after.watermark,
+        after.horizons,
+    )
+
+
 def report_passes(
     ledger: Ledger, *, now: datetime, chunk: int, full: bool = False
 ) -> tuple[PolicyBook, SpendPass, SpendPass]:
@@ -385,7 +394,8 @@ def report_passes(
             except Stale as exc:
                 log.info("the report's summary is stale (%s): a full pass", exc)
             else:
-                _store(engine, REPORT, summary, now)
+                if _moved(stored, summary):
+                    _store(engine, REPORT, summary, now)
                 return book, summary.window, summary.lifetime
     book, scanned = _full(engine, day, chunk, ledger.scan_progress)
     try:  # the chunks' snapshots brought to one
@@ -409,5 +419,6 @@ def advance_summary(ledger: Ledger, *, now: datetime) -> bool:
         _, summary = _advance(ledger.engine, stored, utc_day(now))
     except Stale:
         return False
-    _store(ledger.engine, REPORT, summary, now)
+    if _moved(stored, summary):
+        _store(ledger.engine, REPORT, summary, now)
     return True
