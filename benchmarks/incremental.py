@@ -1,10 +1,11 @@
 """The effective-epsilon report in full and from its stored summary; prints a Markdown table.
 
 Usage: ``python -m benchmarks.incremental [--devices 10000 100000] [--days 30]
-[--charges 10000] [--database-url URL]``.
+[--charges 10000] [--retention DAYS] [--database-url URL]``.
 
 Builds a ledger of ``--devices`` devices over ``--days`` days (:func:`benchmarks.scale.build`,
-Apple's default use cases), runs the report with ``full=True`` (every account read, the
+Apple's default use cases; ``--retention`` replaces their 90 days, so that the next day moves
+every window), runs the report with ``full=True`` (every account read, the
 summary stored), charges ``--charges`` reports through the gate on the next day (batches of
 :data:`BATCH`, random devices and use cases, some refused by the daily caps), then runs the
 report again, which starts from the summary. Each report runs in a process of its own (spawned:
@@ -78,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--devices", type=int, nargs="+", default=[10_000])
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--charges", type=int, default=10_000)
+    parser.add_argument("--retention", type=int, default=None, help="days (default: 90)")
     parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
     parser.add_argument("--seed", type=int, default=33)
     args = parser.parse_args(argv)
@@ -91,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for n in args.devices:
         with database(args.database_url) as engine:
             ledger = Ledger(engine, SECRET)
-            build(ledger, devices=n, days=args.days, rng=np.random.default_rng(args.seed))
+            rng = np.random.default_rng(args.seed)
+            build(ledger, devices=n, days=args.days, rng=rng, retention_days=args.retention)
             url = engine.url.render_as_string(hide_password=False)
             last = FIRST_DAY + args.days - 1
             full_cpu, full_rss, _ = _measured(url, last, True)

@@ -242,9 +242,8 @@ def _advance(engine: Engine, summary: Summary, day: int) -> tuple[PolicyBook, Su
         _check_horizons(book, summary)
         charges = _charges_after(conn, summary.watermark)
         moved = _day_moved(conn, book, summary.day, day) if day > summary.day else set()
-        through = settled if settled is not None else max(summary.watermark.through, 0)
-        if settled is None:
-            through = max(through, _largest_id(conn))
+        if settled is None:  # SQLite: every id up to the largest committed is
+            settled = max(summary.watermark.through, _largest_id(conn))
         by_device: dict[str, list[NewCharge]] = defaultdict(list)
         for charge in charges:
             by_device[charge[1]].append(charge)
@@ -268,7 +267,7 @@ def _advance(engine: Engine, summary: Summary, day: int) -> tuple[PolicyBook, Su
         lifetime = _copy(book, summary.lifetime).subtract(gone[1].finish()).merge(new[1])
     except ValueError as exc:
         raise Stale(str(exc)) from None
-    mark = Watermark(through, frozenset(c[0] for c in charges if c[0] > through))
+    mark = Watermark(settled, frozenset(c[0] for c in charges if c[0] > settled))
     return book, Summary(summary.book, day, mark, dict(book.horizons), window, lifetime)
 
 
