@@ -268,14 +268,23 @@ def audit_report(
             " key): every shard is read, --partitions ranges each, and the results merged.",
         ),
     ] = None,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Read every account instead of bringing the stored summary up to date"
+            " (the figures are the same; the summary is stored again).",
+        ),
+    ] = False,
     database_url: DatabaseOption = None,
     quiet: QuietOption = False,
 ) -> None:
     """The effective-epsilon report: what each policy allows and what devices spent.
 
-    On stderr: the devices read (a bar on a terminal, a line per tenth in a log), or with
-    ``--partitions`` or ``--shard`` the ranges finished, then the bounds' time; ``--quiet``:
-    none of it.
+    Starts from the summary the last report stored and reads only what changed since, unless
+    ``--full`` or the policies changed (docs/scaling.md). On stderr: the devices read (a bar on
+    a terminal, a line per tenth in a log), or with ``--partitions`` or ``--shard`` the ranges
+    finished, then the bounds' time; ``--quiet``: none of it.
     """
     import os
 
@@ -322,7 +331,7 @@ def audit_report(
                     stages("the bounds of every policy")
 
             ledger.scan_progress = read
-            report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta)
+            report = effective_epsilon(ledger, now=SystemClock().now(), delta=delta, full=full)
     finally:
         ledger.close()
     _print_report(report, as_json)

@@ -22,7 +22,7 @@ from dp_governor.budget.errors import InvalidRequest, UnknownUseCase
 from dp_governor.budget.ledger import Ledger
 from dp_governor.budget.privacy.accountant import Accountant, PrivacyLoss
 from dp_governor.budget.reporting.central import central_figures
-from dp_governor.budget.reporting.population import SpendPass
+from dp_governor.budget.reporting.population import SpendPass, slot_rows
 from dp_governor.budget.reporting.report import (
     EffectiveEpsilonReport,
     ReportBasis,
@@ -31,6 +31,7 @@ from dp_governor.budget.reporting.report import (
     finish_report,
 )
 from dp_governor.budget.reporting.routing import RouteCheck
+from dp_governor.budget.reporting.summary import report_passes
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import AccountState, Slot, lifetime_counts, window_counts
 from dp_governor.policies.model import Policy, from_micro
@@ -82,11 +83,6 @@ def _scaled(rows: Iterable[tuple[int, int, int]]) -> Events:
     return tuple((from_micro(e), n) for e, n in sorted(merged.items()))
 
 
-def _rows(dk: str, counts: dict[Slot, int]) -> Iterator[Row]:
-    for (uc, e, g, b), n in sorted(counts.items()):
-        yield dk, uc, e, g, n, b
-
-
 def _window_counts(
     ledger: Ledger, day: int, book: PolicyBook, names: Iterable[str] | None = None
 ) -> Iterator[tuple[str, dict[Slot, int]]]:
@@ -109,13 +105,13 @@ def window_rows(ledger: Ledger, *, now: datetime, use_case: str | None = None) -
     """Each use case's charges in its own window: ``(device, use case, eps, group, n, budget)``."""
     names = None if use_case is None else [use_case]
     for dk, counts in _window_counts(ledger, utc_day(now), ledger.book(), names):
-        yield from _rows(dk, counts)
+        yield from slot_rows(dk, counts)
 
 
 def lifetime_rows(ledger: Ledger, use_case: str | None = None) -> Iterator[Row]:
     """The lifetime multiset: ``(device, use case, micro-epsilon, group size, count, budget)``."""
     for dk, state in ledger.accounts():
-        for row in _rows(dk, lifetime_counts(state)):
+        for row in slot_rows(dk, lifetime_counts(state)):
             if use_case is None or row[1] == use_case:
                 yield row
 
@@ -127,8 +123,8 @@ def spend_rows(ledger: Ledger, *, now: datetime) -> tuple[list[Row], list[Row]]:
     window: list[Row] = []
     lifetime: list[Row] = []
     for dk, state in ledger.accounts():
-        window.extend(_rows(dk, window_counts(state, day, retention, book.horizons)))
-        lifetime.extend(_rows(dk, lifetime_counts(state)))
+        window.extend(slot_rows(dk, window_counts(state, day, retention, book.horizons)))
+        lifetime.extend(slot_rows(dk, lifetime_counts(state)))
     return window, lifetime
 
 
@@ -159,8 +155,8 @@ def spend_passes(
     for dk, state in ledger.accounts(chunk=chunk, after=after, through=through):
         if route is not None:
             route.see(dk)
-        window = list(_rows(dk, window_counts(state, day, retention, book.horizons)))
-        lifetime = list(_rows(dk, lifetime_counts(state)))
+        window = list(slot_rows(dk, window_counts(state, day, retention, book.horizons)))
+        lifetime = list(slot_rows(dk, lifetime_counts(state)))
         for in_window, ever in passes:
             in_window.add(window)
             ever.add(lifetime)
@@ -170,27 +166,31 @@ def spend_passes(
 
 
 def effective_epsilon_basis(
-    ledger: Ledger, *, now: datetime, chunk: int = ACCOUNTS_CHUNK
+    ledger: Ledger, *, now: datetime, chunk: int = ACCOUNTS_CHUNK, full: bool = False
 ) -> ReportBasis:
-    """The delta-free part of the effective-epsilon report: one streaming scan of the accounts.
+    """The delta-free part of the effective-epsilon report, from the stored summary if it can be.
 
+    The summary brought up to date by what changed since it was stored, else (or with ``full``)
+    one streaming scan of the accounts, stored for the next report
+    (:func:`dp_governor.budget.reporting.summary.report_passes`; the same figures either way).
     With the central figures of the shuffled batches published
     (:mod:`dp_governor.budget.reporting.central`, each at its policy's delta).
     """
-    book, day = ledger.book(), utc_day(now)
-    ((window, lifetime),) = spend_passes(ledger, now=now, books=[book], chunk=chunk)
+    day = utc_day(now)
+    book, window, lifetime = report_passes(ledger, now=now, chunk=chunk, full=full)
     basis = basis_of(book, day, window, lifetime, computed_at=now.isoformat())
     return replace(basis, central=central_figures(ledger.engine, book.versions, day))
 
 
 def effective_epsilon(
-    ledger: Ledger, *, now: datetime, delta: float | None = None
+    ledger: Ledger, *, now: datetime, delta: float | None = None, full: bool = False
 ) -> EffectiveEpsilonReport:
     """The effective-epsilon report (:mod:`dp_governor.budget.reporting.report`) on the live ledger.
 
-    ``delta`` defaults to the smallest active policy delta.
+    ``delta`` defaults to the smallest active policy delta; ``full`` reads every account
+    instead of bringing the stored summary up to date (:func:`effective_epsilon_basis`).
     """
-    basis = effective_epsilon_basis(ledger, now=now)
+    basis = effective_epsilon_basis(ledger, now=now, full=full)
     return finish_report(basis, accountant=ledger.accountant, delta=delta)
 
 

@@ -15,17 +15,53 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 from dp_governor.budget.rule.book import PolicyBook
-from dp_governor.budget.rule.state import ANY_BUDGET
+from dp_governor.budget.rule.state import ANY_BUDGET, Slot
 from dp_governor.policies.model import from_micro
 
-__all__ = ["Events", "Row", "SpendPass"]
+__all__ = ["Events", "Row", "SpendPass", "slot_rows"]
 
 Row = tuple[str, str, int, int, int, str]  # device, use case, micro-eps, group, count, budget
 Events = tuple[tuple[float, int], ...]  # a device's multiset: (epsilon, reports), sorted
 _NONE: Final = ""
+
+
+def slot_rows(dk: str, counts: dict[Slot, int]) -> list[Row]:
+    """A device's ``{slot: reports}`` as its spend rows, in slot order.
+
+    >>> slot_rows("d", {("b", 2, 1, "b"): 1, ("a", 5, 2, "a"): 3})
+    [('d', 'a', 5, 2, 3, 'a'), ('d', 'b', 2, 1, 1, 'b')]
+    """
+    return [(dk, uc, e, g, n, b) for (uc, e, g, b), n in sorted(counts.items())]
+
+
+def _less(have: Counter[Any], taken: Counter[Any]) -> None:
+    """``have - taken`` in place, entries reaching 0 removed; a count below 0 raises."""
+    for value, n in taken.items():
+        left = have.get(value, 0) - n
+        if left < 0:
+            raise ValueError(f"a pass took out {n} devices at {value!r}, it held {left + n}")
+        if left:
+            have[value] = left
+        else:
+            have.pop(value, None)
+
+
+def _less_each(have: dict[str, Counter[int]], taken: dict[str, Counter[int]]) -> None:
+    """:func:`_less` per name; a name left with no devices is removed."""
+    for name, counts in taken.items():
+        mine = have.get(name, Counter())
+        _less(mine, counts)
+        if mine:
+            have[name] = mine
+        else:
+            have.pop(name, None)
+
+
+def _pairs(counts: Counter[int]) -> list[list[int]]:
+    return [[v, n] for v, n in sorted(counts.items())]
 
 
 class SpendPass:
@@ -105,6 +141,57 @@ class SpendPass:
         self.totals.update(other.totals)
         self.ledgers.update(other.ledgers)
         return self
+
+    def subtract(self, other: SpendPass) -> SpendPass:
+        """This pass less ``other`` (finished, over some of the same devices' values); exact.
+
+        Raises:
+            ValueError: ``other`` holds a device this pass does not (the passes disagree).
+        """
+        self.finish()
+        other.finish()
+        _less_each(self.use_case, other.use_case)
+        _less_each(self.budget, other.budget)
+        _less(self.totals, other.totals)
+        _less(self.ledgers, other.ledgers)
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """The finished pass's histograms as JSON-ready lists, sorted (:meth:`of_json`)."""
+        self.finish()
+        return {
+            "use_case": {n: _pairs(c) for n, c in sorted(self.use_case.items())},
+            "budget": {n: _pairs(c) for n, c in sorted(self.budget.items())},
+            "totals": _pairs(self.totals),
+            "ledgers": [
+                [[list(e) for e in multiset], grouped, n]
+                for (multiset, grouped), n in sorted(self.ledgers.items())
+            ],
+        }
+
+    @classmethod
+    def of_json(cls, book: PolicyBook, data: dict[str, Any]) -> SpendPass:
+        """The finished pass :meth:`to_json` wrote, under ``book`` (the one it was built under).
+
+        >>> from dp_governor.budget.rule.book import PolicyBook
+        >>> book = PolicyBook.build([], {})
+        >>> spend = SpendPass(book).add([("d", "a", 5, 2, 3, "a")]).finish()
+        >>> SpendPass.of_json(book, spend.to_json()).ledgers == spend.ledgers
+        True
+        """
+        out = cls(book)
+        for name, pairs in data["use_case"].items():
+            out.use_case[name] = Counter({int(v): int(n) for v, n in pairs})
+        for name, pairs in data["budget"].items():
+            out.budget[name] = Counter({int(v): int(n) for v, n in pairs})
+        out.totals = Counter({int(v): int(n) for v, n in data["totals"]})
+        out.ledgers = Counter(
+            {
+                (tuple((float(e), int(k)) for e, k in multiset), bool(grouped)): int(n)
+                for multiset, grouped, n in data["ledgers"]
+            }
+        )
+        return out
 
     def _close(self) -> None:
         if not self._dk:

@@ -20,6 +20,8 @@
   (:mod:`dp_governor.budget.audit.log`), its head (one row, starting at :data:`GENESIS`) and its
   signed checkpoints. The log and the checkpoints are append-only: triggers refuse UPDATE and DELETE
   (and TRUNCATE on PostgreSQL).
+- ``report_summaries``: the effective-epsilon report's histograms as of a day and a charge
+  watermark, brought up to date by what changed since (:mod:`dp_governor.budget.reporting.summary`).
 - ``audit_verifications``: every verdict of ``verify``, tagged with the audit key; an accepted
   one carries the signed checkpoint it reached and the replayed state there, where the next
   incremental verification starts (:mod:`dp_governor.budget.audit.verdicts`).
@@ -62,6 +64,7 @@ __all__ = [
     "Charge",
     "DashboardSnapshot",
     "IdempotencyRecord",
+    "ReportSummary",
     "RetentionHorizon",
     "ShuffledBatch",
     "SlotBudgets",
@@ -341,6 +344,28 @@ class DashboardSnapshot(SQLModel, table=True):
     computed_at: str = Field(sa_column=Column(String(40), nullable=False))
     seconds: float = Field(description="How long the job took to compute them.")
     body: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class ReportSummary(SQLModel, table=True):
+    """The effective-epsilon report's per-device histograms as of a day and a charge watermark.
+
+    ``name`` says which figures (``report``); ``book`` the policy versions they were computed
+    under (a digest); ``through`` and ``applied`` the charges they count (every id up to
+    ``through`` and the ids listed, JSON); ``horizons`` the retention horizons then (JSON);
+    ``passes`` the window and lifetime histograms (JSON). One row per name, replaced whole
+    (:mod:`dp_governor.budget.reporting.summary`).
+    """
+
+    __tablename__ = "report_summaries"
+
+    name: str = Field(sa_column=Column(String(80), primary_key=True))
+    book: str = Field(sa_column=Column(String(64), nullable=False))
+    day: int = Field(sa_column=Column(Integer, nullable=False))
+    through: int = Field(sa_column=Column(BigInteger, nullable=False))
+    applied: str = Field(sa_column=Column(Text, nullable=False))
+    horizons: str = Field(sa_column=Column(Text, nullable=False))
+    passes: str = Field(sa_column=Column(Text, nullable=False))
+    computed_at: str = Field(sa_column=Column(String(40), nullable=False))
 
 
 class AuditVerification(SQLModel, table=True):

@@ -164,6 +164,25 @@ def test_cli_report_export_and_offline_recompute(
     assert missing.exit_code == 1 and "Error" in missing.output
 
 
+def test_cli_report_from_its_summary_equals_the_full_pass(
+    client: TestClient, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DPGOV_SECRET_FILE", str(settings.secret_file))
+    monkeypatch.setenv("DPGOV_AUDIT_KEY_FILE", str(settings.audit_key_file))
+    url = ["--database-url", settings.database_url, "--json", "--quiet"]
+    _submit(client, 2)
+    first = runner.invoke(cli, ["audit", "report", *url])  # every account read; stored
+    assert first.exit_code == 0, first.output
+    _submit(client, 6)  # more devices charged: the next report starts from the summary
+    reports = [runner.invoke(cli, ["audit", "report", *url, *full]) for full in ([], ["--full"])]
+    assert [r.exit_code for r in reports] == [0, 0], [r.output for r in reports]
+    incremental, full = (json.loads(r.stdout) for r in reports)
+    assert incremental.pop("computed_at") <= full.pop("computed_at")
+    assert incremental == full
+    spent = {line["use_case"]: line for line in full["use_cases"]}["safari-energy-domains"]
+    assert spent["spent_window"]["devices"] == 3
+
+
 def test_device_timeline_distribution_and_what_if_routes(client: TestClient) -> None:
     _submit(client, 9)
     mine = client.get("/v1/audit/devices/d0", headers={"X-Device-Id": "d0"})

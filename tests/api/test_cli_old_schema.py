@@ -27,7 +27,7 @@ ARGS: dict[str, list[str]] = {
 }
 # commands that open no database: they read files or other services
 NO_DATABASE = {"audit recompute", "witness key", "witness serve", "witness run"}
-# the tables the transparency log and what came after it added (migrations 0010 to 0016)
+# the tables the transparency log and what came after it added (migrations 0010 to 0017)
 LATER_TABLES = (
     "tlog_leaves",
     "tlog_nodes",
@@ -36,6 +36,7 @@ LATER_TABLES = (
     "tlog_cosignatures",
     "audit_verifications",
     "audit_archives",
+    "report_summaries",
 )
 
 
