@@ -7,6 +7,7 @@ an edit of a leaf, a node or a checkpoint fails ``Ledger.verify``.
 
 from __future__ import annotations
 
+import hmac
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -17,7 +18,13 @@ from sqlalchemy import text
 
 from dp_governor.budget import Ledger
 from dp_governor.budget.audit import tlog
-from dp_governor.budget.audit.leaves import LabelKeys, charge_label, day_label, device_label_key
+from dp_governor.budget.audit.leaves import (
+    LabelKeys,
+    charge_label,
+    day_label,
+    device_label_key,
+    hmac_sha256,
+)
 from dp_governor.budget.audit.log import Entry
 from dp_governor.budget.storage.db import writer
 from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
@@ -250,3 +257,9 @@ def test_label_keys_from_the_pre_keyed_hmac_are_the_device_label_keys(
     keys = LabelKeys(secret, cached=cached)
     for dk in pseudonyms + pseudonyms[::-1]:
         assert keys.of(f"device:{dk}") == device_label_key(secret, dk)
+
+
+@given(key=st.binary(max_size=150), message=st.binary(max_size=300))
+def test_the_two_hash_hmac_is_hmac_sha256(key: bytes, message: bytes) -> None:
+    """The labels' HMAC equals the standard library's for any key (past the block: hashed)."""
+    assert hmac_sha256(key, message) == hmac.digest(key, message, "sha256")
