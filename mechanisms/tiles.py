@@ -13,7 +13,7 @@ tiles it fills, which is how the log stores it. Pure: the caller fetches and sto
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dp_governor.mechanisms.merkle import EMPTY_ROOT, NodeReader, node_hash, range_nodes
@@ -182,28 +182,31 @@ class TileFrontier:
         node = tile_reader(size, lambda tile: bytes(self._open[tile.level or 0]))
         self.edge = [node(level, index) for level, index in range_nodes(0, size)]
 
-    def _add(self, level: int, digest: bytes) -> None:
-        """Append a hash to the level's open tile; a tile that fills is kept and a new one begun."""
+    def _add(self, level: int, hashes: bytes) -> None:
+        """Append hashes to the level's open tile; each tile that fills is kept, a new one begun."""
         if level == len(self._open):
             self._open.append(bytearray())
             self._index.append(0)
             self._changed.append(False)
-        tile = self._open[level]
-        tile += digest
-        self._changed[level] = True
-        if len(tile) == _FULL:
-            self._full.append((level, self._index[level], bytes(tile)))
-            self._open[level] = bytearray()
-            self._index[level] += 1
-            self._changed[level] = False
+        while hashes:
+            tile = self._open[level]
+            room = _FULL - len(tile)
+            tile += hashes[:room]
+            hashes = hashes[room:]
+            self._changed[level] = True
+            if len(tile) == _FULL:
+                self._full.append((level, self._index[level], bytes(tile)))
+                self._open[level] = bytearray()
+                self._index[level] += 1
+                self._changed[level] = False
 
-    def extend(self, leaves: Iterable[bytes]) -> None:
+    def extend(self, leaves: Sequence[bytes]) -> None:
         """Append leaf hashes in order (RFC 9162 interior hashes computed as subtrees close)."""
+        self._add(0, b"".join(leaves))
         # node_hash inlined: this loop runs once a leaf on the checkpoint job's path
         edge, add, sha256 = self.edge, self._add, hashlib.sha256
         size = self.size
         for leaf in leaves:
-            add(0, leaf)
             current, index, height = leaf, size, 0
             while index & 1:  # the new node closes its parent: merge with the edge's last
                 current = sha256(b"\x01" + edge.pop() + current).digest()

@@ -58,7 +58,7 @@ def test_revision_0019_turns_the_nodes_into_tiles_and_back(empty_url: str, size:
         init_db(engine)
         assert "tlog_nodes" not in inspect(engine).get_table_names()
         grown = TileFrontier()
-        grown.extend(nodes[(0, i)] for i in range(size))
+        grown.extend([nodes[(0, i)] for i in range(size)])
         assert _stored_tiles(engine) == {(lv, n): h for lv, n, h in grown.tiles()}
         tlog = TransparencyLog(engine, bytes(32))
         with engine.connect() as conn:
