@@ -161,7 +161,7 @@ class TransparencyLog:
     def sync(self, *, limit: int | None = None) -> SignedCheckpoint | None:
         """Project every new audit entry into the tree and sign the new head, step by step.
 
-        Each step reads new entries and computes their leaves, subtree hashes and signed
+        Each step reads new entries and computes their leaves, the tiles they fill and the signed
         checkpoint outside any write lock, for at most :data:`STEP_SECONDS` or 5,000 entries,
         then stores them in one short job transaction: a log catching up on a backlog signs a
         checkpoint every step, not once at the end. ``limit`` caps the entries (for tests and
