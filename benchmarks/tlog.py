@@ -4,7 +4,7 @@ Usage: ``python -m benchmarks.tlog [--entries 1000000]
 [--postgres postgresql+psycopg://postgres@127.0.0.1:5432/test]``.
 
 Appends ``entries`` realistic charge decisions to the audit log (as ``benchmarks.audit``
-does), then times the checkpoint job's ``TransparencyLog.sync`` (leaves and subtree hashes
+does), then times the checkpoint job's ``TransparencyLog.sync`` (leaves and tiles
 stored, one checkpoint signed), a receipt read and its verification by a device (the signed
 note and the inclusion proof; median of 200), and ``TransparencyLog.verify`` (every leaf
 against its entry, every node and checkpoint), and ``dpgov audit tiles``'s writer

@@ -6,21 +6,33 @@ last prefixed ``x`` (``x001/x234/067``), and a partial tile of ``W`` hashes ends
 Entry bundles (``tile/entries/N``) hold the leaves of a level-0 tile, each prefixed by its
 length as a big-endian uint16. :func:`tile_reader` turns fetched tiles into the ``node``
 callback of :mod:`dp_governor.mechanisms.merkle`, so a client computes any inclusion or
-consistency proof, or the root, from tiles alone. Pure: the caller fetches.
+consistency proof, or the root, from tiles alone; :class:`TileFrontier` grows a tree and the
+tiles it fills, which is how the log stores it. Pure: the caller fetches and stores.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dp_governor.mechanisms.merkle import NodeReader, node_hash
+from dp_governor.mechanisms.merkle import EMPTY_ROOT, NodeReader, node_hash, range_nodes
 
-__all__ = ["TILE_HEIGHT", "TILE_WIDTH", "TilePath", "bundle_entries", "tile_reader", "tile_width"]
+__all__ = [
+    "TILE_HEIGHT",
+    "TILE_WIDTH",
+    "TileFrontier",
+    "TilePath",
+    "bundle_entries",
+    "partial_tiles",
+    "tile_reader",
+    "tile_width",
+]
 
 TILE_HEIGHT = 8
 TILE_WIDTH = 256
 _HASH = 32
+_FULL = TILE_WIDTH * _HASH
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,3 +136,102 @@ def tile_reader(size: int, fetch: Callable[[TilePath], bytes]) -> NodeReader:
         return hashes[0]
 
     return node
+
+
+def partial_tiles(size: int) -> dict[int, tuple[int, int]]:
+    """The rightmost tile of each level that a tree of ``size`` leaves has partial: ``(N, W)``.
+
+    >>> partial_tiles(70_000)
+    {0: (273, 112), 1: (1, 17), 2: (0, 1)}
+    """
+    found: dict[int, tuple[int, int]] = {}
+    level = 0
+    while size >> (TILE_HEIGHT * level):
+        below = size >> (TILE_HEIGHT * level)
+        if below % TILE_WIDTH:
+            found[level] = (below // TILE_WIDTH, below % TILE_WIDTH)
+        level += 1
+    return found
+
+
+class TileFrontier:
+    """A growing tree kept as its tiles: appends leaf hashes, fills tiles, knows its root.
+
+    Starts from a tree's partial tiles (:func:`partial_tiles`: one a level at most, which hold
+    its whole right edge) and keeps, as :class:`~dp_governor.mechanisms.merkle.Frontier` does,
+    one hash per set bit of the size; each leaf hash, and each subtree hash of height ``8 * L``
+    it completes, is appended to the level-``L`` tile it belongs to. :meth:`tiles` gives every
+    tile written since the start, full or partial, at its new width: what a log stores.
+    """
+
+    def __init__(self, size: int = 0, tiles: Mapping[int, bytes] | None = None) -> None:
+        """Resume the tree of ``size`` leaves from its partial tiles, ``{level: hashes}``."""
+        partial, tiles = partial_tiles(size), tiles or {}
+        self.size = size
+        self._open: list[bytearray] = []  # the tile each level is filling, from the level 0
+        self._index: list[int] = []  # each of those tiles' index
+        for level in range(max(partial, default=-1) + 1):
+            index, width = partial.get(level, ((size >> (TILE_HEIGHT * level)) // TILE_WIDTH, 0))
+            data = bytes(tiles.get(level, b"")) if width else b""
+            if len(data) != width * _HASH:
+                raise ValueError(f"tile {level}/{index} must hold {width} hashes at size {size}")
+            self._open.append(bytearray(data))
+            self._index.append(index)
+        self._changed = [False] * len(self._open)
+        self._full: list[tuple[int, int, bytes]] = []
+        node = tile_reader(size, lambda tile: bytes(self._open[tile.level or 0]))
+        self.edge = [node(level, index) for level, index in range_nodes(0, size)]
+
+    def _add(self, level: int, hashes: bytes) -> None:
+        """Append hashes to the level's open tile; each tile that fills is kept, a new one begun."""
+        if level == len(self._open):
+            self._open.append(bytearray())
+            self._index.append(0)
+            self._changed.append(False)
+        while hashes:
+            tile = self._open[level]
+            room = _FULL - len(tile)
+            tile += hashes[:room]
+            hashes = hashes[room:]
+            self._changed[level] = True
+            if len(tile) == _FULL:
+                self._full.append((level, self._index[level], bytes(tile)))
+                self._open[level] = bytearray()
+                self._index[level] += 1
+                self._changed[level] = False
+
+    def extend(self, leaves: Sequence[bytes]) -> None:
+        """Append leaf hashes in order (RFC 9162 interior hashes computed as subtrees close)."""
+        self._add(0, b"".join(leaves))
+        # node_hash inlined: this loop runs once a leaf on the checkpoint job's path
+        edge, add, sha256 = self.edge, self._add, hashlib.sha256
+        size = self.size
+        for leaf in leaves:
+            current, index, height = leaf, size, 0
+            while index & 1:  # the new node closes its parent: merge with the edge's last
+                current = sha256(b"\x01" + edge.pop() + current).digest()
+                index >>= 1
+                height += 1
+                if not height % TILE_HEIGHT:
+                    add(height // TILE_HEIGHT, current)
+            edge.append(current)
+            size += 1
+        self.size = size
+
+    def root(self) -> bytes:
+        """``MTH`` of the tree so far."""
+        if not self.edge:
+            return EMPTY_ROOT
+        result = self.edge[-1]
+        for part in reversed(self.edge[:-1]):
+            result = node_hash(part, result)
+        return result
+
+    def tiles(self) -> list[tuple[int, int, bytes]]:
+        """``(level, index, hashes)`` of every tile filled or grown since the start, in order."""
+        grown = [
+            (level, self._index[level], bytes(tile))
+            for level, tile in enumerate(self._open)
+            if self._changed[level] and tile
+        ]
+        return self._full + grown

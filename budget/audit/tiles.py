@@ -1,8 +1,8 @@
 """The transparency log as C2SP ``tlog-tiles``: tiles and entry bundles read from the stored tree.
 
-Every hash a tile holds is a complete subtree the checkpoint job stored (``tlog_nodes``: a
-level-``L`` tile's hashes are the subtrees of height ``8 * L``), so a tile is one indexed range
-read, and an entry bundle one range of ``tlog_leaves``. Only what the newest signed checkpoint
+The checkpoint job stores the tree as these tiles (``tlog_tiles``, one row a tile, a partial
+one grown in place), so a tile is one row read (cut to the width asked), and an entry bundle
+one range of ``tlog_leaves``. Only what the newest signed checkpoint
 covers is served: a full tile once its 256 hashes are complete, a partial one of any width up
 to what that checkpoint's size gives (the partials of earlier checkpoints included).
 :func:`write_tiles` writes the same resources as static files, for a static host or a CDN,
@@ -46,14 +46,7 @@ def _tile_bytes(tlog: TransparencyLog, tile: TilePath) -> bytes:
     bounds = {"a": first, "b": first + tile.width}
     with tlog.engine.connect() as conn:
         if tile.level is not None:
-            rows = conn.execute(
-                text(
-                    "SELECT hash FROM tlog_nodes WHERE level = :level AND idx >= :a AND idx < :b"
-                    " ORDER BY idx"
-                ),
-                {"level": TILE_HEIGHT * tile.level, **bounds},
-            ).scalars()
-            return b"".join(bytes.fromhex(h) for h in rows)
+            return tlog.tile(conn, tile.level, tile.index)[: tile.width * 32]
         leaves = conn.execute(
             text("SELECT idx, data FROM tlog_leaves WHERE idx >= :a AND idx < :b ORDER BY idx"),
             bounds,

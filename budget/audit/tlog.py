@@ -4,10 +4,11 @@ Leaf ``i`` is the public projection of audit entry ``i + 1``
 (:func:`~dp_governor.budget.audit.leaves.leaf_of`), so the log is not a second record beside
 the audit chain but a view of it that outsiders can check: the gate appends the audit entry in
 the charge's transaction, and the checkpoint job (:meth:`TransparencyLog.sync`) projects the
-new entries, stores the leaves and every complete subtree hash (``tlog_nodes``, so any
-inclusion or consistency proof reads ``O(log n)`` rows), and signs a C2SP ``tlog-checkpoint``
-with the log's Ed25519 key. :meth:`TransparencyLog.verify` checks that every leaf is its
-entry's projection and every signed checkpoint the root of the leaves.
+new entries, stores the leaves and the tree as its C2SP tiles (``tlog_tiles``: 256 subtree
+hashes a row, so any inclusion or consistency proof reads a few rows per 8 levels and hashes
+up the rest), and signs a C2SP ``tlog-checkpoint`` with the log's Ed25519 key.
+:meth:`TransparencyLog.verify` checks that every leaf is its entry's projection, every stored
+tile the leaves' hashes and every signed checkpoint the root of the leaves.
 
 What a leaf shows, and the labels that hide its device: :mod:`dp_governor.budget.audit.leaves`.
 """
@@ -21,22 +22,27 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from sqlalchemy import Connection, Engine, inspect, text
 
 from dp_governor.budget.audit.leaves import LabelKeys, device_label_key, project
 from dp_governor.budget.storage.db import placeholder, write_step
 from dp_governor.mechanisms.merkle import (
     Frontier,
+    NodeReader,
     consistency_proof,
-    consistency_ranges,
     encode_hashes,
     inclusion_proof,
     leaf_hash,
-    path_ranges,
-    range_nodes,
 )
 from dp_governor.mechanisms.signed_note import Checkpoint, Signer, Verifier, sign_note
+from dp_governor.mechanisms.tiles import (
+    TILE_HEIGHT,
+    TILE_WIDTH,
+    TileFrontier,
+    TilePath,
+    partial_tiles,
+    tile_reader,
+)
 
 __all__ = [
     "DEFAULT_ORIGIN",
@@ -55,7 +61,6 @@ _POINTS = 5_000  # the checkpoints verify holds at a time
 _STEP_ENTRIES = 5_000  # one sync step's most: its transaction stays short on a loaded database
 STEP_SECONDS = 1.0
 """The longest one step of :meth:`TransparencyLog.sync` computes before it stores and signs."""
-_SORTED = orjson.OPT_SORT_KEYS
 _ROWS_PER_INSERT = 200  # SQLite: 800 parameters a statement, well under its limit of 32,766
 
 
@@ -74,7 +79,7 @@ class _Step:
 
     start: int
     leaves: list[tuple[int, int, str | None, str]]
-    nodes: list[tuple[int, int, str]]
+    tiles: list[tuple[int, int, bytes]]
     point: SignedCheckpoint
 
 
@@ -139,42 +144,24 @@ class TransparencyLog:
         found = conn.execute(text("SELECT max(idx) FROM tlog_leaves")).scalar()
         return 0 if found is None else int(found) + 1
 
-    def _nodes(
-        self, conn: Connection, wanted: Iterable[tuple[int, int]]
-    ) -> dict[tuple[int, int], bytes]:
-        """The stored hashes of the complete subtrees ``wanted`` (one query per level)."""
-        by_level: dict[int, list[int]] = {}
-        for level, index in wanted:
-            by_level.setdefault(level, []).append(index)
-        found: dict[tuple[int, int], bytes] = {}
-        for level, indexes in by_level.items():
-            for start in range(0, len(indexes), 500):
-                chunk = indexes[start : start + 500]
-                marks = ", ".join([self._ph] * len(chunk))
-                cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-                cur.execute(
-                    f"SELECT idx, hash FROM tlog_nodes WHERE level = {self._ph}"
-                    f" AND idx IN ({marks})",
-                    (level, *chunk),
-                )
-                for index, digest in cur.fetchall():
-                    found[(level, int(index))] = bytes.fromhex(digest)
-        return found
+    def tile(self, conn: Connection, level: int, index: int) -> bytes:
+        """The stored hashes of tile ``index`` at ``level`` (empty if none is stored)."""
+        sql = text("SELECT hashes FROM tlog_tiles WHERE level = :level AND idx = :idx")
+        found = conn.execute(sql, {"level": level, "idx": index}).scalar()
+        return b"" if found is None else bytes(found)
 
-    def _reader(self, conn: Connection, ranges: Sequence[tuple[int, int]]) -> Any:
-        """A node callback over the nodes the given leaf ranges need, fetched at once."""
-        wanted = {n for lo, hi in ranges for n in range_nodes(lo, hi)}
-        found = self._nodes(conn, wanted)
+    def _reader(self, conn: Connection, size: int) -> NodeReader:
+        """The ``node`` callback of the tree of ``size`` leaves, from the stored tiles."""
 
-        def node(level: int, index: int) -> bytes:
-            return found[(level, index)]
+        def fetch(tile: TilePath) -> bytes:
+            return self.tile(conn, tile.level or 0, tile.index)[: tile.width * 32]
 
-        return node
+        return tile_reader(size, fetch)
 
     def sync(self, *, limit: int | None = None) -> SignedCheckpoint | None:
         """Project every new audit entry into the tree and sign the new head, step by step.
 
-        Each step reads new entries and computes their leaves, subtree hashes and signed
+        Each step reads new entries and computes their leaves, the tiles they fill and the signed
         checkpoint outside any write lock, for at most :data:`STEP_SECONDS` or 5,000 entries,
         then stores them in one short job transaction: a log catching up on a backlog signs a
         checkpoint every step, not once at the end. ``limit`` caps the entries (for tests and
@@ -210,45 +197,51 @@ class TransparencyLog:
         deadline = time.monotonic() + STEP_SECONDS
         with self.engine.connect() as conn:
             start = self._size(conn)
-            edge = Frontier.edge_nodes(start)
-            known = self._nodes(conn, edge)
-            frontier = Frontier(start, [known[n] for n in edge])
+            tiles = {
+                level: self.tile(conn, level, index)[: width * 32]
+                for level, (index, width) in partial_tiles(start).items()
+            }
+            frontier = TileFrontier(start, tiles)
             ph = self._ph
             cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             leaves: list[tuple[int, int, str | None, str]] = []
-            nodes: list[tuple[int, int, str]] = []
             keys = LabelKeys(self.label_secret)
-            while frontier.size - start < page and (not leaves or time.monotonic() < deadline):
+            size = start
+            while size - start < page and (not leaves or time.monotonic() < deadline):
                 cur.execute(
                     "SELECT seq, at, actor, action, body FROM audit_log"
                     f" WHERE seq > {ph} ORDER BY seq LIMIT {min(_CHUNK, page - len(leaves))}",
-                    (frontier.size,),
+                    (size,),
                 )
                 rows = cur.fetchall()
                 if not rows:
                     break
+                hashes = []
                 for seq, at, actor, action, body in rows:
-                    if int(seq) != frontier.size + 1:
-                        raise RuntimeError(
-                            f"audit entry {frontier.size + 1} is missing (next is {seq})"
-                        )
-                    data, label = project(keys, int(seq), at, actor, action, body)
-                    leaves.append((frontier.size, int(seq), label, data.decode()))
-                    nodes.extend(
-                        (level, index, digest.hex())
-                        for level, index, digest in frontier.append(leaf_hash(data))
-                    )
+                    if seq != size + 1:
+                        raise RuntimeError(f"audit entry {size + 1} is missing (next is {seq})")
+                    data, label = project(keys, seq, at, actor, action, body)
+                    leaves.append((size, seq, label, data.decode()))
+                    hashes.append(leaf_hash(data))
+                    size += 1
+                frontier.extend(hashes)
         if not leaves:
             return None
         point = Checkpoint(self.origin, frontier.size, frontier.root())
         note = sign_note(point.text(), [self.signer.sign(point.text())])
-        return _Step(start, leaves, nodes, SignedCheckpoint(point.size, point.root, note))
+        signed = SignedCheckpoint(point.size, point.root, note)
+        return _Step(start, leaves, frontier.tiles(), signed)
 
     def _store(self, conn: Connection, step: _Step) -> None:
-        """Insert a prepared step's leaves, subtree hashes and checkpoint."""
+        """Insert a prepared step's leaves, tiles (a partial one grown in place) and checkpoint."""
         cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         _insert(cur, self._ph, "tlog_leaves (idx, seq, label, data)", step.leaves)
-        _insert(cur, self._ph, "tlog_nodes (level, idx, hash)", step.nodes)
+        marks = ", ".join([f"({self._ph}, {self._ph}, {self._ph})"] * len(step.tiles))
+        cur.execute(
+            f"INSERT INTO tlog_tiles (level, idx, hashes) VALUES {marks}"
+            " ON CONFLICT (level, idx) DO UPDATE SET hashes = excluded.hashes",
+            [value for tile in step.tiles for value in tile],
+        )
         point = step.point
         _insert(
             cur,
@@ -332,8 +325,7 @@ class TransparencyLog:
             ).scalar()
             if data is None:
                 return None
-            ranges = path_ranges(index, point.size)
-            proof = inclusion_proof(index, point.size, self._reader(conn, ranges))
+            proof = inclusion_proof(index, point.size, self._reader(conn, point.size))
         return Receipt(index, str(data).encode(), proof, point.note)
 
     def receipts(self, labels: Sequence[str]) -> tuple[SignedCheckpoint | None, list[Receipt]]:
@@ -361,8 +353,7 @@ class TransparencyLog:
                 )
                 found.extend((int(index), str(data)) for index, data in cur.fetchall())
             found.sort()
-            ranges = [r for index, _ in found for r in path_ranges(index, point.size)]
-            node = self._reader(conn, ranges)
+            node = self._reader(conn, point.size)
             receipts = [
                 Receipt(index, data.encode(), inclusion_proof(index, point.size, node), point.note)
                 for index, data in found
@@ -377,8 +368,7 @@ class TransparencyLog:
                 raise ValueError(f"sizes must satisfy 0 <= old <= new <= {size}, got {old}, {new}")
             if old == 0 or old == new:
                 return []  # the empty tree and a tree itself need no proof (RFC 9162, 2.1.4)
-            ranges = consistency_ranges(old, new)
-            return consistency_proof(old, new, self._reader(conn, ranges))
+            return consistency_proof(old, new, self._reader(conn, new))
 
     def leaves(self, label: str) -> list[tuple[int, bytes]]:
         """Every leaf carrying ``label``, as ``(index, leaf)``, in order."""
@@ -423,12 +413,15 @@ class TransparencyLog:
             low, high, count = conn.execute(
                 text("SELECT min(size), max(size), count(*) FROM tlog_checkpoints")
             ).one()
-            n_nodes = conn.execute(text("SELECT count(*) FROM tlog_nodes")).scalar() or 0
+            stored = conn.execute(
+                text("SELECT coalesce(sum(length(hashes)), 0) FROM tlog_tiles")
+            ).scalar()
+        n_stored = int(stored or 0) // 32
         highest = int(high or 0)
         points = self._points(after=frontier.size)
         point = next(points, None)
         made = 0
-        pending: list[tuple[int, int, bytes]] = []
+        pending: list[tuple[int, int, bytes]] = []  # the made hashes a tile stores
         keys = LabelKeys(self.label_secret, cached=_PAGE)
 
         def fail(problem: str) -> TlogVerification:
@@ -449,12 +442,13 @@ class TransparencyLog:
             expected = project(keys, seq, at, actor, action, body)[0]
             if leaf != expected:
                 return fail(f"leaf {index} differs from the projection of audit entry {seq}")
-            pending.extend(frontier.append(leaf_hash(leaf)))
+            nodes = frontier.append(leaf_hash(leaf))
+            made += len(nodes)
+            pending.extend(n for n in nodes if not n[0] % TILE_HEIGHT)
             if len(pending) >= _PAGE:
-                bad = self._nodes_differ(pending)
+                bad = self._tiles_differ(pending)
                 if bad is not None:
                     return fail(f"the stored hash of subtree {bad} differs from its leaves'")
-                made += len(pending)
                 pending = []
             while point is not None and point[0] < frontier.size:
                 point = next(points, None)  # a size no leaf reaches: the last check names it
@@ -469,17 +463,17 @@ class TransparencyLog:
                     return fail(f"the checkpoint at size {frontier.size}: {exc}")
                 if got != expected_note:
                     return fail(f"the checkpoint note at size {frontier.size} says another tree")
-        bad = self._nodes_differ(pending)
+        bad = self._tiles_differ(pending)
         if bad is not None:
             return fail(f"the stored hash of subtree {bad} differs from its leaves'")
-        made += len(pending)
         if highest > frontier.size:
             return fail(
                 f"a checkpoint signs {highest} leaves but the audit log has {frontier.size}"
             )
         made += made_before
-        if made != n_nodes:
-            return fail(f"tlog_nodes holds {n_nodes} subtree hashes, the leaves make {made}")
+        tiled = sum(frontier.size >> level for level in range(0, frontier.size.bit_length(), 8))
+        if n_stored != tiled:
+            return fail(f"tlog_tiles hold {n_stored} subtree hashes, the leaves make {tiled}")
         return TlogVerification(True, frontier.size, int(count), None, tuple(frontier.edge), made)
 
     def _points(self, *, after: int) -> Iterator[tuple[int, bytes, str]]:
@@ -492,13 +486,17 @@ class TransparencyLog:
             yield from ((int(n), bytes.fromhex(root), str(note)) for n, root, note in rows)
             full, last = len(rows) == _POINTS, int(rows[-1][0]) if rows else last
 
-    def _nodes_differ(self, made: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
-        """The first of ``made`` whose stored hash differs (or is missing), or ``None``."""
+    def _tiles_differ(self, made: list[tuple[int, int, bytes]]) -> tuple[int, int] | None:
+        """The first of ``made`` (heights a tile holds) its stored tile lacks, or ``None``."""
+        tiles: dict[tuple[int, int], bytes] = {}
         with self.engine.connect() as conn:
-            stored = self._nodes(conn, [(level, index) for level, index, _ in made])
-        for level, index, digest in made:
-            if stored.get((level, index)) != digest:
-                return level, index
+            for level, index, digest in made:
+                key = (level // TILE_HEIGHT, index // TILE_WIDTH)
+                if key not in tiles:
+                    tiles[key] = self.tile(conn, *key)
+                at = index % TILE_WIDTH * 32
+                if tiles[key][at : at + 32] != digest:
+                    return level, index
         return None
 
     def _paired(

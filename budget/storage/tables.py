@@ -28,9 +28,10 @@
 - ``audit_archives``: each archive of old audit entries (:mod:`dp_governor.budget.audit.archive`):
   its boundary entry's chain head, the file's SHA-256 and the replay state there; append-only.
   ``audit_log`` rows strictly below the newest boundary are the only ones a DELETE may remove.
-- ``tlog_leaves``, ``tlog_nodes``, ``tlog_checkpoints``: the public transparency log
+- ``tlog_leaves``, ``tlog_tiles``, ``tlog_checkpoints``: the public transparency log
   (:mod:`dp_governor.budget.audit.tlog`): leaf ``i`` is audit entry ``i + 1`` projected, the
-  nodes every complete subtree's hash, the checkpoints its signed notes; append-only too.
+  tiles its tree's C2SP tiles (256 subtree hashes a row), the checkpoints its signed notes;
+  append-only too (a partial tile may only grow: its hashes kept, new ones after them).
 - ``tlog_cosignatures``: the cosignature line each configured witness returned for a checkpoint
   (``dp_governor.api._witnessing``), served with it; append-only too.
 - ``shuffled_batches``: each batch the inbox flush published, by its sizes only
@@ -49,7 +50,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import DDL, BigInteger, Boolean, Column, Index, Integer, String, Text, event, text
+from sqlalchemy import (
+    DDL,
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    event,
+    text,
+)
 from sqlmodel import Field, SQLModel
 
 __all__ = [
@@ -71,7 +84,7 @@ __all__ = [
     "TlogCheckpoint",
     "TlogCosignature",
     "TlogLeaf",
-    "TlogNode",
+    "TlogTile",
 ]
 
 CLAIM_LEAF_PREDICATE = """data LIKE '{"actor":"job\\:claims",%'"""
@@ -228,14 +241,18 @@ class TlogLeaf(SQLModel, table=True):
     data: str = Field(sa_column=Column(Text, nullable=False))
 
 
-class TlogNode(SQLModel, table=True):
-    """The hash of one complete subtree: ``2**level`` leaves from ``idx * 2**level``."""
+class TlogTile(SQLModel, table=True):
+    """A C2SP tile: the hashes of up to 256 consecutive subtrees of ``256**level`` leaves.
 
-    __tablename__ = "tlog_nodes"
+    Tile ``idx`` at ``level`` holds the subtrees from ``idx * 256``, 32 bytes each; a full tile
+    is written once, a partial one grows as the log does (revision 0018).
+    """
+
+    __tablename__ = "tlog_tiles"
 
     level: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
     idx: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
-    hash: str = Field(max_length=64)
+    hashes: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 
 class TlogCheckpoint(SQLModel, table=True):
@@ -271,7 +288,6 @@ for _table in (
     _LOG,
     _CHECKPOINTS,
     TlogLeaf.__table__,  # type: ignore[attr-defined]
-    TlogNode.__table__,  # type: ignore[attr-defined]
     TlogCheckpoint.__table__,  # type: ignore[attr-defined]
     TlogCosignature.__table__,  # type: ignore[attr-defined]
 ):
@@ -295,6 +311,50 @@ for _table in (
         " FOR EACH STATEMENT EXECUTE FUNCTION dpgov_append_only()",
     ):
         event.listen(_table, "after_create", _ddl(_statement, "postgresql"))
+_TILE_GROWS = (
+    "NEW.level = OLD.level AND NEW.idx = OLD.idx AND length(OLD.hashes) < 8192"
+    " AND length(NEW.hashes) > length(OLD.hashes)"
+    " AND substr(NEW.hashes, 1, length(OLD.hashes)) = OLD.hashes"
+)
+"""The one change a tile may take: a partial tile grows, every hash it held kept (both dialects)."""
+
+_TILES = TlogTile.__table__  # type: ignore[attr-defined]
+for _statement, _dialect in (
+    (
+        "CREATE TRIGGER tlog_tiles_no_update BEFORE UPDATE ON tlog_tiles"
+        f" WHEN NOT ({_TILE_GROWS}) BEGIN SELECT RAISE(ABORT,"
+        " 'tlog_tiles is append-only: UPDATE refused (a partial tile may only grow)'); END",
+        "sqlite",
+    ),
+    (
+        "CREATE TRIGGER tlog_tiles_no_delete BEFORE DELETE ON tlog_tiles"
+        " BEGIN SELECT RAISE(ABORT, 'tlog_tiles is append-only: DELETE refused'); END",
+        "sqlite",
+    ),
+    (
+        "CREATE OR REPLACE FUNCTION dpgov_tile_grows() RETURNS trigger LANGUAGE plpgsql AS $$"
+        f" BEGIN IF TG_OP = 'UPDATE' AND {_TILE_GROWS} THEN RETURN NEW; END IF;"
+        " RAISE EXCEPTION '%% is append-only: %% refused (a partial tile may only grow)',"
+        " TG_TABLE_NAME, TG_OP; END $$",
+        "postgresql",
+    ),
+    (
+        "CREATE TRIGGER tlog_tiles_append_only BEFORE UPDATE OR DELETE ON tlog_tiles"
+        " FOR EACH ROW EXECUTE FUNCTION dpgov_tile_grows()",
+        "postgresql",
+    ),
+    (
+        "CREATE OR REPLACE FUNCTION dpgov_append_only() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION '%% is append-only: %% refused', TG_TABLE_NAME, TG_OP; END $$",
+        "postgresql",
+    ),
+    (
+        "CREATE TRIGGER tlog_tiles_no_truncate BEFORE TRUNCATE ON tlog_tiles"
+        " FOR EACH STATEMENT EXECUTE FUNCTION dpgov_append_only()",
+        "postgresql",
+    ),
+):
+    event.listen(_TILES, "after_create", _ddl(_statement, _dialect))
 for _dialect in ("sqlite", "postgresql"):
     event.listen(
         _HEAD,

@@ -27,10 +27,10 @@ ARGS: dict[str, list[str]] = {
 }
 # commands that open no database: they read files or other services
 NO_DATABASE = {"audit recompute", "witness key", "witness serve", "witness run"}
-# the tables the transparency log and what came after it added (migrations 0010 to 0017)
+# the tables the transparency log and what came after it added (migrations 0010 to 0018)
 LATER_TABLES = (
     "tlog_leaves",
-    "tlog_nodes",
+    "tlog_tiles",
     "tlog_checkpoints",
     "dashboard_snapshots",
     "tlog_cosignatures",

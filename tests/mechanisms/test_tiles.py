@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dp_governor.mechanisms.merkle import Frontier, leaf_hash, root_of
-from dp_governor.mechanisms.tiles import TilePath, bundle_entries, tile_reader, tile_width
+from dp_governor.mechanisms.tiles import (
+    TileFrontier,
+    TilePath,
+    bundle_entries,
+    partial_tiles,
+    tile_reader,
+    tile_width,
+)
 
 
 def test_paths_are_the_specifications() -> None:
@@ -64,3 +73,46 @@ def test_a_tree_read_from_tiles_has_the_frontiers_root() -> None:
     assert root_of(size, tile_reader(size, fetch)) == frontier.root()
     with pytest.raises(ValueError, match="tile 0/3 is 0 bytes, not 7 hashes"):
         tile_reader(size, lambda tile: b"")(0, 3 * 256)
+
+
+def _tiles_of(leaves: list[bytes], start: int) -> tuple[TileFrontier, dict[tuple[int, int], bytes]]:
+    """Grow a tree to ``start`` leaves, store its tiles, resume from the partial ones, grow on."""
+    first = TileFrontier()
+    first.extend(leaves[:start])
+    stored = {(level, index): data for level, index, data in first.tiles()}
+    resumed = TileFrontier(
+        start,
+        {lv: stored[(lv, n)][: w * 32] for lv, (n, w) in partial_tiles(start).items()},
+    )
+    resumed.extend(leaves[start:])
+    stored.update({(level, index): data for level, index, data in resumed.tiles()})
+    return resumed, stored
+
+
+@settings(max_examples=60, deadline=None)
+@given(start=st.integers(0, 70_000), more=st.integers(0, 600))
+def test_a_tile_frontier_resumed_from_its_partial_tiles_is_the_frontiers_tree(
+    start: int, more: int
+) -> None:
+    """Resuming a tree from its stored partial tiles gives the Frontier's tree and its tiles."""
+    size = start + more
+    leaves = [leaf_hash(i.to_bytes(4, "big")) for i in range(size)]
+    frontier, nodes = Frontier(), {}
+    for leaf in leaves:
+        for level, index, digest in frontier.append(leaf):
+            nodes[(level, index)] = digest
+    resumed, stored = _tiles_of(leaves, start)
+    assert (resumed.size, resumed.edge, resumed.root()) == (size, frontier.edge, frontier.root())
+    for (level, index), data in stored.items():  # every tile holds its level's subtrees, in order
+        assert len(data) == tile_width(level, index, size) * 32
+        first = index * 256
+        assert [data[i : i + 32] for i in range(0, len(data), 32)] == [
+            nodes[(8 * level, first + i)] for i in range(len(data) // 32)
+        ]
+    expected = sum(1 for level, _ in nodes if level % 8 == 0)
+    assert sum(len(data) // 32 for data in stored.values()) == expected
+
+
+def test_a_tile_frontier_refuses_partial_tiles_of_another_width() -> None:
+    with pytest.raises(ValueError, match="tile 0/1 must hold 4 hashes at size 260"):
+        TileFrontier(260, {0: bytes(32 * 3), 1: bytes(32)})

@@ -7,6 +7,7 @@ an edit of a leaf, a node or a checkpoint fails ``Ledger.verify``.
 
 from __future__ import annotations
 
+import hmac
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -17,7 +18,13 @@ from sqlalchemy import text
 
 from dp_governor.budget import Ledger
 from dp_governor.budget.audit import tlog
-from dp_governor.budget.audit.leaves import LabelKeys, charge_label, day_label, device_label_key
+from dp_governor.budget.audit.leaves import (
+    LabelKeys,
+    charge_label,
+    day_label,
+    device_label_key,
+    hmac_sha256,
+)
 from dp_governor.budget.audit.log import Entry
 from dp_governor.budget.storage.db import writer
 from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
@@ -138,10 +145,10 @@ TAMPERS = {
         "DELETE FROM tlog_leaves WHERE idx = (SELECT max(idx) FROM tlog_leaves)",
         "is missing",
     ),
-    "a node edited": (
-        "tlog_nodes",
-        "UPDATE tlog_nodes SET hash = '" + "0" * 64 + "' WHERE level = 1 AND idx = 0",
-        "subtree (1, 0)",
+    "a tile edited": (
+        "tlog_tiles",
+        "UPDATE tlog_tiles SET hashes = :zero WHERE level = 0 AND idx = 0",
+        "subtree (0, 0)",
     ),
     "a checkpoint's root edited": (
         "tlog_checkpoints",
@@ -163,7 +170,7 @@ def test_every_edit_of_the_public_log_is_caught(ledger: Ledger, edit: str) -> No
     table, statement, problem = TAMPERS[edit]
     _drop_append_only(ledger, table)
     with ledger.engine.begin() as conn:
-        conn.execute(text(statement))
+        conn.execute(text(statement), {"zero": bytes(32)} if ":zero" in statement else {})
     verdict, _ = ledger.verify()
     assert not verdict.ok and problem in (verdict.problem or ""), verdict.problem
 
@@ -171,9 +178,47 @@ def test_every_edit_of_the_public_log_is_caught(ledger: Ledger, edit: str) -> No
 def test_the_log_tables_are_append_only(ledger: Ledger) -> None:
     _history(ledger)
     ledger.tlog.sync()
-    for table in ("tlog_leaves", "tlog_nodes", "tlog_checkpoints"):
+    for table in ("tlog_leaves", "tlog_tiles", "tlog_checkpoints"):
         with pytest.raises(Exception, match="append-only"), ledger.engine.begin() as conn:
             conn.execute(text(f"DELETE FROM {table}"))
+
+
+@pytest.mark.parametrize(
+    ("change", "allowed"),
+    [
+        ("grown by a hash", True),
+        ("a hash changed", False),
+        ("cut short", False),
+        ("moved", False),
+        ("a full tile grown", False),
+    ],
+)
+def test_a_tile_may_only_grow_while_partial(ledger: Ledger, change: str, allowed: bool) -> None:
+    """The tiles are append-only but for a partial tile's growth, its hashes kept."""
+    with writer(ledger.engine).begin() as conn:
+        conn.execute(
+            text("INSERT INTO tlog_tiles (level, idx, hashes) VALUES (0, 0, :a), (1, 0, :b)"),
+            {"a": bytes(range(32)) * 2, "b": bytes(32 * 256)},
+        )
+    grown = "SET hashes = :h WHERE level = 0 AND idx = 0"
+    statements = {
+        "grown by a hash": (grown, bytes(range(32)) * 3),
+        "a hash changed": (grown, bytes(range(32)) + bytes(64)),
+        "cut short": (grown, bytes(range(32))),
+        "moved": ("SET idx = 5, hashes = :h WHERE level = 0", bytes(range(32)) * 3),
+        "a full tile grown": ("SET hashes = :h WHERE level = 1", bytes(32 * 257)),
+    }
+    where, hashes = statements[change]
+    statement = text(f"UPDATE tlog_tiles {where}")
+    if allowed:
+        with writer(ledger.engine).begin() as conn:
+            conn.execute(statement, {"h": hashes})
+        with ledger.engine.connect() as conn:
+            assert ledger.tlog.tile(conn, 0, 0) == hashes
+        return
+    with pytest.raises(Exception, match="a partial tile may only grow"):
+        with writer(ledger.engine).begin() as conn:
+            conn.execute(statement, {"h": hashes})
 
 
 def test_witness_cosignatures_are_kept_once_and_served_with_their_checkpoint(
@@ -212,3 +257,9 @@ def test_label_keys_from_the_pre_keyed_hmac_are_the_device_label_keys(
     keys = LabelKeys(secret, cached=cached)
     for dk in pseudonyms + pseudonyms[::-1]:
         assert keys.of(f"device:{dk}") == device_label_key(secret, dk)
+
+
+@given(key=st.binary(max_size=150), message=st.binary(max_size=300))
+def test_the_two_hash_hmac_is_hmac_sha256(key: bytes, message: bytes) -> None:
+    """The labels' HMAC equals the standard library's for any key (past the block: hashed)."""
+    assert hmac_sha256(key, message) == hmac.digest(key, message, "sha256")
