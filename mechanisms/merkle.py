@@ -22,6 +22,7 @@ __all__ = [
     "consistency_proof",
     "consistency_ranges",
     "decode_hashes",
+    "edge_root",
     "encode_hashes",
     "inclusion_proof",
     "leaf_hash",
@@ -249,12 +250,17 @@ class Frontier:
 
     def root(self) -> bytes:
         """``MTH`` of the tree so far."""
-        if not self.edge:
-            return EMPTY_ROOT
-        result = self.edge[-1]
-        for part in reversed(self.edge[:-1]):
-            result = node_hash(part, result)
-        return result
+        return edge_root(self.edge)
+
+
+def edge_root(edge: Sequence[bytes]) -> bytes:
+    """``MTH`` of a tree from its right edge (the perfect subtrees' roots, largest first)."""
+    if not edge:
+        return EMPTY_ROOT
+    result = edge[-1]
+    for part in reversed(edge[:-1]):
+        result = node_hash(part, result)
+    return result
 
 
 def path_ranges(index: int, size: int) -> list[tuple[int, int]]:

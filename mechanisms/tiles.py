@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dp_governor.mechanisms.merkle import EMPTY_ROOT, NodeReader, node_hash, range_nodes
+from dp_governor.mechanisms.merkle import NodeReader, edge_root, node_hash, range_nodes
 
 __all__ = [
     "TILE_HEIGHT",
@@ -220,12 +220,7 @@ class TileFrontier:
 
     def root(self) -> bytes:
         """``MTH`` of the tree so far."""
-        if not self.edge:
-            return EMPTY_ROOT
-        result = self.edge[-1]
-        for part in reversed(self.edge[:-1]):
-            result = node_hash(part, result)
-        return result
+        return edge_root(self.edge)
 
     def tiles(self) -> list[tuple[int, int, bytes]]:
         """``(level, index, hashes)`` of every tile filled or grown since the start, in order."""

@@ -24,6 +24,7 @@ from dp_governor.api.app import create_app
 from dp_governor.api.cli import app as cli
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
+from tests.api.verdicts import recorded_verdicts
 
 pytestmark = pytest.mark.usefixtures("small_batches")
 
@@ -72,16 +73,6 @@ def _one_line_error(result: Result, code: int, words: str) -> None:
     assert words in result.stderr, result.stderr
 
 
-def _verdicts(path: Path) -> int:
-    """The verdicts recorded in ``audit_verifications``."""
-    engine = create_engine(f"sqlite:///{path / 'service.sqlite'}")
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(text("SELECT count(*) FROM audit_verifications")).scalar_one())
-    finally:
-        engine.dispose()
-
-
 def _verified(client: TestClient) -> None:
     assert client.post("/v1/admin/jobs/checkpoint:run", headers=ADMIN).status_code == 200
     verify = _run("audit", "verify", "--quiet")
@@ -116,14 +107,14 @@ def test_archive_and_verify_from_the_command_line(service: tuple[TestClient, Pat
     tampered.write_bytes(gzip.compress(gzip.decompress(out.read_bytes()) + b"\n"))
     corrupt = path / "corrupt.jsonl.gz"
     corrupt.write_bytes(out.read_bytes()[:-9])
-    recorded = _verdicts(path)
+    recorded = recorded_verdicts(path)
     for wrong in (tampered, corrupt, path / "service.sqlite"):  # a usage error, not an audit
         _one_line_error(
             _run("audit", "verify", "--quiet", "--full", "--archive", str(wrong)),
             2,
             f"Error: --archive: {wrong} is none of the recorded archives",
         )
-    assert _verdicts(path) == recorded  # nothing recorded: no failed audit on the dashboard
+    assert recorded_verdicts(path) == recorded  # nothing recorded: no failed audit on the dashboard
 
 
 def test_a_devices_record_and_the_export_read_on_after_an_archive(

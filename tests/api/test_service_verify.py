@@ -17,6 +17,7 @@ from dp_governor.api.cli import app as cli
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.policies import PolicyCreate, mechanism_for
+from tests.api.verdicts import recorded_verdicts
 
 # a few devices publish: the pipeline here, not the defaults' batch minimums
 pytestmark = pytest.mark.usefixtures("small_batches")
@@ -98,7 +99,7 @@ def test_checkpoints_are_kept_outside_and_checked(
     assert forged.exit_code == 1 and "signature" in forged.output
     missing = runner.invoke(cli, ["audit", "verify", "--checkpoints", str(path / "nope")])
     assert missing.exit_code == 2 and "no checkpoint file" in missing.output
-    recorded = _verdicts(path)
+    recorded = recorded_verdicts(path)
     for wrong in (path / "service.sqlite", path / "kept"):  # not checkpoints: a usage error
         refused = runner.invoke(cli, ["audit", "verify", "-q", "--checkpoints", str(wrong)])
         assert refused.exit_code == 2, refused.output
@@ -106,17 +107,7 @@ def test_checkpoints_are_kept_outside_and_checked(
             f"Error: --checkpoints: checkpoint file unreadable: {wrong}"
         )
         assert refused.stderr.count("\n") == 1, refused.stderr
-    assert _verdicts(path) == recorded  # nothing recorded: no failed audit
-
-
-def _verdicts(path: Path) -> int:
-    """The verdicts recorded in ``audit_verifications``."""
-    engine = create_engine(f"sqlite:///{path / 'service.sqlite'}")
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(text("SELECT count(*) FROM audit_verifications")).scalar_one())
-    finally:
-        engine.dispose()
+    assert recorded_verdicts(path) == recorded  # nothing recorded: no failed audit
 
 
 def test_the_job_and_the_command_start_at_the_last_verified_checkpoint(
