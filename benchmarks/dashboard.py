@@ -1,15 +1,20 @@
 """Dashboard benchmark: the public page's cost against the ledger; prints a Markdown table.
 
-Usage: ``python -m benchmarks.dashboard [--charges 140000] [--requests 200]
-[--postgres postgresql+psycopg://postgres@127.0.0.1:5432/test]``.
+Usage: ``python -m benchmarks.dashboard [--devices 10000] [--days 10] [--new-charges 1000]
+[--requests 200] [--postgres postgresql+psycopg://postgres@127.0.0.1:5432/test [--no-sqlite]]``.
 
-An in-process app (its own keys and default policies) over a fresh database, bulk-loaded with
-``--charges`` Emoji charges (1 to 5 per device, with their accounts:
-:func:`benchmarks.budget.load_population`). Measured, wall and CPU of this process (the app's
-threads included):
+An in-process app (its own keys and default policies, no scheduler) over a fresh database
+holding the ledger :func:`benchmarks.scale.build` writes for ``--devices`` devices over
+``--days`` days (without its audit entries: no figure of the page reads them), the clock at
+noon of the day after. Measured, wall and CPU of this process (the app's threads included):
 
-- fresh install: the first ``GET /`` with no stored figures, which computes them once;
-- snapshot job: the ``dashboard`` job (every figure computed from the ledger, then stored);
+- fresh install: the first ``GET /`` with no stored figures: it starts the refresher and waits
+  for it at most ``figures_wait_seconds`` (2 s), then answers 503 with ``Retry-After`` (or 200
+  when the figures were computed in time); then the refresher's run to the stored figures (the
+  ``dashboard`` job's computation, a full pass with no stored report summary), timed from that
+  request; then the first ``GET /`` once they are stored;
+- the ``dashboard`` job after ``--new-charges`` more charges through the gate (the report's
+  summary brought up to date by what changed), and once more with nothing new;
 - first page: ``GET /`` of a newly started app on the stored figures (nothing cached in it);
 - steady page, report and distribution: the mean over ``--requests`` requests each once the
   figures are stored (the page cached, the report and the spends parsed once);
@@ -27,24 +32,30 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from benchmarks.budget import NOW, load_population
+from benchmarks.scale import FIRST_DAY, RATES, build, device_id, noon, plan_day
+from dp_governor.api._snapshots import FIGURES, read_snapshot
 from dp_governor.api.app import create_app
 from dp_governor.api.settings import Settings
-from dp_governor.budget import FixedClock
+from dp_governor.budget import FixedClock, Ledger
+from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.budget.storage.db import scratch_schema
 
 TOKEN = "dashboard-benchmark-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
-MEAN_CHARGES_PER_DEVICE = 3  # load_population gives device d 1 + d % 5 charges
+JOB = "/v1/admin/jobs/dashboard:run"
+BATCH = 1_000  # charges a gate transaction, as a relay's batch
+
+Timing = tuple[float, float]  # (wall ms, CPU ms)
 
 
 @contextmanager
 def _settings(kind: str, pg_url: str | None) -> Iterator[Settings]:
     """Settings of a fresh database: a SQLite file, or a throw-away PostgreSQL schema."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DPGOV_SCALE_DIR")) as tmp:
         folder = Path(tmp)
 
         def settings(url: str) -> Settings:
@@ -65,7 +76,7 @@ def _settings(kind: str, pg_url: str | None) -> Iterator[Settings]:
             yield settings(url)
 
 
-def _timed(call: Callable[[], object]) -> tuple[float, float]:
+def _timed(call: Callable[[], object]) -> Timing:
     """``(wall ms, CPU ms)`` of one call; CPU of the whole process (the app's threads too)."""
     wall, cpu = time.perf_counter(), time.process_time()
     call()
@@ -81,31 +92,73 @@ def _get(client: TestClient, path: str) -> Callable[[], object]:
     return call
 
 
-def _mean(client: TestClient, path: str, requests: int) -> tuple[float, float]:
+def _job(client: TestClient) -> Callable[[], object]:
+    def call() -> object:
+        response = client.post(JOB, headers=ADMIN)
+        assert response.status_code == 200, response.text[:200]
+        return response
+
+    return call
+
+
+def _mean(client: TestClient, path: str, requests: int) -> Timing:
     client.get(path)  # parsed and drawn once
     runs = [_timed(_get(client, path)) for _ in range(requests)]
     return sum(w for w, _ in runs) / requests, sum(c for _, c in runs) / requests
 
 
-def run(kind: str, pg_url: str | None, charges: int, requests: int) -> list[str]:
+def _fresh_install(client: TestClient, ledger: Ledger) -> list[tuple[str, Timing]]:
+    """The first page with no figures, the refresher's run to stored figures, the next page."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    first = client.get("/")
+    answered = (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+    assert first.status_code in (200, 503), first.text[:200]
+    status = f"{first.status_code}" + (
+        f", Retry-After {first.headers['Retry-After']}" if first.status_code == 503 else ""
+    )
+    while read_snapshot(ledger.engine, FIGURES) is None:
+        time.sleep(0.05)
+    stored = (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+    return [
+        (f"fresh install: first page, answered {status}", answered),
+        ("fresh install: figures stored by the refresher, from that request", stored),
+        ("fresh install: first page once stored", _timed(_get(client, "/"))),
+    ]
+
+
+def _charge(ledger: Ledger, devices: int, day: int, charges: int) -> int:
+    """About ``charges`` accepted reports of ``day`` through the gate; how many were accepted."""
+    use_cases = [name for name in RATES if name in ledger.book().terms]
+    plan = plan_day(devices, use_cases, rng=np.random.default_rng(day))
+    attempts = plan[np.random.default_rng(day + 1).permutation(len(plan))[: charges * 2]]
+    items = [BatchItem(device_id(int(d)), use_cases[int(u)]) for d, u in attempts.tolist()]
+    accepted = 0
+    for start in range(0, len(items), BATCH):
+        results = charge_batch(ledger.gate, items[start : start + BATCH], now=noon(day))
+        accepted += sum(int(getattr(r, "accepted", False)) for r in results)
+        if accepted >= charges:
+            break
+    return accepted
+
+
+def run(
+    kind: str, pg_url: str | None, *, devices: int, days: int, new_charges: int, requests: int
+) -> list[str]:
     """Every measurement on one backend; returns the table's rows."""
-    devices = max(1, charges // MEAN_CHARGES_PER_DEVICE)
-    rows: list[tuple[str, tuple[float, float]]] = []
+    day = FIRST_DAY + days  # the day after the generated ones
+    clock = FixedClock(noon(day))
+    rows: list[tuple[str, Timing]] = []
     with _settings(kind, pg_url) as settings:
-        with TestClient(create_app(settings, clock=FixedClock(NOW))) as client:
-            ledger = client.app.state.ledger  # type: ignore[attr-defined]
-            loaded = load_population(ledger.engine, ledger, devices)
-            rows.append(
-                ("fresh install: first page, computes the figures", _timed(_get(client, "/")))
+        with TestClient(create_app(settings, clock=clock)) as client:
+            ledger: Ledger = client.app.state.ledger  # type: ignore[attr-defined]
+            built = build(
+                ledger, devices=devices, days=days, rng=np.random.default_rng(33), audit=False
             )
-            job = client.post
-            rows.append(
-                (
-                    "snapshot job (`dashboard`)",
-                    _timed(lambda: job("/v1/admin/jobs/dashboard:run", headers=ADMIN)),
-                )
-            )
-        with TestClient(create_app(settings, clock=FixedClock(NOW))) as client:
+            rows += _fresh_install(client, ledger)
+            added = _charge(ledger, devices, day, new_charges)
+            rows.append((f"`dashboard` job after {added:,d} new charges", _timed(_job(client))))
+            rows.append(("`dashboard` job, nothing new", _timed(_job(client))))
+        with TestClient(create_app(settings, clock=clock)) as client:
             rows.append(("first page of a new process", _timed(_get(client, "/"))))
             rows.append((f"steady page (mean of {requests})", _mean(client, "/", requests)))
             report = "/v1/audit/effective-epsilon"
@@ -114,10 +167,11 @@ def run(kind: str, pg_url: str | None, charges: int, requests: int) -> list[str]
             rows.append(
                 (f"steady distribution (mean of {requests})", _mean(client, dist, requests))
             )
-            client.post("/v1/admin/jobs/dashboard:run", headers=ADMIN)
+            _job(client)()
             rows.append(("first page after a job run", _timed(_get(client, "/"))))
+    size = f"{devices:,d} | {built.charges:,d}"
     return [
-        f"| {kind} | {loaded:,d} | {what} | {wall:,.1f} ms | {cpu:,.1f} ms |"
+        f"| {kind} | {size} | {what} | {wall:,.1f} ms | {cpu:,.1f} ms |"
         for what, (wall, cpu) in rows
     ]
 
@@ -125,16 +179,23 @@ def run(kind: str, pg_url: str | None, charges: int, requests: int) -> list[str]
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments, run, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--charges", type=int, default=140_000)
+    parser.add_argument("--devices", type=int, default=10_000)
+    parser.add_argument("--days", type=int, default=10)
+    parser.add_argument("--new-charges", type=int, default=1_000)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
+    parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL's rows only")
     args = parser.parse_args(argv)
-    print("| backend | charges | what | wall | CPU |")
-    print("|---|---|---|---|---|")
-    for line in run("sqlite", None, args.charges, args.requests):
-        print(line, flush=True)
+    if min(args.devices, args.days, args.new_charges, args.requests) < 1:
+        parser.error("--devices, --days, --new-charges and --requests must be at least 1")
+    sizes = {"devices": args.devices, "days": args.days, "new_charges": args.new_charges}
+    print("| backend | devices | charges | what | wall | CPU |")
+    print("|---|---:|---:|---|---:|---:|")
+    if not args.no_sqlite:
+        for line in run("sqlite", None, **sizes, requests=args.requests):
+            print(line, flush=True)
     if args.postgres:
-        for line in run("postgresql", args.postgres, args.charges, args.requests):
+        for line in run("postgresql", args.postgres, **sizes, requests=args.requests):
             print(line, flush=True)
 
 
