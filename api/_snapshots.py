@@ -20,7 +20,7 @@ import time
 import types
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -33,13 +33,13 @@ from dp_governor.api._integrity import KeptCheckpoints, verify_service
 from dp_governor.budget import Ledger
 from dp_governor.budget.audit.log import Verification
 from dp_governor.budget.reporting.activity import Activity, daily_activity
-from dp_governor.budget.reporting.loss import effective_epsilon_basis
+from dp_governor.budget.reporting.loss import effective_epsilon_passes
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, finish_report
 from dp_governor.budget.reporting.views import (
     CumulativeSeries,
     Distribution,
     cumulative_series,
-    spend_spread,
+    spend_quantiles,
 )
 from dp_governor.budget.storage.db import write_step
 from dp_governor.budget.storage.tables import DashboardSnapshot
@@ -131,30 +131,34 @@ class Verified:
     verification: Verification
 
 
+def _spends(use_case: str, scope: str, devices: Mapping[int, int]) -> Spends:
+    """A use case's spend distribution from the report's histogram ``{micro-epsilon: devices}``.
+
+    The same reading as :func:`dp_governor.budget.reporting.views.spend_spread` gives (the
+    histogram holds each device's spend on the use case, in the same window), without another
+    scan of the ledger.
+    """
+    values = sorted(devices)
+    counts = [devices[v] for v in values]
+    if not values:
+        return Spends(use_case, scope, [], [], {})
+    spread = np.repeat(np.array(values, dtype=np.int64), counts)
+    return Spends(use_case, scope, values, counts, spend_quantiles(spread))
+
+
 def compute_figures(ledger: Ledger, *, now: datetime) -> Figures:
     """Read the ledger once for each figure the public pages show (the ``dashboard`` job)."""
     started = time.monotonic()
     book = list(ledger.book_revision())
-    report = finish_report(
-        effective_epsilon_basis(ledger, now=now), accountant=ledger.accountant, delta=None
-    )
+    basis, window, lifetime = effective_epsilon_passes(ledger, now=now)
+    report = finish_report(basis, accountant=ledger.accountant, delta=None)
     policies = policy_store(ledger).list()
     series = [cumulative_series(ledger, p.name, now=now) for p in policies]
-    spends = []
-    for p in policies:
-        for scope in ("window", "lifetime"):
-            spread = spend_spread(ledger, p.name, now=now, scope=scope)
-            micro = np.rint(spread.eps * 1_000_000).astype(np.int64)
-            values, counts = np.unique(micro, return_counts=True)
-            spends.append(
-                Spends(
-                    p.name,
-                    scope,
-                    [int(v) for v in values],
-                    [int(c) for c in counts],
-                    dict(spread.quantiles),
-                )
-            )
+    spends = [
+        _spends(p.name, scope, spend.use_case.get(p.name, {}))
+        for p in policies
+        for scope, spend in (("window", window), ("lifetime", lifetime))
+    ]
     activity = daily_activity(ledger_engine(ledger), now=now, days=ACTIVITY_DAYS)
     seconds = time.monotonic() - started
     return Figures(now.isoformat(), seconds, book, report, series, spends, activity)

@@ -44,6 +44,7 @@ __all__ = [
     "devices_loss",
     "effective_epsilon",
     "effective_epsilon_basis",
+    "effective_epsilon_passes",
     "lifetime_rows",
     "population_lifetime_loss",
     "population_window_loss",
@@ -176,10 +177,22 @@ def effective_epsilon_basis(
     With the central figures of the shuffled batches published
     (:mod:`dp_governor.budget.reporting.central`, each at its policy's delta).
     """
+    return effective_epsilon_passes(ledger, now=now, chunk=chunk, full=full)[0]
+
+
+def effective_epsilon_passes(
+    ledger: Ledger, *, now: datetime, chunk: int = ACCOUNTS_CHUNK, full: bool = False
+) -> tuple[ReportBasis, SpendPass, SpendPass]:
+    """:func:`effective_epsilon_basis` with the (window, lifetime) passes it was built from.
+
+    The passes' per-use-case histograms are each use case's spend distribution, which the
+    dashboard shows: read from the same summary, they cost nothing more.
+    """
     day = utc_day(now)
     book, window, lifetime = report_passes(ledger, now=now, chunk=chunk, full=full)
     basis = basis_of(book, day, window, lifetime, computed_at=now.isoformat())
-    return replace(basis, central=central_figures(ledger.engine, book.versions, day))
+    central = central_figures(ledger.engine, book.versions, day)
+    return replace(basis, central=central), window, lifetime
 
 
 def effective_epsilon(

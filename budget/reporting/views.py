@@ -54,6 +54,7 @@ __all__ = [
     "device_timeline",
     "distribution",
     "distribution_of",
+    "spend_quantiles",
     "spend_spread",
     "what_if",
     "what_if_device_budget",
@@ -280,11 +281,13 @@ def spend_spread(ledger: Ledger, use_case: str, *, now: datetime, scope: str) ->
     values = np.array(sorted(_spends(ledger, use_case, scope, now).values()), dtype=np.int64)
     if values.size == 0:
         return SpendSpread(use_case, scope, np.zeros(0), {})
+    return SpendSpread(use_case, scope, values / 1_000_000, spend_quantiles(values))
+
+
+def spend_quantiles(values: np.ndarray) -> dict[str, float]:
+    """p50, p90, p99 and max of sorted per-device micro-epsilon (each one device's own spend)."""
     qs = np.percentile(values, [50, 90, 99, 100], method="inverted_cdf")
-    quantiles = {
-        k: from_micro(int(v)) for k, v in zip(("p50", "p90", "p99", "max"), qs, strict=True)
-    }
-    return SpendSpread(use_case, scope, values / 1_000_000, quantiles)
+    return {k: from_micro(int(v)) for k, v in zip(("p50", "p90", "p99", "max"), qs, strict=True)}
 
 
 def distribution_of(spread: SpendSpread, bins: int) -> Distribution:

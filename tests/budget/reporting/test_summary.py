@@ -23,10 +23,15 @@ from sqlalchemy import Connection, text
 
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.reporting.central import central_figures
-from dp_governor.budget.reporting.loss import effective_epsilon_basis, spend_passes
+from dp_governor.budget.reporting.loss import (
+    effective_epsilon_basis,
+    effective_epsilon_passes,
+    spend_passes,
+)
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import ReportBasis, basis_of
 from dp_governor.budget.reporting.summary import advance_summary
+from dp_governor.budget.reporting.views import spend_spread
 from dp_governor.budget.rule.decide import Decision
 from dp_governor.pipeline.purge import purge
 from dp_governor.policies import PolicyCreate, PolicyUpdate
@@ -43,6 +48,16 @@ def reference(ledger: Ledger, now: datetime) -> ReportBasis:
     ((window, lifetime),) = spend_passes(ledger, now=now, books=[book])
     basis = basis_of(book, day, window, lifetime, computed_at=now.isoformat())
     return replace(basis, central=central_figures(ledger.engine, book.versions, day))
+
+
+def _spreads_agree(ledger: Ledger, now: datetime) -> None:
+    """Each use case's spend histogram in the passes is its per-device spends, in both scopes."""
+    _, window, lifetime = effective_epsilon_passes(ledger, now=now)
+    for name in _active(ledger):
+        for scope, spend in (("window", window), ("lifetime", lifetime)):
+            spread = spend_spread(ledger, name, now=now, scope=scope)
+            direct = Counter(int(v) for v in np.rint(spread.eps * 1_000_000))
+            assert Counter(spend.use_case.get(name, {})) == direct, (name, scope)
 
 
 def _active(ledger: Ledger) -> list[str]:
@@ -119,6 +134,7 @@ def test_the_summary_brought_up_to_date_equals_a_full_pass(
     for _ in range(STEPS):
         now = _step(ledger, rng, now)
         assert effective_epsilon_basis(ledger, now=now) == reference(ledger, now)
+        _spreads_agree(ledger, now)
     stale = [r for r in caplog.records if "stale" in r.getMessage()]
     policy_edits = [r for r in stale if "policy version" in r.getMessage()]
     # most reports started from the summary: a full pass only after an edit or a raw purge
