@@ -395,6 +395,8 @@ def report_passes(
             else:
                 if _moved(stored, summary):
                     _store(engine, REPORT, summary, now)
+                if ledger.scan_progress is not None:  # every device's spend is in the summary
+                    ledger.scan_progress(ledger.account_count())
                 return book, summary.window, summary.lifetime
     book, scanned = _full(engine, day, chunk, ledger.scan_progress)
     try:  # the chunks' snapshots brought to one

@@ -53,7 +53,8 @@ def dpgov(folder: Path, *args: str, **settings: str | None) -> subprocess.Comple
 def test_an_unreachable_database_is_one_line_naming_the_setting(
     tmp_path: Path, args: list[str]
 ) -> None:
-    run = dpgov(tmp_path, *args, database_url=UNREACHABLE)
+    port = ["--port", str(free_port())] if args == ["serve"] else []  # 8000 may be in use
+    run = dpgov(tmp_path, *args, *port, database_url=UNREACHABLE)
     assert run.returncode == 1, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr
@@ -63,7 +64,7 @@ def test_an_unreachable_database_is_one_line_naming_the_setting(
 
 def test_a_sqlite_file_in_a_missing_folder_is_one_line(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'nowhere' / 'ledger.sqlite'}"
-    for args in (["db", "init"], ["serve"]):
+    for args in (["db", "init"], ["serve", "--port", str(free_port())]):
         run = dpgov(tmp_path, *args, database_url=url)
         assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1, run.stderr
         assert "DPGOV_DATABASE_URL" in run.stderr and "No such file or directory" in run.stderr
