@@ -36,18 +36,17 @@ import numpy as np
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from benchmarks.scale import FIRST_DAY, RATES, build, device_id, noon, plan_day
+from benchmarks.scale import FIRST_DAY, build, noon
+from benchmarks.verify import charge_day
 from dp_governor.api._snapshots import FIGURES, read_snapshot
 from dp_governor.api.app import create_app
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock, Ledger
-from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.budget.storage.db import scratch_schema
 
 TOKEN = "dashboard-benchmark-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 JOB = "/v1/admin/jobs/dashboard:run"
-BATCH = 1_000  # charges a gate transaction, as a relay's batch
 
 Timing = tuple[float, float]  # (wall ms, CPU ms)
 
@@ -126,21 +125,6 @@ def _fresh_install(client: TestClient, ledger: Ledger) -> list[tuple[str, Timing
     ]
 
 
-def _charge(ledger: Ledger, devices: int, day: int, charges: int) -> int:
-    """About ``charges`` accepted reports of ``day`` through the gate; how many were accepted."""
-    use_cases = [name for name in RATES if name in ledger.book().terms]
-    plan = plan_day(devices, use_cases, rng=np.random.default_rng(day))
-    attempts = plan[np.random.default_rng(day + 1).permutation(len(plan))[: charges * 2]]
-    items = [BatchItem(device_id(int(d)), use_cases[int(u)]) for d, u in attempts.tolist()]
-    accepted = 0
-    for start in range(0, len(items), BATCH):
-        results = charge_batch(ledger.gate, items[start : start + BATCH], now=noon(day))
-        accepted += sum(int(getattr(r, "accepted", False)) for r in results)
-        if accepted >= charges:
-            break
-    return accepted
-
-
 def run(
     kind: str, pg_url: str | None, *, devices: int, days: int, new_charges: int, requests: int
 ) -> list[str]:
@@ -155,7 +139,7 @@ def run(
                 ledger, devices=devices, days=days, rng=np.random.default_rng(33), audit=False
             )
             rows += _fresh_install(client, ledger)
-            added = _charge(ledger, devices, day, new_charges)
+            added = charge_day(ledger, devices, day, new_charges, attempts=2)
             rows.append((f"`dashboard` job after {added:,d} new charges", _timed(_job(client))))
             rows.append(("`dashboard` job, nothing new", _timed(_job(client))))
         with TestClient(create_app(settings, clock=clock)) as client:

@@ -76,13 +76,19 @@ def _checkpoint(ledger: Ledger, day: int) -> None:
     ledger.tlog.sync()
 
 
-def _one_more_day(ledger: Ledger, devices: int, day: int, charges: int) -> int:
-    """About ``charges`` accepted reports of ``day`` through the gate; how many were accepted."""
+def charge_day(
+    ledger: Ledger, devices: int, day: int, charges: int, *, attempts: float = 1.2
+) -> int:
+    """About ``charges`` accepted reports of ``day`` through the gate; how many were accepted.
+
+    Up to ``attempts`` times ``charges`` reports of the day's plan are sent, a relay's batch at
+    a time, until ``charges`` are accepted (the caps refuse some).
+    """
     use_cases = [name for name in RATES if name in ledger.book().terms]
     plan = plan_day(devices, use_cases, rng=np.random.default_rng(day))
     rng = np.random.default_rng(day + 1)
-    attempts = plan[rng.permutation(len(plan))[: int(charges * 1.2)]]
-    items = [BatchItem(device_id(int(d)), use_cases[int(u)]) for d, u in attempts.tolist()]
+    attempts_made = plan[rng.permutation(len(plan))[: int(charges * attempts)]]
+    items = [BatchItem(device_id(int(d)), use_cases[int(u)]) for d, u in attempts_made.tolist()]
     accepted = 0
     for start in range(0, len(items), BATCH):
         results = charge_batch(ledger.gate, items[start : start + BATCH], now=noon(day))
@@ -169,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         analyze(engine)  # the transparency log's tables, filled by the checkpoint job's sync
         full_s = _timed(lambda: _verify(ledger, full=True))
         day = last + 1
-        added = _one_more_day(ledger, args.devices, day, args.charges)
+        added = charge_day(ledger, args.devices, day, args.charges)
         _checkpoint(ledger, day)
         replayed: list[int] = []
         incremental_s = _timed(lambda: replayed.append(_verify(ledger, full=False)))
