@@ -54,7 +54,7 @@ class RouteCheck:
         (2, 0, 1)
         """
         try:
-            shard = int(device_key[:8], 16) % self.shards
+            shard = shard_of(device_key, self.shards)
         except ValueError:
             self.unroutable += 1
             return
