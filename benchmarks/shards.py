@@ -26,7 +26,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, Table, select
+from sqlalchemy import Engine, Table, select, text
 
 from benchmarks import scale
 from dp_governor.budget import Ledger, create_db_engine
@@ -63,7 +63,8 @@ def split(source: Engine, targets: Sequence[Engine]) -> list[int]:
     The policy tables, horizons and the slot-budget mark replace every shard's own; each
     account, charge and idempotency record goes to the shard its device key routes to
     (:func:`dp_governor.budget.reporting.sharded.shard_of`). Nothing else is copied (the
-    audit log, the inbox and the published batches are each shard's own).
+    audit log, the inbox and the published batches are each shard's own). On PostgreSQL each
+    shard's charge id sequence is set past the ids copied, as the gate's next charge needs.
     """
     accounts = [0] * len(targets)
     for model in (*_WHOLE, *_ROUTED):
@@ -86,7 +87,22 @@ def split(source: Engine, targets: Sequence[Engine]) -> list[int]:
                         conn.execute(table.insert(), part)
                     if model is Account:
                         accounts[shard] += len(part)
+    for target in targets:
+        _sequence_past_ids(target)
     return accounts
+
+
+def _sequence_past_ids(engine: Engine) -> None:
+    """PostgreSQL: the charges' id sequence set to the largest id held (rows copied with ids)."""
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "SELECT setval(pg_get_serial_sequence('charges', 'id'),"
+                " coalesce(max(id), 1), max(id) IS NOT NULL) FROM charges"
+            )
+        )
 
 
 def _open(url: str) -> Ledger:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -52,6 +52,7 @@ from sqlalchemy.exc import DBAPIError
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.gate.prepared import load_book
 from dp_governor.budget.ledger import Ledger
+from dp_governor.budget.reporting.new_charges import NewCharges
 from dp_governor.budget.reporting.population import SpendPass, slot_rows
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.rule.state import AccountState, decode, lifetime_counts, window_counts
@@ -66,7 +67,12 @@ __all__ = [
     "Watermark",
     "advance_summary",
     "book_digest",
+    "brought_forward",
+    "joined",
     "report_passes",
+    "scan_range",
+    "scan_start",
+    "settled_full",
 ]
 
 REPORT: Final = "report"  # the effective-epsilon report's summary
@@ -226,8 +232,12 @@ def _copy(book: PolicyBook, spend: SpendPass) -> SpendPass:
     return SpendPass(book).merge(spend)
 
 
-def _advance(engine: Engine, summary: Summary, day: int) -> tuple[PolicyBook, Summary]:
+def _advance(
+    engine: Engine, summary: Summary, day: int, seen: Callable[[str], None] | None = None
+) -> tuple[PolicyBook, Summary]:
     """``summary`` brought to ``day`` and the charges now committed, from what changed.
+
+    ``seen`` is told the key of every device whose rows it reads.
 
     Raises:
         Stale: it cannot be, exactly (see the module docstring).
@@ -253,6 +263,8 @@ def _advance(engine: Engine, summary: Summary, day: int) -> tuple[PolicyBook, Su
     gone = (SpendPass(book), SpendPass(book))
     new = (SpendPass(book), SpendPass(book))
     for dk in touched:
+        if seen is not None:
+            seen(dk)
         row = rows.get(dk)
         if row is None:
             raise Stale(f"device {dk!r} was charged but holds no account")
@@ -271,24 +283,41 @@ def _advance(engine: Engine, summary: Summary, day: int) -> tuple[PolicyBook, Su
     return book, Summary(summary.book, day, mark, dict(book.horizons), window, lifetime)
 
 
-def _full(
-    engine: Engine, day: int, chunk: int, progress: Callable[[int], None] | None
-) -> tuple[PolicyBook, Summary]:
-    """Every account read, ``chunk`` a short read transaction, into a summary of its own.
-
-    Each chunk's snapshot also reads which charges after the scan's start its devices' rows
-    hold (the :class:`Watermark`'s ``applied``), so :func:`_advance` brings the whole to one
-    snapshot after.
-    """
+def scan_start(engine: Engine) -> tuple[PolicyBook, int]:
+    """The book a full pass reads under and the charge id its watermark counts through."""
     settled = _settled_id(engine)
     with _snapshot(engine) as conn:
         book = load_book(conn)
         through = settled if settled is not None else _largest_id(conn)
+    return book, through
+
+
+def scan_range(
+    engine: Engine,
+    book: PolicyBook,
+    through: int,
+    *,
+    day: int,
+    chunk: int,
+    after: str = "",
+    until: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    seen: Callable[[str], None] | None = None,
+) -> Summary:
+    """The accounts of keys in ``(after, until]``, ``chunk`` a short read, into a summary.
+
+    ``book`` and ``through`` from :func:`scan_start`. Each chunk's snapshot also reads which
+    charges after ``through`` its devices' rows hold (:class:`~.new_charges.NewCharges`: the
+    :class:`Watermark`'s ``applied``), so :func:`_advance` brings the whole to one snapshot
+    after; the summaries of a start's disjoint ranges join into one (:func:`joined`).
+    ``seen`` is told every device key read.
+    """
     retention, horizons = book.retention(), book.horizons
     window, lifetime = SpendPass(book), SpendPass(book)
     applied: set[int] = set()
-    a, c = _ACCOUNTS.c, _CHARGES.c
-    after, read = "", 0
+    fresh = NewCharges(engine.dialect.name, through)
+    a = _ACCOUNTS.c
+    read = 0
     while True:
         query = (
             select(a.device_key, a.count, a.epsilon_micro, a.days, a.lifetime)
@@ -296,12 +325,17 @@ def _full(
             .order_by(a.device_key)
             .limit(chunk)
         )
+        if until is not None:
+            query = query.where(a.device_key <= until)
+        settled = _settled_id(engine) if fresh.settle else None
         with _snapshot(engine) as conn:
             rows = conn.execute(query).cursor.fetchall()
-            if rows:
-                mine = and_(c.id > through, c.device_key > after, c.device_key <= rows[-1][0])
-                applied.update(int(i) for (i,) in conn.execute(select(c.id).where(mine)))
+            fresh.read(conn, after, settled)
+        if rows:
+            applied.update(fresh.take(after, str(rows[-1][0])))
         for dk, count, eps, days, life in rows:
+            if seen is not None:
+                seen(str(dk))
             state = decode(count, eps, days, life)
             window.add(slot_rows(str(dk), window_counts(state, day, retention, horizons)))
             lifetime.add(slot_rows(str(dk), lifetime_counts(state)))
@@ -312,9 +346,32 @@ def _full(
             break
         after = str(rows[-1][0])
     mark = Watermark(through, frozenset(applied))
-    return book, Summary(
-        book_digest(book), day, mark, dict(horizons), window.finish(), lifetime.finish()
-    )
+    return Summary(book_digest(book), day, mark, dict(horizons), window.finish(), lifetime.finish())
+
+
+def joined(book: PolicyBook, parts: Sequence[Summary]) -> Summary:
+    """The summaries of one start's disjoint key ranges (:func:`scan_range`) as one; exact.
+
+    Each counts the charges up to the start's ``through`` and those after it that its own
+    devices' rows held when read, so the whole counts their union.
+    """
+    window, lifetime = SpendPass(book), SpendPass(book)
+    applied: set[int] = set()
+    for part in parts:
+        window.merge(part.window)
+        lifetime.merge(part.lifetime)
+        applied |= part.watermark.applied
+    first = parts[0]
+    mark = Watermark(first.watermark.through, frozenset(applied))
+    return Summary(first.book, first.day, mark, dict(first.horizons), window, lifetime)
+
+
+def _full(
+    engine: Engine, day: int, chunk: int, progress: Callable[[int], None] | None
+) -> tuple[PolicyBook, Summary]:
+    """Every account read, ``chunk`` a short read transaction, into a summary of its own."""
+    book, through = scan_start(engine)
+    return book, scan_range(engine, book, through, day=day, chunk=chunk, progress=progress)
 
 
 def _stored(engine: Engine, name: str) -> Summary | None:
@@ -375,36 +432,58 @@ def _moved(before: Summary, after: Summary) -> bool:
     )
 
 
+def brought_forward(
+    ledger: Ledger, *, now: datetime, seen: Callable[[str], None] | None = None
+) -> tuple[PolicyBook, Summary] | None:
+    """The stored summary brought to ``now`` and stored again; ``None``: a full pass is due.
+
+    ``seen`` is told the key of every device whose rows were read (those that changed).
+    """
+    engine = ledger.engine
+    stored = _stored(engine, REPORT)
+    if stored is None:
+        return None
+    try:
+        book, summary = _advance(engine, stored, utc_day(now), seen)
+    except Stale as exc:
+        log.info("the report's summary is stale (%s): a full pass", exc)
+        return None
+    if _moved(stored, summary):
+        _store(engine, REPORT, summary, now)
+    if ledger.scan_progress is not None:  # every device's spend is in the summary
+        ledger.scan_progress(ledger.account_count())
+    return book, summary
+
+
+def settled_full(
+    engine: Engine, book: PolicyBook, scanned: Summary, *, now: datetime
+) -> tuple[PolicyBook, SpendPass, SpendPass]:
+    """A full pass's summary brought to one snapshot and stored; its finished passes.
+
+    If the book changed during the scan the passes are as exact as a scan can be, not stored.
+    """
+    try:  # the chunks' snapshots brought to one
+        book, summary = _advance(engine, scanned, scanned.day)
+    except Stale:
+        return book, scanned.window, scanned.lifetime
+    _store(engine, REPORT, summary, now)
+    return book, summary.window, summary.lifetime
+
+
 def report_passes(
     ledger: Ledger, *, now: datetime, chunk: int, full: bool = False
 ) -> tuple[PolicyBook, SpendPass, SpendPass]:
     """The report's finished (window, lifetime) passes at ``now`` and the book they are under.
 
-    From the stored summary brought up to date when it can be (:func:`_advance`), else (or with
-    ``full``) from every account, stored for the next report. Equal either way to
+    From the stored summary brought up to date when it can be (:func:`brought_forward`), else
+    (or with ``full``) from every account, stored for the next report. Equal either way to
     :func:`dp_governor.budget.reporting.loss.spend_passes` on a ledger nobody writes meanwhile.
     """
-    engine, day = ledger.engine, utc_day(now)
-    if not full:
-        stored = _stored(engine, REPORT)
-        if stored is not None:
-            try:
-                book, summary = _advance(engine, stored, day)
-            except Stale as exc:
-                log.info("the report's summary is stale (%s): a full pass", exc)
-            else:
-                if _moved(stored, summary):
-                    _store(engine, REPORT, summary, now)
-                if ledger.scan_progress is not None:  # every device's spend is in the summary
-                    ledger.scan_progress(ledger.account_count())
-                return book, summary.window, summary.lifetime
-    book, scanned = _full(engine, day, chunk, ledger.scan_progress)
-    try:  # the chunks' snapshots brought to one
-        book, summary = _advance(engine, scanned, day)
-    except Stale:  # the book changed during the scan: as exact as a scan can be, not stored
-        return book, scanned.window, scanned.lifetime
-    _store(engine, REPORT, summary, now)
-    return book, summary.window, summary.lifetime
+    if not full and (forward := brought_forward(ledger, now=now)) is not None:
+        book, summary = forward
+        return book, summary.window, summary.lifetime
+    book, scanned = _full(ledger.engine, utc_day(now), chunk, ledger.scan_progress)
+    return settled_full(ledger.engine, book, scanned, now=now)
 
 
 def advance_summary(ledger: Ledger, *, now: datetime) -> bool:
