@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -21,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dp_governor.budget import Ledger, create_db_engine, init_db
+from dp_governor.budget import Ledger, create_db_engine, init_db, utc_day
 from dp_governor.budget.gate.prepared import device_key
 from dp_governor.budget.reporting.partitioned import partitioned_basis
-from dp_governor.budget.reporting.report import ReportBasis
+from dp_governor.budget.reporting.report import ReportBasis, basis_of
 from dp_governor.budget.reporting.sharded import shard_of, sharded_basis
+from dp_governor.budget.reporting.summary import brought_forward, report_passes
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.pipeline.purge import purge
 from dp_governor.policies import PolicyCreate, PolicyUpdate
@@ -165,3 +167,44 @@ def test_reports_from_summaries_equal_a_full_pass_across_random_steps(
     finally:
         for shard in shards:
             shard.close()
+
+
+def test_a_full_pass_in_small_chunks_under_charges_stores_a_summary_that_carries_forward(
+    ledger: Ledger,
+) -> None:
+    """Chunks of 3 accounts while devices are charged: each chunk's new charges are exact.
+
+    A chunk that missed one of its devices' charges (or claimed another's) would leave a
+    summary that the next report cannot bring forward, or brings forward wrong.
+    """
+    now, stop, errors = START, threading.Event(), []
+
+    def charge(offset: int) -> None:
+        rng = np.random.default_rng(offset)
+        try:
+            while not stop.is_set():
+                device = DEVICES[int(rng.integers(len(DEVICES)))]
+                ledger.charge(f"{device}-{rng.integers(4)}", "emoji", now=now)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    for device in DEVICES:
+        ledger.charge(device, "emoji", now=now)
+    writers = [threading.Thread(target=charge, args=(i,)) for i in range(2)]
+    for w in writers:
+        w.start()
+    try:
+        for _ in range(4):
+            report_passes(ledger, now=now, chunk=3, full=True)
+    finally:
+        stop.set()
+        for w in writers:
+            w.join(60)
+    assert not errors
+    forward = brought_forward(ledger, now=now)
+    assert forward is not None, "the stored summary could not be brought forward"
+    book, summary = forward
+    day = utc_day(now)
+    basis = basis_of(book, day, summary.window, summary.lifetime, computed_at=now.isoformat())
+    expected = reference(ledger, now)
+    assert replace(basis, central=expected.central) == expected
