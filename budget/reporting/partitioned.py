@@ -101,12 +101,15 @@ def _route(position: int, shards: int | None) -> RouteCheck | None:
     return None if shards is None else RouteCheck(position, shards)
 
 
-def _key_ends(ledger: Ledger) -> list[str]:
-    """The smallest and largest device key ``ledger`` holds (none if it holds no account)."""
+def _key_ends(ledger: Ledger) -> set[str]:
+    """The smallest and largest device key ``ledger`` holds (none if it holds no account).
+
+    One aggregate a statement: SQLite reads a lone ``min`` or ``max`` from the key's index.
+    """
     c = _ACCOUNTS.c
     with ledger.engine.connect() as conn:
-        low, high = conn.execute(select(func.min(c.device_key), func.max(c.device_key))).one()
-    return [] if low is None else sorted({str(low), str(high)})
+        ends = [conn.execute(select(f(c.device_key))).scalar() for f in (func.min, func.max)]
+    return {str(key) for key in ends if key is not None}
 
 
 def _forward(
@@ -116,11 +119,12 @@ def _forward(
     route = _route(position, shards)
     ledger = open_ledger()
     try:
-        forward = brought_forward(ledger, now=now, seen=None if route is None else route.see)
+        read: set[str] = set()  # the devices that changed: each checked once, with the ends
+        forward = brought_forward(ledger, now=now, seen=None if route is None else read.add)
         if forward is None:
             return None, None  # the full pass checks every device
         if route is not None:
-            for key in _key_ends(ledger):
+            for key in sorted(read | _key_ends(ledger)):
                 route.see(key)
         book, summary = forward
         return (book, summary.window, summary.lifetime), route
