@@ -169,14 +169,17 @@ def test_reports_from_summaries_equal_a_full_pass_across_random_steps(
             shard.close()
 
 
+@pytest.mark.parametrize("read_again", [500, 0])
 def test_a_full_pass_in_small_chunks_under_charges_stores_a_summary_that_carries_forward(
-    ledger: Ledger,
+    ledger: Ledger, read_again: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Chunks of 3 accounts while devices are charged: each chunk's new charges are exact.
 
     A chunk that missed one of its devices' charges (or claimed another's) would leave a
-    summary that the next report cannot bring forward, or brings forward wrong.
+    summary that the next report cannot bring forward, or brings forward wrong. With
+    ``read_again`` 0 every chunk on PostgreSQL settles the ids first.
     """
+    monkeypatch.setattr("dp_governor.budget.reporting.new_charges._READ_AGAIN", read_again)
     now, stop, errors = START, threading.Event(), []
 
     def charge(offset: int) -> None:
