@@ -5,10 +5,17 @@ series costs in proportion to its use case's charges in the window, not to the l
 the use cases. The charges held are the accounts' held days, charge for charge: the gate writes
 both in one transaction, a day on or before its use case's retention horizon is held by
 neither (the purge deletes both, and every reader ignores what a horizon passed), and
-``verify`` checks that they agree. Where the window reaches back past the purge's horizon
-(retention raised beyond what was kept), the spend no day holds any more is each device's
-lifetime spend less its held days, a figure only the accounts hold: that case alone reads
-every account.
+``verify`` checks both against the audit log, per use case and day after the horizon
+(:mod:`dp_governor.budget.audit.verify`). Where the window reaches back past the purge's
+horizon (retention raised beyond what was kept), the spend no day holds any more is each
+device's lifetime spend less its held days, a figure only the accounts hold: that case alone
+reads every account.
+
+Not brought forward from a stored state by the charges since, as the report's summary is
+(:mod:`.summary`): each day the window moves, changing the cumulative spend of every device
+that spent on the day it leaves, and the p99's sample (the devices first in pseudonym order)
+changes on every day of the window whenever a new device sorts into it, so an exact update
+would need the sample's whole grid of devices by days kept between runs.
 """
 
 from __future__ import annotations
