@@ -96,8 +96,8 @@ def _ranks(keys: list[str]) -> np.ndarray:
     >>> _ranks(["b", "a", "b", "c"]).tolist()
     [1, 0, 1, 2]
     """
-    rank = {k: i for i, k in enumerate(sorted(set(keys)))}
-    return np.fromiter((rank[k] for k in keys), dtype=np.int64, count=len(keys))
+    _, rank = np.unique(np.array(keys, dtype=np.str_), return_inverse=True)
+    return rank.astype(np.int64, copy=False)
 
 
 def _charged(engine: Engine, use_case: str, first: int, today: int) -> _Spends:
