@@ -327,10 +327,15 @@ def raw_cursor(conn: Connection) -> Any:
     return cursor
 
 
-def _close_cursors(_dbapi: Any, record: Any, _reset_state: Any) -> None:
-    """Close the cursors :func:`raw_cursor` made on a connection returning to the pool."""
-    for cursor in record.info.pop(_CURSORS, ()):
-        cursor.close()
+def _close_cursors(dbapi: Any, record: Any) -> None:
+    """Close the cursors :func:`raw_cursor` made on a connection returning to the pool.
+
+    An invalidated connection (``dbapi`` None) was closed with its cursors.
+    """
+    cursors = record.info.pop(_CURSORS, ())
+    if dbapi is not None:
+        for cursor in cursors:
+            cursor.close()
 
 
 def placeholder(engine: Engine) -> str:
@@ -369,7 +374,7 @@ def create_db_engine(
             execution_options=options,
         )
         _configure_sqlite(engine, busy_seconds)
-        event.listen(engine, "reset", _close_cursors)
+        event.listen(engine, "checkin", _close_cursors)
         return engine
     if url.startswith("postgresql"):
         engine = create_engine(
@@ -385,7 +390,7 @@ def create_db_engine(
             # trip per statement and a DEALLOCATE. Unnamed statements are one round trip each.
             connect_args={"prepare_threshold": None},
         )
-        event.listen(engine, "reset", _close_cursors)
+        event.listen(engine, "checkin", _close_cursors)
         return engine
     raise ValueError(f"`database_url` must be a sqlite:// or postgresql:// URL, got {url!r}")
 
