@@ -480,7 +480,7 @@ def _chain_panel(chain: Verification | None, verified_at: datetime | None, now: 
     note = "" if not chain.note else f'; <span id="chain-note">note: {escape(chain.note)}</span>'
     return (
         f'<p id="chain">Audit chain: {status}, <span id="chain-entries">'
-        f"{escape(checked_entries(chain))}</span> checked"
+        f"{escape(checked_entries(chain))}</span>,"
         f" {_age((now - verified_at).total_seconds())} ago"
         f' (<span id="chain-verified-at">{verified_at:%Y-%m-%d %H:%M:%S} UTC</span>);'
         f' <span id="chain-checkpoint">{escape(checkpoint)}</span>'

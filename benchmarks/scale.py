@@ -45,7 +45,7 @@ from dp_governor.budget.clock import day_start
 from dp_governor.budget.gate.charge import charge_entry
 from dp_governor.budget.rule.decide import decide_on
 from dp_governor.budget.rule.state import AccountState, state_columns
-from dp_governor.budget.storage.db import placeholder, scratch_schema
+from dp_governor.budget.storage.db import placeholder, raw_cursor, scratch_schema
 from dp_governor.budget.storage.partitions import ensure_partitions
 from dp_governor.pipeline.tables import STEP_ROWS
 from dp_governor.policies.defaults import default_policies
@@ -171,7 +171,7 @@ def build(
                     tally = state.use_case_today(day, t.name) if decision.accepted else None
                     decided.append(charge_entry(keys[d], decision, t, None, tally))
             with engine.connect() as conn, conn.begin():
-                cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+                cur = raw_cursor(conn)
                 cur.executemany(insert, [(*r, None) for r in rows])
                 if decided:
                     ledger.audit.append(conn, decided, now=noon(day))
@@ -182,7 +182,7 @@ def build(
     _write_accounts(engine, keys, states, postgres=ledger.gate.postgres)
     if ledger.gate.postgres:
         with engine.begin() as conn:
-            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cur = raw_cursor(conn)
             cur.execute(
                 "SELECT setval(pg_get_serial_sequence('charges', 'id'), %s)", (max(next_id - 1, 1),)
             )
@@ -214,7 +214,7 @@ def _write_accounts(
     rows.sort()  # key order: the primary key's order, so appends stay local
     for start in range(0, len(rows), CHUNK):
         with engine.connect() as conn, conn.begin():
-            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cur = raw_cursor(conn)
             cur.executemany(sql, rows[start : start + CHUNK])
 
 
@@ -257,7 +257,7 @@ def _publish(
             for i in range(len(members))
         ]
         with engine.connect() as conn, conn.begin():
-            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cur = raw_cursor(conn)
             for start in range(0, len(rows), CHUNK):
                 cur.executemany(report_sql, rows[start : start + CHUNK])
             cur.execute(

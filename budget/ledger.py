@@ -36,7 +36,7 @@ from dp_governor.budget.rule.standing import (
     device_wide,
 )
 from dp_governor.budget.rule.state import AccountState, decode
-from dp_governor.budget.storage.db import delete_pages, placeholder, write_step
+from dp_governor.budget.storage.db import delete_pages, placeholder, raw_cursor, write_step
 from dp_governor.budget.storage.partitions import (
     DAYS_AHEAD,
     DroppedDays,
@@ -562,7 +562,7 @@ class Ledger:
         def flush() -> int:
             done = 0
             with write_step(self.engine) as conn:
-                cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+                cursor = raw_cursor(conn)
                 cursor.executemany(sql, [params for params, _ in pending])  # one round trip
                 if cursor.rowcount == len(pending):
                     done = sum(n for _, n in pending)

@@ -32,7 +32,7 @@ from dp_governor.budget.audit.row_tags import RowTags
 from dp_governor.budget.gate.prepared import InternalError, load_book
 from dp_governor.budget.privacy.sub_batches import batch_layers
 from dp_governor.budget.rule.book import PolicyBook
-from dp_governor.budget.storage.db import placeholder, write_step
+from dp_governor.budget.storage.db import placeholder, raw_cursor, write_step
 from dp_governor.pipeline.seal import InboxSeal, SealError
 from dp_governor.pipeline.tables import BATCHES as _BATCHES
 from dp_governor.pipeline.tables import INBOX as _INBOX
@@ -461,7 +461,7 @@ def _move_chunk(
             raise InternalError(f"a batch of {use_case!r} holds reports of two parameter sets")
         else:
             values.append((params, day, payload))
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    cursor = raw_cursor(conn)
     # 128-bit ids: a random 64-bit prefix for the step, then the report's place in the step's
     # CSPRNG order. They say no more than the store's own order (which step, which place), and
     # consecutive ids keep the step's inserts together in the id index (a few pages, not one a

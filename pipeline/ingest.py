@@ -27,7 +27,7 @@ from dp_governor.budget.errors import (
 from dp_governor.budget.gate.charge import BatchItem, charge_batch
 from dp_governor.budget.keyed import KeyedHash
 from dp_governor.budget.rule.book import Terms
-from dp_governor.budget.storage.db import placeholder
+from dp_governor.budget.storage.db import placeholder, raw_cursor
 from dp_governor.mechanisms import InvalidReport, Mechanism
 from dp_governor.mechanisms.published import FAMILY_FIELD
 from dp_governor.pipeline._family_mismatch import mismatch_reason
@@ -253,7 +253,7 @@ class Ingestor:
         (AES-GCM under a key held outside the database, bound to the row's id, use case,
         parameters and day): ``verify`` opens it, so it needs no tag of its own.
         """
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor = raw_cursor(conn)
         cursor.executemany(self._inbox_sql, self.seal.seal_rows(rows))
 
     def submit_group(

@@ -118,18 +118,22 @@ def load_policies(path: str | Path) -> list[PolicyCreate]:
             if name in names:
                 problems.append(f"policies[{i}] `name`: {name!r} appears twice")
             names.add(name)
+        before = len(problems)
         found = _complete(item, f"policies[{i}]", problems)
         if found is None:
             continue
+        complete = len(problems) == before
         try:
             policy = PolicyCreate.model_validate(found)
         except ValidationError as exc:
             for error in exc.errors():
-                if error["type"] != "missing":  # reported above, by name
+                # missing: reported above, by name; a cross-field rule waits for every field
+                if error["type"] != "missing" and (complete or error["loc"]):
                     where = ".".join(str(x) for x in error["loc"]) or "policy"
                     problems.append(f"policies[{i}] `{where}`: {error_message(error)}")
             continue
-        out.append(policy)
+        if complete:
+            out.append(policy)
     if problems:
         hint = ""
         if any(": missing" in x for x in problems):
@@ -142,12 +146,15 @@ def load_policies(path: str | Path) -> list[PolicyCreate]:
 
 
 def _complete(item: Any, where: str, problems: list[str]) -> dict[str, Any] | None:
-    """The item's fields with ``unset`` ones as ``None``; appends what is missing or wrong."""
+    """The item's fields with ``unset`` ones as ``None``; appends what is missing or wrong.
+
+    The fields given are returned even when some are missing, so that their values are
+    checked too: a file is refused once, naming every problem (``None``: not a table).
+    """
     if not isinstance(item, dict):
         problems.append(f"{where}: must be a table of fields, got {type(item).__name__}")
         return None
     fields = dict(item)
-    before = len(problems)
     unset = fields.pop("unset", [])
     if not isinstance(unset, list) or not all(isinstance(x, str) for x in unset):
         problems.append(f"{where} `unset`: must be a list of field names")
@@ -163,7 +170,7 @@ def _complete(item: Any, where: str, problems: list[str]) -> dict[str, Any] | No
     for name in PolicyBase.model_fields:
         if name not in fields and name not in not_needed:
             problems.append(f"{where} `{name}`: missing")
-    return fields if len(problems) == before else None
+    return fields
 
 
 def dump_policies(policies: Sequence[PolicyBase], fmt: str = "yaml") -> str:

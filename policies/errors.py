@@ -10,14 +10,47 @@ if TYPE_CHECKING:
 __all__ = ["PolicyConflict", "PolicyError", "PolicyLoosens", "UnknownUseCase", "error_message"]
 
 
-def error_message(error: ErrorDetails) -> str:
-    """One validation error's message in the project's words ("must be a finite number").
+# Errors whose message says it all: our validators' (each names the value) and a field absent.
+_NAMED_BY_THEMSELVES = frozenset({"value_error", "assertion_error", "missing", "extra_forbidden"})
+_SHOWN_CHARACTERS = 80
 
-    Files, commands and routes thus refuse a NaN or an infinity alike.
+
+def error_message(error: ErrorDetails) -> str:
+    """One validation error's message in the project's words, naming the value at fault.
+
+    Files, commands and routes thus say the same thing: a NaN or an infinity "must be a finite
+    number", and a value out of its type or bounds is named with what is allowed.
+
+    >>> error_message({"type": "literal_error", "loc": ("mechanism",), "input": "nope",
+    ...     "msg": "Input should be 'cms' or 'sfp'", "ctx": {"expected": "'cms' or 'sfp'"}})
+    "must be one of 'cms' or 'sfp', got 'nope'"
+    >>> error_message({"type": "greater_than_equal", "loc": ("k",), "input": 0,
+    ...     "msg": "Input should be greater than or equal to 1"})
+    'must be greater than or equal to 1, got 0'
     """
-    if error.get("type") == "finite_number":
+    kind = error.get("type")
+    if kind == "finite_number":
         return f"must be a finite number, got {error.get('input')!r}"
-    return str(error.get("msg"))
+    message = str(error.get("msg"))
+    if kind in _NAMED_BY_THEMSELVES or not error.get("loc") or "input" not in error:
+        return message  # our own checks name the value; a model's input is the whole model
+    if kind in ("literal_error", "enum"):
+        message = f"must be one of {error.get('ctx', {}).get('expected')}"
+    elif message.startswith("Input should be "):
+        message = "must be " + message.removeprefix("Input should be ")
+    return f"{message}, got {_shown(error['input'])}"
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to a readable length (a message may quote a whole body's field).
+
+    >>> _shown("nope"), _shown("x" * 200)[-24:]
+    ("'nope'", 'xxxx... (202 characters)')
+    """
+    text = repr(value)
+    if len(text) <= _SHOWN_CHARACTERS:
+        return text
+    return f"{text[:_SHOWN_CHARACTERS]}... ({len(text)} characters)"
 
 
 class PolicyError(Exception):

@@ -38,7 +38,7 @@ from dp_governor.budget.audit.checkpoints import (
     write_checkpoints,
 )
 from dp_governor.budget.keyed import KeyedHash
-from dp_governor.budget.storage.db import placeholder, write_step, writer
+from dp_governor.budget.storage.db import placeholder, raw_cursor, write_step, writer
 from dp_governor.budget.storage.tables import GENESIS, AuditCheckpoint, AuditEntry, AuditHead
 
 __all__ = [
@@ -214,7 +214,7 @@ class AuditLog:
         if not entries:
             return -1
         at = timestamp(now)
-        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cur = raw_cursor(conn)
         cur.execute(self._head)
         seq, head = cur.fetchone()
         seq = int(seq)
@@ -387,7 +387,7 @@ class AuditLog:
         )
         last = after
         with self.engine.connect() as conn:
-            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cur = raw_cursor(conn)
             while True:
                 cur.execute(sql, (last,))
                 page = cur.fetchall()

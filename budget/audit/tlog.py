@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, inspect, text
 
 from dp_governor.budget.audit.leaves import LabelKeys, device_label_key, project
-from dp_governor.budget.storage.db import placeholder, write_step
+from dp_governor.budget.storage.db import placeholder, raw_cursor, write_step
 from dp_governor.mechanisms.merkle import (
     Frontier,
     NodeReader,
@@ -203,7 +203,7 @@ class TransparencyLog:
             }
             frontier = TileFrontier(start, tiles)
             ph = self._ph
-            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cur = raw_cursor(conn)
             leaves: list[tuple[int, int, str | None, str]] = []
             keys = LabelKeys(self.label_secret)
             size = start
@@ -234,7 +234,7 @@ class TransparencyLog:
 
     def _store(self, conn: Connection, step: _Step) -> None:
         """Insert a prepared step's leaves, tiles (a partial one grown in place) and checkpoint."""
-        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cur = raw_cursor(conn)
         _insert(cur, self._ph, "tlog_leaves (idx, seq, label, data)", step.leaves)
         marks = ", ".join([f"({self._ph}, {self._ph}, {self._ph})"] * len(step.tiles))
         cur.execute(
@@ -342,7 +342,7 @@ class TransparencyLog:
             point = _cosigned(conn, row)
             found: list[tuple[int, str]] = []
             wanted = sorted(set(labels))
-            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cur = raw_cursor(conn)
             for start in range(0, len(wanted), 500):
                 chunk = wanted[start : start + 500]
                 marks = ", ".join([self._ph] * len(chunk))
@@ -525,7 +525,7 @@ class TransparencyLog:
         if leaves is not None:
             leaves.close()
         with self.engine.connect() as conn:
-            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cur = raw_cursor(conn)
             while True:
                 cur.execute(
                     "SELECT a.seq, a.at, a.actor, a.action, a.body, l.data FROM audit_log a"
@@ -546,7 +546,7 @@ class TransparencyLog:
     def _leaves_after(self, after: int) -> Generator[tuple[int, bytes]]:
         """The leaves from index ``after`` on, ``(index, leaf)``, read a page at a time."""
         with self.engine.connect() as conn:
-            cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            cur = raw_cursor(conn)
             start = after
             while True:
                 cur.execute(

@@ -51,7 +51,7 @@ from dp_governor.budget.gate.prepared import Gate, InternalError
 from dp_governor.budget.rule.book import Terms
 from dp_governor.budget.rule.decide import Decision, decide_on
 from dp_governor.budget.rule.state import AccountState, decode, state_columns
-from dp_governor.budget.storage.db import placeholder
+from dp_governor.budget.storage.db import placeholder, raw_cursor
 
 __all__ = [
     "MAX_DEVICE_ID",
@@ -213,19 +213,18 @@ def _charge(
     ph = placeholder(gate.engine)
     postgres = gate.postgres
     with gate.write_lock, gate.engine.connect() as conn, gate.transaction(conn):
-        driver: Any = conn.connection.driver_connection
         guess = gate.cached_book() or (None, gate.book(conn))
         known = [i for i in valid if items[i].use_case in guess[1].terms]
         with gate.trip(conn):  # the lock and every read a decision waits for: one round trip
             if postgres:  # the book read below stays the book in force until this commits
-                driver.cursor().execute(gate.sql("begin"))
-                driver.cursor().execute(gate.sql("book_lock"))
-            revision = driver.cursor()
+                raw_cursor(conn).execute(gate.sql("begin"))
+                raw_cursor(conn).execute(gate.sql("book_lock"))
+            revision = raw_cursor(conn)
             revision.execute(gate.sql("revision"))
-            claims = _send_claims(driver, ph, items, known, stored_keys)
+            claims = _send_claims(conn, ph, items, known, stored_keys)
             devices = sorted({keys[i] for i in known})
-            reads = _send_reads(gate, driver, ph, devices)
-            ids = _send_ids(driver, len(known), postgres)
+            reads = _send_reads(gate, conn, ph, devices)
+            ids = _send_ids(conn, len(known), postgres)
         row = revision.fetchone()
         book = gate.book_at(conn, (int(row[0]), int(row[1])))
         terms: dict[str, Terms | UnknownUseCase] = {}
@@ -241,7 +240,7 @@ def _charge(
             raise _BookMoved  # rolls back what was claimed and locked on the guess
         of: dict[int, Terms] = {i: terms[items[i].use_case] for i in known}  # type: ignore[misc]
         to_decide, claimed, replay_of = _claim(
-            driver, ph, items, known, stored_keys, results, now, claims
+            conn, ph, items, known, stored_keys, results, now, claims
         )
         states: dict[str, AccountState] = {}
         for cur in reads:
@@ -250,7 +249,7 @@ def _charge(
         before = {dk: state.count for dk, state in states.items()}
 
         # Decide in order; acceptances take consecutive pre-allocated charge ids.
-        next_ids = iter(_read_ids(driver, ids, len(known), postgres))
+        next_ids = iter(_read_ids(conn, ids, len(known), postgres))
         next_id = next(next_ids, 0)
         accepted: list[tuple[int, Decision]] = []
         tallies: dict[int, tuple[int, int]] = {}  # an acceptance's (n, spent) for its leaf
@@ -280,7 +279,7 @@ def _charge(
                 touched = {keys[i] for i, _ in accepted}
                 written = _write(
                     gate,
-                    driver,
+                    conn,
                     ph,
                     day,
                     [(keys[i], of[i], stored_keys.get(i), d) for i, d in accepted],
@@ -293,7 +292,7 @@ def _charge(
                 dk, key, _ = stored_keys[i]
                 decided_keys.append((made.to_json(), day, dk, key))
             if decided_keys:
-                driver.cursor().executemany(gate.sql("decide_key"), decided_keys)
+                raw_cursor(conn).executemany(gate.sql("decide_key"), decided_keys)
             if on_accept is not None and accepted:
                 on_accept(conn, accepted)
             entries = []
@@ -308,7 +307,7 @@ def _charge(
             if written is not None and written[0].rowcount not in (-1, written[1]):
                 raise InternalError("an account changed under the batch's lock")
             if postgres:  # in the same trip as the entries
-                driver.cursor().execute("COMMIT")
+                raw_cursor(conn).execute("COMMIT")
     out: list[Decision | Exception] = []
     for r in results:
         assert r is not None
@@ -317,7 +316,7 @@ def _charge(
 
 
 def _send_claims(
-    driver: Any,
+    conn: Connection,
     ph: str,
     items: Sequence[BatchItem],
     valid: list[int],
@@ -343,7 +342,7 @@ def _send_claims(
     cursors = []
     for s in range(0, len(ordered), _CHUNK):
         part = ordered[s : s + _CHUNK]
-        cur = driver.cursor()
+        cur = raw_cursor(conn)
         cur.execute(
             "INSERT INTO idempotency (device_key, key, request_hash, day, decision, use_case)"
             f" {_rows(len(part), 6, ph)} ON CONFLICT (device_key, key) DO NOTHING"
@@ -358,16 +357,16 @@ def _send_claims(
     return cursors, repeats, ordered
 
 
-def _send_reads(gate: Gate, driver: Any, ph: str, devices: list[str]) -> list[Any]:
+def _send_reads(gate: Gate, conn: Connection, ph: str, devices: list[str]) -> list[Any]:
     """Send the reads of the devices' rows (on PostgreSQL made if missing, and locked)."""
     postgres = gate.postgres
     if postgres and devices:
-        driver.cursor().executemany(gate.sql("insert_state"), [(dk,) for dk in devices])
+        raw_cursor(conn).executemany(gate.sql("insert_state"), [(dk,) for dk in devices])
     cursors = []
     for s in range(0, len(devices), _CHUNK):
         chunk = devices[s : s + _CHUNK]
         lock_of = " FOR UPDATE OF a" if postgres else ""
-        cur = driver.cursor()
+        cur = raw_cursor(conn)
         cur.execute(
             "SELECT a.device_key, a.count, a.epsilon_micro, a.days, a.lifetime"
             f" FROM ({_rows(len(chunk), 1, ph)}) AS k JOIN accounts a"
@@ -380,7 +379,7 @@ def _send_reads(gate: Gate, driver: Any, ph: str, devices: list[str]) -> list[An
 
 
 def _claim(
-    driver: Any,
+    conn: Connection,
     ph: str,
     items: Sequence[BatchItem],
     valid: list[int],
@@ -409,7 +408,7 @@ def _claim(
     stored: dict[tuple[str, str], tuple[str, str, str]] = {}
     for s in range(0, len(held), _CHUNK):  # a replay: one more trip
         part = held[s : s + _CHUNK]
-        cur = driver.cursor()
+        cur = raw_cursor(conn)
         cur.execute(
             "SELECT device_key, key, request_hash, use_case, decision FROM idempotency"
             f" WHERE (device_key, key) IN ({_rows(len(part), 2, ph)})",
@@ -443,11 +442,11 @@ def _claim(
     return to_decide, claimed, replay_of
 
 
-def _send_ids(driver: Any, n: int, postgres: bool) -> Any:
+def _send_ids(conn: Connection, n: int, postgres: bool) -> Any:
     """PostgreSQL: send the draw of ``n`` charge ids from the column's sequence (None on SQLite)."""
     if not (postgres and n):
         return None
-    cur = driver.cursor()
+    cur = raw_cursor(conn)
     cur.execute(
         "SELECT nextval(pg_get_serial_sequence('charges', 'id')) FROM generate_series(1, %s)",
         (n,),
@@ -455,7 +454,7 @@ def _send_ids(driver: Any, n: int, postgres: bool) -> Any:
     return cur
 
 
-def _read_ids(driver: Any, sent: Any, n: int, postgres: bool) -> list[int]:
+def _read_ids(conn: Connection, sent: Any, n: int, postgres: bool) -> list[int]:
     """``n`` fresh charge ids, in order (unused ones are left as gaps).
 
     SQLite: the batch holds the write lock, so the ids after the largest ever used (the table's
@@ -466,7 +465,7 @@ def _read_ids(driver: Any, sent: Any, n: int, postgres: bool) -> list[int]:
         return []
     if postgres:
         return sorted(int(r[0]) for r in sent.fetchall())
-    cur = driver.cursor()
+    cur = raw_cursor(conn)
     cur.execute("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'")
     if int(cur.fetchone()[0]):
         cur.execute(
@@ -481,7 +480,7 @@ def _read_ids(driver: Any, sent: Any, n: int, postgres: bool) -> list[int]:
 
 def _write(
     gate: Gate,
-    driver: Any,
+    conn: Connection,
     ph: str,
     day: int,
     accepted: list[tuple[str, Terms, tuple[str, str, str] | None, Decision]],
@@ -493,9 +492,9 @@ def _write(
     once its answer is in (on PostgreSQL with the audit head's, not in a trip of its own).
     """
     rows = [(dk, *state_columns(state), count) for dk, state, count in states]
-    cur = driver.cursor()
+    cur = raw_cursor(conn)
     cur.executemany(gate.sql("write_state"), rows)
-    driver.cursor().executemany(
+    raw_cursor(conn).executemany(
         "INSERT INTO charges (id, device_key, use_case, budget, policy_version, epsilon_micro,"
         f" day, idempotency_key) VALUES ({_placeholders(8, ph)})",
         [

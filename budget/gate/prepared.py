@@ -21,7 +21,7 @@ from dp_governor.budget.audit.log import AuditLog
 from dp_governor.budget.errors import UnknownUseCase
 from dp_governor.budget.keyed import KeyedHash
 from dp_governor.budget.rule.book import PolicyBook, Terms
-from dp_governor.budget.storage.db import placeholder, writer
+from dp_governor.budget.storage.db import placeholder, raw_cursor, writer
 from dp_governor.budget.storage.tables import RetentionHorizon
 from dp_governor.policies.device import device_budget_versions, limits_of
 from dp_governor.policies.repository import BOOK_LOCK_KEY, PolicyStore
@@ -91,7 +91,7 @@ class Gate:
         Policy and device-budget versions are only ever added and horizons only ever rise, so
         the pair changes with every change that matters to a decision or a figure.
         """
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor = raw_cursor(conn)
         cursor.execute(self.sql("revision"))
         revision = cursor.fetchone()
         return int(revision[0]), int(revision[1])

@@ -43,7 +43,7 @@ from dp_governor.budget.reporting.central import (
     read_batches,
 )
 from dp_governor.budget.rule.book import NO_HORIZON
-from dp_governor.budget.storage.db import placeholder, write_step
+from dp_governor.budget.storage.db import placeholder, raw_cursor, write_step
 from dp_governor.budget.storage.tables import CLAIM_LEAF_PREDICATE, ShuffledBatch
 from dp_governor.policies.model import Policy, from_micro
 
@@ -267,7 +267,7 @@ def _last_claimed(conn: Connection) -> int | None:
 def _local(conn: Connection, use_case: str, day: int) -> dict[int, int]:
     """How many devices spent each daily micro-epsilon total on ``use_case`` on ``day``."""
     ph = placeholder(conn.engine)
-    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    cur = raw_cursor(conn)
     cur.execute(
         f"SELECT sum(epsilon_micro) FROM charges WHERE use_case = {ph} AND day = {ph}"
         " GROUP BY device_key",

@@ -67,6 +67,7 @@ __all__ = [
     "key_fingerprint",
     "page_query",
     "placeholder",
+    "raw_cursor",
     "record_fingerprints",
     "scratch_schema",
     "stored_fingerprints",
@@ -307,6 +308,36 @@ def write_step(engine: Engine) -> Iterator[Connection]:
             time.sleep(factor * (time.monotonic() - started))
 
 
+_CURSORS = "dpgov_cursors"  # the connection record's driver cursors, closed at its release
+
+
+def raw_cursor(conn: Connection) -> Any:
+    """A cursor of the driver's connection under ``conn``, closed when ``conn`` is released.
+
+    Plain SQL sent through the driver skips SQLAlchemy's statement building on hot paths. A
+    driver cursor left open outlives the checkout (in the frame that made it, or a traceback)
+    and, freed later, resets its prepared statement while another thread that the pool has
+    given the connection to runs the same cached statement: SQLite answers "bad parameter or
+    other API misuse" (``InterfaceError``). The engine's pool therefore closes every such
+    cursor as the connection goes back to it, in the thread that held it (:func:`_close_cursors`).
+    """
+    held = conn.connection
+    cursor = held.driver_connection.cursor()  # type: ignore[union-attr]
+    held.info.setdefault(_CURSORS, []).append(cursor)
+    return cursor
+
+
+def _close_cursors(dbapi: Any, record: Any) -> None:
+    """Close the cursors :func:`raw_cursor` made on a connection returning to the pool.
+
+    An invalidated connection (``dbapi`` None) was closed with its cursors.
+    """
+    cursors = record.info.pop(_CURSORS, ())
+    if dbapi is not None:
+        for cursor in cursors:
+            cursor.close()
+
+
 def placeholder(engine: Engine) -> str:
     """The driver's parameter marker for raw SQL: ``?`` for sqlite3, ``%s`` for psycopg."""
     return "?" if engine.dialect.paramstyle == "qmark" else "%s"
@@ -343,9 +374,10 @@ def create_db_engine(
             execution_options=options,
         )
         _configure_sqlite(engine, busy_seconds)
+        event.listen(engine, "checkin", _close_cursors)
         return engine
     if url.startswith("postgresql"):
-        return create_engine(
+        engine = create_engine(
             url,
             echo=echo,
             pool_size=pool_size,
@@ -358,6 +390,8 @@ def create_db_engine(
             # trip per statement and a DEALLOCATE. Unnamed statements are one round trip each.
             connect_args={"prepare_threshold": None},
         )
+        event.listen(engine, "checkin", _close_cursors)
+        return engine
     raise ValueError(f"`database_url` must be a sqlite:// or postgresql:// URL, got {url!r}")
 
 

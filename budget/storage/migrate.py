@@ -25,6 +25,7 @@ import orjson
 from sqlalchemy import Connection, inspect, text
 
 from dp_governor.budget.rule.state import AccountState, state_columns
+from dp_governor.budget.storage.db import raw_cursor
 
 __all__ = ["is_per_budget", "per_device_states", "write_accounts"]
 
@@ -54,7 +55,7 @@ def write_accounts(conn: Connection, states: dict[str, AccountState]) -> None:
     """
     if states:
         ph = ", ".join(["?" if conn.dialect.paramstyle == "qmark" else "%s"] * 6)
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor = raw_cursor(conn)
         cursor.executemany(
             "INSERT INTO accounts (device_key, count, epsilon_micro, days, lifetime,"
             f" oldest_day) VALUES ({ph})",

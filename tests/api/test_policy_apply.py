@@ -116,6 +116,21 @@ def test_a_partial_file_is_refused_listing_every_problem(db: Database) -> None:
     assert db.emoji()["window_epsilon_cap"] == 120.0 and db.emoji()["m"] == 1024
 
 
+def test_an_unknown_mechanism_is_refused_naming_the_value_and_the_allowed_ones(
+    db: Database,
+) -> None:
+    """The reported file: ``mechanism: nope`` among missing fields; exit 1, one line."""
+    before = db.state()
+    partial = {"name": "emoji", "mechanism": "nope", "k": 1, "m": 64}
+    result = db.cli(["policies", "apply", "--dry-run", db.write(partial)])
+    assert result.exit_code == 1
+    message = result.output.strip()
+    assert len(message.splitlines()) == 1 and "Traceback" not in message
+    assert "policies[0] `mechanism`: must be one of 'cms', 'hcms' or 'sfp', got 'nope'" in message
+    assert "policies[0] `epsilon_per_report`: missing" in message
+    assert db.state() == before
+
+
 def test_apply_prints_the_diff_and_the_what_if_and_dry_run_writes_nothing(db: Database) -> None:
     emoji = db.emoji()
     emoji["window_epsilon_cap"] = 4.0  # device-1 has spent 8 in the window

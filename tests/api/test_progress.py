@@ -10,7 +10,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from dp_governor.api._verdict_text import SEALED_COUNTED
+from dp_governor.api._verdict_text import REPLAY_HINT, SEALED_COUNTED
 from dp_governor.api.app import create_app
 from dp_governor.api.cli import app
 from dp_governor.api.cli.common import Progress
@@ -147,7 +147,12 @@ def test_audit_verify_and_report_count_entries_and_devices_on_stderr(tmp_path: P
         assert f"audit verify: the chain: {n:,d} of {n:,d} entries (100%)" in again.stderr
         # the verdict's line: the entries after `from_seq`, and the note, as the dashboard says
         start = result["from_seq"]
-        span = f"entries {start + 1:,d} to {start + n:,d}" if n else "no entry"
+        span = (
+            f"entries {start + 1:,d} to {start + n:,d}"
+            if n
+            else f"no new entries since the last verified checkpoint at entry {start:,d}"
+            f"{REPLAY_HINT}"  # not "no entry checked": the run before checked them
+        )
         line = again.stderr.splitlines()[-1]
         assert line.startswith(f"audit verify: accepted: {span}"), line
         assert line.endswith(f"; note: {result['note']}") and SEALED_COUNTED in line, line

@@ -3,7 +3,8 @@
 Float parameters refuse ``nan`` and ``inf`` as not finite (every one the API declares), a 401
 that names a parameter carries it as ``field`` and the client exposes it, a client's day
 parameter takes a date or ``YYYY-MM-DD`` and names itself otherwise, a witness quorum no
-checkpoint could meet is refused naming ``quorum``, and a removed setting warns.
+checkpoint could meet is refused naming ``quorum``, a removed setting warns, and a policy's bad
+value is named beside its field (every field).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dp_governor.budget import FixedClock
 from dp_governor.mechanisms.signed_note import check_quorum
 from dp_governor.policies import PolicyUpdate
 from tests.live import ADMIN_TOKEN, serve
+from tests.policies.test_model import BAD_POLICY_VALUES
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -117,6 +119,25 @@ def test_every_float_body_field_refuses_nan_and_inf_as_not_finite(
             errors = answer.json()["detail"]
             wanted = {"field": field, "msg": f"must be a finite number, got {float(value)!r}"}
             assert any(wanted.items() <= e.items() for e in errors), (path, field, errors)
+
+
+def test_every_policy_fields_bad_value_is_named_in_the_422(client: TestClient) -> None:
+    """``PUT /v1/use-cases/emoji``: each field's bad value named beside the field, in the body."""
+    base = {"mechanism": "cms", "k": 4, "m": 64, "epsilon_per_report": 1.0}
+    base["max_reports_per_day"] = 1
+    for field, value in BAD_POLICY_VALUES.items():
+        if field == "name":  # the path's use case: refused as the path's (a 422 naming `name`)
+            continue
+        body = {**base, field: value}
+        answer = client.put("/v1/use-cases/emoji", json=body, headers=ADMIN)
+        assert answer.status_code == 422, (field, answer.text)
+        [error] = answer.json()["detail"]
+        assert error["field"] == field and repr(value) in error["msg"], (field, error)
+    answer = client.put("/v1/use-cases/emoji", json={**base, "mechanism": "nope"}, headers=ADMIN)
+    wanted = "must be one of 'cms', 'hcms' or 'sfp', got 'nope'"
+    assert answer.json()["detail"] == [
+        {"loc": ["mechanism"], "field": "mechanism", "msg": wanted, "type": "literal_error"}
+    ]
 
 
 def test_a_401_naming_delta_carries_the_field_and_the_client_exposes_it(tmp_path: Path) -> None:

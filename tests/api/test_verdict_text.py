@@ -14,7 +14,13 @@ from html import unescape
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dp_governor.api._verdict_text import checked_entries, entry_span, summary, with_clause
+from dp_governor.api._verdict_text import (
+    REPLAY_HINT,
+    checked_entries,
+    entry_span,
+    summary,
+    with_clause,
+)
 from dp_governor.api.dashboard import _chain_panel
 from dp_governor.api.schemas import AuditVerification
 from dp_governor.budget.audit.log import Verification
@@ -60,12 +66,17 @@ def test_the_dashboard_and_the_summary_name_the_jsons_entries(verdict: Verificat
     first, last = json_view["from_seq"] + 1, json_view["from_seq"] + json_view["entries"]
     if json_view["entries"]:
         assert numbers[:2] == [first, last] and entry_span(verdict) == (first, last)
+        assert shown is not None and shown.endswith(" checked")
         if verdict.ok:
             assert last == json_view["head_seq"]
     else:
-        assert shown is not None and shown.startswith("no entry")
+        assert shown is not None and shown.startswith("no ")
         assert numbers == ([json_view["from_seq"]] if json_view["from_seq"] else [])
-    assert f": {shown} checked" in summary(verdict)
+    nothing_new = verdict.ok and json_view["from_seq"] and not json_view["entries"]
+    if nothing_new:  # said as such, not "checked": the earlier run checked up to from_seq
+        assert shown == f"no new entries since the last verified checkpoint at entry {first - 1:,d}"
+    assert f": {shown}{REPLAY_HINT if nothing_new else ''}" in summary(verdict)
+    assert (REPLAY_HINT in summary(verdict)) == bool(nothing_new)
     note = _shown(html, "chain-note")
     assert note == (None if not json_view["note"] else f"note: {json_view['note']}")
     if json_view["note"]:

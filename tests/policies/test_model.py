@@ -318,3 +318,90 @@ def test_every_float_field_of_a_file_refuses_nan_and_inf_in_the_projects_words(
             load_device_budget(path)
         wanted = f"device_budget `{field}`: must be a finite number, got {value!r}"
         assert wanted in str(refused.value), (field, str(refused.value))
+
+
+# One bad value per field of a policy and of a device-wide budget: out of its set, type or range.
+# Every field is listed (checked below), so a field added to either model needs one here.
+BAD_POLICY_VALUES: dict[str, Any] = {
+    "name": "Emoji",
+    "description": 12,
+    "mechanism": "nope",
+    "k": 0,
+    "m": 1,
+    "k_fragment": 0,
+    "m_fragment": 1 << 17,
+    "epsilon_per_report": 0.0,
+    "epsilon_word": 20.5,
+    "epsilon_fragment": -1.0,
+    "max_reports_per_day": 1001,
+    "retention_days": "90",
+    "group_size": 0,
+    "publish_threshold": -1.0,
+    "min_batch_devices": 0,
+    "window_epsilon_cap": 0.0,
+    "lifetime_epsilon_cap": 2e9,
+    "window_filter_epsilon": -4.0,
+    "window_filter_delta": 1.0,
+    "lifetime_filter_epsilon": 0.0,
+    "lifetime_filter_delta": 0.0,
+    "delta": 1.5,
+    "budget_group": "Safari Domains",
+    "hash_seed": "XYZ",
+}
+BAD_DEVICE_VALUES: dict[str, Any] = {
+    "epsilon_per_day": 0.0,
+    "window_days": 0,
+    "window_epsilon": -1.0,
+    "lifetime_epsilon": 2e9,
+    "window_filter_epsilon": 0.0,
+    "window_filter_delta": 1.0,
+    "lifetime_filter_epsilon": -2.0,
+    "lifetime_filter_delta": 0.0,
+    "quotas": {"emoji": 1.5},
+}
+
+
+def test_every_field_has_a_bad_value() -> None:
+    assert set(BAD_POLICY_VALUES) == set(PolicyBase.model_fields)
+    assert set(BAD_DEVICE_VALUES) == set(DeviceBudgetCreate.model_fields)
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "toml"])
+def test_a_files_bad_value_is_named_with_its_field_for_every_field(
+    tmp_path: Path, fmt: str
+) -> None:
+    """Each field's bad value: the message names the field and the value (and what is allowed)."""
+    loads = yaml.safe_load if fmt == "yaml" else tomllib.loads
+    dump = yaml.safe_dump if fmt == "yaml" else tomli_w.dumps
+    sfp = [p for p in default_policies() if p.mechanism == "sfp"]  # every field given
+    base = loads(dump_policies(sfp[:1], fmt))["policies"][0]
+    path = tmp_path / f"p.{fmt}"
+    for field, value in BAD_POLICY_VALUES.items():
+        item = {**base, field: value}
+        item["unset"] = [x for x in item.get("unset", []) if x != field]
+        if not item["unset"]:
+            item.pop("unset")
+        path.write_text(dump({"policies": [item]}), encoding="utf-8")
+        with pytest.raises(PolicyFileError) as refused:
+            load_policies(path)
+        message = str(refused.value)
+        assert f"policies[0] `{field}`: " in message and repr(value) in message, message
+    for field, value in BAD_DEVICE_VALUES.items():
+        path.write_text(dump({"policies": [base], "device_budget": {field: value}}), "utf-8")
+        with pytest.raises(PolicyFileError) as refused:
+            load_device_budget(path)
+        message = str(refused.value)
+        shown = repr(value["emoji"]) if field == "quotas" else repr(value)
+        assert f"device_budget `{field}`: " in message and shown in message, message
+
+
+def test_an_unknown_mechanism_is_named_beside_the_missing_fields(tmp_path: Path) -> None:
+    """The reported file: a bad ``mechanism`` and fields left out, every problem at once."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"policies": [{**BASE, "mechanism": "nope"}]}), "utf-8")
+    with pytest.raises(PolicyFileError) as refused:
+        load_policies(path)
+    message = str(refused.value)
+    assert "policies[0] `mechanism`: must be one of 'cms', 'hcms' or 'sfp', got 'nope'" in message
+    assert "policies[0] `retention_days`: missing" in message
+    assert "`policy`" not in message  # no cross-field rule judged on defaults
