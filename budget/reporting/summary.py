@@ -1,28 +1,35 @@
-"""The effective-epsilon report's histograms, stored and brought up to date by what changed.
+"""Sums over devices, stored and brought up to date by what changed: the report's histograms.
 
-A :class:`~dp_governor.budget.reporting.population.SpendPass` is a sum over devices of each
-device's values (a function of its window and lifetime rows), so the passes now are the stored
-passes, less the old values of every device whose rows changed since, plus their new values
-(:meth:`SpendPass.subtract`, :meth:`SpendPass.merge`; exact). The stored summary
-(``report_summaries``) holds the passes as of a day ``D0``, the charges they count
-(:class:`Watermark`), the retention horizons ``H0`` and the digest of the policy versions.
-A device's rows change between then and now (day ``D1``, horizons ``H1``) only when:
+A figure that is a sum over devices of a function of the device's state and the day (a
+:class:`~dp_governor.budget.reporting.population.SpendPass`, a count of devices) is, now, the
+stored sum less the old values of every device whose value may have changed since, plus their
+new values (:class:`Sums`: :meth:`SpendPass.subtract`, :meth:`SpendPass.merge`, counters; exact).
+A :class:`Measure` names the functions: the digest of everything they read besides the rows
+and the day (the policy versions, for the report), and the windows they read each use case's
+days over (for the report, its retention ``keep_u``). The stored summary (``report_summaries``,
+one row per measure's name) holds the sums as of a day ``D0``, the charges they count
+(:class:`Watermark`), the retention horizons ``H0`` and the digest. A device's value changes
+between then and now (day ``D1``, horizons ``H1``) only when:
 
 1. it was charged: the charges the watermark does not count. Its old state is its account row
    now less those charges, read in the same snapshot as the row;
-2. the day advanced: a charge of use case ``u`` on a day in ``(D0 - keep_u, D1 - keep_u]``
-   left its window, one on a day in ``(D0, D1]`` entered it (``keep_u`` its retention);
-   found from the charges' ``(use case, day)`` index;
-3. the purge cleared days: only days on or before the horizons, which no window counted if
-   ``H0[u] <= H1[u] <= D0 - keep_u`` for every use case (no window reaches back past its
-   horizon either, :meth:`~dp_governor.budget.rule.state.AccountState.unheld`);
-4. a policy version or a device-wide budget was added: never brought up to date (a budget's
-   members may have changed); the digest differs and a full pass is due.
+2. the day advanced: for each window length ``L`` a function reads use case ``u``'s days
+   over, a charge of ``u`` on a day in ``(D0 - L, D1 - L]`` left that window, one on a day in
+   ``(D0, D1]`` entered it; found from the charges' ``(use case, day)`` index. A device with
+   neither holds the same days in every window at ``D1`` as at ``D0``;
+3. the purge cleared days: only days on or before the horizons. For each ``u`` and each of
+   its window lengths ``L``, either ``H0[u] <= H1[u] <= D0 - L`` (no window reaches back past
+   the horizon at either day, and the days cleared were in neither,
+   :meth:`~dp_governor.budget.rule.state.AccountState.unheld`), or ``H0[u] == H1[u]`` and
+   ``D1 - L < H1[u] <= D0`` (the window reaches past the same horizon at both days: it holds
+   the days after the horizon and the same unheld spend, so only days entering count);
+4. a policy version (or, for a what-if, a device-wide budget) was added: never brought up to
+   date (a budget's members may have changed); the digest differs and a full pass is due.
 
-Anything else (the day going back, a horizon past ``D0 - keep_u``, a charge whose slot or day
-the row does not hold) is :class:`Stale`: a full pass, stored for the next report. The daily
-purge brings the summary to its own day before it deletes anything
-(``dp_governor.pipeline.purge``), so its horizons never make the next report a full pass.
+Anything else (the day going back, a horizon past a window, a charge whose slot or day the row
+does not hold) is :class:`Stale`: a full pass, stored for the next time. The daily purge brings
+the summaries to its own day before it deletes anything (``dp_governor.pipeline.purge``), so its
+horizons never make the next report a full pass.
 
 Charge ids: SQLite allocates them under its one writer's lock, so they become visible in id
 order. PostgreSQL draws them from a sequence before the batch's audit head lock, so a charge
@@ -37,14 +44,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
-from sqlalchemy import ColumnElement, Connection, Engine, and_, func, select, text
+from sqlalchemy import Connection, Engine, and_, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
@@ -52,7 +59,7 @@ from sqlalchemy.exc import DBAPIError
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.gate.prepared import load_book
 from dp_governor.budget.ledger import Ledger
-from dp_governor.budget.reporting.population import SpendPass, slot_rows
+from dp_governor.budget.reporting.population import SpendPass, Sums, slot_rows
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.rule.state import AccountState, decode, lifetime_counts, window_counts
 from dp_governor.budget.storage.db import writer
@@ -61,15 +68,22 @@ from dp_governor.policies.repository import BOOK_LOCK_KEY
 
 __all__ = [
     "REPORT",
+    "SPEC",
+    "Fold",
+    "Measure",
     "Stale",
     "Summary",
     "Watermark",
+    "advance",
     "advance_summary",
     "book_digest",
     "report_passes",
+    "stored_specs",
+    "summed",
 ]
 
 REPORT: Final = "report"  # the effective-epsilon report's summary
+SPEC: Final = "spec"  # a measure's own description, stored beside its sums (:meth:`Measure.spec`)
 _SUMMARIES = ReportSummary.__table__  # type: ignore[attr-defined]
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
@@ -80,6 +94,39 @@ log = logging.getLogger("dpgov.reporting")
 
 class Stale(Exception):
     """The stored summary cannot be brought up to date exactly: a full pass is due."""
+
+
+class Fold(Protocol):
+    """Devices' values at one day and set of horizons, summed as they are added."""
+
+    def add(self, dk: str, state: AccountState) -> None:
+        """Add the values of device ``dk`` (devices in key order, each once)."""
+
+    def finish(self) -> Sums:
+        """The finished sums of the devices added."""
+
+
+class Measure(Protocol):
+    """The functions of (device state, day) a summary sums, and what else they read."""
+
+    @property
+    def name(self) -> str:
+        """The summary's row (``report_summaries.name``, at most 80 characters)."""
+
+    def key(self, book: PolicyBook) -> str:
+        """The digest of everything the functions read besides the rows, the day and horizons."""
+
+    def windows(self, book: PolicyBook) -> Mapping[str, Collection[int]]:
+        """Per use case, every window length its days are read over (today is a window of 1)."""
+
+    def books(self, book: PolicyBook) -> dict[str, PolicyBook]:
+        """The book each of the sums' passes is binned under, by the pass's name."""
+
+    def fold(self, book: PolicyBook, day: int, horizons: Mapping[str, int]) -> Fold:
+        """An empty sum of the devices' values on ``day`` with ``horizons``."""
+
+    def spec(self) -> dict[str, Any] | None:
+        """What rebuilds the measure, stored with its sums (``None``: nothing to store)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +147,13 @@ class Watermark:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """The report's finished passes as of ``day``, the charges and horizons they count."""
+    """A measure's finished sums as of ``day``, the charges and horizons they count."""
 
     book: str
     day: int
     watermark: Watermark
     horizons: dict[str, int]
-    window: SpendPass
-    lifetime: SpendPass
+    sums: Sums
 
 
 def book_digest(book: PolicyBook) -> str:
@@ -118,6 +164,46 @@ def book_digest(book: PolicyBook) -> str:
     """
     versions = [p.model_dump(mode="json") for p in book.versions]
     return hashlib.sha256(orjson.dumps(versions, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+class _ReportFold:
+    """The report's (window, lifetime) passes: each use case's window is its retention."""
+
+    def __init__(self, book: PolicyBook, day: int, horizons: Mapping[str, int]) -> None:
+        self._at = (day, book.retention(), horizons)
+        self._window, self._lifetime = SpendPass(book), SpendPass(book)
+
+    def add(self, dk: str, state: AccountState) -> None:
+        day, retention, horizons = self._at
+        self._window.add(slot_rows(dk, window_counts(state, day, retention, horizons)))
+        self._lifetime.add(slot_rows(dk, lifetime_counts(state)))
+
+    def finish(self) -> Sums:
+        return Sums({"window": self._window.finish(), "lifetime": self._lifetime.finish()})
+
+
+class _Report:
+    """The effective-epsilon report's measure: its passes under the policy book."""
+
+    name = REPORT
+
+    def key(self, book: PolicyBook) -> str:
+        return book_digest(book)
+
+    def windows(self, book: PolicyBook) -> dict[str, frozenset[int]]:
+        return {name: frozenset({keep}) for name, keep in book.retention().items()}
+
+    def books(self, book: PolicyBook) -> dict[str, PolicyBook]:
+        return {"window": book, "lifetime": book}
+
+    def fold(self, book: PolicyBook, day: int, horizons: Mapping[str, int]) -> Fold:
+        return _ReportFold(book, day, horizons)
+
+    def spec(self) -> dict[str, Any] | None:
+        return None
+
+
+_REPORT: Final = _Report()
 
 
 @contextmanager
@@ -167,16 +253,27 @@ def _charges_after(conn: Connection, mark: Watermark) -> list[NewCharge]:
     ]
 
 
-def _day_moved(conn: Connection, book: PolicyBook, before: int, day: int) -> set[str]:
-    """The devices with a charge that left a window, or entered one, from ``before`` to ``day``."""
+def _day_moved(
+    conn: Connection, windows: Mapping[str, Collection[int]], before: int, day: int
+) -> set[str]:
+    """The devices with a charge that left a window, or entered one, from ``before`` to ``day``.
+
+    Entered: any charge on a day in ``(before, day]``. Left: for each window length ``L``, a
+    charge of a use case read over ``L`` on a day in ``(before - L, day - L]``.
+    """
     c = _CHARGES.c
+    by_length: dict[int, set[str]] = defaultdict(set)
+    for use_case, lengths in windows.items():
+        for length in lengths:
+            by_length[length].add(use_case)
+    spans = [and_(c.day > before, c.day <= day)]
+    for length, names in sorted(by_length.items()):
+        spans.append(
+            and_(c.use_case.in_(sorted(names)), c.day > before - length, c.day <= day - length)
+        )
     found: set[str] = set()
-    spans: list[tuple[ColumnElement[bool], ...]] = [(c.day > before, c.day <= day)]
-    for use_case, keep in book.retention().items():
-        spans.append((c.use_case == use_case, c.day > before - keep, c.day <= day - keep))
     for span in spans:
-        query = select(c.device_key).where(and_(*span)).distinct()
-        found.update(str(dk) for (dk,) in conn.execute(query))
+        found.update(str(dk) for (dk,) in conn.execute(select(c.device_key).where(span).distinct()))
     return found
 
 
@@ -212,21 +309,30 @@ def _take_out(state: AccountState, charges: list[NewCharge], book: PolicyBook) -
         state.epsilon_micro -= eps
 
 
-def _check_horizons(book: PolicyBook, summary: Summary) -> None:
-    """Raise :class:`Stale` unless every purge since the summary cleared only uncounted days."""
-    for use_case, keep in book.retention().items():
+def _check_horizons(
+    windows: Mapping[str, Collection[int]],
+    summary: Summary,
+    horizons: Mapping[str, int],
+    day: int,
+) -> None:
+    """Raise :class:`Stale` unless no purge since the summary changed a window's reading.
+
+    For each use case and window length: the window reaches past the horizon on neither day
+    and every day cleared is before both, or past the same horizon on both (module docstring).
+    """
+    for use_case, lengths in windows.items():
         old = summary.horizons.get(use_case, NO_HORIZON)
-        new = book.horizon(use_case)
-        if not old <= new <= summary.day - keep:
-            raise Stale(f"the horizon of {use_case!r} passed the summary's window")
+        new = horizons.get(use_case, NO_HORIZON)
+        for length in lengths:
+            before = old <= new <= summary.day - length
+            past = old == new and day - length < new <= summary.day
+            if not (before or past):
+                raise Stale(f"the horizon of {use_case!r} passed the summary's window")
 
 
-def _copy(book: PolicyBook, spend: SpendPass) -> SpendPass:
-    """A finished pass with the same histograms (``spend`` is left as it is)."""
-    return SpendPass(book).merge(spend)
-
-
-def _advance(engine: Engine, summary: Summary, day: int) -> tuple[PolicyBook, Summary]:
+def _advance(
+    engine: Engine, measure: Measure, summary: Summary, day: int
+) -> tuple[PolicyBook, Summary]:
     """``summary`` brought to ``day`` and the charges now committed, from what changed.
 
     Raises:
@@ -237,11 +343,12 @@ def _advance(engine: Engine, summary: Summary, day: int) -> tuple[PolicyBook, Su
     settled = _settled_id(engine)
     with _snapshot(engine) as conn:
         book = load_book(conn)
-        if book_digest(book) != summary.book:
+        if measure.key(book) != summary.book:
             raise Stale("a policy version was added")
-        _check_horizons(book, summary)
+        windows = measure.windows(book)
+        _check_horizons(windows, summary, book.horizons, day)
         charges = _charges_after(conn, summary.watermark)
-        moved = _day_moved(conn, book, summary.day, day) if day > summary.day else set()
+        moved = _day_moved(conn, windows, summary.day, day) if day > summary.day else set()
         if settled is None:  # SQLite: every id up to the largest committed is
             settled = max(summary.watermark.through, _largest_id(conn))
         by_device: dict[str, list[NewCharge]] = defaultdict(list)
@@ -249,30 +356,30 @@ def _advance(engine: Engine, summary: Summary, day: int) -> tuple[PolicyBook, Su
             by_device[charge[1]].append(charge)
         touched = sorted(set(by_device) | moved)
         rows = _account_rows(conn, touched)
-    retention = book.retention()
-    gone = (SpendPass(book), SpendPass(book))
-    new = (SpendPass(book), SpendPass(book))
+    gone = measure.fold(book, summary.day, summary.horizons)
+    new = measure.fold(book, day, book.horizons)
     for dk in touched:
         row = rows.get(dk)
         if row is None:
             raise Stale(f"device {dk!r} was charged but holds no account")
-        now, then = decode(*row), decode(*row)
+        then = decode(*row)
         _take_out(then, by_device.get(dk, []), book)
-        gone[0].add(slot_rows(dk, window_counts(then, summary.day, retention, summary.horizons)))
-        gone[1].add(slot_rows(dk, lifetime_counts(then)))
-        new[0].add(slot_rows(dk, window_counts(now, day, retention, book.horizons)))
-        new[1].add(slot_rows(dk, lifetime_counts(now)))
+        gone.add(dk, then)
+        new.add(dk, decode(*row))
     try:
-        window = _copy(book, summary.window).subtract(gone[0].finish()).merge(new[0])
-        lifetime = _copy(book, summary.lifetime).subtract(gone[1].finish()).merge(new[1])
+        sums = summary.sums.copy(measure.books(book)).subtract(gone.finish()).merge(new.finish())
     except ValueError as exc:
         raise Stale(str(exc)) from None
     mark = Watermark(settled, frozenset(c[0] for c in charges if c[0] > settled))
-    return book, Summary(summary.book, day, mark, dict(book.horizons), window, lifetime)
+    return book, Summary(summary.book, day, mark, dict(book.horizons), sums)
 
 
 def _full(
-    engine: Engine, day: int, chunk: int, progress: Callable[[int], None] | None
+    engine: Engine,
+    measure: Measure,
+    day: int,
+    chunk: int,
+    progress: Callable[[int], None] | None,
 ) -> tuple[PolicyBook, Summary]:
     """Every account read, ``chunk`` a short read transaction, into a summary of its own.
 
@@ -284,8 +391,8 @@ def _full(
     with _snapshot(engine) as conn:
         book = load_book(conn)
         through = settled if settled is not None else _largest_id(conn)
-    retention, horizons = book.retention(), book.horizons
-    window, lifetime = SpendPass(book), SpendPass(book)
+    horizons = book.horizons
+    fold = measure.fold(book, day, horizons)
     applied: set[int] = set()
     a, c = _ACCOUNTS.c, _CHARGES.c
     after, read = "", 0
@@ -302,9 +409,7 @@ def _full(
                 mine = and_(c.id > through, c.device_key > after, c.device_key <= rows[-1][0])
                 applied.update(int(i) for (i,) in conn.execute(select(c.id).where(mine)))
         for dk, count, eps, days, life in rows:
-            state = decode(count, eps, days, life)
-            window.add(slot_rows(str(dk), window_counts(state, day, retention, horizons)))
-            lifetime.add(slot_rows(str(dk), lifetime_counts(state)))
+            fold.add(str(dk), decode(count, eps, days, life))
         read += len(rows)
         if progress is not None:
             progress(read)
@@ -312,45 +417,55 @@ def _full(
             break
         after = str(rows[-1][0])
     mark = Watermark(through, frozenset(applied))
-    return book, Summary(
-        book_digest(book), day, mark, dict(horizons), window.finish(), lifetime.finish()
-    )
+    return book, Summary(measure.key(book), day, mark, dict(horizons), fold.finish())
 
 
-def _stored(engine: Engine, name: str) -> Summary | None:
-    """The summary stored under ``name`` (``None``: none), its passes under the book now."""
+def _stored(engine: Engine, measure: Measure) -> Summary | None:
+    """The summary stored for ``measure`` (``None``: none), its passes under the book now."""
     with engine.connect() as conn:
-        row = conn.execute(select(_SUMMARIES).where(_SUMMARIES.c.name == name)).first()
+        row = conn.execute(select(_SUMMARIES).where(_SUMMARIES.c.name == measure.name)).first()
         if row is None:
             return None
         book = load_book(conn)
-    passes = orjson.loads(row.passes)
+    try:
+        sums = Sums.of_json(measure.books(book), orjson.loads(row.passes))
+    except (KeyError, ValueError):  # stored for other passes (another version's summary)
+        return None
     return Summary(
         book=str(row.book),
         day=int(row.day),
         watermark=Watermark(int(row.through), frozenset(orjson.loads(row.applied))),
         horizons={str(k): int(v) for k, v in orjson.loads(row.horizons).items()},
-        window=SpendPass.of_json(book, passes["window"]),
-        lifetime=SpendPass.of_json(book, passes["lifetime"]),
+        sums=sums,
     )
 
 
-def _store(engine: Engine, name: str, summary: Summary, now: datetime) -> None:
-    """Replace the summary stored under ``name``, in one statement (readers see all or none).
+def stored_specs(engine: Engine, prefix: str) -> list[dict[str, Any]]:
+    """The specs stored with the summaries whose names start with ``prefix`` (by name)."""
+    query = select(_SUMMARIES.c.passes).where(_SUMMARIES.c.name.startswith(prefix))
+    with engine.connect() as conn:
+        passes = [orjson.loads(p) for (p,) in conn.execute(query.order_by(_SUMMARIES.c.name))]
+    return [p[SPEC] for p in passes if SPEC in p]
+
+
+def _store(engine: Engine, measure: Measure, summary: Summary, now: datetime) -> None:
+    """Replace the summary stored for ``measure``, in one statement (readers see all or none).
 
     A database that refuses the write (a read-only replica) keeps the summary it had; the
-    report computed is exact either way.
+    figures computed are exact either way.
     """
+    passes = summary.sums.to_json()
+    spec = measure.spec()
+    if spec is not None:
+        passes[SPEC] = spec
     values = {
-        "name": name,
+        "name": measure.name,
         "book": summary.book,
         "day": summary.day,
         "through": summary.watermark.through,
         "applied": orjson.dumps(sorted(summary.watermark.applied)).decode(),
         "horizons": orjson.dumps(summary.horizons, option=orjson.OPT_SORT_KEYS).decode(),
-        "passes": orjson.dumps(
-            {"window": summary.window.to_json(), "lifetime": summary.lifetime.to_json()}
-        ).decode(),
+        "passes": orjson.dumps(passes).decode(),
         "computed_at": now.isoformat(),
     }
     insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
@@ -363,7 +478,7 @@ def _store(engine: Engine, name: str, summary: Summary, now: datetime) -> None:
         with writer(engine).begin() as conn:
             conn.execute(statement)
     except DBAPIError as exc:
-        log.warning("the report's summary was not stored: %s", exc.orig)
+        log.warning("the %s summary was not stored: %s", measure.name, exc.orig)
 
 
 def _moved(before: Summary, after: Summary) -> bool:
@@ -375,36 +490,62 @@ def _moved(before: Summary, after: Summary) -> bool:
     )
 
 
+def summed(
+    ledger: Ledger, measure: Measure, *, now: datetime, chunk: int, full: bool = False
+) -> tuple[PolicyBook, Sums]:
+    """The sums of ``measure`` over every device at ``now``, and the book they are under.
+
+    From the stored summary brought up to date when it can be (:func:`_advance`), else (or with
+    ``full``) from every account, stored for the next time. Equal either way to a scan of every
+    account on a ledger nobody writes meanwhile.
+    """
+    engine, day = ledger.engine, utc_day(now)
+    if not full:
+        stored = _stored(engine, measure)
+        if stored is not None:
+            try:
+                book, summary = _advance(engine, measure, stored, day)
+            except Stale as exc:
+                log.info("the %s summary is stale (%s): a full pass", measure.name, exc)
+            else:
+                if _moved(stored, summary):
+                    _store(engine, measure, summary, now)
+                if ledger.scan_progress is not None:  # every device's values are in the summary
+                    ledger.scan_progress(ledger.account_count())
+                return book, summary.sums
+    book, scanned = _full(engine, measure, day, chunk, ledger.scan_progress)
+    try:  # the chunks' snapshots brought to one
+        book, summary = _advance(engine, measure, scanned, day)
+    except Stale:  # the book changed during the scan: as exact as a scan can be, not stored
+        return book, scanned.sums
+    _store(engine, measure, summary, now)
+    return book, summary.sums
+
+
 def report_passes(
     ledger: Ledger, *, now: datetime, chunk: int, full: bool = False
 ) -> tuple[PolicyBook, SpendPass, SpendPass]:
     """The report's finished (window, lifetime) passes at ``now`` and the book they are under.
 
-    From the stored summary brought up to date when it can be (:func:`_advance`), else (or with
-    ``full``) from every account, stored for the next report. Equal either way to
+    :func:`summed` of the report's measure: equal to
     :func:`dp_governor.budget.reporting.loss.spend_passes` on a ledger nobody writes meanwhile.
     """
-    engine, day = ledger.engine, utc_day(now)
-    if not full:
-        stored = _stored(engine, REPORT)
-        if stored is not None:
-            try:
-                book, summary = _advance(engine, stored, day)
-            except Stale as exc:
-                log.info("the report's summary is stale (%s): a full pass", exc)
-            else:
-                if _moved(stored, summary):
-                    _store(engine, REPORT, summary, now)
-                if ledger.scan_progress is not None:  # every device's spend is in the summary
-                    ledger.scan_progress(ledger.account_count())
-                return book, summary.window, summary.lifetime
-    book, scanned = _full(engine, day, chunk, ledger.scan_progress)
-    try:  # the chunks' snapshots brought to one
-        book, summary = _advance(engine, scanned, day)
-    except Stale:  # the book changed during the scan: as exact as a scan can be, not stored
-        return book, scanned.window, scanned.lifetime
-    _store(engine, REPORT, summary, now)
-    return book, summary.window, summary.lifetime
+    book, sums = summed(ledger, _REPORT, now=now, chunk=chunk, full=full)
+    return book, sums.passes["window"], sums.passes["lifetime"]
+
+
+def advance(ledger: Ledger, measure: Measure, *, now: datetime) -> bool:
+    """Bring the summary stored for ``measure`` to ``now`` if it can be; whether it was."""
+    stored = _stored(ledger.engine, measure)
+    if stored is None:
+        return False
+    try:
+        _, summary = _advance(ledger.engine, measure, stored, utc_day(now))
+    except Stale:
+        return False
+    if _moved(stored, summary):
+        _store(ledger.engine, measure, summary, now)
+    return True
 
 
 def advance_summary(ledger: Ledger, *, now: datetime) -> bool:
@@ -413,13 +554,4 @@ def advance_summary(ledger: Ledger, *, now: datetime) -> bool:
     The purge runs this before it raises the horizons: the summary then counts no day the
     purge deletes, and the next report starts from it.
     """
-    stored = _stored(ledger.engine, REPORT)
-    if stored is None:
-        return False
-    try:
-        _, summary = _advance(ledger.engine, stored, utc_day(now))
-    except Stale:
-        return False
-    if _moved(stored, summary):
-        _store(ledger.engine, REPORT, summary, now)
-    return True
+    return advance(ledger, _REPORT, now=now)
