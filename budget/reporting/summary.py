@@ -440,12 +440,13 @@ def _stored(engine: Engine, measure: Measure) -> Summary | None:
     )
 
 
-def stored_specs(engine: Engine, prefix: str) -> list[dict[str, Any]]:
-    """The specs stored with the summaries whose names start with ``prefix`` (by name)."""
-    query = select(_SUMMARIES.c.passes).where(_SUMMARIES.c.name.startswith(prefix))
+def stored_specs(engine: Engine, prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, spec)`` of the summaries stored with a spec whose names start with ``prefix``."""
+    c = _SUMMARIES.c
+    query = select(c.name, c.passes).where(c.name.startswith(prefix)).order_by(c.name)
     with engine.connect() as conn:
-        passes = [orjson.loads(p) for (p,) in conn.execute(query.order_by(_SUMMARIES.c.name))]
-    return [p[SPEC] for p in passes if SPEC in p]
+        stored = [(str(n), orjson.loads(p)) for n, p in conn.execute(query)]
+    return [(name, passes[SPEC]) for name, passes in stored if SPEC in passes]
 
 
 def _store(engine: Engine, measure: Measure, summary: Summary, now: datetime) -> None:
