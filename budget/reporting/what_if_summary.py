@@ -16,17 +16,22 @@ are, for every use case ``u``'s slots:
 
 - the passes: ``u``'s window, its retention under the current book (the rows the report reads);
 - the gate's rule (:func:`~dp_governor.budget.rule.decide.check`) on each side's terms: today
-  (the daily caps, a window of 1 day, the device-wide budget's daily limits too), the budget's
+  (the daily caps, a window of 1 day; the device-wide budget's daily limits too), the budget's
   window and its window filter (``retention_days`` of the side's terms), the device-wide
   window and its filter (``window_days`` of the side's device-wide budget), and the lifetime
-  (no day). A budget counts slots of several use cases (:meth:`AccountState.counted`) and the
-  device-wide budget all of them, so every such length is read over every use case's days.
+  (no day). The device-wide budget counts every slot, so today and its window are read over
+  every use case's days; a budget counts the slots of the use cases that ever drew from it
+  (:meth:`~dp_governor.budget.rule.state.AccountState.counted`: its members now, the slots
+  charged under it, the slots from before budgets were recorded of a use case that drew from
+  it; every one of them in ``ever_members``), so its window is read over theirs.
 
-Those lengths are :meth:`PolicyWhatIf.windows`; the summary's day-moved set covers each
-(a charge on a day that left or entered any of them, today included), and its horizon
-condition each use case's longest. A proposal whose windows reach past what the purge kept
-(retention or a device window raised beyond it) reads unheld spend that changes as the purge
-deletes days, which no charge left finds: its summary is stale after each purge (a full
+Those lengths are :meth:`PolicyWhatIf.windows` (:func:`_lengths`); the summary's day-moved set
+covers each (a charge on a day that left or entered any of them, today included), and its
+horizon condition each. The purge keeps a use case's days for the longest window any budget it
+ever shared counts and the longest device-wide window, so the current book's windows never reach
+past its horizons. A proposal whose windows do (retention or a device-wide window raised past
+what was kept, a group joined whose members kept less) reads unheld spend that changes as the
+purge deletes days, which no charge left finds: its summary is stale after each purge (a full
 pass), exact either way.
 
 The daily purge brings every stored what-if to its own day before it deletes anything
@@ -88,15 +93,22 @@ def _digest(book: PolicyBook, spec: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _lengths(terms: Sequence[Terms]) -> set[int]:
-    """The window lengths the gate's rule reads on ``terms``: today, the budgets', the device's."""
+def _lengths(terms: Sequence[Terms], use_case: str) -> set[int]:
+    """The window lengths the gate's rule on ``terms`` reads ``use_case``'s days over.
+
+    Today and the device-wide window (which count every slot); each budget's window and window
+    filter where the budget counts the use case's slots, which only a budget it ever drew from
+    does (:meth:`~dp_governor.budget.rule.state.AccountState.counted`: its members, the
+    budget it was charged under, or before budgets were recorded every one it drew from).
+    """
     out = {1}
     for t in terms:
-        out.add(t.retention_days)
-        if t.filters is not None:
-            out.add(t.filters.window_days)
         if t.device is not None:
             out.add(t.device.window_days or 1)
+        if use_case in t.ever_members:
+            out.add(t.retention_days)
+            if t.filters is not None:
+                out.add(t.filters.window_days)
     return out
 
 
@@ -200,8 +212,7 @@ class PolicyWhatIf:
     def windows(self, book: PolicyBook) -> dict[str, frozenset[int]]:
         """Every window length the functions read, over each use case (module docstring)."""
         sides = (book.terms[self.use_case], self.after(book).terms[self.use_case])
-        common = _lengths(sides)
-        return {u: frozenset(common | {keep}) for u, keep in book.retention().items()}
+        return {u: frozenset(_lengths(sides, u) | {keep}) for u, keep in book.retention().items()}
 
     def books(self, book: PolicyBook) -> dict[str, PolicyBook]:
         """Each pass's book by its name."""
@@ -275,8 +286,8 @@ class DeviceWhatIf:
 
     def windows(self, book: PolicyBook) -> dict[str, frozenset[int]]:
         """Every window length the functions read, over each use case (module docstring)."""
-        common = frozenset(_lengths([t for _, _, t in self._sides(book, book.horizons)]))
-        return dict.fromkeys(book.latest, common)
+        sides = [t for _, _, t in self._sides(book, book.horizons)]
+        return {u: frozenset(_lengths(sides, u)) for u in book.latest}
 
     def books(self, book: PolicyBook) -> dict[str, PolicyBook]:
         """Each pass's book by its name."""
