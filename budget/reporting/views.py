@@ -1,8 +1,10 @@
 """Audit views on the ledger: one device's timeline, a use case's distribution, what-if.
 
-All read-only. A device's timeline is built from the charges still held (the retention
-window) plus its purge-proof lifetime totals: whatever a purge removed is carried into the
-lifetime line as a starting value, so the cumulative curve ends at the true lifetime spend.
+All read-only but for the what-if's stored sums (figures kept to be brought up to date,
+:mod:`dp_governor.budget.reporting.what_if_summary`). A device's timeline is built from the
+charges still held (the retention window) plus its purge-proof lifetime totals: whatever a
+purge removed is carried into the lifetime line as a starting value, so the cumulative curve
+ends at the true lifetime spend.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -49,6 +50,7 @@ from typing import Any, Final
 
 import orjson
 from sqlalchemy import delete, select
+from sqlalchemy.exc import DBAPIError
 
 from dp_governor.budget.ledger import Ledger
 from dp_governor.budget.reporting.population import SpendPass, Sums, slot_rows
@@ -84,6 +86,7 @@ KEPT: Final = 8  # stored what-ifs kept, the most recently computed
 SIDES: Final = ("current", "proposed")
 CHUNK: Final = 20_000  # accounts a read of a full pass
 _SUMMARIES = ReportSummary.__table__  # type: ignore[attr-defined]
+log = logging.getLogger("dpgov.reporting")
 
 
 def _digest(book: PolicyBook, spec: dict[str, Any]) -> str:
@@ -110,6 +113,22 @@ def _lengths(terms: Sequence[Terms], use_case: str) -> set[int]:
             if t.filters is not None:
                 out.add(t.filters.window_days)
     return out
+
+
+class _Reads:
+    """A shard's route check (:class:`RouteCheck`) seeing each device key read once.
+
+    Bringing a summary up to date folds a device's old value, then at once its new one.
+    """
+
+    def __init__(self, route: RouteCheck | None) -> None:
+        self._route, self._last = route, ""
+
+    def see(self, dk: str) -> None:
+        """Pass ``dk`` to the route check, unless it was the key seen last."""
+        if self._route is not None and dk != self._last:
+            self._route.see(dk)
+            self._last = dk
 
 
 def _at(terms: Terms, horizons: Mapping[str, int]) -> Terms:
@@ -148,9 +167,9 @@ class _PolicyFold:
         sides: tuple[Terms, Terms],
         day: int,
         horizons: Mapping[str, int],
-        route: RouteCheck | None,
+        reads: _Reads,
     ) -> None:
-        self._day, self._route = day, route
+        self._day, self._reads = day, reads
         self._retention, self._horizons = books[0].retention(), horizons
         self._sides = tuple(zip(SIDES, (_at(t, horizons) for t in sides), strict=True))
         self._passes = {
@@ -161,8 +180,7 @@ class _PolicyFold:
         self._counts: Counter[str] = Counter()
 
     def add(self, dk: str, state: AccountState) -> None:
-        if self._route is not None:
-            self._route.see(dk)
+        self._reads.see(dk)
         window = slot_rows(dk, window_counts(state, self._day, self._retention, self._horizons))
         lifetime = slot_rows(dk, lifetime_counts(state))
         for side in SIDES:
@@ -191,7 +209,7 @@ class PolicyWhatIf:
         rows: Sequence[Policy],
         route: RouteCheck | None = None,
     ) -> None:
-        self.use_case, self._rows, self._route = use_case, tuple(rows), route
+        self.use_case, self._rows, self._reads = use_case, tuple(rows), _Reads(route)
         self._spec: dict[str, Any] = {
             "kind": "policy",
             "use_case": use_case,
@@ -227,7 +245,7 @@ class PolicyWhatIf:
         """An empty sum of the devices' values on ``day`` with ``horizons``."""
         after = self.after(book)
         sides = (book.terms[self.use_case], after.terms[self.use_case])
-        return _PolicyFold((book, after), sides, day, horizons, self._route)
+        return _PolicyFold((book, after), sides, day, horizons, self._reads)
 
     def spec(self) -> dict[str, Any]:
         """The proposal, stored with the sums (:func:`advance_what_ifs` rebuilds from it)."""
@@ -237,15 +255,12 @@ class PolicyWhatIf:
 class _DeviceFold:
     """A device-wide budget what-if's refusals per use case, side and budget, device by device."""
 
-    def __init__(
-        self, sides: list[tuple[str, str, Terms]], day: int, route: RouteCheck | None
-    ) -> None:
-        self._sides, self._day, self._route = sides, day, route
+    def __init__(self, sides: list[tuple[str, str, Terms]], day: int, reads: _Reads) -> None:
+        self._sides, self._day, self._reads = sides, day, reads
         self._counts: Counter[str] = Counter()
 
     def add(self, dk: str, state: AccountState) -> None:
-        if self._route is not None:
-            self._route.see(dk)
+        self._reads.see(dk)
         for name, side, t in self._sides:
             decision = check(t, self._day, state)
             if not decision.accepted:
@@ -261,7 +276,7 @@ class DeviceWhatIf:
     def __init__(
         self, book: PolicyBook, proposed: DeviceBudgetCreate, route: RouteCheck | None = None
     ) -> None:
-        self._proposed, self._route = proposed, route
+        self._proposed, self._reads = proposed, _Reads(route)
         self._spec: dict[str, Any] = {
             "kind": "device",
             "proposed": proposed.model_dump(mode="json"),
@@ -295,7 +310,7 @@ class DeviceWhatIf:
 
     def fold(self, book: PolicyBook, day: int, horizons: Mapping[str, int]) -> Fold:
         """An empty sum of the devices' values on ``day`` with ``horizons``."""
-        return _DeviceFold(self._sides(book, horizons), day, self._route)
+        return _DeviceFold(self._sides(book, horizons), day, self._reads)
 
     def spec(self) -> dict[str, Any]:
         """The proposal, stored with the sums (:func:`advance_what_ifs` rebuilds from it)."""
@@ -303,17 +318,26 @@ class DeviceWhatIf:
 
 
 def _keep_recent(ledger: Ledger) -> None:
-    """Delete the stored what-ifs but the :data:`KEPT` most recently computed."""
+    """Delete the stored what-ifs but the :data:`KEPT` most recently computed.
+
+    A database that refuses the write (a read-only replica) keeps them; the figures computed
+    are exact either way.
+    """
     c = _SUMMARIES.c
-    recent = (
-        select(c.name)
-        .where(c.name.startswith(PREFIX))
-        .order_by(c.computed_at.desc(), c.name)
-        .limit(KEPT)
-    )
-    with writer(ledger.engine).begin() as conn:
-        keep = [str(n) for (n,) in conn.execute(recent)]
-        conn.execute(delete(_SUMMARIES).where(c.name.startswith(PREFIX), c.name.not_in(keep)))
+    stored = select(c.name).where(c.name.startswith(PREFIX)).order_by(c.computed_at.desc(), c.name)
+    with ledger.engine.connect() as conn:
+        older = [str(n) for (n,) in conn.execute(stored)][KEPT:]
+    if older:
+        _delete(ledger, older)
+
+
+def _delete(ledger: Ledger, names: list[str]) -> None:
+    """Delete the stored what-ifs ``names`` (a read-only database keeps them)."""
+    try:
+        with writer(ledger.engine).begin() as conn:
+            conn.execute(delete(_SUMMARIES).where(_SUMMARIES.c.name.in_(names)))
+    except DBAPIError as exc:
+        log.warning("stored what-ifs were not deleted: %s", exc.orig)
 
 
 def what_if_sums(
@@ -331,15 +355,15 @@ def what_if_sums(
 
 def _rebuilt(ledger: Ledger, book: PolicyBook, spec: dict[str, Any]) -> Measure | None:
     """The measure ``spec`` describes against ``book`` (``None``: a write would refuse it now)."""
-    if spec.get("kind") == "device":
-        return DeviceWhatIf(book, DeviceBudgetCreate.model_validate(spec["proposed"]))
-    proposed = [PolicyCreate.model_validate(p) for p in spec["proposed"]]
     try:
+        if spec["kind"] == "device":
+            return DeviceWhatIf(book, DeviceBudgetCreate.model_validate(spec["proposed"]))
+        proposed = [PolicyCreate.model_validate(p) for p in spec["proposed"]]
         with ledger.engine.connect() as conn:
             rows = ledger.policies.proposed(conn, proposed)
-    except ValueError:  # PolicyConflict, or the model's own validation
+        return PolicyWhatIf(book, str(spec["use_case"]), proposed, rows)
+    except (KeyError, ValueError):  # PolicyConflict, or the model's own validation
         return None
-    return PolicyWhatIf(book, str(spec["use_case"]), proposed, rows)
 
 
 def advance_what_ifs(ledger: Ledger, *, now: datetime) -> int:
@@ -357,6 +381,5 @@ def advance_what_ifs(ledger: Ledger, *, now: datetime) -> int:
         elif advance(ledger, measure, now=now):
             advanced += 1
     if dropped:
-        with writer(ledger.engine).begin() as conn:
-            conn.execute(delete(_SUMMARIES).where(_SUMMARIES.c.name.in_(dropped)))
+        _delete(ledger, dropped)
     return advanced
