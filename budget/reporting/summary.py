@@ -21,8 +21,9 @@ between then and now (day ``D1``, horizons ``H1``) only when:
    its window lengths ``L``, either ``H0[u] <= H1[u] <= D0 - L`` (no window reaches back past
    the horizon at either day, and the days cleared were in neither,
    :meth:`~dp_governor.budget.rule.state.AccountState.unheld`), or ``H0[u] == H1[u]`` and
-   ``D1 - L < H1[u] <= D0`` (the window reaches past the same horizon at both days: it holds
-   the days after the horizon and the same unheld spend, so only days entering count);
+   ``D1 - L < H1[u] < D0`` (the window reaches past the same horizon at both days: it holds
+   the days after the horizon and the same unheld spend, dated on the horizon, before either
+   day's today, so only days entering count);
 4. a policy version (or, for a what-if, a device-wide budget) was added: never brought up to
    date (a budget's members may have changed); the digest differs and a full pass is due.
 
@@ -325,7 +326,7 @@ def _check_horizons(
         new = horizons.get(use_case, NO_HORIZON)
         for length in lengths:
             before = old <= new <= summary.day - length
-            past = old == new and day - length < new <= summary.day
+            past = old == new and day - length < new < summary.day
             if not (before or past):
                 raise Stale(f"the horizon of {use_case!r} passed the summary's window")
 

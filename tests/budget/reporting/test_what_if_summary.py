@@ -272,6 +272,31 @@ def test_a_new_day_frees_the_daily_caps_of_yesterdays_devices(ledger: Ledger) ->
     )
 
 
+def test_a_window_past_the_horizon_is_brought_up_to_date_until_the_next_purge(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A longer retention reads unheld spend: exact from the summary while the horizon stays."""
+    _short_retention(ledger)
+    name, proposed = _proposals(ledger)["longer"]  # 3 days past what the purge keeps
+    for day in range(6):
+        for device in DEVICES[: 3 + day]:
+            ledger.charge(device, name, now=START + timedelta(days=day))
+    now = START + timedelta(days=5)
+    purge(ledger, now=now)
+    assert what_if(ledger, name, proposed, now=now) == reference(ledger, name, proposed, now)
+    caplog.set_level(logging.INFO, logger="dpgov.reporting")
+    for later in (now + timedelta(hours=1), now + timedelta(days=1)):
+        for device in DEVICES[:4]:
+            ledger.charge(device, name, now=later)
+        found = what_if(ledger, name, proposed, now=later)
+        assert found == reference(ledger, name, proposed, later)
+    assert not [r for r in caplog.records if "stale" in r.getMessage()]
+    purge(ledger, now=now + timedelta(days=1))  # the horizon moves: a full pass, as exact
+    later = now + timedelta(days=1, hours=1)
+    assert what_if(ledger, name, proposed, now=later) == reference(ledger, name, proposed, later)
+    assert any("horizon" in r.getMessage() for r in caplog.records)
+
+
 def _stored_names(ledger: Ledger) -> list[str]:
     table = ReportSummary.__table__  # type: ignore[attr-defined]
     with ledger.engine.connect() as conn:
