@@ -367,7 +367,8 @@ def what_if(
     :class:`PolicyConflict` as applying it would. The device counts and passes come from the
     stored what-if brought up to date by what changed when it can be, else (or with ``full``)
     from every account (:mod:`dp_governor.budget.reporting.what_if_summary`; the same figures
-    either way). ``route`` sees every device key read.
+    either way). ``route`` sees every device key: with it, every account is read (a shard's
+    check, :mod:`dp_governor.budget.reporting.routing`, is of all it holds).
     """
     current = ledger.policies.get(use_case)
     if proposed.name != use_case:
@@ -377,7 +378,7 @@ def what_if(
     with ledger.engine.connect() as conn:
         rows = ledger.policies.proposed(conn, together)
     measure = PolicyWhatIf(ledger.book(), use_case, together, rows, route)
-    book, sums = what_if_sums(ledger, measure, now=now, full=full)
+    book, sums = what_if_sums(ledger, measure, now=now, full=full or route is not None)
     after_book = measure.after(book)
     counts, passes = sums.counts, sums.passes
 
@@ -516,12 +517,12 @@ def what_if_device_budget(
     budget in force and with ``proposed``; a device with no history is never refused and is left
     out. Nothing is written but the stored what-if, brought up to date by what changed when it
     can be, else (or with ``full``) counted from every account
-    (:mod:`dp_governor.budget.reporting.what_if_summary`). ``route`` sees every device key read
-    (a shard's check, :mod:`dp_governor.budget.reporting.routing`).
+    (:mod:`dp_governor.budget.reporting.what_if_summary`). ``route`` sees every device key:
+    with it, every account is read (a shard's check,
+    :mod:`dp_governor.budget.reporting.routing`, is of all it holds).
     """
-    book, sums = what_if_sums(
-        ledger, DeviceWhatIf(ledger.book(), proposed, route), now=now, full=full
-    )
+    measure = DeviceWhatIf(ledger.book(), proposed, route)
+    book, sums = what_if_sums(ledger, measure, now=now, full=full or route is not None)
     out: dict[str, dict[str, dict[str, int]]] = {
         name: {side: {} for side in SIDES} for name in sorted(book.terms)
     }
