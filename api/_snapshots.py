@@ -35,12 +35,8 @@ from dp_governor.budget.audit.log import Verification
 from dp_governor.budget.reporting.activity import Activity, daily_activity
 from dp_governor.budget.reporting.loss import effective_epsilon_passes
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, finish_report
-from dp_governor.budget.reporting.views import (
-    CumulativeSeries,
-    Distribution,
-    cumulative_series,
-    spend_quantiles,
-)
+from dp_governor.budget.reporting.series import CumulativeSeries, cumulative_series
+from dp_governor.budget.reporting.views import Distribution, spend_quantiles
 from dp_governor.budget.storage.db import write_step
 from dp_governor.budget.storage.tables import DashboardSnapshot
 from dp_governor.pipeline.seal import InboxSeal

@@ -26,7 +26,8 @@ from dp_governor.budget.privacy.display import fmt_up
 from dp_governor.budget.reporting.activity import Activity
 from dp_governor.budget.reporting.central import PRECONDITIONS, CentralLine, CentralLoss
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, LossSpread
-from dp_governor.budget.reporting.views import CumulativeSeries, Distribution
+from dp_governor.budget.reporting.series import CumulativeSeries
+from dp_governor.budget.reporting.views import Distribution
 from dp_governor.pipeline.health import HealthLine
 from dp_governor.policies import Policy
 

@@ -1,16 +1,19 @@
 """The effective-epsilon report over a ledger sharded by device key against one database.
 
 Usage: ``python -m benchmarks.shards [--devices 100000] [--days 30] [--shards 2]
-[--database-url URL]``.
+[--next-day-charges 1000] [--database-url URL]``.
 
 Builds one ledger (:func:`benchmarks.scale.build`, no audit entries: the report does not read
 them), copies its devices into ``--shards`` databases by the routing rule of docs/scaling.md
 (:func:`split`), then runs the report's basis on the one database
 (:func:`~dp_governor.budget.reporting.loss.effective_epsilon_basis`) and over the shards
 (:func:`~dp_governor.budget.reporting.sharded.sharded_basis`, one worker process a shard), each
-in a spawned process of its own, and checks the two equal. Prints a Markdown table: CPU
-seconds (the process and its workers), wall seconds and peak RSS (the largest process), and the
-CPU seconds the sharded pass spends checking that each device routes to its shard.
+in a spawned process of its own, and checks the two equal. Then charges
+``--next-day-charges`` devices on the next day (each through its shard's gate) and runs the
+sharded report again from the summaries the first run stored (each shard's brought forward in
+a worker), then as a full pass (``full``), and checks the two equal. Prints a Markdown table:
+CPU seconds (the process and its workers), wall seconds and peak RSS (the largest process), and
+the CPU seconds the sharded pass spends checking that each device routes to its shard.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, Table, select
+from sqlalchemy import Engine, Table, select, text
 
 from benchmarks import scale
 from dp_governor.budget import Ledger, create_db_engine
+from dp_governor.budget.gate.prepared import device_key
 from dp_governor.budget.reporting.routing import RouteCheck
 from dp_governor.budget.reporting.sharded import shard_of
 from dp_governor.budget.storage.tables import (
@@ -63,7 +67,8 @@ def split(source: Engine, targets: Sequence[Engine]) -> list[int]:
     The policy tables, horizons and the slot-budget mark replace every shard's own; each
     account, charge and idempotency record goes to the shard its device key routes to
     (:func:`dp_governor.budget.reporting.sharded.shard_of`). Nothing else is copied (the
-    audit log, the inbox and the published batches are each shard's own).
+    audit log, the inbox and the published batches are each shard's own). On PostgreSQL each
+    shard's charge id sequence is set past the ids copied, as the gate's next charge needs.
     """
     accounts = [0] * len(targets)
     for model in (*_WHOLE, *_ROUTED):
@@ -86,7 +91,22 @@ def split(source: Engine, targets: Sequence[Engine]) -> list[int]:
                         conn.execute(table.insert(), part)
                     if model is Account:
                         accounts[shard] += len(part)
+    for target in targets:
+        _sequence_past_ids(target)
     return accounts
+
+
+def _sequence_past_ids(engine: Engine) -> None:
+    """PostgreSQL: the charges' id sequence set to the largest id held (rows copied with ids)."""
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "SELECT setval(pg_get_serial_sequence('charges', 'id'),"
+                " coalesce(max(id), 1), max(id) IS NOT NULL) FROM charges"
+            )
+        )
 
 
 def _open(url: str) -> Ledger:
@@ -94,19 +114,19 @@ def _open(url: str) -> Ledger:
     return Ledger(create_db_engine(url), scale.SECRET)
 
 
-def _timed(urls: list[str], days: int, queue: Any) -> None:
+def _timed(urls: list[str], day: int, full: bool, workers: int, queue: Any) -> None:
     """The report's basis on one database or over the shards ``urls`` (spawned); its figures."""
     from dp_governor.budget.reporting.loss import effective_epsilon_basis
     from dp_governor.budget.reporting.sharded import sharded_basis
 
-    now = scale.noon(scale.FIRST_DAY + days - 1)
+    now = scale.noon(day)
     ledgers = [_open(url) for url in urls]
     t0, cpu = time.perf_counter(), time.process_time()
     if len(urls) == 1:
-        basis = effective_epsilon_basis(ledgers[0], now=now)
+        basis = effective_epsilon_basis(ledgers[0], now=now, full=full)
     else:
         openers = [functools.partial(_open, url) for url in urls]
-        basis = sharded_basis(ledgers, openers, now=now, workers=len(urls))
+        basis = sharded_basis(ledgers, openers, now=now, workers=workers, full=full)
         kept = {k: v for k, v in basis.provenance.items() if k != "shards"}
         basis = dataclasses.replace(basis, provenance=kept)  # as the one database's
     wall, own = time.perf_counter() - t0, time.process_time() - cpu
@@ -118,11 +138,16 @@ def _timed(urls: list[str], days: int, queue: Any) -> None:
     queue.put((basis, own + workers_cpu, wall, peak))
 
 
-def _run(urls: list[str], days: int) -> tuple[Any, float, float, float]:
-    """:func:`_timed` in a spawned process: ``(basis, CPU s, wall s, peak RSS MiB)``."""
+def _run(
+    urls: list[str], day: int, full: bool = True, workers: int | None = None
+) -> tuple[Any, float, float, float]:
+    """:func:`_timed` in a spawned process: ``(basis, CPU s, wall s, peak RSS MiB)``.
+
+    ``workers``: processes of the sharded report (default one a shard; ``1``: none, in this one).
+    """
     spawn = multiprocessing.get_context("spawn")
     queue = spawn.Queue()
-    process = spawn.Process(target=_timed, args=(urls, days, queue))
+    process = spawn.Process(target=_timed, args=(urls, day, full, workers or len(urls), queue))
     process.start()
     result = queue.get()
     process.join()
@@ -144,6 +169,16 @@ def _route_check_cpu(shards: Sequence[Engine]) -> float:
     return time.process_time() - cpu
 
 
+def _charge_next_day(shards: Sequence[Engine], day: int, charges: int) -> None:
+    """``charges`` new devices charged once on ``day``, each through its own shard's gate."""
+    ledgers = [Ledger(e, scale.SECRET) for e in shards]
+    use_case = ledgers[0].book().active[0].name
+    for i in range(charges):
+        device = f"next-day-{i}"
+        shard = shard_of(device_key(scale.SECRET, device), len(shards))
+        ledgers[shard].charge(device, use_case, now=scale.noon(day))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Build, shard, and time the report both ways; print one row each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -151,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--database-url", default=None, help="default: temporary SQLite files")
+    parser.add_argument("--next-day-charges", type=int, default=1_000)
     parser.add_argument("--seed", type=int, default=33)
     args = parser.parse_args(argv)
     if args.days < 2 or args.devices < 1 or args.shards < 2:
@@ -169,10 +205,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         ]
         accounts = split(source, shards)
         urls = [e.url.render_as_string(hide_password=False) for e in [source, *shards]]
-        single, *one = _run(urls[:1], args.days)
-        merged, *many = _run(urls[1:], args.days)
+        last = scale.FIRST_DAY + args.days - 1
+        single, *one = _run(urls[:1], last)
+        merged, *many = _run(urls[1:], last)  # stores each shard's summary
         assert merged == single, "the sharded report differs from the single database's"
         checked = _route_check_cpu(shards)
+        _charge_next_day(shards, last + 1, args.next_day_charges)
+        forward, *incremental = _run(urls[1:], last + 1, full=False)
+        scanned, *full = _run(urls[1:], last + 1, full=True)
+        again, *inline = _run(urls[1:], last + 1, full=False, workers=1)
+        assert forward == scanned == again, "the report from the summaries differs from a full pass"
         print("| ledger | devices | charges | report CPU s | wall s | peak RSS MiB |")
         print("|---" * 6 + "|")
         print(
@@ -188,6 +230,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"| of which the routing check of every device | {sum(accounts):,} | |"
             f" {checked:.3f} | | |"
         )
+        for name, (cpu, wall, peak) in (
+            ("full pass", full),
+            ("from the summaries", incremental),
+            ("from the summaries, no worker process", inline),
+        ):
+            print(
+                f"| {args.shards} shards, next day after {args.next_day_charges:,} charges:"
+                f" {name} | {built.devices + args.next_day_charges:,} | |"
+                f" {cpu:.1f} | {wall:.1f} | {peak:.0f} |"
+            )
 
 
 if __name__ == "__main__":

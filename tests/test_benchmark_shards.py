@@ -1,4 +1,4 @@
-"""``python -m benchmarks.shards`` prints its table, the sharded report checked equal to one's."""
+"""``python -m benchmarks.shards`` prints its table, the sharded reports checked equal to one's."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ from benchmarks import shards
 
 
 def test_the_shards_benchmark_prints_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
-    shards.main(["--devices", "400", "--days", "3", "--shards", "2"])
+    shards.main(["--devices", "400", "--days", "3", "--shards", "2", "--next-day-charges", "20"])
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].startswith("| ledger | devices | charges | report CPU s")
     assert rows[2].startswith("| one database | 400 |")
     assert rows[3].startswith("| 2 shards (") and "| 400 |" in rows[3]
     assert rows[4].startswith("| of which the routing check of every device | ")
-    assert len(rows) == 5
+    for row, name in zip(rows[5:], ("full pass", "from the summaries"), strict=False):
+        assert row.startswith(f"| 2 shards, next day after 20 charges: {name} | 420 |")
+    assert rows[7].startswith("| 2 shards, next day after 20 charges: from the summaries, no")
+    assert len(rows) == 8
 
 
 def test_the_shards_benchmark_refuses_one_shard() -> None:

@@ -1,7 +1,8 @@
 """``--shard URL ...``: the report and the what-if over a ledger sharded by device key.
 
-Each shard is opened here (a refusal is one line naming the shard, exit 2), then read in
-worker processes by :func:`dp_governor.budget.reporting.sharded.sharded_basis`.
+Each shard is opened here (a refusal is one line naming the shard, exit 2), then its stored
+summary brought forward, or its key ranges read, in worker processes by
+:func:`dp_governor.budget.reporting.sharded.sharded_basis`.
 """
 
 from __future__ import annotations
@@ -101,12 +102,13 @@ def sharded_report(
     workers: int,
     delta: float | None,
     sink: TextIO | None,
+    full: bool = False,
 ) -> EffectiveEpsilonReport:
-    """Every shard's key ranges in worker processes, merged into one report (exit on refusal)."""
+    """Every shard's summary or key ranges in worker processes, merged (exit on refusal)."""
     from dp_governor.budget import SystemClock
-    from dp_governor.budget.reporting.partitioned import PoliciesChanged
     from dp_governor.budget.reporting.report import finish_report
     from dp_governor.budget.reporting.sharded import (
+        PoliciesChanged,
         ShardMisrouted,
         ShardPoliciesDiffer,
         sharded_basis,
@@ -117,10 +119,10 @@ def sharded_report(
         open_shards(urls, opened)
         ledgers = [ledger for ledger, _ in opened]
         with (
-            Progress("audit report: the shards' key ranges", "ranges", stream=sink) as bar,
+            Progress("audit report: the shards' summaries or ranges", "parts", stream=sink) as bar,
             Stages("audit report", stream=sink) as stages,
         ):
-            bar(0, partitions * len(urls))
+            bar(0, len(urls))
             try:
                 basis = sharded_basis(
                     ledgers,
@@ -128,6 +130,7 @@ def sharded_report(
                     now=SystemClock().now(),
                     partitions=partitions,
                     workers=workers,
+                    full=full,
                     done=bar,
                 )
             except ShardPoliciesDiffer as exc:

@@ -251,8 +251,9 @@ def audit_report(
         int,
         typer.Option(
             min=1,
-            help="Split the devices into this many key ranges (with --shard: each shard's),"
-            " each read in a process of its own; the results merge exactly.",
+            help="When a full pass is due, split the devices into this many key ranges (with"
+            " --shard: each shard's), each read in a process of its own; the results merge"
+            " exactly. A stored summary is brought up to date instead when it can be.",
         ),
     ] = 1,
     workers: Annotated[
@@ -265,7 +266,8 @@ def audit_report(
         list[str] | None,
         typer.Option(
             help="A shard's database URL (repeat for each shard of a ledger sharded by device"
-            " key): every shard is read, --partitions ranges each, and the results merged.",
+            " key): each shard's stored summary is brought up to date (or, when a full pass is"
+            " due, its --partitions ranges read), and the results merged.",
         ),
     ] = None,
     full: Annotated[
@@ -273,7 +275,8 @@ def audit_report(
         typer.Option(
             "--full",
             help="Read every account instead of bringing the stored summary up to date"
-            " (the figures are the same; the summary is stored again).",
+            " (the figures are the same; the summary is stored again; with --shard every"
+            " device's routing is checked).",
         ),
     ] = False,
     database_url: DatabaseOption = None,
@@ -283,8 +286,9 @@ def audit_report(
 
     Starts from the summary the last report stored and reads only what changed since, unless
     ``--full`` or the policies changed (docs/scaling.md). On stderr: the devices read (a bar on
-    a terminal, a line per tenth in a log), or with ``--partitions`` or ``--shard`` the ranges
-    finished, then the bounds' time; ``--quiet``: none of it.
+    a terminal, a line per tenth in a log), or with ``--partitions`` or ``--shard`` the parts
+    finished (a summary brought forward or a key range read), then the bounds' time;
+    ``--quiet``: none of it.
     """
     import os
 
@@ -298,7 +302,7 @@ def audit_report(
         if database_url is not None:
             refuse("give --shard URLs or --database-url, not both")
         workers = workers or os.cpu_count() or 1
-        _print_report(sharded_report(shard, partitions, workers, delta, sink), as_json)
+        _print_report(sharded_report(shard, partitions, workers, delta, sink, full), as_json)
         return
     if workers is not None and partitions == 1:
         refuse("--workers needs --partitions (more than 1) or --shard")
@@ -306,7 +310,7 @@ def audit_report(
     ledger = open_ledger(settings)  # a refusal: one line, no progress
     if partitions > 1:
         try:
-            report = _partitioned_report(ledger, settings, partitions, workers, delta, sink)
+            report = _partitioned_report(ledger, settings, partitions, workers, delta, sink, full)
         finally:
             ledger.close()
         _print_report(report, as_json)
@@ -354,31 +358,30 @@ def _partitioned_report(
     workers: int | None,
     delta: float | None,
     sink: TextIO | None,
+    full: bool,
 ) -> EffectiveEpsilonReport:
-    """``audit report --partitions``: the key ranges' passes in worker processes, merged."""
+    """``audit report --partitions``: the summary brought forward, or the key ranges' passes."""
     import functools
     import os
 
     from dp_governor.budget import SystemClock
-    from dp_governor.budget.reporting.partitioned import PoliciesChanged, partitioned_basis
+    from dp_governor.budget.reporting.partitioned import partitioned_basis
     from dp_governor.budget.reporting.report import finish_report
 
     with (
-        Progress("audit report: key ranges", "ranges", stream=sink) as bar,
+        Progress("audit report: the summary or key ranges", "parts", stream=sink) as bar,
         Stages("audit report", stream=sink) as stages,
     ):
-        bar(0, partitions)
-        try:
-            basis = partitioned_basis(
-                ledger,
-                functools.partial(open_ledger, settings),
-                now=SystemClock().now(),
-                partitions=partitions,
-                workers=workers or os.cpu_count() or 1,
-                done=bar,
-            )
-        except PoliciesChanged as exc:
-            refuse(str(exc), 1)
+        bar(0, 1)
+        basis = partitioned_basis(
+            ledger,
+            functools.partial(open_ledger, settings),
+            now=SystemClock().now(),
+            partitions=partitions,
+            workers=workers or os.cpu_count() or 1,
+            full=full,
+            done=bar,
+        )
         bar.close()
         stages("the bounds of every policy")
         return finish_report(basis, accountant=ledger.accountant, delta=delta)

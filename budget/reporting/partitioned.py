@@ -1,139 +1,245 @@
-"""The effective-epsilon report's pass run in parallel over ranges of device keys, merged exactly.
+"""The effective-epsilon report's passes of one database or several, from their stored summaries.
 
-The accounts are split into ranges of nearly equal size (:meth:`Ledger.account_splits`); each
-range is scanned in a process of its own (:func:`spend_passes` restricted to it), and the
-finished passes merge into those of one scan (:meth:`SpendPass.merge`: histograms add), so the
-report equals :func:`dp_governor.budget.reporting.loss.effective_epsilon_basis`'s bit for bit.
-The ranges may come from several databases (:mod:`.sharded`: one per shard of device keys):
-:func:`merged_passes` takes each range with the opener of its own ledger.
+Each database (the one ledger, or each shard of device keys: :mod:`.sharded`) keeps its own
+stored summary (:mod:`.summary`). A worker process brings it forward
+(:func:`~.summary.brought_forward`), at a cost in proportion to what changed since. Where a full
+pass is due (no summary yet, a policy version added, a purge past the summary's windows, or
+``full``) the accounts are split into key ranges of nearly equal size
+(:meth:`Ledger.account_splits`), each scanned in a worker (:func:`~.summary.scan_range`) from one
+start (:func:`~.summary.scan_start`); the ranges' summaries join into the one a single scan
+gives (:func:`~.summary.joined`: the histograms add, the watermarks' ids unite), brought to one
+snapshot and stored for the next report (:func:`~.summary.settled_full`). Either way the passes
+equal those of one scan of the database, bit for bit.
+
+A shard's read checks that the devices it reads route to it
+(:class:`~dp_governor.budget.reporting.routing.RouteCheck`): a full pass every device it holds;
+bringing a summary forward, the devices it read (those charged, and those whose charges left or
+entered a window) and the smallest and largest key the shard holds (docs/scaling.md says what
+only the full pass checks).
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import ParamSpec, TypeVar
+
+from sqlalchemy import func, select
 
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.ledger import Ledger
 from dp_governor.budget.reporting.central import central_figures
-from dp_governor.budget.reporting.loss import spend_passes
+from dp_governor.budget.reporting.loss import ACCOUNTS_CHUNK
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import ReportBasis, basis_of
 from dp_governor.budget.reporting.routing import RouteCheck
+from dp_governor.budget.reporting.summary import (
+    Summary,
+    brought_forward,
+    joined,
+    scan_range,
+    scan_start,
+    settled_full,
+)
 from dp_governor.budget.rule.book import PolicyBook
+from dp_governor.budget.storage.tables import Account
 
-__all__ = ["KeyRange", "PoliciesChanged", "key_ranges", "merged_passes", "partitioned_basis"]
+__all__ = ["Passes", "Source", "partitioned_basis", "summary_passes"]
 
-Part = tuple[PolicyBook, SpendPass, SpendPass, RouteCheck | None]
-
-
-class PoliciesChanged(RuntimeError):
-    """A policy or horizon changed while the partitions were read: the passes do not agree.
-
-    ``source`` is the index of the ledger whose book changed (:class:`KeyRange`).
-    """
-
-    def __init__(self, message: str, source: int = 0) -> None:
-        super().__init__(message)
-        self.source = source
+Passes = tuple[PolicyBook, SpendPass, SpendPass]  # finished (window, lifetime), under the book
+_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class KeyRange:
-    """The device keys ``(after, through]`` of one ledger, read under ``book`` (its ``source``-th).
+class Source:
+    """One database of the report: ``ledger`` opened here, ``open_ledger`` for a worker.
 
-    ``open_ledger`` opens that ledger in a worker process (it must pickle: a module-level
-    function or a :func:`functools.partial` of one). With ``shards``, the ledger is shard
-    ``source`` of that many and every device read is checked to route there
-    (:class:`~dp_governor.budget.reporting.routing.RouteCheck`).
+    ``open_ledger`` must pickle (a module-level function or a :func:`functools.partial` of
+    one). With ``shards``, the database is the shard at its position among that many and
+    every device read is checked to route there.
     """
 
-    source: int
+    ledger: Ledger
     open_ledger: Callable[[], Ledger]
-    after: str
-    through: str | None
     shards: int | None = None
 
 
-def key_ranges(
-    ledger: Ledger,
-    open_ledger: Callable[[], Ledger],
-    partitions: int,
-    source: int = 0,
-    shards: int | None = None,
-) -> list[KeyRange]:
-    """``ledger``'s accounts in ``partitions`` key ranges of nearly equal size (fewer if small).
+class _InProcess(Executor):
+    """An executor that runs each task at once in this process: one worker needs no process."""
 
-    ``shards``: the ledger is shard ``source`` of that many (:class:`KeyRange`).
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """``fn(*args, **kwargs)`` run now; its result (or exception) in a done future."""
+        future: Future[T] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:  # the caller's result() raises it, as from a process
+            future.set_exception(exc)
+        return future
+
+
+@contextmanager
+def _executor(workers: int) -> Iterator[Executor]:
+    """``workers`` spawned processes (no copy of the parent's connections), or this one."""
+    if workers == 1:
+        yield _InProcess()
+        return
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
+        yield pool
+
+
+def _route(position: int, shards: int | None) -> RouteCheck | None:
+    """The routing check of shard ``position`` of ``shards`` (``None``: not a shard)."""
+    return None if shards is None else RouteCheck(position, shards)
+
+
+def _key_ends(ledger: Ledger) -> set[str]:
+    """The smallest and largest device key ``ledger`` holds (none if it holds no account).
+
+    One aggregate a statement: SQLite reads a lone ``min`` or ``max`` from the key's index.
     """
-    if partitions < 1:
-        raise ValueError("partitions must be at least 1")
-    bounds = ["", *ledger.account_splits(partitions)]
-    return [
-        KeyRange(source, open_ledger, after, bounds[i + 1] if i + 1 < len(bounds) else None, shards)
-        for i, after in enumerate(bounds)
-    ]
+    c = _ACCOUNTS.c
+    with ledger.engine.connect() as conn:
+        ends = [conn.execute(select(f(c.device_key))).scalar() for f in (func.min, func.max)]
+    return {str(key) for key in ends if key is not None}
 
 
-def _part(r: KeyRange, now: datetime) -> Part:
-    """One range's finished (window, lifetime) passes, under the book it read them with.
-
-    With the range's devices checked against the routing when it is a shard's.
-    """
-    route = None if r.shards is None else RouteCheck(r.source, r.shards)
-    ledger = r.open_ledger()
+def _forward(
+    open_ledger: Callable[[], Ledger], now: datetime, position: int, shards: int | None
+) -> tuple[Passes | None, RouteCheck | None]:
+    """A worker: the database's stored summary brought forward (``None``: a full pass is due)."""
+    route = _route(position, shards)
+    ledger = open_ledger()
     try:
-        book = ledger.book()
-        ((window, lifetime),) = spend_passes(
-            ledger, now=now, books=[book], after=r.after, through=r.through, route=route
-        )
-        return book, window, lifetime, route
+        read: set[str] = set()  # the devices that changed: each checked once, with the ends
+        forward = brought_forward(ledger, now=now, seen=None if route is None else read.add)
+        if forward is None:
+            return None, None  # the full pass checks every device
+        if route is not None:
+            for key in sorted(read | _key_ends(ledger)):
+                route.see(key)
+        book, summary = forward
+        return (book, summary.window, summary.lifetime), route
     finally:
         ledger.close()
 
 
-def merged_passes(
-    ranges: Sequence[KeyRange],
-    books: Sequence[PolicyBook],
+def _scan(
+    open_ledger: Callable[[], Ledger],
+    start: tuple[PolicyBook, int],
+    keys: tuple[str, str | None],
+    position: int,
+    shards: int | None,
+    *,
+    day: int,
+    chunk: int,
+) -> tuple[Summary, RouteCheck | None]:
+    """A worker: the summary of the accounts with keys in ``keys`` (``(after, until]``)."""
+    route = _route(position, shards)
+    ledger = open_ledger()
+    try:
+        book, through = start
+        after, until = keys
+        seen = None if route is None else route.see
+        summary = scan_range(
+            ledger.engine, book, through, day=day, chunk=chunk, after=after, until=until, seen=seen
+        )
+        return summary, route
+    finally:
+        ledger.close()
+
+
+def _key_bounds(ledger: Ledger, partitions: int) -> list[tuple[str, str | None]]:
+    """``ledger``'s accounts in ``partitions`` ranges ``(after, until]`` (fewer if small)."""
+    bounds = ["", *ledger.account_splits(partitions)]
+    return [
+        (after, bounds[i + 1] if i + 1 < len(bounds) else None) for i, after in enumerate(bounds)
+    ]
+
+
+@dataclass(slots=True)
+class _Done:
+    """Tells ``done`` ``(parts finished, parts known)`` as the parts finish."""
+
+    done: Callable[[int, int], None] | None
+    finished: int = 0
+    known: int = 0
+
+    def one(self) -> None:
+        """One more part finished."""
+        self.finished += 1
+        if self.done is not None:
+            self.done(self.finished, self.known)
+
+
+def _keep(routes: dict[int, RouteCheck], position: int, route: RouteCheck | None) -> None:
+    """Add ``route``'s counts to those of its shard."""
+    if route is not None:
+        routes.setdefault(position, RouteCheck(route.position, route.shards)).merge(route)
+
+
+def summary_passes(
+    sources: Sequence[Source],
     *,
     now: datetime,
+    partitions: int,
     workers: int,
+    full: bool = False,
+    chunk: int = ACCOUNTS_CHUNK,
     done: Callable[[int, int], None] | None = None,
-) -> list[tuple[SpendPass, SpendPass]]:
-    """Each source's (window, lifetime) passes: its ``ranges`` read in ``workers`` processes.
+) -> list[Passes]:
+    """Each source's report passes: its summary brought forward, else a full pass in ranges.
 
-    ``books[i]`` is source ``i``'s book as read before the run; the passes are built under it
-    and merged per source (:meth:`SpendPass.merge`). ``done`` is told ``(ranges finished,
-    ranges)``. Raises :class:`PoliciesChanged` naming the source whose book changed meanwhile,
-    and, once every range is read, :class:`~dp_governor.budget.reporting.routing.ShardMisrouted`
-    for the first shard that holds devices routed elsewhere (ranges with ``shards``).
+    ``partitions`` key ranges a source whose full pass is due (all with ``full``), read with
+    the summaries in ``workers`` processes (``1``: in this one). ``done`` is told ``(parts
+    finished, parts known)``, a part a summary or a range. Raises
+    :class:`~dp_governor.budget.reporting.routing.ShardMisrouted` for the first shard that
+    holds devices routed elsewhere (sources with ``shards``), once every part is read.
     """
-    if workers < 1:
-        raise ValueError("workers must be at least 1")
-    merged = [(SpendPass(book), SpendPass(book)) for book in books]
+    if partitions < 1 or workers < 1:
+        raise ValueError("partitions and workers must be at least 1")
+    day = utc_day(now)
+    out: list[Passes | None] = [None] * len(sources)
     routes: dict[int, RouteCheck] = {}
-    spawn = multiprocessing.get_context("spawn")  # no copy of the parent's connections
-    with ProcessPoolExecutor(max_workers=min(workers, len(ranges)), mp_context=spawn) as pool:
-        futures = [(r.source, pool.submit(_part, r, now)) for r in ranges]
-        for n, (source, future) in enumerate(futures, start=1):
-            read_under, part_window, part_lifetime, route = future.result()
-            if route is not None:
-                routes.setdefault(source, RouteCheck(route.position, route.shards)).merge(route)
-            book = books[source]
-            if (read_under.versions, read_under.horizons) != (book.versions, book.horizons):
-                raise PoliciesChanged(
-                    "the policies changed while the report ran: run it again", source
-                )
-            merged[source][0].merge(part_window)
-            merged[source][1].merge(part_lifetime)
-            if done is not None:
-                done(n, len(ranges))
-    for source in sorted(routes):
-        routes[source].refuse()
-    return [(window.finish(), lifetime.finish()) for window, lifetime in merged]
+    told = _Done(done)
+    parts: dict[int, list[Summary]] = defaultdict(list)
+    with _executor(workers) as pool:
+        if not full:
+            forwards = [
+                pool.submit(_forward, s.open_ledger, now, i, s.shards)
+                for i, s in enumerate(sources)
+            ]
+            told.known += len(forwards)
+            for i, forward in enumerate(forwards):
+                out[i], route = forward.result()
+                _keep(routes, i, route)
+                told.one()
+        starts = {i: scan_start(s.ledger.engine) for i, s in enumerate(sources) if out[i] is None}
+        scan = functools.partial(_scan, day=day, chunk=chunk)
+        scans = []
+        for i, start in starts.items():
+            for keys in _key_bounds(sources[i].ledger, partitions):
+                task = pool.submit(scan, sources[i].open_ledger, start, keys, i, sources[i].shards)
+                scans.append((i, task))
+        told.known += len(scans)
+        for i, task in scans:
+            summary, route = task.result()
+            parts[i].append(summary)
+            _keep(routes, i, route)
+            told.one()
+    for i, (book, _) in starts.items():
+        out[i] = settled_full(sources[i].ledger.engine, book, joined(book, parts[i]), now=now)
+    for position in sorted(routes):
+        routes[position].refuse()
+    return [p for p in out if p is not None]
 
 
 def partitioned_basis(
@@ -143,19 +249,23 @@ def partitioned_basis(
     now: datetime,
     partitions: int,
     workers: int,
+    full: bool = False,
     done: Callable[[int, int], None] | None = None,
 ) -> ReportBasis:
-    """:func:`effective_epsilon_basis` from ``partitions`` key ranges in ``workers`` processes.
+    """:func:`effective_epsilon_basis` with a full pass in ``partitions`` key ranges when due.
 
-    ``open_ledger`` opens the same ledger in a worker process (it must pickle: a module-level
-    function or a :func:`functools.partial` of one); ``done`` is told ``(ranges finished,
-    ranges)``. Raises :class:`PoliciesChanged` if the policy book changed during the run.
+    From the stored summary brought forward when it can be (:func:`summary_passes`);
+    ``open_ledger`` opens the same ledger in a worker process; ``done`` is told ``(parts
+    finished, parts known)``.
     """
-    if partitions < 1 or workers < 1:
-        raise ValueError("partitions and workers must be at least 1")
-    book = ledger.book()
-    ranges = key_ranges(ledger, open_ledger, partitions)
-    ((window, lifetime),) = merged_passes(ranges, [book], now=now, workers=workers, done=done)
+    ((book, window, lifetime),) = summary_passes(
+        [Source(ledger, open_ledger)],
+        now=now,
+        partitions=partitions,
+        workers=workers,
+        full=full,
+        done=done,
+    )
     day = utc_day(now)
     basis = basis_of(book, day, window, lifetime, computed_at=now.isoformat())
     return replace(basis, central=central_figures(ledger.engine, book.versions, day))

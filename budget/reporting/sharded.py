@@ -3,10 +3,11 @@
 A sharded ledger (docs/scaling.md) routes each device to one database by its key,
 ``int(device_key[:8], 16) % N``: its account, its charges and its reports' inbox rows live
 there alone, and each shard's flush shuffles and publishes its own batches. The report's
-population figures are functions of per-device values, so every shard's key ranges are read by
-the partitioned pass (:func:`dp_governor.budget.reporting.partitioned.merged_passes`) and the
-passes merge exactly: the merged report equals the one a single database holding every device
-would give, bit for bit. The policies must be the same everywhere (:func:`book_digest`).
+population figures are functions of per-device values, so each shard's passes come from its own
+stored summary brought forward, or a full pass over its key ranges where one is due
+(:func:`dp_governor.budget.reporting.partitioned.summary_passes`), and the passes merge
+exactly: the merged report equals the one a single database holding every device would give,
+bit for bit. The policies must be the same everywhere (:func:`book_digest`).
 
 Central figures do not add: a device's reports are hidden only in its own shard's batches, so
 its central loss is its shard's figure. :func:`merge_central` keeps, per use case, day and
@@ -33,7 +34,7 @@ from dp_governor.budget.reporting.central import (
     DayFigure,
     central_figures,
 )
-from dp_governor.budget.reporting.partitioned import key_ranges, merged_passes
+from dp_governor.budget.reporting.partitioned import Source, summary_passes
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import ReportBasis, basis_of
 from dp_governor.budget.reporting.routing import ROUTING, ShardMisrouted, shard_of
@@ -42,6 +43,7 @@ from dp_governor.budget.rule.book import PolicyBook
 __all__ = [
     "CENTRAL_RULE",
     "ROUTING",
+    "PoliciesChanged",
     "ShardMisrouted",
     "ShardPoliciesDiffer",
     "book_digest",
@@ -65,6 +67,14 @@ class ShardPoliciesDiffer(ValueError):
     def __init__(self, shard: int) -> None:
         super().__init__(f"shard {shard} has other policies than shard 0")
         self.shard = shard
+
+
+class PoliciesChanged(RuntimeError):
+    """Shard ``source``'s policies changed while the report ran: its passes are under others."""
+
+    def __init__(self, message: str, source: int = 0) -> None:
+        super().__init__(message)
+        self.source = source
 
 
 def book_digest(book: PolicyBook) -> str:
@@ -165,32 +175,37 @@ def sharded_basis(
     now: datetime,
     partitions: int = 1,
     workers: int,
+    full: bool = False,
     done: Callable[[int, int], None] | None = None,
 ) -> ReportBasis:
-    """The report's basis over every shard: ``partitions`` key ranges a shard, merged exactly.
+    """The report's basis over every shard: each from its summary or ``partitions`` key ranges.
 
     ``ledgers[i]`` is shard ``i`` opened here and ``openers[i]`` opens it in a worker process
-    (it must pickle). Raises :class:`ShardPoliciesDiffer` naming the first shard whose
-    policies differ from shard 0's, and
-    :class:`~dp_governor.budget.reporting.partitioned.PoliciesChanged` (``source``: the shard)
-    if a book changed during the run, and :class:`ShardMisrouted` naming the first shard that
-    holds a device the routing puts in another (each device read is checked; a shard given
-    twice, or shards out of order, show so). The provenance's ``shards`` says what was covered.
+    (it must pickle); ``full`` reads every account of every shard (and checks every device's
+    routing). Raises :class:`ShardPoliciesDiffer` naming the first shard whose policies differ
+    from shard 0's, :class:`PoliciesChanged` (``source``: the shard) if a shard's changed
+    during the run, and :class:`ShardMisrouted` naming the first shard found holding a device
+    the routing puts in another (a shard given twice, or shards out of order, show so). The
+    provenance's ``shards`` says what was covered.
     """
     if not ledgers or len(ledgers) != len(openers):
         raise ValueError("give one opener for each of at least one shard")
     books = same_policies(ledgers)
-    ranges = [
-        r
-        for shard, (ledger, opener) in enumerate(zip(ledgers, openers, strict=True))
-        for r in key_ranges(ledger, opener, partitions, source=shard, shards=len(ledgers))
+    sources = [
+        Source(ledger, opener, len(ledgers))
+        for ledger, opener in zip(ledgers, openers, strict=True)
     ]
-    passes = merged_passes(ranges, books, now=now, workers=workers, done=done)
-    devices = [sum(lifetime.totals.values()) for _, lifetime in passes]
+    passes = summary_passes(
+        sources, now=now, partitions=partitions, workers=workers, full=full, done=done
+    )
+    first = book_digest(books[0])
     window, lifetime = SpendPass(books[0]), SpendPass(books[0])
-    for shard_window, shard_lifetime in passes:
+    for shard, (book, shard_window, shard_lifetime) in enumerate(passes):
+        if book_digest(book) != first:
+            raise PoliciesChanged("the policies changed while the report ran: run it again", shard)
         window.merge(shard_window)
         lifetime.merge(shard_lifetime)
+    devices = [sum(shard_lifetime.totals.values()) for _, _, shard_lifetime in passes]
     day = utc_day(now)
     basis = basis_of(books[0], day, window, lifetime, computed_at=now.isoformat())
     central = merge_central(

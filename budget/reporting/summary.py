@@ -42,14 +42,13 @@ advisory lock, which every charge transaction holds shared, is held exclusively)
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import orjson
 from sqlalchemy import Connection, Engine, and_, func, select, text
@@ -60,9 +59,11 @@ from sqlalchemy.exc import DBAPIError
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.gate.prepared import load_book
 from dp_governor.budget.ledger import Ledger
-from dp_governor.budget.reporting.population import SpendPass, Sums, slot_rows
+from dp_governor.budget.reporting.measure import REPORT, REPORT_MEASURE, Fold, Measure, book_digest
+from dp_governor.budget.reporting.new_charges import NewCharges
+from dp_governor.budget.reporting.population import SpendPass, Sums
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
-from dp_governor.budget.rule.state import AccountState, decode, lifetime_counts, window_counts
+from dp_governor.budget.rule.state import AccountState, decode
 from dp_governor.budget.storage.db import writer
 from dp_governor.budget.storage.tables import Account, Charge, ReportSummary
 from dp_governor.policies.repository import BOOK_LOCK_KEY
@@ -78,12 +79,16 @@ __all__ = [
     "advance",
     "advance_summary",
     "book_digest",
+    "brought_forward",
+    "joined",
     "report_passes",
+    "scan_range",
+    "scan_start",
+    "settled_full",
     "stored_specs",
     "summed",
 ]
 
-REPORT: Final = "report"  # the effective-epsilon report's summary
 SPEC: Final = "spec"  # a measure's own description, stored beside its sums (:meth:`Measure.spec`)
 _SUMMARIES = ReportSummary.__table__  # type: ignore[attr-defined]
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
@@ -95,39 +100,6 @@ log = logging.getLogger("dpgov.reporting")
 
 class Stale(Exception):
     """The stored summary cannot be brought up to date exactly: a full pass is due."""
-
-
-class Fold(Protocol):
-    """Devices' values at one day and set of horizons, summed as they are added."""
-
-    def add(self, dk: str, state: AccountState) -> None:
-        """Add the values of device ``dk`` (devices in key order, each once)."""
-
-    def finish(self) -> Sums:
-        """The finished sums of the devices added."""
-
-
-class Measure(Protocol):
-    """The functions of (device state, day) a summary sums, and what else they read."""
-
-    @property
-    def name(self) -> str:
-        """The summary's row (``report_summaries.name``, at most 80 characters)."""
-
-    def key(self, book: PolicyBook) -> str:
-        """The digest of everything the functions read besides the rows, the day and horizons."""
-
-    def windows(self, book: PolicyBook) -> Mapping[str, Collection[int]]:
-        """Per use case, every window length its days are read over (today is a window of 1)."""
-
-    def books(self, book: PolicyBook) -> dict[str, PolicyBook]:
-        """The book each of the sums' passes is binned under, by the pass's name."""
-
-    def fold(self, book: PolicyBook, day: int, horizons: Mapping[str, int]) -> Fold:
-        """An empty sum of the devices' values on ``day`` with ``horizons``."""
-
-    def spec(self) -> dict[str, Any] | None:
-        """What rebuilds the measure, stored with its sums (``None``: nothing to store)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,55 +128,15 @@ class Summary:
     horizons: dict[str, int]
     sums: Sums
 
+    @property
+    def window(self) -> SpendPass:
+        """The report's window pass."""
+        return self.sums.passes["window"]
 
-def book_digest(book: PolicyBook) -> str:
-    """The SHA-256 of every policy version: what a summary's passes depend on besides the rows.
-
-    The passes read each use case's terms, budget members and retention (all from the versions)
-    and the horizons (kept beside, checked apart); a device-wide budget changes no pass.
-    """
-    versions = [p.model_dump(mode="json") for p in book.versions]
-    return hashlib.sha256(orjson.dumps(versions, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-class _ReportFold:
-    """The report's (window, lifetime) passes: each use case's window is its retention."""
-
-    def __init__(self, book: PolicyBook, day: int, horizons: Mapping[str, int]) -> None:
-        self._at = (day, book.retention(), horizons)
-        self._window, self._lifetime = SpendPass(book), SpendPass(book)
-
-    def add(self, dk: str, state: AccountState) -> None:
-        day, retention, horizons = self._at
-        self._window.add(slot_rows(dk, window_counts(state, day, retention, horizons)))
-        self._lifetime.add(slot_rows(dk, lifetime_counts(state)))
-
-    def finish(self) -> Sums:
-        return Sums({"window": self._window.finish(), "lifetime": self._lifetime.finish()})
-
-
-class _Report:
-    """The effective-epsilon report's measure: its passes under the policy book."""
-
-    name = REPORT
-
-    def key(self, book: PolicyBook) -> str:
-        return book_digest(book)
-
-    def windows(self, book: PolicyBook) -> dict[str, frozenset[int]]:
-        return {name: frozenset({keep}) for name, keep in book.retention().items()}
-
-    def books(self, book: PolicyBook) -> dict[str, PolicyBook]:
-        return {"window": book, "lifetime": book}
-
-    def fold(self, book: PolicyBook, day: int, horizons: Mapping[str, int]) -> Fold:
-        return _ReportFold(book, day, horizons)
-
-    def spec(self) -> dict[str, Any] | None:
-        return None
-
-
-_REPORT: Final = _Report()
+    @property
+    def lifetime(self) -> SpendPass:
+        """The report's lifetime pass."""
+        return self.sums.passes["lifetime"]
 
 
 @contextmanager
@@ -332,9 +264,15 @@ def _check_horizons(
 
 
 def _advance(
-    engine: Engine, measure: Measure, summary: Summary, day: int
+    engine: Engine,
+    measure: Measure,
+    summary: Summary,
+    day: int,
+    seen: Callable[[str], None] | None = None,
 ) -> tuple[PolicyBook, Summary]:
     """``summary`` brought to ``day`` and the charges now committed, from what changed.
+
+    ``seen`` is told the key of every device whose rows it reads.
 
     Raises:
         Stale: it cannot be, exactly (see the module docstring).
@@ -360,6 +298,8 @@ def _advance(
     gone = measure.fold(book, summary.day, summary.horizons)
     new = measure.fold(book, day, book.horizons)
     for dk in touched:
+        if seen is not None:
+            seen(dk)
         row = rows.get(dk)
         if row is None:
             raise Stale(f"device {dk!r} was charged but holds no account")
@@ -375,28 +315,42 @@ def _advance(
     return book, Summary(summary.book, day, mark, dict(book.horizons), sums)
 
 
-def _full(
-    engine: Engine,
-    measure: Measure,
-    day: int,
-    chunk: int,
-    progress: Callable[[int], None] | None,
-) -> tuple[PolicyBook, Summary]:
-    """Every account read, ``chunk`` a short read transaction, into a summary of its own.
-
-    Each chunk's snapshot also reads which charges after the scan's start its devices' rows
-    hold (the :class:`Watermark`'s ``applied``), so :func:`_advance` brings the whole to one
-    snapshot after.
-    """
+def scan_start(engine: Engine) -> tuple[PolicyBook, int]:
+    """The book a full pass reads under and the charge id its watermark counts through."""
     settled = _settled_id(engine)
     with _snapshot(engine) as conn:
         book = load_book(conn)
         through = settled if settled is not None else _largest_id(conn)
+    return book, through
+
+
+def scan_range(
+    engine: Engine,
+    book: PolicyBook,
+    through: int,
+    *,
+    day: int,
+    chunk: int,
+    after: str = "",
+    until: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    seen: Callable[[str], None] | None = None,
+    measure: Measure = REPORT_MEASURE,
+) -> Summary:
+    """The accounts of keys in ``(after, until]``, ``chunk`` a short read, into ``measure``'s sums.
+
+    ``book`` and ``through`` from :func:`scan_start`. Each chunk's snapshot also reads which
+    charges after ``through`` its devices' rows hold (:class:`~.new_charges.NewCharges`: the
+    :class:`Watermark`'s ``applied``), so :func:`_advance` brings the whole to one snapshot
+    after; the summaries of a start's disjoint ranges join into one (:func:`joined`).
+    ``seen`` is told every device key read.
+    """
     horizons = book.horizons
     fold = measure.fold(book, day, horizons)
     applied: set[int] = set()
-    a, c = _ACCOUNTS.c, _CHARGES.c
-    after, read = "", 0
+    fresh = NewCharges(engine.dialect.name, through)
+    a = _ACCOUNTS.c
+    read = 0
     while True:
         query = (
             select(a.device_key, a.count, a.epsilon_micro, a.days, a.lifetime)
@@ -404,12 +358,17 @@ def _full(
             .order_by(a.device_key)
             .limit(chunk)
         )
+        if until is not None:
+            query = query.where(a.device_key <= until)
+        settled = _settled_id(engine) if fresh.settle else None
         with _snapshot(engine) as conn:
             rows = conn.execute(query).cursor.fetchall()
-            if rows:
-                mine = and_(c.id > through, c.device_key > after, c.device_key <= rows[-1][0])
-                applied.update(int(i) for (i,) in conn.execute(select(c.id).where(mine)))
+            fresh.read(conn, after, settled)
+        if rows:
+            applied.update(fresh.take(after, str(rows[-1][0])))
         for dk, count, eps, days, life in rows:
+            if seen is not None:
+                seen(str(dk))
             fold.add(str(dk), decode(count, eps, days, life))
         read += len(rows)
         if progress is not None:
@@ -418,7 +377,40 @@ def _full(
             break
         after = str(rows[-1][0])
     mark = Watermark(through, frozenset(applied))
-    return book, Summary(measure.key(book), day, mark, dict(horizons), fold.finish())
+    return Summary(measure.key(book), day, mark, dict(horizons), fold.finish())
+
+
+def joined(
+    book: PolicyBook, parts: Sequence[Summary], measure: Measure = REPORT_MEASURE
+) -> Summary:
+    """The summaries of one start's disjoint key ranges (:func:`scan_range`) as one; exact.
+
+    Each counts the charges up to the start's ``through`` and those after it that its own
+    devices' rows held when read, so the whole counts their union.
+    """
+    first = parts[0]
+    sums = measure.fold(book, first.day, first.horizons).finish()
+    applied: set[int] = set()
+    for part in parts:
+        sums.merge(part.sums)
+        applied |= part.watermark.applied
+    mark = Watermark(first.watermark.through, frozenset(applied))
+    return Summary(first.book, first.day, mark, dict(first.horizons), sums)
+
+
+def _full(
+    engine: Engine,
+    measure: Measure,
+    day: int,
+    chunk: int,
+    progress: Callable[[int], None] | None,
+) -> tuple[PolicyBook, Summary]:
+    """Every account read, ``chunk`` a short read transaction, into a summary of its own."""
+    book, through = scan_start(engine)
+    scanned = scan_range(
+        engine, book, through, day=day, chunk=chunk, progress=progress, measure=measure
+    )
+    return book, scanned
 
 
 def _stored(engine: Engine, measure: Measure) -> Summary | None:
@@ -492,6 +484,44 @@ def _moved(before: Summary, after: Summary) -> bool:
     )
 
 
+def _forward(
+    ledger: Ledger, measure: Measure, now: datetime, seen: Callable[[str], None] | None
+) -> tuple[PolicyBook, Summary] | None:
+    """The stored summary of ``measure`` brought to ``now``, stored again; ``None``: none fits.
+
+    ``seen`` is told the key of every device whose rows were read.
+    """
+    engine = ledger.engine
+    stored = _stored(engine, measure)
+    if stored is None:
+        return None
+    try:
+        book, summary = _advance(engine, measure, stored, utc_day(now), seen)
+    except Stale as exc:
+        log.info("the %s summary is stale (%s): a full pass", measure.name, exc)
+        return None
+    if _moved(stored, summary):
+        _store(engine, measure, summary, now)
+    if ledger.scan_progress is not None:  # every device's values are in the summary
+        ledger.scan_progress(ledger.account_count())
+    return book, summary
+
+
+def _settled(
+    engine: Engine, measure: Measure, book: PolicyBook, scanned: Summary, now: datetime
+) -> tuple[PolicyBook, Sums]:
+    """A full pass's summary brought to one snapshot and stored; its sums.
+
+    If the book changed during the scan the sums are as exact as a scan can be, not stored.
+    """
+    try:  # the chunks' snapshots brought to one
+        book, summary = _advance(engine, measure, scanned, scanned.day)
+    except Stale:
+        return book, scanned.sums
+    _store(engine, measure, summary, now)
+    return book, summary.sums
+
+
 def summed(
     ledger: Ledger, measure: Measure, *, now: datetime, chunk: int, full: bool = False
 ) -> tuple[PolicyBook, Sums]:
@@ -501,27 +531,31 @@ def summed(
     ``full``) from every account, stored for the next time. Equal either way to a scan of every
     account on a ledger nobody writes meanwhile.
     """
-    engine, day = ledger.engine, utc_day(now)
-    if not full:
-        stored = _stored(engine, measure)
-        if stored is not None:
-            try:
-                book, summary = _advance(engine, measure, stored, day)
-            except Stale as exc:
-                log.info("the %s summary is stale (%s): a full pass", measure.name, exc)
-            else:
-                if _moved(stored, summary):
-                    _store(engine, measure, summary, now)
-                if ledger.scan_progress is not None:  # every device's values are in the summary
-                    ledger.scan_progress(ledger.account_count())
-                return book, summary.sums
-    book, scanned = _full(engine, measure, day, chunk, ledger.scan_progress)
-    try:  # the chunks' snapshots brought to one
-        book, summary = _advance(engine, measure, scanned, day)
-    except Stale:  # the book changed during the scan: as exact as a scan can be, not stored
-        return book, scanned.sums
-    _store(engine, measure, summary, now)
-    return book, summary.sums
+    if not full and (forward := _forward(ledger, measure, now, None)) is not None:
+        return forward[0], forward[1].sums
+    book, scanned = _full(ledger.engine, measure, utc_day(now), chunk, ledger.scan_progress)
+    return _settled(ledger.engine, measure, book, scanned, now)
+
+
+def brought_forward(
+    ledger: Ledger, *, now: datetime, seen: Callable[[str], None] | None = None
+) -> tuple[PolicyBook, Summary] | None:
+    """The stored report summary brought to ``now`` and stored again; ``None``: a full pass is due.
+
+    ``seen`` is told the key of every device whose rows were read (those that changed).
+    """
+    return _forward(ledger, REPORT_MEASURE, now, seen)
+
+
+def settled_full(
+    engine: Engine, book: PolicyBook, scanned: Summary, *, now: datetime
+) -> tuple[PolicyBook, SpendPass, SpendPass]:
+    """A full pass's report summary brought to one snapshot and stored; its finished passes.
+
+    If the book changed during the scan the passes are as exact as a scan can be, not stored.
+    """
+    book, sums = _settled(engine, REPORT_MEASURE, book, scanned, now)
+    return book, sums.passes["window"], sums.passes["lifetime"]
 
 
 def report_passes(
@@ -529,10 +563,11 @@ def report_passes(
 ) -> tuple[PolicyBook, SpendPass, SpendPass]:
     """The report's finished (window, lifetime) passes at ``now`` and the book they are under.
 
-    :func:`summed` of the report's measure: equal to
+    :func:`summed` of the report's measure (from the stored summary brought up to date when it
+    can be, :func:`brought_forward`): equal to
     :func:`dp_governor.budget.reporting.loss.spend_passes` on a ledger nobody writes meanwhile.
     """
-    book, sums = summed(ledger, _REPORT, now=now, chunk=chunk, full=full)
+    book, sums = summed(ledger, REPORT_MEASURE, now=now, chunk=chunk, full=full)
     return book, sums.passes["window"], sums.passes["lifetime"]
 
 
@@ -556,4 +591,4 @@ def advance_summary(ledger: Ledger, *, now: datetime) -> bool:
     The purge runs this before it raises the horizons: the summary then counts no day the
     purge deletes, and the next report starts from it.
     """
-    return advance(ledger, _REPORT, now=now)
+    return advance(ledger, REPORT_MEASURE, now=now)

@@ -51,12 +51,10 @@ from dp_governor.policies.device import DeviceBudgetCreate
 from dp_governor.policies.model import Policy, PolicyCreate, from_micro
 
 __all__ = [
-    "CumulativeSeries",
     "Distribution",
     "SpendSpread",
     "Timeline",
     "WhatIf",
-    "cumulative_series",
     "device_timeline",
     "distribution",
     "distribution_of",
@@ -413,92 +411,6 @@ def what_if(
         },
         totals_allowed_per_day={"current": before_total, "proposed": after_total},
         loosens=loosenings(book, after_book),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class CumulativeSeries:
-    """Per day of the window: the most-spent and the p99 device's cumulative epsilon."""
-
-    use_case: str
-    days: list[str]
-    max: list[float]
-    p99: list[float]
-    devices: int
-    sampled: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        return asdict(self)
-
-
-def cumulative_series(
-    ledger: Ledger, use_case: str, *, now: datetime, max_cells: int = 4_000_000
-) -> CumulativeSeries:
-    """How far the top devices of ``use_case`` have spent over its window, day by day.
-
-    The maximum is exact (cumulative spend only grows, so each day's maximum is the larger of
-    the day before's and that day's reporters'). Where the window reaches back past the purge's
-    horizon, the spend no day holds any more counts on its first day (an upper bound). The p99
-    is over every device when ``devices x days <= max_cells``, else over the devices first in
-    pseudonym order, a uniform sample since pseudonyms are HMAC outputs; ``sampled`` says how
-    many.
-    """
-    policy = ledger.policies.get(use_case)
-    today = utc_day(now)
-    first = today - policy.retention_days + 1
-    n_days = policy.retention_days
-    horizon = ledger.book().horizon(use_case)
-    held = max(first, horizon + 1)
-    rows: list[tuple[str, int, int]] = []  # (device key, day, micro-epsilon) in device order
-    for dk, state in ledger.accounts():
-        spent = state.daily().get(use_case, {})
-        if horizon >= first:  # the window reaches past the purge: its undated spend, first
-            ever = sum(
-                e * n for (uc, e, _, _), n in lifetime_counts(state).items() if uc == use_case
-            )
-            undated = ever - sum(e for d, (_, e) in spent.items() if d > horizon)
-            if undated > 0:
-                rows.append((dk, first, undated))
-        rows.extend((dk, d, e) for d, (_, e) in sorted(spent.items()) if held <= d <= today)
-    days = [day_date(d).isoformat() for d in range(first, today + 1)]
-    if not rows:
-        zeros = [0.0] * n_days
-        return CumulativeSeries(use_case, days, zeros, list(zeros), 0, 0)
-    keys = np.array([r[0] for r in rows])
-    day_idx = np.array([int(r[1]) - first for r in rows], dtype=np.int64)
-    eps = np.array([int(r[2]) for r in rows], dtype=np.int64)
-    _, device, counts = np.unique(keys, return_inverse=True, return_counts=True)
-    # cumulative spend of each device at each of its charge days (rows are in device order)
-    running = np.cumsum(eps)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    offsets = np.repeat(running[starts] - eps[starts], counts)
-    cumulative = running - offsets
-    top = np.zeros(n_days, dtype=np.int64)
-    np.maximum.at(top, day_idx, cumulative)
-    top = np.maximum.accumulate(top)
-    n_devices = len(counts)
-    sampled = min(n_devices, max(1, max_cells // n_days))
-    grid = np.zeros((sampled, n_days), dtype=np.int64)
-    keep = device < sampled
-    np.add.at(grid, (device[keep], day_idx[keep]), eps[keep])
-    grid = np.cumsum(grid, axis=1)
-    p99 = []
-    for d in range(n_days):
-        column = grid[:, d]
-        active = column[column > 0]
-        p99.append(
-            from_micro(int(np.percentile(active, 99, method="inverted_cdf")))
-            if active.size
-            else 0.0
-        )
-    return CumulativeSeries(
-        use_case,
-        days,
-        [from_micro(int(v)) for v in top],
-        p99,
-        n_devices,
-        sampled,
     )
 
 

@@ -53,16 +53,10 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import DBAPIError
 
 from dp_governor.budget.ledger import Ledger
+from dp_governor.budget.reporting.measure import Fold, Measure, book_digest
 from dp_governor.budget.reporting.population import SpendPass, Sums, slot_rows
 from dp_governor.budget.reporting.routing import RouteCheck
-from dp_governor.budget.reporting.summary import (
-    Fold,
-    Measure,
-    advance,
-    book_digest,
-    stored_specs,
-    summed,
-)
+from dp_governor.budget.reporting.summary import advance, stored_specs, summed
 from dp_governor.budget.rule.book import PolicyBook, Terms
 from dp_governor.budget.rule.decide import check
 from dp_governor.budget.rule.state import AccountState, lifetime_counts, window_counts

@@ -37,7 +37,8 @@ from dp_governor.budget import FixedClock
 from dp_governor.budget.reporting.activity import daily_activity
 from dp_governor.budget.reporting.loss import effective_epsilon_basis
 from dp_governor.budget.reporting.report import finish_report
-from dp_governor.budget.reporting.views import cumulative_series, distribution
+from dp_governor.budget.reporting.series import cumulative_series
+from dp_governor.budget.reporting.views import distribution
 from dp_governor.budget.storage.db import scratch_schema
 from dp_governor.policies import PolicyCreate, mechanism_for
 from tests.conftest import BACKENDS, PG_URL

@@ -63,12 +63,24 @@ def test_partitioned_report_equals_the_single_pass(engine: Engine) -> None:
             now=now,
             partitions=partitions,
             workers=workers,
+            full=True,
             done=functools.partial(_record, seen),
         )
         merged = finish_report(basis, accountant=ledger.accountant)
         assert merged.to_dict() == single.to_dict(), (partitions, workers)
         ranges = min(partitions, single.totals.spent_lifetime.devices)
         assert seen == [(n, ranges) for n in range(1, ranges + 1)]
+    seen = []
+    forward = partitioned_basis(  # the summary the full passes stored, brought forward
+        ledger,
+        functools.partial(_open, url),
+        now=now,
+        partitions=7,
+        workers=2,
+        done=functools.partial(_record, seen),
+    )
+    assert finish_report(forward, accountant=ledger.accountant).to_dict() == single.to_dict()
+    assert seen == [(1, 1)]
 
 
 def test_account_splits_cut_the_keys_into_equal_ranges(engine: Engine) -> None:
@@ -105,14 +117,17 @@ def test_audit_report_partitions_from_the_command_line(tmp_path: Path) -> None:
     runner = CliRunner()
     single = runner.invoke(app, ["audit", "report", "--json", "-q"], env=env)
     assert single.exit_code == 0, single.output
-    split = runner.invoke(
-        app, ["audit", "report", "--json", "--partitions", "3", "--workers", "2"], env=env
-    )
+    partitioned = ["audit", "report", "--json", "--partitions", "3", "--workers", "2"]
+    split = runner.invoke(app, [*partitioned, "--full"], env=env)
     assert split.exit_code == 0, split.output
-    assert "audit report: key ranges: 3 of 3 ranges (100%)" in split.stderr.splitlines()
-    one, other = json.loads(single.stdout), json.loads(split.stdout)
-    one.pop("computed_at"), other.pop("computed_at")  # the instant each run read the ledger
-    assert one == other and one["totals"]["spent_lifetime"]["devices"] == 40
+    assert "audit report: the summary or key ranges: 3 of 3 parts (100%)" in split.stderr
+    forward = runner.invoke(app, partitioned, env=env)  # the summary the full pass stored
+    assert forward.exit_code == 0, forward.output
+    assert "audit report: the summary or key ranges: 1 of 1 parts (100%)" in forward.stderr
+    one, other, again = (json.loads(r.stdout) for r in (single, split, forward))
+    for each in (one, other, again):
+        each.pop("computed_at")  # the instant each run read the ledger
+    assert one == other == again and one["totals"]["spent_lifetime"]["devices"] == 40
     refused = runner.invoke(app, ["audit", "report", "--workers", "2"], env=env)
     assert refused.exit_code == 2 and "--workers needs --partitions" in refused.stderr
     refused = runner.invoke(app, ["audit", "report", "--partitions", "0"], env=env)

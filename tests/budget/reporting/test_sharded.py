@@ -307,11 +307,11 @@ def _alias(url: str, link: Path) -> str:
     return url.replace("127.0.0.1", "localhost", 1)
 
 
-def _basis_of(urls: Sequence[str], partitions: int = 2) -> ReportBasis:
+def _basis_of(urls: Sequence[str], partitions: int = 2, full: bool = True) -> ReportBasis:
     ledgers = [_open(url) for url in urls]
     try:
         openers = [functools.partial(_open, url) for url in urls]
-        return sharded_basis(ledgers, openers, now=NOW, partitions=partitions, workers=2)
+        return sharded_basis(ledgers, openers, now=NOW, partitions=partitions, workers=2, full=full)
     finally:
         for ledger in ledgers:
             ledger.close()
@@ -350,8 +350,11 @@ def _refusal(run: Any, urls: Sequence[str]) -> ShardMisrouted:
 def test_a_shard_holding_devices_routed_elsewhere_is_refused(tmp_path: Path) -> None:
     """The same database twice (two URLs), shards swapped, one device misrouted: each named.
 
-    The report's pass and the what-if's read check every device they read; the good order
-    passes. With ``DPGOV_TEST_DATABASE_URL`` set the second shard is a PostgreSQL schema.
+    The report's full pass and the what-if's read check every device they read; the good
+    order passes. The report from the shards' stored summaries checks the devices it reads and
+    each shard's smallest and largest key: a swap or a shard given twice shows there too, a
+    single stray device only in a full pass. With ``DPGOV_TEST_DATABASE_URL`` set the second
+    shard is a PostgreSQL schema.
     """
     source = create_db_engine(f"sqlite:///{tmp_path / 'source.sqlite'}")
     init_db(source)
@@ -372,6 +375,9 @@ def test_a_shard_holding_devices_routed_elsewhere_is_refused(tmp_path: Path) -> 
             assert swapped.check.example == 1
             twice = _refusal(run, [urls[1], _alias(urls[1], tmp_path / f"{run.__name__}.sqlite")])
             assert (twice.shard, twice.check.misrouted, twice.check.example) == (0, held[1], 1)
+        from_summaries = functools.partial(_basis_of, full=False)
+        swapped = _refusal(from_summaries, urls[::-1])  # the keys at each end route elsewhere
+        assert (swapped.shard, swapped.check.example) == (0, 1) and swapped.check.misrouted >= 1
         stray = next(k for k in keys if shard_of(k, 2) == 0)
         _copy_account(source, engines[1], stray)
         for run in (_basis_of, _device_what_if):
@@ -382,6 +388,10 @@ def test_a_shard_holding_devices_routed_elsewhere_is_refused(tmp_path: Path) -> 
                 0,
             )
             assert stray not in str(misrouted)
+        assert from_summaries(urls).provenance["shards"]["devices_per_shard"] == [
+            held[0],
+            held[1] + 1,
+        ]
         with engines[1].begin() as conn:
             conn.execute(text("DELETE FROM accounts WHERE device_key = :k"), {"k": stray})
         _copy_account(source, engines[0], stray, as_key="not-a-hex-key")

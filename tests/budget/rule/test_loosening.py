@@ -16,7 +16,8 @@ from sqlalchemy import text
 from dp_governor.budget import Ledger, PolicyConflict
 from dp_governor.budget.privacy.allowance import allowance
 from dp_governor.budget.reporting.loss import effective_epsilon
-from dp_governor.budget.reporting.views import cumulative_series, device_timeline
+from dp_governor.budget.reporting.series import cumulative_series
+from dp_governor.budget.reporting.views import device_timeline
 from dp_governor.policies import PolicyBase, PolicyCreate, PolicyUpdate
 from dp_governor.policies.device import DeviceBudgetCreate
 from dp_governor.policies.errors import PolicyLoosens
