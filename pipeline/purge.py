@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import Entry
 from dp_governor.budget.reporting.summary import advance_summary
+from dp_governor.budget.reporting.what_if_summary import advance_what_ifs
 from dp_governor.budget.storage.db import delete_pages, write_step
 from dp_governor.pipeline.tables import INBOX as _INBOX
 from dp_governor.pipeline.tables import MOVES as _MOVES
@@ -32,11 +33,14 @@ def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, 
     version's retention (``data_through``; docs/decisions/retention.md). Deletes go ``rows`` a
     transaction; a use case's inbox is left alone while a batch of it is being moved (the next
     purge takes those rows), and its stored reports go part by part, each part's row with its
-    last reports. The audit entry counts what this run deleted. The stored report summary is
-    brought to ``now`` first (:func:`dp_governor.budget.reporting.summary.advance_summary`), so
-    the horizons this purge raises never make the next report read every account.
+    last reports. The audit entry counts what this run deleted. The stored report summary and
+    what-ifs are brought to ``now`` first
+    (:func:`dp_governor.budget.reporting.summary.advance_summary`,
+    :func:`dp_governor.budget.reporting.what_if_summary.advance_what_ifs`), so the horizons this
+    purge raises never make the next report or what-if read every account.
     """
     advance_summary(ledger, now=now)
+    advance_what_ifs(ledger, now=now)
     result = ledger.purge(now=now, rows=rows)
     engine = ledger.engine
     day = utc_day(now)

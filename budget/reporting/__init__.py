@@ -10,7 +10,9 @@
 - :mod:`.activity`: reports accepted and refused per day (public counts).
 - :mod:`.transparency`: a device's record in the transparency log beside the gate's totals.
 - :mod:`.export`: the ledger as JSON Lines or CSV, and its report recomputed from an export.
-- :mod:`.summary`: the report's histograms stored, and brought up to date by what changed since.
+- :mod:`.summary`: sums over devices stored (the report's histograms), and brought up to date
+  by what changed since.
+- :mod:`.what_if_summary`: the what-if's device sums, stored and brought up to date the same way.
 - :mod:`.partitioned`: the report's pass over ranges of device keys in worker processes, merged.
 - :mod:`.sharded`, :mod:`.sharded_what_if`: the report and what-if over a ledger sharded by
   device key (one database a shard), merged exactly; central figures by the worst shard's.

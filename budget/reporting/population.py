@@ -21,11 +21,12 @@ from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import ANY_BUDGET, Slot
 from dp_governor.policies.model import from_micro
 
-__all__ = ["Events", "Row", "SpendPass", "slot_rows"]
+__all__ = ["COUNTS", "Events", "Row", "SpendPass", "Sums", "slot_rows"]
 
 Row = tuple[str, str, int, int, int, str]  # device, use case, micro-eps, group, count, budget
 Events = tuple[tuple[float, int], ...]  # a device's multiset: (epsilon, reports), sorted
 _NONE: Final = ""
+COUNTS: Final = "counts"  # the counters' key in a stored summary (:meth:`Sums.to_json`)
 
 
 def slot_rows(dk: str, counts: dict[Slot, int]) -> list[Row]:
@@ -207,3 +208,59 @@ class SpendPass:
         self._dk = _NONE
         self._spent, self._in_budget, self._events = {}, {}, {}
         self._grouped = False
+
+
+class Sums:
+    """Sums over a set of devices: named finished passes and integer counters.
+
+    What a stored summary holds (:mod:`dp_governor.budget.reporting.summary`): each figure a sum
+    over devices of a function of the device's state and the day, so sums over disjoint sets
+    of devices add, and a set's sum less a subset's is the rest's; exact.
+    """
+
+    def __init__(self, passes: dict[str, SpendPass], counts: Counter[str] | None = None) -> None:
+        self.passes = passes
+        self.counts: Counter[str] = Counter() if counts is None else counts
+
+    def merge(self, other: Sums) -> Sums:
+        """These sums and ``other`` (over other devices) as one."""
+        for name, spend in self.passes.items():
+            spend.merge(other.passes[name])
+        self.counts.update(other.counts)
+        return self
+
+    def subtract(self, other: Sums) -> Sums:
+        """These sums less ``other`` (over some of the same devices).
+
+        Raises:
+            ValueError: ``other`` counts a device these sums do not (they disagree).
+        """
+        for name, spend in self.passes.items():
+            spend.subtract(other.passes[name])
+        _less(self.counts, other.counts)
+        return self
+
+    def copy(self, books: dict[str, PolicyBook]) -> Sums:
+        """The same sums, each pass rebuilt under its book in ``books`` (``self`` left alone)."""
+        passes = {name: SpendPass(books[name]).merge(s) for name, s in self.passes.items()}
+        return Sums(passes, Counter(self.counts))
+
+    def to_json(self) -> dict[str, Any]:
+        """Each pass's :meth:`SpendPass.to_json` under its name, the counters under ``counts``."""
+        out: dict[str, Any] = {name: s.to_json() for name, s in sorted(self.passes.items())}
+        if self.counts:
+            out[COUNTS] = dict(sorted(self.counts.items()))
+        return out
+
+    @classmethod
+    def of_json(cls, books: dict[str, PolicyBook], data: dict[str, Any]) -> Sums:
+        """The sums :meth:`to_json` wrote, each pass under its book in ``books``.
+
+        >>> from dp_governor.budget.rule.book import PolicyBook
+        >>> book = PolicyBook.build([], {})
+        >>> sums = Sums({"w": SpendPass(book)}, Counter({"refused": 2}))
+        >>> Sums.of_json({"w": book}, sums.to_json()).counts
+        Counter({'refused': 2})
+        """
+        passes = {name: SpendPass.of_json(b, data[name]) for name, b in books.items()}
+        return cls(passes, Counter({str(k): int(n) for k, n in data.get(COUNTS, {}).items()}))

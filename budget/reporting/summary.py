@@ -1,28 +1,36 @@
-"""The effective-epsilon report's histograms, stored and brought up to date by what changed.
+"""Sums over devices, stored and brought up to date by what changed: the report's histograms.
 
-A :class:`~dp_governor.budget.reporting.population.SpendPass` is a sum over devices of each
-device's values (a function of its window and lifetime rows), so the passes now are the stored
-passes, less the old values of every device whose rows changed since, plus their new values
-(:meth:`SpendPass.subtract`, :meth:`SpendPass.merge`; exact). The stored summary
-(``report_summaries``) holds the passes as of a day ``D0``, the charges they count
-(:class:`Watermark`), the retention horizons ``H0`` and the digest of the policy versions.
-A device's rows change between then and now (day ``D1``, horizons ``H1``) only when:
+A figure that is a sum over devices of a function of the device's state and the day (a
+:class:`~dp_governor.budget.reporting.population.SpendPass`, a count of devices) is, now, the
+stored sum less the old values of every device whose value may have changed since, plus their
+new values (:class:`Sums`: :meth:`SpendPass.subtract`, :meth:`SpendPass.merge`, counters; exact).
+A :class:`Measure` names the functions: the digest of everything they read besides the rows
+and the day (the policy versions, for the report), and the windows they read each use case's
+days over (for the report, its retention ``keep_u``). The stored summary (``report_summaries``,
+one row per measure's name) holds the sums as of a day ``D0``, the charges they count
+(:class:`Watermark`), the retention horizons ``H0`` and the digest. A device's value changes
+between then and now (day ``D1``, horizons ``H1``) only when:
 
 1. it was charged: the charges the watermark does not count. Its old state is its account row
    now less those charges, read in the same snapshot as the row;
-2. the day advanced: a charge of use case ``u`` on a day in ``(D0 - keep_u, D1 - keep_u]``
-   left its window, one on a day in ``(D0, D1]`` entered it (``keep_u`` its retention);
-   found from the charges' ``(use case, day)`` index;
-3. the purge cleared days: only days on or before the horizons, which no window counted if
-   ``H0[u] <= H1[u] <= D0 - keep_u`` for every use case (no window reaches back past its
-   horizon either, :meth:`~dp_governor.budget.rule.state.AccountState.unheld`);
-4. a policy version or a device-wide budget was added: never brought up to date (a budget's
-   members may have changed); the digest differs and a full pass is due.
+2. the day advanced: for each window length ``L`` a function reads use case ``u``'s days
+   over, a charge of ``u`` on a day in ``(D0 - L, D1 - L]`` left that window, one on a day in
+   ``(D0, D1]`` entered it; found from the charges' ``(use case, day)`` index. A device with
+   neither holds the same days in every window at ``D1`` as at ``D0``;
+3. the purge cleared days: only days on or before the horizons. For each ``u`` and each of
+   its window lengths ``L``, either ``H0[u] <= H1[u] <= D0 - L`` (no window reaches back past
+   the horizon at either day, and the days cleared were in neither,
+   :meth:`~dp_governor.budget.rule.state.AccountState.unheld`), or ``H0[u] == H1[u]`` and
+   ``D1 - L < H1[u] < D0`` (the window reaches past the same horizon at both days: it holds
+   the days after the horizon and the same unheld spend, dated on the horizon, before either
+   day's today, so only days entering count);
+4. a policy version (or, for a what-if, a device-wide budget) was added: never brought up to
+   date (a budget's members may have changed); the digest differs and a full pass is due.
 
-Anything else (the day going back, a horizon past ``D0 - keep_u``, a charge whose slot or day
-the row does not hold) is :class:`Stale`: a full pass, stored for the next report. The daily
-purge brings the summary to its own day before it deletes anything
-(``dp_governor.pipeline.purge``), so its horizons never make the next report a full pass.
+Anything else (the day going back, a horizon past a window, a charge whose slot or day the row
+does not hold) is :class:`Stale`: a full pass, stored for the next time. The daily purge brings
+the summaries to its own day before it deletes anything (``dp_governor.pipeline.purge``), so its
+horizons never make the next report a full pass.
 
 Charge ids: SQLite allocates them under its one writer's lock, so they become visible in id
 order. PostgreSQL draws them from a sequence before the batch's audit head lock, so a charge
@@ -34,17 +42,16 @@ advisory lock, which every charge transaction holds shared, is held exclusively)
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
 import orjson
-from sqlalchemy import ColumnElement, Connection, Engine, and_, func, select, text
+from sqlalchemy import Connection, Engine, and_, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
@@ -52,19 +59,24 @@ from sqlalchemy.exc import DBAPIError
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.gate.prepared import load_book
 from dp_governor.budget.ledger import Ledger
+from dp_governor.budget.reporting.measure import REPORT, REPORT_MEASURE, Fold, Measure, book_digest
 from dp_governor.budget.reporting.new_charges import NewCharges
-from dp_governor.budget.reporting.population import SpendPass, slot_rows
+from dp_governor.budget.reporting.population import SpendPass, Sums
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
-from dp_governor.budget.rule.state import AccountState, decode, lifetime_counts, window_counts
+from dp_governor.budget.rule.state import AccountState, decode
 from dp_governor.budget.storage.db import writer
 from dp_governor.budget.storage.tables import Account, Charge, ReportSummary
 from dp_governor.policies.repository import BOOK_LOCK_KEY
 
 __all__ = [
     "REPORT",
+    "SPEC",
+    "Fold",
+    "Measure",
     "Stale",
     "Summary",
     "Watermark",
+    "advance",
     "advance_summary",
     "book_digest",
     "brought_forward",
@@ -73,9 +85,11 @@ __all__ = [
     "scan_range",
     "scan_start",
     "settled_full",
+    "stored_specs",
+    "summed",
 ]
 
-REPORT: Final = "report"  # the effective-epsilon report's summary
+SPEC: Final = "spec"  # a measure's own description, stored beside its sums (:meth:`Measure.spec`)
 _SUMMARIES = ReportSummary.__table__  # type: ignore[attr-defined]
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
@@ -106,24 +120,23 @@ class Watermark:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """The report's finished passes as of ``day``, the charges and horizons they count."""
+    """A measure's finished sums as of ``day``, the charges and horizons they count."""
 
     book: str
     day: int
     watermark: Watermark
     horizons: dict[str, int]
-    window: SpendPass
-    lifetime: SpendPass
+    sums: Sums
 
+    @property
+    def window(self) -> SpendPass:
+        """The report's window pass."""
+        return self.sums.passes["window"]
 
-def book_digest(book: PolicyBook) -> str:
-    """The SHA-256 of every policy version: what a summary's passes depend on besides the rows.
-
-    The passes read each use case's terms, budget members and retention (all from the versions)
-    and the horizons (kept beside, checked apart); a device-wide budget changes no pass.
-    """
-    versions = [p.model_dump(mode="json") for p in book.versions]
-    return hashlib.sha256(orjson.dumps(versions, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    @property
+    def lifetime(self) -> SpendPass:
+        """The report's lifetime pass."""
+        return self.sums.passes["lifetime"]
 
 
 @contextmanager
@@ -173,16 +186,27 @@ def _charges_after(conn: Connection, mark: Watermark) -> list[NewCharge]:
     ]
 
 
-def _day_moved(conn: Connection, book: PolicyBook, before: int, day: int) -> set[str]:
-    """The devices with a charge that left a window, or entered one, from ``before`` to ``day``."""
+def _day_moved(
+    conn: Connection, windows: Mapping[str, Collection[int]], before: int, day: int
+) -> set[str]:
+    """The devices with a charge that left a window, or entered one, from ``before`` to ``day``.
+
+    Entered: any charge on a day in ``(before, day]``. Left: for each window length ``L``, a
+    charge of a use case read over ``L`` on a day in ``(before - L, day - L]``.
+    """
     c = _CHARGES.c
+    by_length: dict[int, set[str]] = defaultdict(set)
+    for use_case, lengths in windows.items():
+        for length in lengths:
+            by_length[length].add(use_case)
+    spans = [and_(c.day > before, c.day <= day)]
+    for length, names in sorted(by_length.items()):
+        spans.append(
+            and_(c.use_case.in_(sorted(names)), c.day > before - length, c.day <= day - length)
+        )
     found: set[str] = set()
-    spans: list[tuple[ColumnElement[bool], ...]] = [(c.day > before, c.day <= day)]
-    for use_case, keep in book.retention().items():
-        spans.append((c.use_case == use_case, c.day > before - keep, c.day <= day - keep))
     for span in spans:
-        query = select(c.device_key).where(and_(*span)).distinct()
-        found.update(str(dk) for (dk,) in conn.execute(query))
+        found.update(str(dk) for (dk,) in conn.execute(select(c.device_key).where(span).distinct()))
     return found
 
 
@@ -218,22 +242,33 @@ def _take_out(state: AccountState, charges: list[NewCharge], book: PolicyBook) -
         state.epsilon_micro -= eps
 
 
-def _check_horizons(book: PolicyBook, summary: Summary) -> None:
-    """Raise :class:`Stale` unless every purge since the summary cleared only uncounted days."""
-    for use_case, keep in book.retention().items():
+def _check_horizons(
+    windows: Mapping[str, Collection[int]],
+    summary: Summary,
+    horizons: Mapping[str, int],
+    day: int,
+) -> None:
+    """Raise :class:`Stale` unless no purge since the summary changed a window's reading.
+
+    For each use case and window length: the window reaches past the horizon on neither day
+    and every day cleared is before both, or past the same horizon on both (module docstring).
+    """
+    for use_case, lengths in windows.items():
         old = summary.horizons.get(use_case, NO_HORIZON)
-        new = book.horizon(use_case)
-        if not old <= new <= summary.day - keep:
-            raise Stale(f"the horizon of {use_case!r} passed the summary's window")
-
-
-def _copy(book: PolicyBook, spend: SpendPass) -> SpendPass:
-    """A finished pass with the same histograms (``spend`` is left as it is)."""
-    return SpendPass(book).merge(spend)
+        new = horizons.get(use_case, NO_HORIZON)
+        for length in lengths:
+            before = old <= new <= summary.day - length
+            past = old == new and day - length < new < summary.day
+            if not (before or past):
+                raise Stale(f"the horizon of {use_case!r} passed the summary's window")
 
 
 def _advance(
-    engine: Engine, summary: Summary, day: int, seen: Callable[[str], None] | None = None
+    engine: Engine,
+    measure: Measure,
+    summary: Summary,
+    day: int,
+    seen: Callable[[str], None] | None = None,
 ) -> tuple[PolicyBook, Summary]:
     """``summary`` brought to ``day`` and the charges now committed, from what changed.
 
@@ -247,11 +282,12 @@ def _advance(
     settled = _settled_id(engine)
     with _snapshot(engine) as conn:
         book = load_book(conn)
-        if book_digest(book) != summary.book:
+        if measure.key(book) != summary.book:
             raise Stale("a policy version was added")
-        _check_horizons(book, summary)
+        windows = measure.windows(book)
+        _check_horizons(windows, summary, book.horizons, day)
         charges = _charges_after(conn, summary.watermark)
-        moved = _day_moved(conn, book, summary.day, day) if day > summary.day else set()
+        moved = _day_moved(conn, windows, summary.day, day) if day > summary.day else set()
         if settled is None:  # SQLite: every id up to the largest committed is
             settled = max(summary.watermark.through, _largest_id(conn))
         by_device: dict[str, list[NewCharge]] = defaultdict(list)
@@ -259,28 +295,24 @@ def _advance(
             by_device[charge[1]].append(charge)
         touched = sorted(set(by_device) | moved)
         rows = _account_rows(conn, touched)
-    retention = book.retention()
-    gone = (SpendPass(book), SpendPass(book))
-    new = (SpendPass(book), SpendPass(book))
+    gone = measure.fold(book, summary.day, summary.horizons)
+    new = measure.fold(book, day, book.horizons)
     for dk in touched:
         if seen is not None:
             seen(dk)
         row = rows.get(dk)
         if row is None:
             raise Stale(f"device {dk!r} was charged but holds no account")
-        now, then = decode(*row), decode(*row)
+        then = decode(*row)
         _take_out(then, by_device.get(dk, []), book)
-        gone[0].add(slot_rows(dk, window_counts(then, summary.day, retention, summary.horizons)))
-        gone[1].add(slot_rows(dk, lifetime_counts(then)))
-        new[0].add(slot_rows(dk, window_counts(now, day, retention, book.horizons)))
-        new[1].add(slot_rows(dk, lifetime_counts(now)))
+        gone.add(dk, then)
+        new.add(dk, decode(*row))
     try:
-        window = _copy(book, summary.window).subtract(gone[0].finish()).merge(new[0])
-        lifetime = _copy(book, summary.lifetime).subtract(gone[1].finish()).merge(new[1])
+        sums = summary.sums.copy(measure.books(book)).subtract(gone.finish()).merge(new.finish())
     except ValueError as exc:
         raise Stale(str(exc)) from None
     mark = Watermark(settled, frozenset(c[0] for c in charges if c[0] > settled))
-    return book, Summary(summary.book, day, mark, dict(book.horizons), window, lifetime)
+    return book, Summary(summary.book, day, mark, dict(book.horizons), sums)
 
 
 def scan_start(engine: Engine) -> tuple[PolicyBook, int]:
@@ -303,8 +335,9 @@ def scan_range(
     until: str | None = None,
     progress: Callable[[int], None] | None = None,
     seen: Callable[[str], None] | None = None,
+    measure: Measure = REPORT_MEASURE,
 ) -> Summary:
-    """The accounts of keys in ``(after, until]``, ``chunk`` a short read, into a summary.
+    """The accounts of keys in ``(after, until]``, ``chunk`` a short read, into ``measure``'s sums.
 
     ``book`` and ``through`` from :func:`scan_start`. Each chunk's snapshot also reads which
     charges after ``through`` its devices' rows hold (:class:`~.new_charges.NewCharges`: the
@@ -312,8 +345,8 @@ def scan_range(
     after; the summaries of a start's disjoint ranges join into one (:func:`joined`).
     ``seen`` is told every device key read.
     """
-    retention, horizons = book.retention(), book.horizons
-    window, lifetime = SpendPass(book), SpendPass(book)
+    horizons = book.horizons
+    fold = measure.fold(book, day, horizons)
     applied: set[int] = set()
     fresh = NewCharges(engine.dialect.name, through)
     a = _ACCOUNTS.c
@@ -336,9 +369,7 @@ def scan_range(
         for dk, count, eps, days, life in rows:
             if seen is not None:
                 seen(str(dk))
-            state = decode(count, eps, days, life)
-            window.add(slot_rows(str(dk), window_counts(state, day, retention, horizons)))
-            lifetime.add(slot_rows(str(dk), lifetime_counts(state)))
+            fold.add(str(dk), decode(count, eps, days, life))
         read += len(rows)
         if progress is not None:
             progress(read)
@@ -346,68 +377,89 @@ def scan_range(
             break
         after = str(rows[-1][0])
     mark = Watermark(through, frozenset(applied))
-    return Summary(book_digest(book), day, mark, dict(horizons), window.finish(), lifetime.finish())
+    return Summary(measure.key(book), day, mark, dict(horizons), fold.finish())
 
 
-def joined(book: PolicyBook, parts: Sequence[Summary]) -> Summary:
+def joined(
+    book: PolicyBook, parts: Sequence[Summary], measure: Measure = REPORT_MEASURE
+) -> Summary:
     """The summaries of one start's disjoint key ranges (:func:`scan_range`) as one; exact.
 
     Each counts the charges up to the start's ``through`` and those after it that its own
     devices' rows held when read, so the whole counts their union.
     """
-    window, lifetime = SpendPass(book), SpendPass(book)
+    first = parts[0]
+    sums = measure.fold(book, first.day, first.horizons).finish()
     applied: set[int] = set()
     for part in parts:
-        window.merge(part.window)
-        lifetime.merge(part.lifetime)
+        sums.merge(part.sums)
         applied |= part.watermark.applied
-    first = parts[0]
     mark = Watermark(first.watermark.through, frozenset(applied))
-    return Summary(first.book, first.day, mark, dict(first.horizons), window, lifetime)
+    return Summary(first.book, first.day, mark, dict(first.horizons), sums)
 
 
 def _full(
-    engine: Engine, day: int, chunk: int, progress: Callable[[int], None] | None
+    engine: Engine,
+    measure: Measure,
+    day: int,
+    chunk: int,
+    progress: Callable[[int], None] | None,
 ) -> tuple[PolicyBook, Summary]:
     """Every account read, ``chunk`` a short read transaction, into a summary of its own."""
     book, through = scan_start(engine)
-    return book, scan_range(engine, book, through, day=day, chunk=chunk, progress=progress)
+    scanned = scan_range(
+        engine, book, through, day=day, chunk=chunk, progress=progress, measure=measure
+    )
+    return book, scanned
 
 
-def _stored(engine: Engine, name: str) -> Summary | None:
-    """The summary stored under ``name`` (``None``: none), its passes under the book now."""
+def _stored(engine: Engine, measure: Measure) -> Summary | None:
+    """The summary stored for ``measure`` (``None``: none), its passes under the book now."""
     with engine.connect() as conn:
-        row = conn.execute(select(_SUMMARIES).where(_SUMMARIES.c.name == name)).first()
+        row = conn.execute(select(_SUMMARIES).where(_SUMMARIES.c.name == measure.name)).first()
         if row is None:
             return None
         book = load_book(conn)
-    passes = orjson.loads(row.passes)
+    try:
+        sums = Sums.of_json(measure.books(book), orjson.loads(row.passes))
+    except (KeyError, ValueError):  # stored for other passes (another version's summary)
+        return None
     return Summary(
         book=str(row.book),
         day=int(row.day),
         watermark=Watermark(int(row.through), frozenset(orjson.loads(row.applied))),
         horizons={str(k): int(v) for k, v in orjson.loads(row.horizons).items()},
-        window=SpendPass.of_json(book, passes["window"]),
-        lifetime=SpendPass.of_json(book, passes["lifetime"]),
+        sums=sums,
     )
 
 
-def _store(engine: Engine, name: str, summary: Summary, now: datetime) -> None:
-    """Replace the summary stored under ``name``, in one statement (readers see all or none).
+def stored_specs(engine: Engine, prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, spec)`` of the summaries stored with a spec whose names start with ``prefix``."""
+    c = _SUMMARIES.c
+    query = select(c.name, c.passes).where(c.name.startswith(prefix)).order_by(c.name)
+    with engine.connect() as conn:
+        stored = [(str(n), orjson.loads(p)) for n, p in conn.execute(query)]
+    return [(name, passes[SPEC]) for name, passes in stored if SPEC in passes]
+
+
+def _store(engine: Engine, measure: Measure, summary: Summary, now: datetime) -> None:
+    """Replace the summary stored for ``measure``, in one statement (readers see all or none).
 
     A database that refuses the write (a read-only replica) keeps the summary it had; the
-    report computed is exact either way.
+    figures computed are exact either way.
     """
+    passes = summary.sums.to_json()
+    spec = measure.spec()
+    if spec is not None:
+        passes[SPEC] = spec
     values = {
-        "name": name,
+        "name": measure.name,
         "book": summary.book,
         "day": summary.day,
         "through": summary.watermark.through,
         "applied": orjson.dumps(sorted(summary.watermark.applied)).decode(),
         "horizons": orjson.dumps(summary.horizons, option=orjson.OPT_SORT_KEYS).decode(),
-        "passes": orjson.dumps(
-            {"window": summary.window.to_json(), "lifetime": summary.lifetime.to_json()}
-        ).decode(),
+        "passes": orjson.dumps(passes).decode(),
         "computed_at": now.isoformat(),
     }
     insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
@@ -420,7 +472,7 @@ def _store(engine: Engine, name: str, summary: Summary, now: datetime) -> None:
         with writer(engine).begin() as conn:
             conn.execute(statement)
     except DBAPIError as exc:
-        log.warning("the report's summary was not stored: %s", exc.orig)
+        log.warning("the %s summary was not stored: %s", measure.name, exc.orig)
 
 
 def _moved(before: Summary, after: Summary) -> bool:
@@ -432,42 +484,78 @@ def _moved(before: Summary, after: Summary) -> bool:
     )
 
 
-def brought_forward(
-    ledger: Ledger, *, now: datetime, seen: Callable[[str], None] | None = None
+def _forward(
+    ledger: Ledger, measure: Measure, now: datetime, seen: Callable[[str], None] | None
 ) -> tuple[PolicyBook, Summary] | None:
-    """The stored summary brought to ``now`` and stored again; ``None``: a full pass is due.
+    """The stored summary of ``measure`` brought to ``now``, stored again; ``None``: none fits.
 
-    ``seen`` is told the key of every device whose rows were read (those that changed).
+    ``seen`` is told the key of every device whose rows were read.
     """
     engine = ledger.engine
-    stored = _stored(engine, REPORT)
+    stored = _stored(engine, measure)
     if stored is None:
         return None
     try:
-        book, summary = _advance(engine, stored, utc_day(now), seen)
+        book, summary = _advance(engine, measure, stored, utc_day(now), seen)
     except Stale as exc:
-        log.info("the report's summary is stale (%s): a full pass", exc)
+        log.info("the %s summary is stale (%s): a full pass", measure.name, exc)
         return None
     if _moved(stored, summary):
-        _store(engine, REPORT, summary, now)
-    if ledger.scan_progress is not None:  # every device's spend is in the summary
+        _store(engine, measure, summary, now)
+    if ledger.scan_progress is not None:  # every device's values are in the summary
         ledger.scan_progress(ledger.account_count())
     return book, summary
+
+
+def _settled(
+    engine: Engine, measure: Measure, book: PolicyBook, scanned: Summary, now: datetime
+) -> tuple[PolicyBook, Sums]:
+    """A full pass's summary brought to one snapshot and stored; its sums.
+
+    If the book changed during the scan the sums are as exact as a scan can be, not stored.
+    """
+    try:  # the chunks' snapshots brought to one
+        book, summary = _advance(engine, measure, scanned, scanned.day)
+    except Stale:
+        return book, scanned.sums
+    _store(engine, measure, summary, now)
+    return book, summary.sums
+
+
+def summed(
+    ledger: Ledger, measure: Measure, *, now: datetime, chunk: int, full: bool = False
+) -> tuple[PolicyBook, Sums]:
+    """The sums of ``measure`` over every device at ``now``, and the book they are under.
+
+    From the stored summary brought up to date when it can be (:func:`_advance`), else (or with
+    ``full``) from every account, stored for the next time. Equal either way to a scan of every
+    account on a ledger nobody writes meanwhile.
+    """
+    if not full and (forward := _forward(ledger, measure, now, None)) is not None:
+        return forward[0], forward[1].sums
+    book, scanned = _full(ledger.engine, measure, utc_day(now), chunk, ledger.scan_progress)
+    return _settled(ledger.engine, measure, book, scanned, now)
+
+
+def brought_forward(
+    ledger: Ledger, *, now: datetime, seen: Callable[[str], None] | None = None
+) -> tuple[PolicyBook, Summary] | None:
+    """The stored report summary brought to ``now`` and stored again; ``None``: a full pass is due.
+
+    ``seen`` is told the key of every device whose rows were read (those that changed).
+    """
+    return _forward(ledger, REPORT_MEASURE, now, seen)
 
 
 def settled_full(
     engine: Engine, book: PolicyBook, scanned: Summary, *, now: datetime
 ) -> tuple[PolicyBook, SpendPass, SpendPass]:
-    """A full pass's summary brought to one snapshot and stored; its finished passes.
+    """A full pass's report summary brought to one snapshot and stored; its finished passes.
 
     If the book changed during the scan the passes are as exact as a scan can be, not stored.
     """
-    try:  # the chunks' snapshots brought to one
-        book, summary = _advance(engine, scanned, scanned.day)
-    except Stale:
-        return book, scanned.window, scanned.lifetime
-    _store(engine, REPORT, summary, now)
-    return book, summary.window, summary.lifetime
+    book, sums = _settled(engine, REPORT_MEASURE, book, scanned, now)
+    return book, sums.passes["window"], sums.passes["lifetime"]
 
 
 def report_passes(
@@ -475,15 +563,26 @@ def report_passes(
 ) -> tuple[PolicyBook, SpendPass, SpendPass]:
     """The report's finished (window, lifetime) passes at ``now`` and the book they are under.
 
-    From the stored summary brought up to date when it can be (:func:`brought_forward`), else
-    (or with ``full``) from every account, stored for the next report. Equal either way to
+    :func:`summed` of the report's measure (from the stored summary brought up to date when it
+    can be, :func:`brought_forward`): equal to
     :func:`dp_governor.budget.reporting.loss.spend_passes` on a ledger nobody writes meanwhile.
     """
-    if not full and (forward := brought_forward(ledger, now=now)) is not None:
-        book, summary = forward
-        return book, summary.window, summary.lifetime
-    book, scanned = _full(ledger.engine, utc_day(now), chunk, ledger.scan_progress)
-    return settled_full(ledger.engine, book, scanned, now=now)
+    book, sums = summed(ledger, REPORT_MEASURE, now=now, chunk=chunk, full=full)
+    return book, sums.passes["window"], sums.passes["lifetime"]
+
+
+def advance(ledger: Ledger, measure: Measure, *, now: datetime) -> bool:
+    """Bring the summary stored for ``measure`` to ``now`` if it can be; whether it was."""
+    stored = _stored(ledger.engine, measure)
+    if stored is None:
+        return False
+    try:
+        _, summary = _advance(ledger.engine, measure, stored, utc_day(now))
+    except Stale:
+        return False
+    if _moved(stored, summary):
+        _store(ledger.engine, measure, summary, now)
+    return True
 
 
 def advance_summary(ledger: Ledger, *, now: datetime) -> bool:
@@ -492,13 +591,4 @@ def advance_summary(ledger: Ledger, *, now: datetime) -> bool:
     The purge runs this before it raises the horizons: the summary then counts no day the
     purge deletes, and the next report starts from it.
     """
-    stored = _stored(ledger.engine, REPORT)
-    if stored is None:
-        return False
-    try:
-        _, summary = _advance(ledger.engine, stored, utc_day(now))
-    except Stale:
-        return False
-    if _moved(stored, summary):
-        _store(ledger.engine, REPORT, summary, now)
-    return True
+    return advance(ledger, REPORT_MEASURE, now=now)

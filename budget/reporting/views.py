@@ -1,15 +1,17 @@
 """Audit views on the ledger: one device's timeline, a use case's distribution, what-if.
 
-All read-only. A device's timeline is built from the charges still held (the retention
-window) plus its purge-proof lifetime totals: whatever a purge removed is carried into the
-lifetime line as a starting value, so the cumulative curve ends at the true lifetime spend.
+All read-only but for the what-if's stored sums (figures kept to be brought up to date,
+:mod:`dp_governor.budget.reporting.what_if_summary`). A device's timeline is built from the
+charges still held (the retention window) plus its purge-proof lifetime totals: whatever a
+purge removed is carried into the lifetime line as a starting value, so the cumulative curve
+ends at the true lifetime spend.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -29,19 +31,23 @@ from dp_governor.budget.reporting.loss import (
     DeviceLoss,
     device_loss,
     lifetime_rows,
-    spend_passes,
     window_rows,
 )
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import UseCaseLine, basis_of, finish_report
 from dp_governor.budget.reporting.routing import RouteCheck
-from dp_governor.budget.rule.book import PolicyBook, Terms
-from dp_governor.budget.rule.decide import check
+from dp_governor.budget.reporting.what_if_summary import (
+    SIDES,
+    DeviceWhatIf,
+    PolicyWhatIf,
+    what_if_sums,
+)
+from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.loosening import loosenings
 from dp_governor.budget.rule.standing import DeviceOdometer, device_odometer
 from dp_governor.budget.rule.state import AccountState, lifetime_counts
 from dp_governor.budget.storage.tables import ShuffledBatch
-from dp_governor.policies.device import DeviceBudgetCreate, DeviceBudgetVersion, limits_of
+from dp_governor.policies.device import DeviceBudgetCreate
 from dp_governor.policies.model import Policy, PolicyCreate, from_micro
 
 __all__ = [
@@ -339,30 +345,6 @@ class WhatIf:
         return asdict(self)
 
 
-@dataclass(slots=True)
-class _Side:
-    """One side of a what-if, counted device by device through the gate's own rule."""
-
-    terms: Terms
-    in_window: int = 0
-    refused: int = 0
-    over_window: int = 0
-    over_lifetime: int = 0
-
-    def count(self, state: AccountState, day: int) -> None:
-        """Count one device that has history on this side's budget."""
-        t = self.terms
-        idx = state.counted(t)
-        if not idx:
-            return
-        window = state.window_spend(day, t.retention_days, idx, t.horizons)
-        life = state.lifetime_spend(idx)
-        self.in_window += 1 if window else 0
-        self.refused += 0 if check(t, day, state).accepted else 1
-        self.over_window += int(t.window_cap_micro is not None and window > t.window_cap_micro)
-        self.over_lifetime += int(t.lifetime_cap_micro is not None and life > t.lifetime_cap_micro)
-
-
 def what_if(
     ledger: Ledger,
     use_case: str,
@@ -371,6 +353,7 @@ def what_if(
     now: datetime,
     alongside: Sequence[PolicyCreate] = (),
     route: RouteCheck | None = None,
+    full: bool = False,
 ) -> WhatIf:
     """Compare the current policy of ``use_case`` with ``proposed`` on today's ledger.
 
@@ -379,8 +362,11 @@ def what_if(
     device's next report through the gate's own rule (:func:`dp_governor.budget.rule.decide.check`)
     on the budget it would draw from, with that budget's members as they would be; a change that a
     write would refuse (:meth:`dp_governor.policies.repository.PolicyStore.proposed`) raises
-    :class:`PolicyConflict` as applying it would. ``route`` sees every device key read
-    (:func:`spend_passes`).
+    :class:`PolicyConflict` as applying it would. The device counts and passes come from the
+    stored what-if brought up to date by what changed when it can be, else (or with ``full``)
+    from every account (:mod:`dp_governor.budget.reporting.what_if_summary`; the same figures
+    either way). ``route`` sees every device key: with it, every account is read (a shard's
+    check, :mod:`dp_governor.budget.reporting.routing`, is of all it holds).
     """
     current = ledger.policies.get(use_case)
     if proposed.name != use_case:
@@ -389,18 +375,10 @@ def what_if(
     together = [proposed, *(p for p in alongside if p.name != use_case)]
     with ledger.engine.connect() as conn:
         rows = ledger.policies.proposed(conn, together)
-    book = ledger.book()
-    after_book = PolicyBook.build(
-        [*book.versions, *rows], book.horizons, book.device, book.device_window
-    )
-    cur, new = _Side(book.terms[use_case]), _Side(after_book.terms[use_case])
-
-    def count(state: AccountState) -> None:
-        cur.count(state, day)
-        new.count(state, day)
-
-    # one streaming scan: both sides' counts and both books' population figures
-    passes = spend_passes(ledger, now=now, books=[book, after_book], observe=count, route=route)
+    measure = PolicyWhatIf(ledger.book(), use_case, together, rows, route)
+    book, sums = what_if_sums(ledger, measure, now=now, full=full or route is not None)
+    after_book = measure.after(book)
+    counts, passes = sums.counts, sums.passes
 
     def line_and_total(
         b: PolicyBook, spend: tuple[SpendPass, SpendPass]
@@ -410,16 +388,24 @@ def what_if(
         line = next(x for x in report.use_cases if x.use_case == use_case)
         return line, report.totals.allowed_per_day
 
-    before, before_total = line_and_total(book, passes[0])
-    after, after_total = line_and_total(after_book, passes[1])
+    before, before_total = line_and_total(
+        book, (passes["current_window"], passes["current_lifetime"])
+    )
+    after, after_total = line_and_total(
+        after_book, (passes["proposed_window"], passes["proposed_lifetime"])
+    )
+
+    def sides(figure: str) -> dict[str, int]:
+        return {side: counts.get(f"{side}:{figure}", 0) for side in SIDES}
+
     keys = ("epsilon_per_day", "epsilon_per_window", "epsilon_per_year", "lifetime_bounded")
     return WhatIf(
         use_case=use_case,
         current_version=current.version,
-        devices_in_window={"current": cur.in_window, "proposed": new.in_window},
-        refused_next_report_today={"current": cur.refused, "proposed": new.refused},
-        over_window_cap={"current": cur.over_window, "proposed": new.over_window},
-        over_lifetime_cap={"current": cur.over_lifetime, "proposed": new.over_lifetime},
+        devices_in_window=sides("in_window"),
+        refused_next_report_today=sides("refused"),
+        over_window_cap=sides("over_window"),
+        over_lifetime_cap=sides("over_lifetime"),
         effective_epsilon={
             k: {"current": getattr(before, k), "proposed": getattr(after, k)} for k in keys
         },
@@ -434,28 +420,25 @@ def what_if_device_budget(
     *,
     now: datetime,
     route: RouteCheck | None = None,
+    full: bool = False,
 ) -> dict[str, dict[str, dict[str, int]]]:
     """Per active use case, the devices whose next report would be refused now, by which budget.
 
     ``{use_case: {"current": {refused_by: devices}, "proposed": {...}}}``, each device decided
     through the gate's own rule (:func:`dp_governor.budget.rule.decide.check`) with the device-wide
     budget in force and with ``proposed``; a device with no history is never refused and is left
-    out. Nothing is written. ``route`` sees every device key read (a shard's check,
-    :mod:`dp_governor.budget.reporting.routing`).
+    out. Nothing is written but the stored what-if, brought up to date by what changed when it
+    can be, else (or with ``full``) counted from every account
+    (:mod:`dp_governor.budget.reporting.what_if_summary`). ``route`` sees every device key:
+    with it, every account is read (a shard's check,
+    :mod:`dp_governor.budget.reporting.routing`, is of all it holds).
     """
-    day = utc_day(now)
-    book = ledger.book()
-    version = (book.device.version + 1) if book.device else 1
-    after = limits_of(DeviceBudgetVersion.of(proposed, version, "what-if"))
+    measure = DeviceWhatIf(ledger.book(), proposed, route)
+    book, sums = what_if_sums(ledger, measure, now=now, full=full or route is not None)
     out: dict[str, dict[str, dict[str, int]]] = {
-        name: {"current": defaultdict(int), "proposed": defaultdict(int)} for name in book.terms
+        name: {side: {} for side in SIDES} for name in sorted(book.terms)
     }
-    for dk, state in ledger.accounts():
-        if route is not None:
-            route.see(dk)
-        for name, terms in book.terms.items():
-            for side, t in (("current", terms), ("proposed", replace(terms, device=after))):
-                decision = check(t, day, state)
-                if not decision.accepted:
-                    out[name][side][str(decision.refused_by)] += 1
-    return {n: {s: dict(v) for s, v in sides.items()} for n, sides in sorted(out.items())}
+    for key, devices in sorted(sums.counts.items()):
+        name, side, refused_by = key.split("\t")
+        out[name][side][refused_by] = devices
+    return out
