@@ -452,15 +452,18 @@ def _work(name: str, rt: Runtime, lease: str, token: int) -> dict[str, Any]:
     if rt.process is None or name not in CHILD_JOBS:
         with fenced(fence(lease, token)):
             return JOBS[name][0](rt)
-    now = rt.clock.now()
-    nice = rt.process.settings.job_nice
-    return run_in_child(_child_work, rt.process, name, now, lease, token, nice=nice)
+    job, now, nice = JOBS[name][0], rt.clock.now(), rt.process.settings.job_nice
+    return run_in_child(_child_work, rt.process, job, now, lease, token, nice=nice)
 
 
 def _child_work(
-    process: JobProcess, name: str, now: datetime, lease: str, token: int
+    process: JobProcess,
+    job: Callable[[Runtime], dict[str, Any]],
+    now: datetime,
+    lease: str,
+    token: int,
 ) -> dict[str, Any]:
-    """In the job's child process: open the service as the app does, run the job's work.
+    """In the job's child process: open the service as the app does, run ``job`` in it.
 
     Its clock reads ``now``, the moment the parent started the run. Its log lines go where the
     server's do, in its format; its verdicts reach the metrics through the database (the
@@ -481,7 +484,7 @@ def _child_work(
         ingestor = Ingestor(ledger, keys.device_key_secret, seal=seal)
         rt = Runtime.configured(ledger, ingestor, FixedClock(now), settings)
         with fenced(fence(lease, token)):
-            return JOBS[name][0](rt)
+            return job(rt)
     finally:
         ledger.close()
 
