@@ -27,7 +27,7 @@ from dp_governor.api._middleware import BodyLimit, HeadAsGet, Timing
 from dp_governor.api._ratelimit import RateLimiter
 from dp_governor.api._unknown_settings import UnknownSetting, retired_variables
 from dp_governor.api.database import database_problem, init_service_db
-from dp_governor.api.jobs import RUNTIMES, Runtime, start_scheduler
+from dp_governor.api.jobs import RUNTIMES, JobProcess, Runtime, start_scheduler
 from dp_governor.api.metrics import Metrics
 from dp_governor.api.openapi import install_docs, install_openapi
 from dp_governor.api.routes import (
@@ -159,7 +159,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         require_family=settings.require_report_family,
     )
     key = uuid.uuid4().hex
-    RUNTIMES[key] = Runtime.configured(ledger, ingestor, clock, settings, metrics=app.state.metrics)
+    RUNTIMES[key] = Runtime.configured(
+        ledger,
+        ingestor,
+        clock,
+        settings,
+        metrics=app.state.metrics,
+        process=JobProcess(settings, keys),  # the population jobs out of this process
+    )
     app.state.ledger = ledger
     app.state.ingestor = ingestor
     app.state.metrics.registry.register(ingestor.health)

@@ -21,6 +21,12 @@ swap storm, a stopped container) writes nothing once another holds it. Each job 
 waits for locks at most ``job_lock_seconds`` (:func:`dp_governor.budget.storage.db.write_step`), so
 a holder stalled inside a transaction delays the next holder that long at most.
 
+The population jobs (:data:`CHILD_JOBS`: ``dashboard``, ``verify``, ``purge``) of a service
+run in a spawned child process at a lower CPU priority (``DPGOV_JOB_NICE``,
+:mod:`dp_governor.api._job_process`), so that reading the whole ledger takes neither the
+server's interpreter lock nor, while it has work, its CPU; the lease, heartbeat, log line and
+metrics stay the server's. ``dpgov jobs run`` lowers its own priority as much for them.
+
 This module sits beside the app and the CLI rather than in :mod:`dp_governor.pipeline`: it runs
 the pipeline's jobs and the audit log's checkpoints alike, for the service's scheduler, its admin
 routes and ``dpgov jobs``.
@@ -29,6 +35,7 @@ routes and ``dpgov jobs``.
 from __future__ import annotations
 
 import logging
+import logging.config
 import os
 import socket
 import time
@@ -46,6 +53,8 @@ from sqlalchemy.exc import DBAPIError
 
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api._integrity import kept_checkpoints
+from dp_governor.api._job_process import JobProcessError, run_in_child
+from dp_governor.api._keys import ServiceKeys
 from dp_governor.api._snapshots import store_figures, store_verification
 from dp_governor.api._witnessing import WitnessEndpoint, push_checkpoint
 from dp_governor.api.leases import (
@@ -58,9 +67,9 @@ from dp_governor.api.leases import (
     lease_token,
     release_lease,
 )
-from dp_governor.api.logs import log_fields
+from dp_governor.api.logs import log_config, log_fields
 from dp_governor.api.metrics import Metrics
-from dp_governor.budget import Clock, Ledger
+from dp_governor.budget import Clock, FixedClock, Ledger, create_db_engine
 from dp_governor.budget.audit.log import CheckpointFileError, last_kept_seq, write_checkpoints
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.reporting.claims import publish_claims
@@ -72,14 +81,17 @@ from dp_governor.pipeline.flush import DEFAULT_MIN_BATCH, flush_inbox
 from dp_governor.pipeline.fold import aggregate
 from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.purge import purge
+from dp_governor.pipeline.seal import InboxSeal
 
 if TYPE_CHECKING:
     from dp_governor.api.settings import Settings
 
 __all__ = [
+    "CHILD_JOBS",
     "JOBS",
     "LEASES",
     "JobBusy",
+    "JobProcess",
     "Runtime",
     "lease_of",
     "release_job",
@@ -91,6 +103,14 @@ __all__ = [
 log = logging.getLogger("dpgov.jobs")
 
 
+@dataclass(frozen=True, slots=True)
+class JobProcess:
+    """What a job's child process opens the service with: the settings and the checked keys."""
+
+    settings: Settings
+    keys: ServiceKeys
+
+
 @dataclass
 class Runtime:
     """What jobs need: the ledger, the ingestor, the clock, batch sizes and the lease's TTL.
@@ -98,6 +118,8 @@ class Runtime:
     ``progress``, given a step's name (``flush-inbox``, ``aggregate``), returns the callback
     that step reports its counts to (``dpgov jobs run`` passes its progress bar's ``step``).
     ``metrics``: where each run's outcome, duration and success time are counted (the app's).
+    ``process``: set, the :data:`CHILD_JOBS` run in a child process opened from it (the
+    service's); ``None``, in this one.
     """
 
     ledger: Ledger
@@ -110,6 +132,7 @@ class Runtime:
     witnesses: tuple[WitnessEndpoint, ...] = ()
     progress: Callable[[str], Callable[[int, int], None]] | None = None
     metrics: Metrics | None = None
+    process: JobProcess | None = None
     holder: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
@@ -124,6 +147,7 @@ class Runtime:
         progress: Callable[[str], Callable[[int, int], None]] | None = None,
         *,
         metrics: Metrics | None = None,
+        process: JobProcess | None = None,
     ) -> Runtime:
         """The runtime the service's settings describe (``dpgov serve`` and ``dpgov jobs``)."""
         return cls(
@@ -137,6 +161,7 @@ class Runtime:
             witnesses=tuple(WitnessEndpoint.parse(entry) for entry in settings.witnesses),
             progress=progress,
             metrics=metrics,
+            process=process,
         )
 
     def step(self, name: str) -> Callable[[int, int], None] | None:
@@ -238,6 +263,9 @@ JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {
     "verify": (_verify, {"trigger": "interval", "seconds": 300}),
 }
 
+# The population passes: a service runs them in a child process at a lower CPU priority
+CHILD_JOBS = frozenset({"dashboard", "verify", "purge"})
+
 # Which lease each job runs under: everything that moves the inbox shares one.
 LEASES: dict[str, str] = {
     "flush-inbox": "inbox",
@@ -326,12 +354,12 @@ def run_job(
         lost = log_fields(job=name, outcome="lease_lost", duration_ms=ms, token=exc.token)
         log.warning("%s", named, extra=lost)
         raise named from None
-    except DBAPIError as exc:
-        if not is_busy(exc):
+    except (DBAPIError, JobProcessError) as exc:
+        cause = _busy_cause(exc)
+        if cause is None:
             raise
         outcome = "busy"
         ms = round((time.monotonic() - started) * 1000, 1)
-        cause = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
         fields = log_fields(job=name, outcome="busy", duration_ms=ms, error=cause)
         log.warning(
             "job %s stopped after %.0f ms: the database stayed busy (%s); the next run resumes",
@@ -389,23 +417,19 @@ def _run(
         started = time.monotonic()
         began.append(started)
         try:
-            with (
-                fenced(fence(lease, token)),
-                heartbeat(engine, lease, rt.holder, rt.lease_seconds, token),
-            ):
-                result = JOBS[name][0](rt)
+            with heartbeat(engine, lease, rt.holder, rt.lease_seconds, token):
+                result = _work(name, rt, lease, token)
         except LeaseLost:
             raise  # one line, by run_job
         except Exception as exc:
             lost, current = _taken_over(engine, lease, token)
             if lost:  # e.g. its session ended while it stalled inside a transaction
                 raise LeaseLost(lease, token, current) from None
-            if is_busy(exc):
+            if _busy_cause(exc) is not None:
                 raise  # one line, by run_job
             ms = round((time.monotonic() - started) * 1000, 1)
-            fields = log_fields(
-                job=name, outcome="failed", duration_ms=ms, error=type(exc).__name__
-            )
+            error = exc.error if isinstance(exc, JobProcessError) else type(exc).__name__
+            fields = log_fields(job=name, outcome="failed", duration_ms=ms, error=error)
             log.warning("job %s failed after %.0f ms: %s", name, ms, exc, extra=fields)
             raise
         if slot_seconds > 0:  # taken once the run is done: a crashed run leaves it free
@@ -421,6 +445,58 @@ def _run(
         except DBAPIError as exc:  # it expires by itself; the job's outcome is what matters
             if not is_busy(exc):  # a busy database is the job's outcome line already
                 log.warning("lease %s: not released (%s); it expires by itself", lease, exc)
+
+
+def _work(name: str, rt: Runtime, lease: str, token: int) -> dict[str, Any]:
+    """The job's own work under its lease's fence: a service's :data:`CHILD_JOBS` in a child."""
+    if rt.process is None or name not in CHILD_JOBS:
+        with fenced(fence(lease, token)):
+            return JOBS[name][0](rt)
+    job, now, nice = JOBS[name][0], rt.clock.now(), rt.process.settings.job_nice
+    return run_in_child(_child_work, rt.process, job, now, lease, token, nice=nice)
+
+
+def _child_work(
+    process: JobProcess,
+    job: Callable[[Runtime], dict[str, Any]],
+    now: datetime,
+    lease: str,
+    token: int,
+) -> dict[str, Any]:
+    """In the job's child process: open the service as the app does, run ``job`` in it.
+
+    Its clock reads ``now``, the moment the parent started the run. Its log lines go where the
+    server's do, in its format; its verdicts reach the metrics through the database (the
+    ``verify`` job stores them, and the app's metrics follow what is stored).
+    """
+    settings, keys = process.settings, process.keys
+    logging.config.dictConfig(log_config(settings.log_format))
+    engine = create_db_engine(
+        settings.database_url,
+        job_pause=settings.job_pause,
+        job_lock_seconds=settings.job_lock_seconds,
+    )
+    ledger = Ledger(
+        engine, keys.device_key_secret, audit_key=keys.audit_key, tlog_origin=settings.tlog_origin
+    )
+    try:
+        seal = InboxSeal(keys.shuffler_keys)
+        ingestor = Ingestor(ledger, keys.device_key_secret, seal=seal)
+        rt = Runtime.configured(ledger, ingestor, FixedClock(now), settings)
+        with fenced(fence(lease, token)):
+            return job(rt)
+    finally:
+        ledger.close()
+
+
+def _busy_cause(exc: BaseException) -> str | None:
+    """The database's message when ``exc`` says it stayed busy (here or in a job's process)."""
+    if isinstance(exc, JobProcessError):
+        return exc.message if exc.busy else None
+    if not is_busy(exc):
+        return None
+    orig = exc.orig if isinstance(exc, DBAPIError) else None
+    return str(orig).splitlines()[0] if orig is not None else type(exc).__name__
 
 
 def _taken_over(engine: Engine, lease: str, token: int) -> tuple[bool, int | None]:

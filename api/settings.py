@@ -208,6 +208,16 @@ class Settings(BaseSettings):
         " `lock_timeout` and `idle_in_transaction_session_timeout` for each job transaction,"
         " so a job process stopped inside a transaction loses its session after as long.",
     )
+    job_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="How much lower the CPU priority of the population jobs (`dashboard`,"
+        " `verify`, `purge`) is than the server's, as Unix niceness: the service runs each in a"
+        " child process this much nicer, out of the server's interpreter lock, so a job reading"
+        " the whole ledger leaves the CPU to reports; `dpgov jobs run` lowers its own priority"
+        " as much for them. 0: the server's priority (still in a child process).",
+    )
     flush_min_batch: int = Field(
         default=100,
         ge=1,

@@ -1,7 +1,7 @@
 """Single-report latency while each scheduled job runs against a live server; a Markdown table.
 
 Usage: ``python -m benchmarks.job_latency [--reports 100000] [--interval-ms 10]
-[--baseline-seconds 5] [--batch-items 5000] [--postgres URL]``.
+[--baseline-seconds 5] [--batch-items 5000] [--postgres URL] [--served]``.
 
 A ``dpgov serve`` process (scheduler off) runs on a temporary SQLite file, or in a scratch
 PostgreSQL schema with ``--postgres``. This process sends single Safari HCMS reports over HTTP,
@@ -15,7 +15,13 @@ checkpoint), and ``purge`` run with its clock ten years ahead (every retention w
 passed: it deletes everything). Each row gives the job's own run time (without the process's
 start-up), what it handled, and the latency of the single reports sent while it ran. The
 Safari policy's batch minimum is lowered to 1 first (the default holds a batch for 5,000
-distinct devices), so a short run's flush publishes as a long one's does.
+distinct devices), so a short run's flush publishes as a long one's does. The job processes
+lower their priority for the population jobs as ``dpgov jobs run`` does (``DPGOV_JOB_NICE``).
+
+``--served`` runs the jobs through ``POST /v1/admin/jobs/{name}:run`` instead, in the server's
+process as its scheduler runs them (the population jobs in the server's child process), every
+job but ``purge`` (a server's clock cannot be moved ahead); the write transactions are then
+not counted, and the job's time includes the request.
 """
 
 from __future__ import annotations
@@ -138,7 +144,9 @@ def row(backend: str, job: str, run: dict[str, Any] | None, probe: Probe) -> str
     """One table row: the job, its work, run time and writes; the probes' count and latency."""
     work = " | | "
     if run is not None:
-        writes = f"{run['writes']:,}, longest {run['longest']:.1f} ms"
+        writes = (
+            "-" if run["writes"] is None else f"{run['writes']:,}, longest {run['longest']:.1f} ms"
+        )
         work = f"{handled(run['result'])} | {run['seconds']:.2f} | {writes}"
     sent = f"{len(probe.latencies):,}" + (f" ({probe.failed} failed)" if probe.failed else "")
     figures = "- | - | -"  # the job was over before the first report was sent
@@ -201,15 +209,33 @@ class WriteTimes:
             self.ms.append((time.perf_counter() - began) * 1000)
 
 
+def run_job_served(name: str, base: str, probe: Probe) -> dict[str, Any]:
+    """Run one job through the admin route (in the server's process), probing while it runs."""
+    with probe:
+        started = time.perf_counter()
+        r = httpx.post(
+            f"{base}/v1/admin/jobs/{name}:run",
+            params={"wait": 600},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=3600,
+        )
+        seconds = time.perf_counter() - started
+    r.raise_for_status()
+    return {"result": r.json()["result"], "seconds": seconds, "writes": None}
+
+
 def job_main(name: str, ahead_days: int) -> None:
     """The job process: the job run once as ``dpgov jobs run`` runs it, its clock moved ahead."""
+    from dp_governor.api._job_process import lower_priority
     from dp_governor.api.cli.common import Access, load_settings, open_service
-    from dp_governor.api.jobs import RUNTIMES, Runtime, run_job
+    from dp_governor.api.jobs import CHILD_JOBS, RUNTIMES, Runtime, run_job
     from dp_governor.budget import FixedClock
     from dp_governor.pipeline.ingest import Ingestor
     from dp_governor.pipeline.seal import InboxSeal
 
     settings = load_settings(None)
+    if name in CHILD_JOBS:
+        lower_priority(settings.job_nice)
     ledger, keys = open_service(settings, Access.WRITE)
     clock = FixedClock(datetime.now(UTC) + timedelta(days=ahead_days))
     ingestor = Ingestor(ledger, keys.device_key_secret, seal=InboxSeal(keys.shuffler_keys))
@@ -237,10 +263,16 @@ def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str
             time.sleep(args.baseline_seconds)
         rows.append(row(backend, "none (baseline)", None, probe))
         for name in JOBS:
+            if args.served and name == "purge":
+                continue  # its clock cannot be moved ahead in the server: nothing would expire
             if name in ("flush-inbox", "aggregate"):
                 fill(base, bodies, args.reports, args.batch_items)
             probe = Probe(base, bodies, interval)
-            rows.append(row(backend, name, run_job_process(name, env, tmp, probe), probe))
+            if args.served:
+                done = run_job_served(name, base, probe)
+            else:
+                done = run_job_process(name, env, tmp, probe)
+            rows.append(row(backend, name, done, probe))
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -259,6 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--batch-items", type=int, default=5000, help="relay batch size")
     parser.add_argument("--postgres", default=os.environ.get("DPGOV_TEST_DATABASE_URL"))
+    parser.add_argument(
+        "--served", action="store_true", help="run the jobs in the server (its admin route)"
+    )
     parser.add_argument("--run-job", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ahead", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -34,7 +34,16 @@ def jobs_run(
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
     from dp_governor.api._handles import ledger_engine
-    from dp_governor.api.jobs import JOBS, RUNTIMES, JobBusy, Runtime, lease_of, run_job
+    from dp_governor.api._job_process import lower_priority
+    from dp_governor.api.jobs import (
+        CHILD_JOBS,
+        JOBS,
+        RUNTIMES,
+        JobBusy,
+        Runtime,
+        lease_of,
+        run_job,
+    )
     from dp_governor.api.leases import LeaseLost, lease_holder
     from dp_governor.budget import SystemClock
     from dp_governor.pipeline.ingest import Ingestor
@@ -44,6 +53,8 @@ def jobs_run(
         typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
         raise typer.Exit(2)
     settings = load_settings(database_url)
+    if name in CHILD_JOBS:  # as low a priority as the service gives them (DPGOV_JOB_NICE)
+        lower_priority(settings.job_nice)
     ledger, keys = open_service(settings, Access.WRITE)
     key = f"cli-{name}"
     progress = Progress(f"jobs run {name}", "reports")

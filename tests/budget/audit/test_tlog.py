@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import orjson
 import pytest
@@ -63,6 +64,7 @@ def test_every_audit_entry_is_a_leaf_under_a_signed_checkpoint(ledger: Ledger) -
 def test_a_backlog_is_signed_step_by_step(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each step stores and signs what it computed: a backlog yields a checkpoint per step."""
     monkeypatch.setattr(tlog, "STEP_SECONDS", 0.0)  # one chunk of 1,000 entries a step
+    monkeypatch.setattr(tlog, "_STEP_ENTRIES", 5_000)  # the time bound, not the size, ends it
     entries = [Entry("admin", "note", {"i": i}) for i in range(2_500)]
     with writer(ledger.engine).begin() as conn:
         ledger.audit.append(conn, entries, now=NOW)
@@ -72,6 +74,22 @@ def test_a_backlog_is_signed_step_by_step(ledger: Ledger, monkeypatch: pytest.Mo
     with ledger.engine.connect() as conn:
         sizes = [int(r[0]) for r in conn.execute(text("SELECT size FROM tlog_checkpoints"))]
     assert sorted(sizes) == [1_000, 2_000, head], sizes
+    verdict, _ = ledger.verify()
+    assert verdict.ok, verdict
+
+
+def test_a_step_stores_at_most_its_entries_in_one_write(ledger: Ledger) -> None:
+    """A backlog is stored in steps of :data:`tlog._STEP_ENTRIES`: each write stays short."""
+    entries = [Entry("admin", "note", {"i": i}) for i in range(2 * tlog._STEP_ENTRIES + 7)]
+    with writer(ledger.engine).begin() as conn:
+        ledger.audit.append(conn, entries, now=NOW)
+    head, _ = ledger.audit.head()
+    point = ledger.tlog.sync()
+    assert point is not None and point.size == head
+    with ledger.engine.connect() as conn:
+        sizes = sorted(int(r[0]) for r in conn.execute(text("SELECT size FROM tlog_checkpoints")))
+    steps = [b - a for a, b in pairwise([0, *sizes])]
+    assert max(steps) == tlog._STEP_ENTRIES and sizes[-1] == head, sizes
     verdict, _ = ledger.verify()
     assert verdict.ok, verdict
 
