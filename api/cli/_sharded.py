@@ -66,10 +66,16 @@ def _open_shard(shard: int, url: str) -> tuple[Ledger, Callable[[], Ledger]]:
 
 
 def open_shards(urls: Sequence[str], opened: list[tuple[Ledger, Callable[[], Ledger]]]) -> None:
-    """Open every shard into ``opened`` (the caller closes them); refuse a URL given twice.
+    """Open every shard into ``opened`` (the caller closes them); refuse one URL, or one twice.
 
     Each is ``(ledger, opener)``: the shard opened here, and its opener for a worker process.
+    A single ``--shard`` is refused: one shard of several would be a part of the ledger reported
+    as the whole (the routing rule over one shard holds every device).
     """
+    if len(urls) == 1:
+        refuse(
+            "--shard needs every shard's database URL, two or more (one database: --database-url)"
+        )
     repeated = next((u for i, u in enumerate(urls) if u in urls[:i]), None)
     if repeated is not None:
         refuse(f"--shard {shown(repeated)} is given twice: its devices would count twice")

@@ -127,6 +127,12 @@ def test_shard_options_that_cannot_hold_are_refused(
     assert twice.exit_code == 2 and "is given twice" in twice.stderr
     both = _report(["--shard", urls[0], "--database-url", urls[1]], env)
     assert both.exit_code == 2 and "--shard URLs or --database-url" in both.stderr
+    one = _report(["--shard", urls[0]], env)
+    assert one.exit_code == 2 and one.stdout == "", one.output
+    assert one.stderr.strip().splitlines() == [
+        "Error: --shard needs every shard's database URL, two or more"
+        " (one database: --database-url)"
+    ]
 
 
 def test_a_dry_run_over_shards_counts_every_shards_devices(
@@ -156,6 +162,10 @@ def test_a_dry_run_over_shards_counts_every_shards_devices(
         app, ["policies", "apply", "--dry-run", str(edit), "--workers", "2"], env=env
     )
     assert alone.exit_code == 2 and "--workers needs --shard" in alone.stderr
+    one = runner.invoke(
+        app, ["policies", "apply", "--dry-run", str(edit), "--shard", urls[0]], env=env
+    )
+    assert one.exit_code == 2 and one.stdout == "" and "two or more" in one.stderr, one.output
 
 
 def _misrouted_line(result: Result) -> str:
