@@ -124,6 +124,7 @@ def _forward(
         if forward is None:
             return None, None  # the full pass checks every device
         if route is not None:
+            route.partial = True  # the changed devices and the key ends, not every device
             for key in sorted(read | _key_ends(ledger)):
                 route.see(key)
         book, summary = forward

@@ -36,6 +36,8 @@ class RouteCheck:
 
     ``misrouted`` devices route to another shard (``example``: the first one's shard);
     ``unroutable`` keys are not hex, so the rule routes them nowhere. Keys are never kept.
+    ``partial``: only some of the shard's devices were read (those a stored summary brought
+    forward, and the key ends), so the counts are lower bounds.
     """
 
     position: int
@@ -43,6 +45,7 @@ class RouteCheck:
     misrouted: int = 0
     example: int | None = None
     unroutable: int = 0
+    partial: bool = False
 
     def see(self, device_key: str) -> None:
         """Count ``device_key`` if it does not route to this shard.
@@ -69,6 +72,7 @@ class RouteCheck:
             raise ValueError("route checks of different shards do not merge")
         self.misrouted += other.misrouted
         self.unroutable += other.unroutable
+        self.partial = self.partial or other.partial
         if self.example is None:
             self.example = other.example
 
@@ -95,14 +99,20 @@ class ShardMisrouted(ValueError):
 
         >>> print(ShardMisrouted(RouteCheck(0, 2, misrouted=3, example=1)).problem("--shard"))
         holds 3 device(s) that int(device_key[:8], 16) % 2 routes to other shards (one to --shard 1)
+        >>> print(ShardMisrouted(RouteCheck(0, 1, unroutable=2, partial=True)).problem())
+        holds at least 2 device key(s) that are not hex (routed nowhere)
         """
         c = self.check
+        least = "at least " if c.partial else ""
         said = []
         if c.misrouted:
             said.append(
-                f"holds {c.misrouted} device(s) that int(device_key[:8], 16) % {c.shards} routes"
-                f" to other shards (one to {shard_name} {c.example})"
+                f"holds {least}{c.misrouted} device(s) that int(device_key[:8], 16) % {c.shards}"
+                f" routes to other shards (one to {shard_name} {c.example}"
+                + ("; --full counts every device)" if c.partial else ")")
             )
         if c.unroutable:
-            said.append(f"holds {c.unroutable} device key(s) that are not hex (routed nowhere)")
+            said.append(
+                f"holds {least}{c.unroutable} device key(s) that are not hex (routed nowhere)"
+            )
         return " and ".join(said)

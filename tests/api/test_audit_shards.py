@@ -186,7 +186,7 @@ def test_shards_out_of_routing_order_are_refused(
     swapped = _report([arg for url in urls[::-1] for arg in ("--shard", url)], env)
     line = _misrouted_line(swapped)
     assert line.startswith(f"Error: --shard 0 ({urls[2]}) holds "), line
-    assert "(one to --shard 2)" in line
+    assert "(one to --shard 2" in line
     link = tmp_path / "same-as-shard0.sqlite"
     link.symlink_to(urls[0].removeprefix("sqlite:///"))
     twice = _report(["--shard", urls[0], "--shard", f"sqlite:///{link}", "--shard", urls[2]], env)
@@ -229,3 +229,23 @@ def test_shards_signed_under_their_own_origins_report_together(
     merged = _report(["--json", *(arg for url in urls for arg in ("--shard", url))], env)
     assert merged.exit_code == 0, merged.output
     assert json.loads(merged.stdout)["provenance"]["shards"]["devices"] == 60
+
+
+def test_a_refusal_from_summaries_gives_lower_bounds_and_full_counts_all(
+    service: tuple[dict[str, str], list[str]],
+) -> None:
+    """A refusal from stored summaries says "at least"; ``--full`` counts every device.
+
+    From summaries only the changed devices and each shard's key ends are read.
+    """
+    env, urls = service
+    in_order = [arg for url in urls for arg in ("--shard", url)]
+    assert _report(in_order, env).exit_code == 0  # every shard's summary stored
+    swapped = [arg for url in urls[::-1] for arg in ("--shard", url)]
+    partial = _misrouted_line(_report(swapped, env))
+    assert "holds at least " in partial and "--full counts every device" in partial, partial
+    whole = _misrouted_line(_report([*swapped, "--full"], env))
+    assert "at least" not in whole and "--full" not in whole, whole
+    found = [re.search(r"holds (?:at least )?(\d+)", x) for x in (partial, whole)]
+    counts = [int(m[1]) for m in found if m is not None]
+    assert len(counts) == 2 and counts[0] <= counts[1], (partial, whole)
