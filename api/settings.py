@@ -12,6 +12,7 @@ process that opens it checks the keys it was given against them (:func:`service_
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +28,7 @@ __all__ = [
     "KeyRefused",
     "Settings",
     "default_secrets_dir",
+    "setting_named",
     "setting_names",
 ]
 
@@ -401,3 +403,20 @@ def default_secrets_dir() -> Path:
 
 class KeyRefused(ValueError):
     """A key that is missing, unreadable or not the database's; the message names the setting."""
+
+
+def setting_named(loc: tuple[int | str, ...], given: Mapping[str, object]) -> str:
+    """``invalid setting X``, X the setting at ``loc`` as the user set it.
+
+    Its option if given here, else its variable; a check of several settings has no ``loc``.
+
+    >>> setting_named(("job_nice",), {}), setting_named(("database_url",), {"database_url": 1})
+    ('invalid setting DPGOV_JOB_NICE', 'invalid setting --database-url')
+    >>> setting_named((), {})
+    'invalid settings'
+    """
+    if not loc:
+        return "invalid settings"
+    field, rest = str(loc[0]), "".join(f"[{x}]" for x in loc[1:])
+    name = f"--{field.replace('_', '-')}" if field in given else f"{PREFIX}{field.upper()}"
+    return f"invalid setting {name}{rest}"

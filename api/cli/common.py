@@ -101,7 +101,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     from dp_governor.policies.errors import error_message
 
     with long_lived_imports():
-        from dp_governor.api.settings import Settings
+        from dp_governor.api.settings import Settings, setting_named
 
     try:
         values = {k: v for k, v in overrides.items() if v is not None}
@@ -114,8 +114,10 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
         refuse(f"invalid setting: {exc} (a list is JSON, e.g. '[\"URL VKEY\"]')")
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(x) for x in err["loc"]) or "settings"
-        typer.echo(f"Error: invalid setting `{field}`: {error_message(err)}", err=True)
+        typer.echo(
+            f"Error: {setting_named(err['loc'], values)}: {error_message(err)}",
+            err=True,
+        )
         raise typer.Exit(2) from None
 
 

@@ -160,7 +160,11 @@ def test_cli_reports_bad_settings_and_exits_2(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("DPGOV_MAX_BODY_BYTES", "12")
     result = CliRunner().invoke(cli, ["policies", "list"])
     assert result.exit_code == 2
-    assert "max_body_bytes" in result.output
+    assert result.output.startswith("Error: invalid setting DPGOV_MAX_BODY_BYTES: "), result.output
+    monkeypatch.delenv("DPGOV_MAX_BODY_BYTES")
+    monkeypatch.setenv("DPGOV_JOB_NICE", "abc")  # named as the user set it, with the value
+    result = CliRunner().invoke(cli, ["policies", "list"])
+    assert result.exit_code == 2 and "DPGOV_JOB_NICE" in result.output and "'abc'" in result.output
 
 
 def test_lifespan_starts_and_stops_the_scheduler(tmp_path: Path) -> None:
