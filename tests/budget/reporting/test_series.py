@@ -12,7 +12,7 @@ sample, on SQLite and PostgreSQL. A window that holds only kept days reads no ac
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,12 +24,14 @@ from dp_governor.budget.rule.state import lifetime_counts
 from dp_governor.pipeline.purge import purge
 from dp_governor.policies import PolicyCreate, PolicyUpdate
 from dp_governor.policies.model import from_micro
+from tests.budget.reporting.random_edits import active as _active
+from tests.budget.reporting.random_edits import edit as _edit
+from tests.budget.reporting.random_edits import pick as _pick
 
 START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 DEVICES = [f"device-{i}" for i in range(12)]
 STEPS = 40
 CELLS = (4_000_000, 7)  # every device, and a sample of 7 // days devices (at least one)
-T = TypeVar("T")
 
 
 def reference(ledger: Ledger, use_case: str, *, now: datetime, max_cells: int) -> CumulativeSeries:
@@ -107,23 +109,6 @@ def _short_windows(ledger: Ledger) -> None:
         eps = (0.5, 1.0, 2.0, 1.5)[i]
         days = (1, 2, 3, 4)[i]
         ledger.policies.create(_policy(name, epsilon_per_report=eps, retention_days=days))
-
-
-def _active(ledger: Ledger) -> list[str]:
-    return [p.name for p in ledger.book().active]
-
-
-def _pick(rng: np.random.Generator, items: list[T]) -> T:
-    """One of ``items``, uniformly."""
-    return items[int(rng.integers(len(items)))]
-
-
-def _edit(ledger: Ledger, name: str, change: PolicyUpdate) -> None:
-    """Write ``change``; one refused (a group's shared terms, SFP's split) writes nothing."""
-    try:
-        ledger.policies.update(name, change, allow_loosen=True)
-    except ValueError:  # PolicyConflict, or the model's own validation
-        pass
 
 
 def _step(ledger: Ledger, rng: np.random.Generator, now: datetime) -> datetime:

@@ -15,7 +15,6 @@ import threading
 from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -35,11 +34,13 @@ from dp_governor.budget.reporting.views import spend_spread
 from dp_governor.budget.rule.decide import Decision
 from dp_governor.pipeline.purge import purge
 from dp_governor.policies import PolicyCreate, PolicyUpdate
+from tests.budget.reporting.random_edits import active as _active
+from tests.budget.reporting.random_edits import edit as _edit
+from tests.budget.reporting.random_edits import pick as _pick
 
 START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 DEVICES = [f"device-{i}" for i in range(8)]
 STEPS = 45
-T = TypeVar("T")
 
 
 def reference(ledger: Ledger, now: datetime) -> ReportBasis:
@@ -60,25 +61,8 @@ def _spreads_agree(ledger: Ledger, now: datetime) -> None:
             assert Counter(spend.use_case.get(name, {})) == direct, (name, scope)
 
 
-def _active(ledger: Ledger) -> list[str]:
-    return [p.name for p in ledger.book().active]
-
-
 def _retired(ledger: Ledger) -> list[str]:
     return sorted(n for n, p in ledger.book().latest.items() if not p.active)
-
-
-def _pick(rng: np.random.Generator, items: list[T]) -> T:
-    """One of ``items``, uniformly."""
-    return items[int(rng.integers(len(items)))]
-
-
-def _edit(ledger: Ledger, name: str, change: PolicyUpdate) -> None:
-    """Write ``change``; one refused (a group's shared terms, SFP's split) writes nothing."""
-    try:
-        ledger.policies.update(name, change, allow_loosen=True)
-    except ValueError:  # PolicyConflict, or the model's own validation
-        pass
 
 
 def _step(ledger: Ledger, rng: np.random.Generator, now: datetime) -> datetime:

@@ -15,7 +15,7 @@ import logging
 from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,23 +34,17 @@ from dp_governor.budget.storage.tables import ReportSummary
 from dp_governor.pipeline.purge import purge
 from dp_governor.policies import PolicyCreate, PolicyUpdate
 from dp_governor.policies.device import DeviceBudgetCreate, DeviceBudgetVersion, limits_of
+from tests.budget.reporting.random_edits import active as _active
+from tests.budget.reporting.random_edits import edit as _edit
+from tests.budget.reporting.random_edits import pick as _pick
 
 START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 DEVICES = [f"device-{i}" for i in range(8)]
 OWN = ("a", "b", "c", "d")  # the use cases charged: short retention (:func:`_short_retention`)
 STEPS = 40
-T = TypeVar("T")
 DEVICE_PROPOSAL = DeviceBudgetCreate(
     epsilon_per_day=12.0, window_days=3, window_epsilon=24.0, lifetime_epsilon=60.0
 )
-
-
-def _pick(rng: np.random.Generator, items: list[T]) -> T:
-    return items[int(rng.integers(len(items)))]
-
-
-def _active(ledger: Ledger) -> list[str]:
-    return [p.name for p in ledger.book().active]
 
 
 def reference(ledger: Ledger, use_case: str, proposed: PolicyCreate, now: datetime) -> WhatIf:
@@ -144,13 +138,6 @@ def _proposals(ledger: Ledger) -> dict[str, tuple[str, PolicyCreate]]:
         "shorter": made(retention_days=max(1, policy.retention_days - 2)),
         "group": made(budget_group=None if policy.budget_group else "g"),
     }
-
-
-def _edit(ledger: Ledger, name: str, change: PolicyUpdate) -> None:
-    try:
-        ledger.policies.update(name, change, allow_loosen=True)
-    except ValueError:  # PolicyConflict, or the model's own validation
-        pass
 
 
 def _step(ledger: Ledger, rng: np.random.Generator, now: datetime) -> datetime:
