@@ -10,18 +10,25 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dp_governor.mechanisms import Arrays, Mechanism, Sketch
 from dp_governor.pipeline.parquet import iter_reports
+
+if TYPE_CHECKING:
+    from dask.distributed import Client
 
 __all__ = [
     "DaskOptions",
     "EngineName",
     "aggregate_files",
+    "dask_client",
+    "dask_executor",
     "fold_files",
     "group_files",
     "merge_arrays",
@@ -101,15 +108,15 @@ def aggregate_files(
     return _on_dask(mechanism, files, dask or DaskOptions(), batch_rows, progress)
 
 
-def _on_dask(
-    mechanism: Mechanism,
-    files: Sequence[Path],
-    options: DaskOptions,
-    batch_rows: int,
-    progress: Callable[[int, int], None] | None,
-) -> Sketch:
+@contextmanager
+def dask_client(options: DaskOptions) -> Iterator[Client]:
+    """A client of ``options.scheduler``, or of a ``LocalCluster`` started here (both closed after).
+
+    Raises :class:`ImportError` without the ``scale`` extra and :class:`OSError` when the
+    scheduler cannot be reached.
+    """
     try:
-        from dask.distributed import Client, LocalCluster, as_completed
+        from dask.distributed import Client, LocalCluster
     except ImportError as exc:
         raise ImportError(
             "the Dask engine needs the `scale` extra: pip install 'dp-governor[scale]'",
@@ -129,6 +136,30 @@ def _on_dask(
     else:
         client = Client(options.scheduler, timeout="15s")  # type: ignore[no-untyped-call]
     try:
+        yield client
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+        if cluster is not None:
+            cluster.close()
+
+
+@contextmanager
+def dask_executor(options: DaskOptions) -> Iterator[Executor]:
+    """A :class:`concurrent.futures.Executor` on :func:`dask_client`'s workers (tasks not pure)."""
+    with dask_client(options) as client:
+        yield client.get_executor(pure=False)  # type: ignore[no-untyped-call]
+
+
+def _on_dask(
+    mechanism: Mechanism,
+    files: Sequence[Path],
+    options: DaskOptions,
+    batch_rows: int,
+    progress: Callable[[int, int], None] | None,
+) -> Sketch:
+    from dask.distributed import as_completed
+
+    with dask_client(options) as client:
         info = client.scheduler_info()["workers"].values()
         threads = max(1, sum(int(w.get("nthreads", 1)) for w in info))
         groups = group_files(files, threads) if files else [[]]
@@ -154,10 +185,6 @@ def _on_dask(
             total = part if total is None else total.merge(part)
         assert total is not None
         return total
-    finally:
-        client.close()  # type: ignore[no-untyped-call]
-        if cluster is not None:
-            cluster.close()
 
 
 def _report_folds(folds: list[Any], sizes: list[int], progress: Callable[[int, int], None]) -> None:

@@ -18,6 +18,8 @@ import typer
 from dp_governor.api.cli.common import Progress, Stages, load_settings, open_ledger, refuse
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from dp_governor.budget.ledger import Ledger
     from dp_governor.budget.reporting.report import EffectiveEpsilonReport
     from dp_governor.budget.reporting.routing import ShardMisrouted
@@ -109,8 +111,12 @@ def sharded_report(
     delta: float | None,
     sink: TextIO | None,
     full: bool = False,
+    executor: Executor | None = None,
 ) -> EffectiveEpsilonReport:
-    """Every shard's summary or key ranges in worker processes, merged (exit on refusal)."""
+    """Every shard's summary or key ranges in worker processes, merged (exit on refusal).
+
+    ``executor`` (Dask's), when given, runs the parts instead of ``workers`` processes.
+    """
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.report import finish_report
     from dp_governor.budget.reporting.sharded import (
@@ -138,6 +144,7 @@ def sharded_report(
                     workers=workers,
                     full=full,
                     done=bar,
+                    executor=executor,
                 )
             except ShardPoliciesDiffer as exc:
                 refuse_other_policies(urls, exc.shard)

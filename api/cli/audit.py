@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Callable
@@ -11,6 +12,13 @@ from typing import TYPE_CHECKING, Annotated, TextIO, cast
 
 import typer
 
+from dp_governor.api.cli._engine import (
+    EngineOption,
+    SchedulerOption,
+    check_engine,
+    parts_executor,
+)
+from dp_governor.api.cli.aggregate import AggregateEngine
 from dp_governor.api.cli.common import (
     DatabaseOption,
     Progress,
@@ -22,6 +30,8 @@ from dp_governor.api.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from dp_governor.api.settings import Settings
     from dp_governor.budget.ledger import Ledger
     from dp_governor.budget.reporting.report import EffectiveEpsilonReport
@@ -279,6 +289,8 @@ def audit_report(
             " device's routing is checked).",
         ),
     ] = False,
+    engine: EngineOption = AggregateEngine.local,
+    scheduler: SchedulerOption = None,
     database_url: DatabaseOption = None,
     quiet: QuietOption = False,
 ) -> None:
@@ -288,29 +300,37 @@ def audit_report(
     ``--full`` or the policies changed (docs/scaling.md). On stderr: the devices read (a bar on
     a terminal, a line per tenth in a log), or with ``--partitions`` or ``--shard`` the parts
     finished (a summary brought forward or a key range read), then the bounds' time;
-    ``--quiet``: none of it.
+    ``--quiet``: none of it. ``--engine dask`` runs the parts on a Dask cluster.
     """
     import os
 
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.loss import effective_epsilon
 
+    check_engine(engine, scheduler, bool(shard) or partitions > 1)
     sink = io.StringIO() if quiet else None
+    where = functools.partial(parts_executor, engine, scheduler)
     if shard:
         from dp_governor.api.cli._sharded import sharded_report
 
         if database_url is not None:
             refuse("give --shard URLs or --database-url, not both")
         workers = workers or os.cpu_count() or 1
-        _print_report(sharded_report(shard, partitions, workers, delta, sink, full), as_json)
+        with where(workers) as executor:
+            report = sharded_report(shard, partitions, workers, delta, sink, full, executor)
+        _print_report(report, as_json)
         return
     if workers is not None and partitions == 1:
         refuse("--workers needs --partitions (more than 1) or --shard")
     settings = load_settings(database_url)
     ledger = open_ledger(settings)  # a refusal: one line, no progress
     if partitions > 1:
+        workers = workers or os.cpu_count() or 1
         try:
-            report = _partitioned_report(ledger, settings, partitions, workers, delta, sink, full)
+            with where(workers) as executor:
+                report = _partitioned_report(
+                    ledger, settings, partitions, workers, delta, sink, full, executor
+                )
         finally:
             ledger.close()
         _print_report(report, as_json)
@@ -355,15 +375,16 @@ def _partitioned_report(
     ledger: Ledger,
     settings: Settings,
     partitions: int,
-    workers: int | None,
+    workers: int,
     delta: float | None,
     sink: TextIO | None,
     full: bool,
+    executor: Executor | None,
 ) -> EffectiveEpsilonReport:
-    """``audit report --partitions``: the summary brought forward, or the key ranges' passes."""
-    import functools
-    import os
+    """``audit report --partitions``: the summary brought forward, or the key ranges' passes.
 
+    In ``workers`` local processes, or on ``executor`` (Dask's) when given.
+    """
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.partitioned import partitioned_basis
     from dp_governor.budget.reporting.report import finish_report
@@ -378,9 +399,10 @@ def _partitioned_report(
             functools.partial(open_ledger, settings),
             now=SystemClock().now(),
             partitions=partitions,
-            workers=workers or os.cpu_count() or 1,
+            workers=workers,
             full=full,
             done=bar,
+            executor=executor,
         )
         bar.close()
         stages("the bounds of every policy")

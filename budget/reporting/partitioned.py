@@ -86,8 +86,14 @@ class _InProcess(Executor):
 
 
 @contextmanager
-def _executor(workers: int) -> Iterator[Executor]:
-    """``workers`` spawned processes (no copy of the parent's connections), or this one."""
+def _executor(workers: int, given: Executor | None) -> Iterator[Executor]:
+    """``given`` (the caller's: a Dask client's), else ``workers`` spawned processes, or this one.
+
+    Spawned: no copy of the parent's connections. ``given`` is left open for its caller.
+    """
+    if given is not None:
+        yield given
+        return
     if workers == 1:
         yield _InProcess()
         return
@@ -196,11 +202,13 @@ def summary_passes(
     full: bool = False,
     chunk: int = ACCOUNTS_CHUNK,
     done: Callable[[int, int], None] | None = None,
+    executor: Executor | None = None,
 ) -> list[Passes]:
     """Each source's report passes: its summary brought forward, else a full pass in ranges.
 
     ``partitions`` key ranges a source whose full pass is due (all with ``full``), read with
-    the summaries in ``workers`` processes (``1``: in this one). ``done`` is told ``(parts
+    the summaries in ``workers`` processes (``1``: in this one), or on ``executor`` when given
+    (a Dask client's: its workers open the databases themselves). ``done`` is told ``(parts
     finished, parts known)``, a part a summary or a range. Raises
     :class:`~dp_governor.budget.reporting.routing.ShardMisrouted` for the first shard that
     holds devices routed elsewhere (sources with ``shards``), once every part is read.
@@ -212,7 +220,7 @@ def summary_passes(
     routes: dict[int, RouteCheck] = {}
     told = _Done(done)
     parts: dict[int, list[Summary]] = defaultdict(list)
-    with _executor(workers) as pool:
+    with _executor(workers, executor) as pool:
         if not full:
             forwards = [
                 pool.submit(_forward, s.open_ledger, now, i, s.shards)
@@ -252,12 +260,13 @@ def partitioned_basis(
     workers: int,
     full: bool = False,
     done: Callable[[int, int], None] | None = None,
+    executor: Executor | None = None,
 ) -> ReportBasis:
     """:func:`effective_epsilon_basis` with a full pass in ``partitions`` key ranges when due.
 
     From the stored summary brought forward when it can be (:func:`summary_passes`);
     ``open_ledger`` opens the same ledger in a worker process; ``done`` is told ``(parts
-    finished, parts known)``.
+    finished, parts known)``; ``executor`` runs the parts instead of ``workers`` processes.
     """
     ((book, window, lifetime),) = summary_passes(
         [Source(ledger, open_ledger)],
@@ -266,6 +275,7 @@ def partitioned_basis(
         workers=workers,
         full=full,
         done=done,
+        executor=executor,
     )
     day = utc_day(now)
     basis = basis_of(book, day, window, lifetime, computed_at=now.isoformat())

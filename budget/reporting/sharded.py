@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final
@@ -177,16 +178,18 @@ def sharded_basis(
     workers: int,
     full: bool = False,
     done: Callable[[int, int], None] | None = None,
+    executor: Executor | None = None,
 ) -> ReportBasis:
     """The report's basis over every shard: each from its summary or ``partitions`` key ranges.
 
     ``ledgers[i]`` is shard ``i`` opened here and ``openers[i]`` opens it in a worker process
-    (it must pickle); ``full`` reads every account of every shard (and checks every device's
-    routing). Raises :class:`ShardPoliciesDiffer` naming the first shard whose policies differ
-    from shard 0's, :class:`PoliciesChanged` (``source``: the shard) if a shard's changed
-    during the run, and :class:`ShardMisrouted` naming the first shard found holding a device
-    the routing puts in another (a shard given twice, or shards out of order, show so). The
-    provenance's ``shards`` says what was covered.
+    (it must pickle; ``executor``, when given, runs the parts instead of ``workers``
+    processes: :func:`summary_passes`); ``full`` reads every account of every shard (and
+    checks every device's routing). Raises :class:`ShardPoliciesDiffer` naming the first shard
+    whose policies differ from shard 0's, :class:`PoliciesChanged` (``source``: the shard) if a
+    shard's changed during the run, and :class:`ShardMisrouted` naming the first shard found
+    holding a device the routing puts in another (a shard given twice, or shards out of order,
+    show so). The provenance's ``shards`` says what was covered.
     """
     if not ledgers or len(ledgers) != len(openers):
         raise ValueError("give one opener for each of at least one shard")
@@ -196,7 +199,13 @@ def sharded_basis(
         for ledger, opener in zip(ledgers, openers, strict=True)
     ]
     passes = summary_passes(
-        sources, now=now, partitions=partitions, workers=workers, full=full, done=done
+        sources,
+        now=now,
+        partitions=partitions,
+        workers=workers,
+        full=full,
+        done=done,
+        executor=executor,
     )
     first = book_digest(books[0])
     window, lifetime = SpendPass(books[0]), SpendPass(books[0])
