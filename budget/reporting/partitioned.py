@@ -24,7 +24,7 @@ import functools
 import multiprocessing
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -206,10 +206,11 @@ def summary_passes(
 ) -> list[Passes]:
     """Each source's report passes: its summary brought forward, else a full pass in ranges.
 
-    ``partitions`` key ranges a source whose full pass is due (all with ``full``), read with
-    the summaries in ``workers`` processes (``1``: in this one), or on ``executor`` when given
-    (a Dask client's: its workers open the databases themselves). ``done`` is told ``(parts
-    finished, parts known)``, a part a summary or a range. Raises
+    The summaries are brought forward in up to ``workers`` threads of this process (each
+    reads what changed in its database); ``partitions`` key ranges of a source whose full pass
+    is due (all with ``full``) are read in ``workers`` processes (``1``: in this one), or on
+    ``executor`` when given (a Dask client's: its workers open the databases themselves).
+    ``done`` is told ``(parts finished, parts known)``, a part a summary or a range. Raises
     :class:`~dp_governor.budget.reporting.routing.ShardMisrouted` for the first shard that
     holds devices routed elsewhere (sources with ``shards``), once every part is read.
     """
@@ -220,10 +221,10 @@ def summary_passes(
     routes: dict[int, RouteCheck] = {}
     told = _Done(done)
     parts: dict[int, list[Summary]] = defaultdict(list)
-    with _executor(workers, executor) as pool:
-        if not full:
+    if not full:  # in threads of this process: what changed is small, a process start is not
+        with ThreadPoolExecutor(max_workers=min(workers, len(sources))) as threads:
             forwards = [
-                pool.submit(_forward, s.open_ledger, now, i, s.shards)
+                threads.submit(_forward, s.open_ledger, now, i, s.shards)
                 for i, s in enumerate(sources)
             ]
             told.known += len(forwards)
@@ -231,7 +232,8 @@ def summary_passes(
                 out[i], route = forward.result()
                 _keep(routes, i, route)
                 told.one()
-        starts = {i: scan_start(s.ledger.engine) for i, s in enumerate(sources) if out[i] is None}
+    starts = {i: scan_start(s.ledger.engine) for i, s in enumerate(sources) if out[i] is None}
+    with _executor(workers if starts else 1, executor) as pool:
         scan = functools.partial(_scan, day=day, chunk=chunk)
         scans = []
         for i, start in starts.items():
