@@ -132,7 +132,11 @@ def dask_client(options: DaskOptions) -> Iterator[Client]:
             memory_limit=options.memory_limit,
             dashboard_address=":0",  # None does not disable it (dask/distributed#8136)
         )
-        client = Client(cluster)  # type: ignore[no-untyped-call]
+        try:
+            client = Client(cluster)  # type: ignore[no-untyped-call]
+        except BaseException:
+            cluster.close()
+            raise
     else:
         client = Client(options.scheduler, timeout="15s")  # type: ignore[no-untyped-call]
     try:

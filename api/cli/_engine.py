@@ -66,7 +66,7 @@ def parts_executor(
             f"--engine dask needs the `scale` extra ({exc.name} is not installed):"
             " pip install 'dp-governor[scale]'"
         )
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # unreachable, or not an address Dask can parse
         refuse(f"--scheduler {scheduler}: cannot reach the Dask scheduler ({exc})")
     with stack:
         yield executor

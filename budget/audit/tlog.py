@@ -165,13 +165,17 @@ class TransparencyLog:
         Each step reads new entries and computes their leaves, the tiles they fill and the signed
         checkpoint outside any write lock, for at most :data:`STEP_SECONDS` or
         :data:`_STEP_ENTRIES` entries, then stores them in one short job transaction (about 8 ms on
-        SQLite: reports waiting for its one writer wait about that long); a log catching up on
-        a backlog signs a checkpoint every step, not once at the end. ``limit`` caps the
-        entries (for tests and for a job that must yield); returns the newest checkpoint signed,
-        or ``None`` when the log already covered the audit log.
+        SQLite: reports waiting for its one writer wait about that long). A step stores its
+        checkpoint when :data:`STEP_SECONDS` have passed since the run's last one, or when it
+        read all there was; the run's last checkpoint is always stored. So a log catching up on
+        a backlog signs about once a second, not once at the end, and not once a step.
+        ``limit`` caps the entries (for tests and for a job that must yield); returns the
+        newest checkpoint signed, or ``None`` when the log already covered the audit log.
         """
         signed = None
+        unstored: SignedCheckpoint | None = None  # the run's newest checkpoint, if not stored
         done = 0
+        last = time.monotonic()
         while limit is None or done < limit:
             page = _STEP_ENTRIES if limit is None else min(_STEP_ENTRIES, limit - done)
             began = time.monotonic()
@@ -179,11 +183,14 @@ class TransparencyLog:
             if step is None:
                 break
             prepared = time.monotonic()
+            due = step.point.size - step.start < page or prepared - last >= STEP_SECONDS
             with write_step(self.engine) as conn:
                 if self._size(conn) != step.start:
                     continue  # another sync stored these entries meanwhile: prepare again
-                self._store(conn, step)
+                self._store(conn, step, signed=due)
             signed = step.point
+            unstored = None if due else step.point
+            last = prepared if due else last
             done += step.point.size - step.start
             log.debug(
                 "tlog step: %d entries to size %d, prepared in %.0f ms, stored in %.0f ms",
@@ -192,6 +199,9 @@ class TransparencyLog:
                 (prepared - began) * 1000,
                 (time.monotonic() - prepared) * 1000,
             )
+        if unstored is not None:
+            with write_step(self.engine) as conn:
+                self._store_checkpoint(raw_cursor(conn), unstored)
         return signed
 
     def _prepare(self, page: int) -> _Step | None:
@@ -234,8 +244,11 @@ class TransparencyLog:
         signed = SignedCheckpoint(point.size, point.root, note)
         return _Step(start, leaves, frontier.tiles(), signed)
 
-    def _store(self, conn: Connection, step: _Step) -> None:
-        """Insert a prepared step's leaves, tiles (a partial one grown in place) and checkpoint."""
+    def _store(self, conn: Connection, step: _Step, *, signed: bool = True) -> None:
+        """Insert a prepared step's leaves and tiles (a partial one grown in place).
+
+        With ``signed``, its checkpoint too.
+        """
         cur = raw_cursor(conn)
         _insert(cur, self._ph, "tlog_leaves (idx, seq, label, data)", step.leaves)
         marks = ", ".join([f"({self._ph}, {self._ph}, {self._ph})"] * len(step.tiles))
@@ -244,13 +257,19 @@ class TransparencyLog:
             " ON CONFLICT (level, idx) DO UPDATE SET hashes = excluded.hashes",
             [value for tile in step.tiles for value in tile],
         )
-        point = step.point
-        _insert(
-            cur,
-            self._ph,
-            "tlog_checkpoints (size, root, note)",
-            [(point.size, point.root.hex(), point.note)],
-        )
+        if signed:
+            self._store_checkpoint(cur, step.point)
+
+    def _store_checkpoint(self, cur: Any, point: SignedCheckpoint) -> None:
+        """Insert a signed checkpoint of the stored leaves (none for a size already signed)."""
+        cur.execute(f"SELECT 1 FROM tlog_checkpoints WHERE size = {self._ph}", (point.size,))
+        if cur.fetchone() is None:
+            _insert(
+                cur,
+                self._ph,
+                "tlog_checkpoints (size, root, note)",
+                [(point.size, point.root.hex(), point.note)],
+            )
 
     # -- reading ---------------------------------------------------------------------------------
 

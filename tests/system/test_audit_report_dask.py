@@ -95,3 +95,12 @@ def test_an_unreachable_scheduler_is_one_line(service: Service) -> None:
     assert refused.exit_code == 2 and refused.stdout == "", refused.output
     (line,) = refused.stderr.strip().splitlines()
     assert line.startswith("Error: --scheduler tcp://127.0.0.1:9: cannot reach"), line
+
+
+def test_a_malformed_scheduler_address_is_one_line(service: Service) -> None:
+    env, _ = service
+    args = ["--partitions", "2", "--engine", "dask", "--scheduler", "not a url::"]
+    refused = _report(args, env)
+    assert refused.exit_code == 2 and refused.stdout == "", refused.output
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("Error: --scheduler not a url::: cannot reach"), line

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 from datetime import UTC, datetime, timedelta
-from itertools import pairwise
+from typing import Any
 
 import orjson
 import pytest
@@ -78,18 +78,56 @@ def test_a_backlog_is_signed_step_by_step(ledger: Ledger, monkeypatch: pytest.Mo
     assert verdict.ok, verdict
 
 
-def test_a_step_stores_at_most_its_entries_in_one_write(ledger: Ledger) -> None:
-    """A backlog is stored in steps of :data:`tlog._STEP_ENTRIES`: each write stays short."""
+def test_a_step_stores_at_most_its_entries_in_one_write(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog is stored in steps of :data:`tlog._STEP_ENTRIES`: each write stays short.
+
+    Within a second a run stores its checkpoint once, at the end; each write's leaves are
+    counted from the sizes the steps stored.
+    """
+    stored: list[int] = []
+    store = tlog.TransparencyLog._store
+
+    def counted(self: tlog.TransparencyLog, conn: Any, step: Any, *, signed: bool = True) -> None:
+        stored.append(len(step.leaves))
+        store(self, conn, step, signed=signed)
+
+    monkeypatch.setattr(tlog.TransparencyLog, "_store", counted)
+    monkeypatch.setattr(tlog, "STEP_SECONDS", 3_600.0)  # no checkpoint for the time passed
     entries = [Entry("admin", "note", {"i": i}) for i in range(2 * tlog._STEP_ENTRIES + 7)]
     with writer(ledger.engine).begin() as conn:
         ledger.audit.append(conn, entries, now=NOW)
     head, _ = ledger.audit.head()
+    before = ledger.tlog.latest()
     point = ledger.tlog.sync()
     assert point is not None and point.size == head
+    assert max(stored) == tlog._STEP_ENTRIES and sum(stored) == head - (
+        before.size if before else 0
+    )
     with ledger.engine.connect() as conn:
         sizes = sorted(int(r[0]) for r in conn.execute(text("SELECT size FROM tlog_checkpoints")))
-    steps = [b - a for a, b in pairwise([0, *sizes])]
-    assert max(steps) == tlog._STEP_ENTRIES and sizes[-1] == head, sizes
+    new = [n for n in sizes if before is None or n > before.size]
+    assert new == [head], sizes  # one checkpoint for the run, not one a step
+    verdict, _ = ledger.verify()
+    assert verdict.ok, verdict
+
+
+def test_a_run_ending_on_a_full_step_stores_its_checkpoint(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose last step was full (``limit``) stores that step's checkpoint after it."""
+    monkeypatch.setattr(tlog, "STEP_SECONDS", 3_600.0)
+    entries = [Entry("admin", "note", {"i": i}) for i in range(3 * tlog._STEP_ENTRIES)]
+    with writer(ledger.engine).begin() as conn:
+        ledger.audit.append(conn, entries, now=NOW)
+    start = ledger.tlog.latest()
+    done = 2 * tlog._STEP_ENTRIES
+    point = ledger.tlog.sync(limit=done)
+    assert point is not None and point.size == (start.size if start else 0) + done
+    latest = ledger.tlog.latest()
+    assert latest is not None and latest.size == point.size
+    assert ledger.tlog.sync() is not None
     verdict, _ = ledger.verify()
     assert verdict.ok, verdict
 

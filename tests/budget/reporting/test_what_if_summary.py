@@ -324,3 +324,25 @@ def test_the_purge_brings_the_what_ifs_to_its_day_so_the_next_starts_from_them(
             )
         purge(ledger, now=now)
     assert not [r for r in caplog.records if "stale" in r.getMessage()]
+
+
+def test_a_what_if_that_cannot_be_brought_forward_does_not_hold_back_the_purge(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The purge deletes what expired even when a stored what-if fails to move; it goes stale."""
+    _short_retention(ledger)
+    name, proposed = _proposals(ledger)["shorter"]
+    for day in range(6):
+        ledger.charge(DEVICES[0], OWN[1], now=START + timedelta(days=day))
+    what_if(ledger, name, proposed, now=START + timedelta(days=5))
+
+    def broken(ledger: Ledger, *, now: datetime) -> None:
+        raise KeyError("a window the stored what-if does not know")
+
+    monkeypatch.setattr("dp_governor.pipeline.purge.advance_what_ifs", broken)
+    later = START + timedelta(days=40)
+    result = purge(ledger, now=later)
+    assert sum(v for v in result.values() if isinstance(v, int)) > 0, result
+    assert any("before the purge failed" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    assert what_if(ledger, name, proposed, now=later) == reference(ledger, name, proposed, later)
