@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, inspect, text
 
 from dp_governor.budget.audit.leaves import LabelKeys, device_label_key, project
-from dp_governor.budget.storage.db import placeholder, raw_cursor, write_step
+from dp_governor.budget.storage.db import insert_rows, placeholder, raw_cursor, write_step
 from dp_governor.mechanisms.merkle import (
     Frontier,
     NodeReader,
@@ -62,7 +62,6 @@ _STEP_ENTRIES = 500
 """One sync step's most entries: its store holds SQLite's write lock about 8 ms (15 us each)."""
 STEP_SECONDS = 1.0
 """The longest one step of :meth:`TransparencyLog.sync` computes before it stores and signs."""
-_ROWS_PER_INSERT = 200  # SQLite: 800 parameters a statement, well under its limit of 32,766
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +249,7 @@ class TransparencyLog:
         With ``signed``, its checkpoint too.
         """
         cur = raw_cursor(conn)
-        _insert(cur, self._ph, "tlog_leaves (idx, seq, label, data)", step.leaves)
+        insert_rows(cur, self._ph, "tlog_leaves (idx, seq, label, data)", step.leaves)
         marks = ", ".join([f"({self._ph}, {self._ph}, {self._ph})"] * len(step.tiles))
         cur.execute(
             f"INSERT INTO tlog_tiles (level, idx, hashes) VALUES {marks}"
@@ -264,7 +263,7 @@ class TransparencyLog:
         """Insert a signed checkpoint of the stored leaves (none for a size already signed)."""
         cur.execute(f"SELECT 1 FROM tlog_checkpoints WHERE size = {self._ph}", (point.size,))
         if cur.fetchone() is None:
-            _insert(
+            insert_rows(
                 cur,
                 self._ph,
                 "tlog_checkpoints (size, root, note)",
@@ -581,29 +580,6 @@ class TransparencyLog:
                 for idx, data in page:
                     yield int(idx), str(data).encode()
                 start = int(page[-1][0]) + 1
-
-
-def _insert(cur: Any, ph: str, into: str, rows: Sequence[tuple[Any, ...]]) -> None:
-    """Insert ``rows`` into ``into`` (``table (columns)``) with the fewest statements.
-
-    PostgreSQL (``%s`` marker): one ``COPY ... FROM STDIN``, a fraction of the client and
-    server CPU of row-by-row inserts. SQLite: multi-row ``INSERT ... VALUES``, a statement
-    per :data:`_ROWS_PER_INSERT` rows, half the CPU of ``executemany``.
-    """
-    if not rows:
-        return
-    if ph == "%s":
-        with cur.copy(f"COPY {into} FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
-        return
-    marks = "(" + ", ".join([ph] * len(rows[0])) + ")"
-    for start in range(0, len(rows), _ROWS_PER_INSERT):
-        part = rows[start : start + _ROWS_PER_INSERT]
-        cur.execute(
-            f"INSERT INTO {into} VALUES {', '.join([marks] * len(part))}",
-            [value for row in part for value in row],
-        )
 
 
 def _cosigned(conn: Connection, row: Any) -> SignedCheckpoint:

@@ -54,6 +54,7 @@ __all__ = [
     "JOB_PAUSE_OPTION",
     "META_TABLE",
     "PAUSE_FACTOR",
+    "ROWS_PER_INSERT",
     "WRITE_OPTION",
     "Fence",
     "bound_lock_wait",
@@ -61,6 +62,7 @@ __all__ = [
     "delete_keys",
     "delete_pages",
     "fenced",
+    "insert_rows",
     "is_busy",
     "job_lock_seconds",
     "job_writer",
@@ -486,3 +488,29 @@ def scratch_schema(url: str, prefix: str = "scratch") -> Iterator[str]:
                 conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
     finally:
         admin.dispose()
+
+
+ROWS_PER_INSERT = 200  # SQLite: 800 parameters a statement, well under its limit of 32,766
+
+
+def insert_rows(cur: Any, ph: str, into: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Insert ``rows`` into ``into`` (``table (columns)``) with the fewest statements.
+
+    PostgreSQL (``%s`` marker): one ``COPY ... FROM STDIN``, a fraction of the client and
+    server CPU of row-by-row inserts. SQLite: multi-row ``INSERT ... VALUES``, a statement
+    per :data:`ROWS_PER_INSERT` rows, half the CPU of ``executemany``.
+    """
+    if not rows:
+        return
+    if ph == "%s":
+        with cur.copy(f"COPY {into} FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        return
+    marks = "(" + ", ".join([ph] * len(rows[0])) + ")"
+    for start in range(0, len(rows), ROWS_PER_INSERT):
+        part = rows[start : start + ROWS_PER_INSERT]
+        cur.execute(
+            f"INSERT INTO {into} VALUES {', '.join([marks] * len(part))}",
+            [value for row in part for value in row],
+        )

@@ -71,7 +71,7 @@ def test_serve_refuses_to_start_with_an_empty_or_short_admin_token(
         check=False,
     )
     assert proc.returncode == 2
-    assert "admin_token" in proc.stderr and "at least 32 characters" in proc.stderr
+    assert "DPGOV_ADMIN_TOKEN" in proc.stderr and "at least 32 characters" in proc.stderr
     assert "Traceback" not in proc.stderr and (token == "" or token not in proc.stderr)
 
 

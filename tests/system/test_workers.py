@@ -239,4 +239,4 @@ def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path: P
     assert run.returncode == 1, run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: the server stopped: a worker could not start: invalid setting")
-    assert "`port`" in last and "died" not in run.stderr
+    assert "DPGOV_PORT" in last and "died" not in run.stderr
