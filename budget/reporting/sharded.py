@@ -47,11 +47,11 @@ __all__ = [
     "PoliciesChanged",
     "ShardMisrouted",
     "ShardPoliciesDiffer",
-    "terms_digest",
     "merge_central",
     "same_policies",
     "shard_of",
     "sharded_basis",
+    "terms_digest",
 ]
 
 CENTRAL_RULE: Final = (

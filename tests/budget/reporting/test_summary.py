@@ -157,7 +157,7 @@ def test_the_purge_brings_the_summary_to_its_day_so_the_next_report_starts_from_
 def test_advance_stores_what_the_report_brings_forward_and_refuses_a_stale_summary(
     ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``advance_summary`` brings the summary forward as the report does, and says when it cannot."""
+    """``advance_summary`` brings the summary forward as the report does; stale, it says so."""
     caplog.set_level(logging.INFO, logger="dpgov.reporting")
     _short_retention(ledger)
     assert not advance_summary(ledger, now=START)  # nothing stored yet
