@@ -74,6 +74,8 @@ def _syntax_error(path: Path, fmt: str, text: str, exc: Exception) -> PolicyFile
         reason = found["reason"]
         end = (found["line"], found["column"])
         at = _line_column(text, len(text)) if end[0] is None else (int(end[0]), int(end[1]))
+    elif not isinstance(exc, yaml.YAMLError | tomllib.TOMLDecodeError):  # Python's own refusal
+        reason = reason.partition(";")[0]  # of a huge integer, less its advice to programmers
     where = "" if at is None else f":{at[0]}:{at[1]}"
     return PolicyFileError(f"{path}{where}: not valid {fmt.upper()}: {' '.join(reason.split())}")
 
@@ -210,8 +212,10 @@ def _holds(data: object) -> str:
     """What a file that is not ``policies: [...]`` holds instead, in a few words.
 
     >>> _holds({"rules": [], "device_budget": {}}), _holds({"policies": None}), _holds(None)
-    ('it holds `rules`', '`policies` is null', 'it holds null')
+    ('it holds `rules`', '`policies` is null', 'it is empty')
     """
+    if data is None:
+        return "it is empty"
     if not isinstance(data, dict):
         return f"it holds {_kind(data)}"
     others = sorted(str(k) for k in set(data) - {"policies", "device_budget"})
