@@ -89,8 +89,7 @@ def aggregate(
         try:
             policy = policy_store(ledger).get(use_case)
         except UnknownUseCase:
-            typer.echo(f"Error: unknown use case {use_case!r}", err=True)
-            raise typer.Exit(1) from None
+            refuse(f"unknown use case {use_case!r} (`dpgov policies list` names them)")
         today = utc_day(SystemClock().now())
         first = _day_number(start, today - policy.retention_days + 1)
         last = _day_number(end, today)

@@ -393,7 +393,7 @@ def _partitioned_report(
         Progress("audit report: the summary or key ranges", "parts", stream=sink) as bar,
         Stages("audit report", stream=sink) as stages,
     ):
-        bar(0, 1)
+        bar(0)  # the whole is known once the summary is brought forward or found stale
         basis = partitioned_basis(
             ledger,
             functools.partial(open_ledger, settings),

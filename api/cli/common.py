@@ -98,27 +98,21 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     from pydantic_settings import SettingsError
 
     from dp_governor.api._unknown_settings import UnknownSetting
-    from dp_governor.policies.errors import error_message
 
     with long_lived_imports():
-        from dp_governor.api.settings import Settings, setting_named
+        from dp_governor.api.settings import Settings, setting_problem, unparsed_setting
 
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if database_url is not None:
+        values["database_url"] = database_url
     try:
-        values = {k: v for k, v in overrides.items() if v is not None}
-        if database_url is not None:
-            values["database_url"] = database_url
         return Settings(**values)  # type: ignore[arg-type]
     except UnknownSetting as exc:
         refuse(str(exc))
     except SettingsError as exc:  # a list or object setting that is not JSON
-        refuse(f"invalid setting: {exc} (a list is JSON, e.g. '[\"URL VKEY\"]')")
+        refuse(unparsed_setting(exc, values))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        typer.echo(
-            f"Error: {setting_named(err['loc'], values)}: {error_message(err)}",
-            err=True,
-        )
-        raise typer.Exit(2) from None
+        refuse(setting_problem(exc.errors()[0], values))
 
 
 class Access(enum.Enum):

@@ -53,8 +53,7 @@ def policies_show(
     try:
         policy = policy_store(ledger).get(name)
     except UnknownUseCase:
-        typer.echo(f"Error: unknown use case {name!r}", err=True)
-        raise typer.Exit(1) from None
+        refuse(f"unknown use case {name!r} (`dpgov policies list` names them)")
     print(f"# version {policy.version}, {policy.created_at:%Y-%m-%d %H:%M} UTC by {policy.actor}")
     print(dump_policies([policy]), end="")
 
@@ -100,8 +99,8 @@ def policies_apply(
     try:
         policies = load_policies(file)
         device = load_device_budget(file)
-    except PolicyFileError as exc:
-        refuse(f"{file}: {exc}", 1)
+    except PolicyFileError as exc:  # names the file: one line, exit 2 (what was given is wrong)
+        refuse(str(exc))
     if shard:
         if not dry_run:
             refuse("--shard needs --dry-run: write the policies to each shard's database")
@@ -370,7 +369,6 @@ def policies_export(
     from dp_governor.policies import dump_policies
 
     if fmt not in ("yaml", "toml"):
-        typer.echo(f"Error: --format must be yaml or toml, got {fmt!r}", err=True)
-        raise typer.Exit(2)
+        refuse(f"--format must be yaml or toml, got {fmt!r}")
     ledger = open_ledger(load_settings(database_url))
     print(dump_policies(policy_store(ledger).list(), fmt), end="")

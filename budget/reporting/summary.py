@@ -59,7 +59,7 @@ from sqlalchemy.exc import DBAPIError
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.gate.prepared import load_book
 from dp_governor.budget.ledger import Ledger
-from dp_governor.budget.reporting.measure import REPORT, REPORT_MEASURE, Fold, Measure, book_digest
+from dp_governor.budget.reporting.measure import REPORT, REPORT_MEASURE, Fold, Measure
 from dp_governor.budget.reporting.new_charges import NewCharges
 from dp_governor.budget.reporting.population import SpendPass, Sums
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
@@ -78,7 +78,6 @@ __all__ = [
     "Watermark",
     "advance",
     "advance_summary",
-    "book_digest",
     "brought_forward",
     "joined",
     "report_passes",
@@ -502,8 +501,6 @@ def _forward(
         return None
     if _moved(stored, summary):
         _store(engine, measure, summary, now)
-    if ledger.scan_progress is not None:  # every device's values are in the summary
-        ledger.scan_progress(ledger.account_count())
     return book, summary
 
 
@@ -532,6 +529,8 @@ def summed(
     account on a ledger nobody writes meanwhile.
     """
     if not full and (forward := _forward(ledger, measure, now, None)) is not None:
+        if ledger.scan_progress is not None:  # every device's values are in the summary
+            ledger.scan_progress(ledger.account_count())
         return forward[0], forward[1].sums
     book, scanned = _full(ledger.engine, measure, utc_day(now), chunk, ledger.scan_progress)
     return _settled(ledger.engine, measure, book, scanned, now)
@@ -573,16 +572,7 @@ def report_passes(
 
 def advance(ledger: Ledger, measure: Measure, *, now: datetime) -> bool:
     """Bring the summary stored for ``measure`` to ``now`` if it can be; whether it was."""
-    stored = _stored(ledger.engine, measure)
-    if stored is None:
-        return False
-    try:
-        _, summary = _advance(ledger.engine, measure, stored, utc_day(now))
-    except Stale:
-        return False
-    if _moved(stored, summary):
-        _store(ledger.engine, measure, summary, now)
-    return True
+    return _forward(ledger, measure, now, None) is not None
 
 
 def advance_summary(ledger: Ledger, *, now: datetime) -> bool:

@@ -29,7 +29,7 @@ from dp_governor.budget.reporting.loss import (
 )
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import ReportBasis, basis_of
-from dp_governor.budget.reporting.summary import advance_summary
+from dp_governor.budget.reporting.summary import advance_summary, brought_forward
 from dp_governor.budget.reporting.views import spend_spread
 from dp_governor.budget.rule.decide import Decision
 from dp_governor.pipeline.purge import purge
@@ -152,6 +152,29 @@ def test_the_purge_brings_the_summary_to_its_day_so_the_next_report_starts_from_
         purge(ledger, now=now)
     assert not [r for r in caplog.records if "stale" in r.getMessage()]
     assert advance_summary(ledger, now=now)
+
+
+def test_advance_stores_what_the_report_brings_forward_and_refuses_a_stale_summary(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``advance_summary`` brings the summary forward as the report does; stale, it says so."""
+    caplog.set_level(logging.INFO, logger="dpgov.reporting")
+    _short_retention(ledger)
+    assert not advance_summary(ledger, now=START)  # nothing stored yet
+    for device in DEVICES:
+        ledger.charge(device, "emoji", now=START)
+    assert effective_epsilon_basis(ledger, now=START) == reference(ledger, START)
+    now = START + timedelta(days=1)
+    for device in DEVICES[:3]:
+        ledger.charge(device, "emoji", now=now)
+    assert advance_summary(ledger, now=now)
+    read: list[str] = []
+    assert brought_forward(ledger, now=now, seen=read.append) is not None
+    assert read == []  # stored at `now` with every charge: nothing left to read
+    later = START + timedelta(days=40)
+    ledger.purge(now=later)  # horizons past the summary's windows
+    assert not advance_summary(ledger, now=later)
+    assert any("stale" in r.getMessage() for r in caplog.records)
 
 
 def test_a_summary_left_behind_a_purge_is_replaced_by_a_full_pass(
