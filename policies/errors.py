@@ -89,12 +89,16 @@ class UnknownUseCase(PolicyError, LookupError):
 
 
 class PolicyConflict(PolicyError, ValueError):
-    """A policy change conflicts with stored state; ``field`` names the culprit."""
+    """A policy change conflicts with stored state; ``field`` names the culprit.
 
-    def __init__(self, field: str, reason: str) -> None:
+    ``policy``: the use case whose new version is at fault, where one is (a file names it).
+    """
+
+    def __init__(self, field: str, reason: str, *, policy: str | None = None) -> None:
         super().__init__(f"`{field}` {reason}")
         self.field = field
         self.reason = reason
+        self.policy = policy
 
 
 class PolicyLoosens(PolicyConflict):

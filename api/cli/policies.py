@@ -106,7 +106,7 @@ def policies_apply(
             refuse("--shard needs --dry-run: write the policies to each shard's database")
         if database_url is not None:
             refuse("give --shard URLs or --database-url, not both")
-        _sharded_dry_run(shard, workers, policies, device, allow_loosen=allow_loosen)
+        _sharded_dry_run(shard, workers, file, policies, device, allow_loosen=allow_loosen)
         return
     if workers is not None:
         refuse("--workers needs --shard")
@@ -124,7 +124,7 @@ def policies_apply(
         if loosening and not allow_loosen:  # reported with every other problem, at once
             problems.append(f"{len(loosening)} loosening(s) above need --allow-loosen")
         if problems:
-            refuse("; ".join(problems), 1)
+            refuse(f"{file}: " + "; ".join(problems), 1)
         if dry_run or not (changed or device_changed):
             count = len(changed) + int(device_changed)
             print(f"{'dry run: ' if dry_run else ''}{count} change(s), nothing written")
@@ -145,6 +145,7 @@ def policies_apply(
 def _sharded_dry_run(
     urls: list[str],
     workers: int | None,
+    file: Path,
     policies: list[PolicyCreate],
     device: DeviceBudgetCreate | None,
     *,
@@ -205,7 +206,7 @@ def _sharded_dry_run(
         if loosening and not allow_loosen:  # as without --shard: reported with the others
             problems.append(f"{len(loosening)} loosening(s) above need --allow-loosen")
         if problems:
-            refuse("; ".join(problems), 1)
+            refuse(f"{file}: " + "; ".join(problems), 1)
         count = len(changed) + int(device_changed)
         print(f"dry run over {len(urls)} shards: {count} change(s), nothing written")
     finally:
@@ -283,7 +284,7 @@ def _review(
         with ledger.connect() as conn:
             rows = policy_store(ledger).proposed(conn, changed)
     except PolicyConflict as exc:
-        return [str(exc)], [], changed
+        return [f"{_at(policies, exc.policy)}{exc}"], [], changed
     loosening = ledger.loosenings(rows)
     for policy in policies:
         old = current.get(policy.name)
@@ -313,8 +314,27 @@ def _review(
         print("  what-if on today's ledger (current -> proposed):")
         for line in _what_if_lines(result.to_dict()):
             print(f"    {line}")
+    _unlisted(ledger, policies)
     _print_advice(policies)
     return problems, loosening, changed
+
+
+def _at(policies: list[PolicyCreate], name: str | None) -> str:
+    """Where in the file the policy ``name`` stands (``policies[1] (emoji) ``), or nothing."""
+    for i, policy in enumerate(policies):
+        if policy.name == name:
+            return f"policies[{i}] ({name}) "
+    return ""
+
+
+def _unlisted(ledger: Ledger, policies: list[PolicyCreate]) -> None:
+    """Say which use cases in force the file leaves out: they stay as they are, not retired."""
+    from dp_governor.api._handles import policy_store
+
+    listed = {p.name for p in policies}
+    left = [p.name for p in policy_store(ledger).list() if p.name not in listed]
+    if left:
+        print(f"not in the file, unchanged: {', '.join(left)}")
 
 
 def _print_advice(policies: list[PolicyCreate]) -> None:

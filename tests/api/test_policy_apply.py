@@ -401,3 +401,25 @@ def test_show_and_export_refuse_what_they_are_given_with_exit_2(db: Database) ->
     assert unknown.stderr.startswith("Error: unknown use case 'emoj'"), unknown.stderr
     bad = db.cli(["policies", "export", "--format", "json"])
     assert bad.exit_code == 2 and "--format must be yaml or toml, got 'json'" in bad.stderr
+
+
+def test_a_group_conflict_names_the_file_and_the_policy_at_fault(db: Database) -> None:
+    """Joining a budget group on other terms is refused naming the file, its entry and the rule."""
+    emoji = db.emoji()
+    emoji["budget_group"] = "safari-domains"  # its members allow 2 reports a day, emoji 1
+    path = db.write(emoji)
+    before = db.state()
+    out = db.cli(["policies", "apply", "--dry-run", path])
+    assert out.exit_code == 1
+    assert db.state() == before
+    line = out.output.strip().splitlines()[-1]
+    assert line.startswith(f"Error: {path}: policies[0] (emoji) `max_reports_per_day` of 'emoji'")
+    assert "as in 'safari-" in line and "share one budget" in line
+
+
+def test_a_file_that_leaves_out_a_use_case_says_it_stays_as_it_is(db: Database) -> None:
+    """A file need not list every use case; the review says which it leaves unchanged."""
+    out = db.cli(["policies", "apply", "--dry-run", db.write(db.emoji())])
+    assert out.exit_code == 0, out.output
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("not in the file")]
+    assert "emoji" not in line and "safari-energy-domains" in line
