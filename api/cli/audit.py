@@ -23,6 +23,7 @@ from dp_governor.api.cli.common import (
     DatabaseOption,
     Progress,
     Stages,
+    file_path,
     finite,
     load_settings,
     open_ledger,
@@ -47,9 +48,10 @@ def audit_verify(
     checkpoints: Annotated[
         Path | None,
         typer.Option(
+            parser=file_path,
             help="Checkpoints kept outside the database (default: the `checkpoint_file`"
             " setting); a log truncated back to an earlier one fails. A file given here that"
-            " cannot be read as checkpoints is refused (exit 2); the setting's fails the run."
+            " cannot be read as checkpoints is refused (exit 2); the setting's fails the run.",
         ),
     ] = None,
     full: Annotated[
@@ -64,6 +66,7 @@ def audit_verify(
         list[Path] | None,
         typer.Option(
             "--archive",
+            parser=file_path,
             help="With --full: an archive file (`dpgov audit archive`) to replay first;"
             " repeat for each, so that the replay starts at the first entry.",
         ),
@@ -144,7 +147,9 @@ def audit_archive(
             " the last accepted verification reached (the only one it holds the state at)."
         ),
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="The archive file to write (new).")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", parser=file_path, help="The archive file to write (new).")
+    ],
     database_url: DatabaseOption = None,
 ) -> None:
     """Move the entries before a verified signed checkpoint to a file, then delete them.
@@ -181,7 +186,10 @@ def audit_archive(
 @app.command("checkpoints")
 def audit_checkpoints(
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="File to append the signed checkpoints to.")
+        Path,
+        typer.Option(
+            "--output", "-o", parser=file_path, help="File to append the signed checkpoints to."
+        ),
     ],
     database_url: DatabaseOption = None,
 ) -> None:
@@ -209,7 +217,10 @@ def audit_checkpoints(
 @app.command("tiles")
 def audit_tiles(
     out: Annotated[
-        Path, typer.Option("--out", help="Folder to write the tiles to (a static host's root).")
+        Path,
+        typer.Option(
+            "--out", parser=file_path, help="Folder to write the tiles to (a static host's root)."
+        ),
     ],
     database_url: DatabaseOption = None,
 ) -> None:
@@ -411,7 +422,7 @@ def _partitioned_report(
 
 @app.command("export")
 def audit_export(
-    out: Annotated[Path, typer.Option("--out", "-o", help="File to write.")],
+    out: Annotated[Path, typer.Option("--out", "-o", parser=file_path, help="File to write.")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
     database_url: DatabaseOption = None,
 ) -> None:
@@ -462,7 +473,8 @@ class _LineCounter:
 @app.command("recompute")
 def audit_recompute(
     file: Annotated[
-        Path | None, typer.Argument(help="An export written by `dpgov audit export`.")
+        Path | None,
+        typer.Argument(parser=file_path, help="An export written by `dpgov audit export`."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     log: Annotated[
@@ -490,14 +502,20 @@ def audit_recompute(
     checkpoint: Annotated[
         Path | None,
         typer.Option(
+            parser=file_path,
             help="With --log: check against this signed checkpoint (e.g. one a witness"
-            " cosigned) instead of the one the log serves."
+            " cosigned) instead of the one the log serves.",
         ),
     ] = None,
-    save: Annotated[Path | None, typer.Option(help="With --log URL: save the log here.")] = None,
+    save: Annotated[
+        Path | None, typer.Option(parser=file_path, help="With --log URL: save the log here.")
+    ] = None,
     reports: Annotated[
         Path | None,
-        typer.Option(help="With --log: write each regenerated daily report into this folder."),
+        typer.Option(
+            parser=file_path,
+            help="With --log: write each regenerated daily report into this folder.",
+        ),
     ] = None,
 ) -> None:
     """Recompute the effective-epsilon report from an export, or a log's claims (no database).

@@ -161,6 +161,17 @@ def finite(
     return parse
 
 
+def file_path(text: str) -> Path:
+    """A parser of a path option: refuses an empty one (an unset variable), never the folder ``.``.
+
+    >>> file_path("ledger.jsonl")
+    PosixPath('ledger.jsonl')
+    """
+    if not text.strip():
+        raise typer.BadParameter("empty path")
+    return Path(text)
+
+
 def refuse(message: str, code: int = 2) -> NoReturn:
     """Print one error line and exit (2: what the command was given is wrong)."""
     typer.echo(f"Error: {message}", err=True)

@@ -11,8 +11,8 @@ PostgreSQL. docs/audit.md lists how each table is covered, and the tables left o
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pytest
