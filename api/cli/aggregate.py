@@ -14,9 +14,9 @@ import typer
 from dp_governor.api.cli.common import (
     DatabaseOption,
     Progress,
-    file_path,
     load_settings,
     open_ledger,
+    path_option,
     refuse,
 )
 
@@ -44,9 +44,9 @@ def aggregate(
         datetime | None,
         typer.Option("--to", formats=["%Y-%m-%d"], help="Last UTC day (default: today)."),
     ] = None,
-    out: Annotated[
-        Path, typer.Option("--out", "-o", parser=file_path, help="Parquet dataset directory.")
-    ] = Path("dpgov-parquet"),
+    out: Annotated[Path, path_option("--out", "-o", help="Parquet dataset directory.")] = Path(
+        "dpgov-parquet"
+    ),
     engine: Annotated[
         AggregateEngine, typer.Option(help="local: this process; dask: a Dask cluster.")
     ] = AggregateEngine.local,
@@ -62,8 +62,7 @@ def aggregate(
         bool, typer.Option(help="Export the report store first (--no-export: reuse --out).")
     ] = True,
     sketch_file: Annotated[
-        Path | None,
-        typer.Option("--sketch", parser=file_path, help="Write the merged sketch here (.npz)."),
+        Path | None, path_option("--sketch", help="Write the merged sketch here (.npz).")
     ] = None,
     database_url: DatabaseOption = None,
 ) -> None:

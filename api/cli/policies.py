@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 from dp_governor.api.cli.common import (
     Access,
     DatabaseOption,
-    file_path,
     load_settings,
     open_ledger,
+    path_argument,
     refuse,
 )
 
@@ -68,9 +68,7 @@ def policies_show(
 
 @app.command("apply")
 def policies_apply(
-    file: Annotated[
-        Path, typer.Argument(parser=file_path, help="A .yaml, .yml or .toml file of policies.")
-    ],
+    file: Annotated[Path, path_argument(help="A .yaml, .yml or .toml file of policies.")],
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print each change and its what-if; write nothing.")
     ] = False,

@@ -459,8 +459,7 @@ def render_central(lines: Sequence[CentralLine]) -> list[str]:
         )
         for day in line.days:
             sizes = ", ".join(
-                f"{b.devices:,} devices/{b.reports:,} reports (k<={b.max_per_device}"
-                f"{_charged(b)})"
+                f"{b.devices:,} devices/{b.reports:,} reports (k<={b.max_per_device}{_charged(b)})"
                 for b in day.batches
             )
             more = (
