@@ -57,9 +57,9 @@ def sketch_from_bytes(mechanism: Mechanism, data: bytes) -> Sketch:
 def stored_arrays(data: bytes) -> dict[str, np.ndarray]:
     """The arrays of a :func:`sketch_to_bytes` blob, read-only views over each inflated member.
 
-    Each member is inflated in one call and viewed in place: ``numpy.load`` copies it through
-    256 KiB reads instead, three times as long for a 64-million-cell table. The sketch copies
-    the views into its own arrays (:meth:`~dp_governor.mechanisms.Mechanism.sketch_from_arrays`).
+    Each member is inflated in one call and viewed in place, where ``numpy.load`` copies it
+    through 256 KiB reads (a 64-million-cell table: 256 MiB). The sketch copies the views into
+    its own arrays (:meth:`~dp_governor.mechanisms.Mechanism.sketch_from_arrays`).
     Raises ``ValueError`` for a blob that holds anything but plain numeric arrays.
     """
     out = {}
