@@ -171,8 +171,8 @@ class Settings(BaseSettings):
     require_report_family: bool = Field(
         default=True,
         description="Refuse (422) reports without the `family` field; `false` accepts them, for"
-        " fleets built before the field. A wrong one is always refused, naming what differs"
-        " (docs/api.md).",
+        " fleets built before the field, and publishes the report schema with it optional. A"
+        " wrong one is always refused, naming what differs (docs/api.md).",
     )
     admin_failures_per_minute: int = Field(
         default=20,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TextIO
 from urllib.parse import quote
 
 import typer
@@ -153,6 +153,27 @@ def finite(
         return value
 
     return parse
+
+
+def file_path(text: str) -> Path:
+    """A parser of a path option: refuses an empty one (an unset variable), never the folder ``.``.
+
+    >>> file_path("ledger.jsonl")
+    PosixPath('ledger.jsonl')
+    """
+    if not text.strip():
+        raise typer.BadParameter("empty path")
+    return Path(text)
+
+
+def path_option(*names: str, **options: Any) -> Any:
+    """A ``typer.Option`` that takes a path: :func:`file_path` parses it (empty: refused)."""
+    return typer.Option(*names, parser=file_path, **options)
+
+
+def path_argument(**options: Any) -> Any:
+    """A ``typer.Argument`` that takes a path: :func:`file_path` parses it (empty: refused)."""
+    return typer.Argument(parser=file_path, **options)
 
 
 def refuse(message: str, code: int = 2) -> NoReturn:

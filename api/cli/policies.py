@@ -17,7 +17,14 @@ if TYPE_CHECKING:
     from dp_governor.policies import Policy, PolicyCreate
     from dp_governor.policies.device import DeviceBudgetCreate
 
-from dp_governor.api.cli.common import Access, DatabaseOption, load_settings, open_ledger, refuse
+from dp_governor.api.cli.common import (
+    Access,
+    DatabaseOption,
+    load_settings,
+    open_ledger,
+    path_argument,
+    refuse,
+)
 
 app = typer.Typer(help="List, show, apply and export use-case policies.", no_args_is_help=True)
 
@@ -60,7 +67,7 @@ def policies_show(
 
 @app.command("apply")
 def policies_apply(
-    file: Annotated[Path, typer.Argument(help="A .yaml, .yml or .toml file of policies.")],
+    file: Annotated[Path, path_argument(help="A .yaml, .yml or .toml file of policies.")],
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print each change and its what-if; write nothing.")
     ] = False,

@@ -580,7 +580,7 @@ def test_admin_routes_override_a_crashed_processs_lease(client: TestClient) -> N
     refused = client.post("/v1/admin/jobs/flush-inbox:run", headers=ADMIN)
     assert refused.status_code == 409 and "force=true" in refused.json()["detail"]
     forced = client.post("/v1/admin/jobs/flush-inbox:run?force=true", headers=ADMIN)
-    assert forced.status_code == 200 and forced.json()["result"] == {"moved": 0}
+    assert forced.status_code == 200 and forced.json()["result"]["moved"] == 0
 
     assert acquire_lease(engine, lease_of("aggregate"), "crashed-host:1:dead", 3600)
     released = client.post("/v1/admin/jobs/aggregate:release", headers=ADMIN)
