@@ -227,12 +227,13 @@ def _check_pipeline(
     book = ledger.book()
     cutoff = {name: kept.data_through for name, kept in book.purge_through(day).items()}
     digests: dict[str, str] = {}
+    held: dict[tuple[int, str, int], int] = {}  # reports the store holds per batch part
     with ledger.connect() as conn:
         problem = _tags(conn, ledger.row_tags, state.legacy_through, seal)
         if problem is None:
-            problem = _pipeline_problem(conn, book, day, dict(state.accepted))
+            problem = _pipeline_problem(conn, book, day, dict(state.accepted), held)
         if problem is None:
-            problem = _sketches(ledger, conn, cutoff, verified, digests)
+            problem = _sketches(ledger, conn, cutoff, verified, digests, held)
     return problem, digests
 
 
@@ -294,13 +295,17 @@ def _kept(cutoff: dict[str, int], use_case: str, day: int) -> bool:
     return day > cutoff.get(use_case, NO_HORIZON)
 
 
-def _sketch_digest(key: tuple[str, str, int], n: int, batches: list[int], state: bytes) -> str:
+def _sketch_digest(
+    key: tuple[str, str, int], n: int, parts: list[tuple[int, int]], state: bytes
+) -> str:
     """SHA-256 over what a sketch's recomputation depends on: its blob, count and folded parts.
 
-    The parts' reports are not in it: their tags and counts are checked on every run
-    (:func:`_tags`, :func:`_pipeline_problem`), so an unchanged digest is an unchanged fold.
+    ``parts``: each folded part's batch and the reports the store holds of it. The reports'
+    bytes are not in it: every stored report's tag is checked on every run (:func:`_tags`), so a
+    report can be deleted, not edited or added, and a deletion changes its part's count: an
+    unchanged digest is an unchanged fold, whatever days the count check covers.
     """
-    h = hashlib.sha256(orjson.dumps([*key, n, sorted(batches)]))
+    h = hashlib.sha256(orjson.dumps([*key, n, sorted(parts)]))
     h.update(hashlib.sha256(state).digest())
     return h.hexdigest()
 
@@ -311,6 +316,7 @@ def _sketches(
     cutoff: dict[str, int],
     verified: Mapping[str, str],
     digests: dict[str, str],
+    held: Mapping[tuple[int, str, int], int],
 ) -> str | None:
     """Every sketch is the fold of its folded parts' stored reports, recomputed.
 
@@ -347,7 +353,8 @@ def _sketches(
         state = conn.execute(
             select(s.state).where((s.use_case == uc) & (s.params == params) & (s.day == d))
         ).scalar_one()
-        digest = _sketch_digest(key, sketches[key], folded.get(key, []), bytes(state))
+        parts = [(b, held.get((b, params, d), 0)) for b in folded.get(key, [])]
+        digest = _sketch_digest(key, sketches[key], parts, bytes(state))
         label = "\t".join(map(str, key))
         if verified.get(label) == digest:
             digests[label] = digest
@@ -381,9 +388,16 @@ def _window_starts(book: PolicyBook, use_cases: set[str], day: int) -> dict[str,
 
 
 def _pipeline_problem(
-    conn: Connection, book: PolicyBook, day: int, accepted: dict[tuple[str, int], int]
+    conn: Connection,
+    book: PolicyBook,
+    day: int,
+    accepted: dict[tuple[str, int], int],
+    stored: dict[tuple[int, str, int], int] | None = None,
 ) -> str | None:
-    """What in the inbox and the store disagrees with the charges (``None``: nothing)."""
+    """What in the inbox and the store disagrees with the charges (``None``: nothing).
+
+    ``stored`` receives the reports the store holds per batch part ``(batch, params, day)``.
+    """
     held: dict[tuple[str, int], int] = defaultdict(int)
     claimed: set[int] = set()
     moving: dict[int, tuple[str, int]] = {}  # batch -> (use case, reports moved so far)
@@ -425,6 +439,8 @@ def _pipeline_problem(
         ).group_by(_REPORTS.c.use_case, _REPORTS.c.batch, _REPORTS.c.params, _REPORTS.c.day)
     ):
         key = (int(batch), str(params), int(d))
+        if stored is not None:
+            stored[key] = int(n)
         if int(batch) in moving:
             stored_moving[int(batch)] += int(n)
             continue

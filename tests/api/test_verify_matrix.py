@@ -359,3 +359,17 @@ def test_every_edit_of_a_sketch_fails_a_routine_verification_too(ledger: Ledger,
         assert conn.execute(text(statement)).rowcount
     verdict = verify_service(ledger, now=NOW, kept=[], seal=SEAL, full=False)
     assert not verdict.ok and table in str(verdict.problem), (edit, verdict.problem)
+
+
+def test_a_sketchs_digest_moves_with_each_folded_parts_stored_reports() -> None:
+    """A report deleted from a folded part changes the digest (tags rule out edits and additions).
+
+    So a routine run recomputes that sketch even on days the count check leaves out.
+    """
+    from dp_governor.api._integrity import _sketch_digest
+
+    key = ("emoji", "p", 20_000)
+    held = _sketch_digest(key, 5, [(1, 3), (2, 2)], b"state")
+    assert held == _sketch_digest(key, 5, [(2, 2), (1, 3)], b"state")
+    assert held != _sketch_digest(key, 5, [(1, 3), (2, 1)], b"state")
+    assert held != _sketch_digest(key, 5, [(1, 3)], b"state")
