@@ -11,14 +11,19 @@ above it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError
 
-from dp_governor.budget.storage.tables import Account, Charge
+from dp_governor.budget.storage.db import writer
+from dp_governor.budget.storage.tables import Account, Charge, ReportSummary
 from dp_governor.policies.repository import BOOK_LOCK_KEY
 
 __all__ = [
@@ -29,8 +34,11 @@ __all__ = [
     "largest_id",
     "settled_id",
     "snapshot",
+    "store_row",
 ]
 
+log = logging.getLogger("dpgov.reporting")
+_SUMMARIES = ReportSummary.__table__  # type: ignore[attr-defined]
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
 _KEYS_PER_READ = 500
@@ -111,3 +119,22 @@ def account_rows(conn: Connection, keys: list[str]) -> dict[str, tuple[Any, ...]
         for dk, *row in conn.execute(query):
             out[str(dk)] = tuple(row)
     return out
+
+
+def store_row(engine: Engine, values: dict[str, Any]) -> None:
+    """Replace the ``report_summaries`` row ``values["name"]`` in one statement (all or none).
+
+    A database that refuses the write (a read-only replica) keeps the row it had; the figures
+    computed are exact either way.
+    """
+    insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
+    statement = insert(_SUMMARIES).values(**values)
+    statement = statement.on_conflict_do_update(
+        index_elements=[_SUMMARIES.c.name],
+        set_={k: v for k, v in values.items() if k != "name"},
+    )
+    try:
+        with writer(engine).begin() as conn:
+            conn.execute(statement)
+    except DBAPIError as exc:
+        log.warning("the %s summary was not stored: %s", values["name"], exc.orig)

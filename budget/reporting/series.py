@@ -159,7 +159,8 @@ def state_of(first: int, n_days: int, spends: Spends, max_cells: int) -> SeriesS
     cap = max(1, max_cells // n_days)
     if spends.eps.size == 0:
         top = np.zeros((n_days, n_days), dtype=np.int64)
-        return SeriesState(first, n_days, cap, top, [{} for _ in range(n_days)], 0, 0, "")
+        empty: list[dict[int, int]] = [{} for _ in range(n_days)]
+        return SeriesState(first, n_days, cap, top, empty, [0] * n_days, 0, "")
     order = np.lexsort((spends.day, spends.device))
     device, day_idx, eps = spends.device[order], spends.day[order], spends.eps[order]
     cell = device * n_days + day_idx
@@ -176,8 +177,11 @@ def state_of(first: int, n_days: int, spends: Spends, max_cells: int) -> SeriesS
         values, counts = np.unique(grid[:, d][grid[:, d] > 0], return_counts=True)
         hist.append(dict(zip(values.tolist(), counts.tolist(), strict=True)))
     top = top_of(device, day_idx, eps, n_days)
+    last_days = np.zeros(n_devices, dtype=np.int64)
+    np.maximum.at(last_days, device, day_idx)  # rows hold spend: every device spent on one
+    ends = np.bincount(last_days, minlength=n_days).tolist()
     last = str(spends.keys[sampled - 1])
-    return SeriesState(first, n_days, cap, top, hist, n_devices, sampled, last)
+    return SeriesState(first, n_days, cap, top, hist, ends, sampled, last)
 
 
 def series_of(use_case: str, state: SeriesState) -> CumulativeSeries:

@@ -94,9 +94,11 @@ class DeviceSpend:
                 spent[d - first] += e
         return np.cumsum(spent)
 
-    def active(self, first: int, n_days: int) -> bool:
-        """Whether it spent on a day of the window."""
-        return any(first <= d < first + n_days and e > 0 for d, e in self.days.items())
+    def last(self, first: int, n_days: int) -> int | None:
+        """The last day of the window it spent on (``None``: none)."""
+        return max(
+            (d for d, e in self.days.items() if first <= d < first + n_days and e), default=None
+        )
 
 
 @dataclass(slots=True)
@@ -104,7 +106,8 @@ class SeriesState:
     """What a use case's series needs to be brought forward (module docstring).
 
     ``hist[j]``: the sample's positive cumulative spends on day ``first + j``, ``{value:
-    devices}``; ``devices``: how many devices spent in the window; ``sampled``: the first
+    devices}``; ``ends[j]``: how many devices last spent in the window on day ``first + j``
+    (their sum: the devices that spent in the window, ``devices``); ``sampled``: the first
     ``min(devices, cap)`` of them in key order are the sample, ``last`` the last one's key
     (``""``: none).
     """
@@ -114,9 +117,22 @@ class SeriesState:
     cap: int
     top: np.ndarray
     hist: list[dict[int, int]]
-    devices: int
+    ends: list[int]
     sampled: int
     last: str
+
+    @property
+    def devices(self) -> int:
+        """How many devices spent in the window."""
+        return sum(self.ends)
+
+    def end(self, spend: DeviceSpend, sign: int) -> None:
+        """Count (``sign`` 1) or take out (-1) a device's last day of spend in the window."""
+        last = spend.last(self.first, self.n_days)
+        if last is not None:
+            self.ends[last - self.first] += sign
+            if self.ends[last - self.first] < 0:
+                raise ValueError(f"no device last spent on day {last}")
 
     def series_days(self) -> list[str]:
         """The window's days, ISO dates."""
@@ -173,7 +189,8 @@ class SeriesState:
             hist.append(dict(self.hist[old_j]))
             for i in range(min(j + 1, n - shift)):
                 top[i, j] = self.top[i + shift, old_j]
-        return SeriesState(first, n, self.cap, top, hist, self.devices, self.sampled, self.last)
+        ends = [*self.ends[shift:], *[0] * min(shift, n)]
+        return SeriesState(first, n, self.cap, top, hist, ends, self.sampled, self.last)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready view: the top's upper triangle row by row, histograms as pairs."""
@@ -183,7 +200,7 @@ class SeriesState:
             "cap": self.cap,
             "top": [self.top[i, i:].tolist() for i in range(self.n_days)],
             "hist": [sorted(h.items()) for h in self.hist],
-            "devices": self.devices,
+            "ends": self.ends,
             "sampled": self.sampled,
             "last": self.last,
         }
@@ -201,7 +218,7 @@ class SeriesState:
             cap=int(data["cap"]),
             top=top,
             hist=[{int(v): int(c) for v, c in pairs} for pairs in data["hist"]],
-            devices=int(data["devices"]),
+            ends=[int(n) for n in data["ends"]],
             sampled=int(data["sampled"]),
             last=str(data["last"]),
         )

@@ -46,9 +46,6 @@ from typing import Any, Final
 
 import orjson
 from sqlalchemy import Connection, Engine, and_, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DBAPIError
 
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.gate.prepared import load_book
@@ -61,13 +58,13 @@ from dp_governor.budget.reporting.changes import (
     largest_id,
     settled_id,
     snapshot,
+    store_row,
 )
 from dp_governor.budget.reporting.measure import REPORT, REPORT_MEASURE, Fold, Measure, book_digest
 from dp_governor.budget.reporting.new_charges import NewCharges
 from dp_governor.budget.reporting.population import SpendPass, Sums
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.rule.state import AccountState, decode
-from dp_governor.budget.storage.db import writer
 from dp_governor.budget.storage.tables import Account, Charge, ReportSummary
 
 __all__ = [
@@ -367,11 +364,7 @@ def stored_specs(engine: Engine, prefix: str) -> list[tuple[str, dict[str, Any]]
 
 
 def _store(engine: Engine, measure: Measure, summary: Summary, now: datetime) -> None:
-    """Replace the summary stored for ``measure``, in one statement (readers see all or none).
-
-    A database that refuses the write (a read-only replica) keeps the summary it had; the
-    figures computed are exact either way.
-    """
+    """Replace the summary stored for ``measure`` (:func:`~.changes.store_row`)."""
     passes = summary.sums.to_json()
     spec = measure.spec()
     if spec is not None:
@@ -386,17 +379,7 @@ def _store(engine: Engine, measure: Measure, summary: Summary, now: datetime) ->
         "passes": orjson.dumps(passes).decode(),
         "computed_at": now.isoformat(),
     }
-    insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
-    statement = insert(_SUMMARIES).values(**values)
-    statement = statement.on_conflict_do_update(
-        index_elements=[_SUMMARIES.c.name],
-        set_={k: v for k, v in values.items() if k != "name"},
-    )
-    try:
-        with writer(engine).begin() as conn:
-            conn.execute(statement)
-    except DBAPIError as exc:
-        log.warning("the %s summary was not stored: %s", measure.name, exc.orig)
+    store_row(engine, values)
 
 
 def _moved(before: Summary, after: Summary) -> bool:
