@@ -410,7 +410,8 @@ def _forward(
     if _moved(stored, summary):
         _store(engine, measure, summary, now)
     if ledger.scan_progress is not None:  # every device's values are in the summary
-        ledger.scan_progress(ledger.account_count())
+        devices = summary.sums.devices()
+        ledger.scan_progress(devices, devices)
     return book, summary
 
 
@@ -440,7 +441,8 @@ def summed(
     """
     if not full and (forward := _forward(ledger, measure, now, None)) is not None:
         return forward[0], forward[1].sums
-    book, scanned = _full(ledger.engine, measure, utc_day(now), chunk, ledger.scan_progress)
+    progress = ledger.full_scan_progress()
+    book, scanned = _full(ledger.engine, measure, utc_day(now), chunk, progress)
     return _settled(ledger.engine, measure, book, scanned, now)
 
 

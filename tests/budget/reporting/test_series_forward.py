@@ -19,7 +19,7 @@ import pytest
 
 from dp_governor.budget import Ledger
 from dp_governor.budget.reporting import series_forward
-from dp_governor.budget.reporting.series import cumulative_series
+from dp_governor.budget.reporting.series import cumulative_series, full_state
 from dp_governor.budget.reporting.series_forward import series_brought_forward
 from dp_governor.pipeline.purge import purge
 from tests.budget.reporting import test_series
@@ -35,7 +35,7 @@ class _Afresh:
 
     def __init__(self) -> None:
         self.calls = 0
-        self.wrapped = series_forward.full_state
+        self.wrapped = full_state
 
     def __call__(self, *args: object, **kwargs: object) -> object:
         self.calls += 1
