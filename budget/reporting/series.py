@@ -11,11 +11,8 @@ horizon (retention raised beyond what was kept), the spend no day holds any more
 device's lifetime spend less its held days, a figure only the accounts hold: that case alone
 reads every account.
 
-Not brought forward from a stored state by the charges since, as the report's summary is
-(:mod:`.summary`): each day the window moves, changing the cumulative spend of every device
-that spent on the day it leaves, and the p99's sample (the devices first in pseudonym order)
-changes on every day of the window whenever a new device sorts into it, so an exact update
-would need the sample's whole grid of devices by days kept between runs.
+Here from the window's charges; the dashboard job brings a stored state of it forward by what
+changed instead (:mod:`.series_forward`, :mod:`.series_state`), equal to this computation.
 """
 
 from __future__ import annotations

@@ -17,15 +17,22 @@ window from ``F0``) and now (``D1``, from ``F1``), a device's values change only
    cap)`` devices again; every account between the old end and the new one is read.
 
 Everything else (the device count: the devices' last days of spend, counted per day, lose the
-days leaving) follows without reading a device. The state cannot be brought forward, and the
-use case's series is computed from the window's charges (in the same snapshot) and stored, when:
-the window's length or ``max_cells`` changed (a retention edit: the sample's size changes), the
-day went back, no state was stored, a day of the stored window is on or before the horizon now
-(a purge deleted days it holds: the purge brings the states to its day first,
-:func:`advance_series`), or a charged device's row does not hold its new charges. A window
-reaching back past the horizon (retention raised beyond what was kept) reads every account
-and is never stored. Each run costs in proportion to the new charges, a day of charges where
-the window moved, and the devices between the sample's old and new end.
+days leaving) follows without reading a device. Each run costs in proportion to the new
+charges, a day of charges where the window moved, and the devices between the sample's old
+and new end.
+
+Computed from the window's charges instead (in the same snapshot, then stored), exact as
+before: when no state was stored, the day went back, or a charged device's row does not hold
+its new charges; when the window's length or ``max_cells`` changed (a retention edit: every
+device's cumulative spend counts from another first day, and the sample's size ``max_cells //
+days`` changes, so every sampled device's values change); when a day of
+the stored window is on or before the horizon now (a purge deleted days the state counts, and
+which devices held them is gone with them: the purge brings the states to its day first,
+:func:`advance_series`). Never stored, so computed every run: a window reaching back past the
+horizon (retention raised beyond what was kept), whose first day holds each device's undated
+spend (its lifetime less its held days, :mod:`.series`), which moves to the next first day with
+every day the window moves, for every device that holds any; and a window longer than
+:data:`MAX_KEPT_DAYS` days, whose top over every start (days squared) outgrows a stored row.
 """
 
 from __future__ import annotations
@@ -60,10 +67,11 @@ from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import decode
 from dp_governor.budget.storage.tables import Account, Charge, ReportSummary
 
-__all__ = ["MAX_CELLS", "NAME", "advance_series", "series_brought_forward"]
+__all__ = ["MAX_CELLS", "MAX_KEPT_DAYS", "NAME", "advance_series", "series_brought_forward"]
 
 NAME: Final = "series"  # the ``report_summaries`` row of every use case's state
 MAX_CELLS: Final = 4_000_000  # the p99's sample: at most this many devices x days
+MAX_KEPT_DAYS: Final = 400  # longer windows are not kept: their top holds days squared cells
 _FORMAT: Final = "series-1"  # the ``book`` column: the states' layout
 _WALK: Final = 500  # accounts read at a time around the sample's end
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
@@ -146,7 +154,7 @@ def _run(
             elif fresh:
                 state, keep = full_state(conn, ledger, book, name, day, max_cells)
                 out[name] = state
-                if keep:
+                if keep and state.n_days <= MAX_KEPT_DAYS:
                     kept[name] = state
         mark = _mark(conn, stored, settled)
     _store(ledger, (day, mark, max_cells), book, kept, now)
