@@ -17,6 +17,9 @@ of the job processes it spawned and waited for:
 - the ``dashboard`` job after ``--new-charges`` more charges through the gate (the report's
   summary and the series brought up to date by what changed), once more with nothing new, and
   on the next day after as many charges of that day (every window moved by a day);
+- the series alone (every use case's), in this process: on the day after that, after as many
+  charges, brought forward from the job's stored states, then computed from the windows'
+  charges (what the job did for every run before it kept them);
 - first page: ``GET /`` of a newly started app on the stored figures (nothing cached in it);
 - steady page, report and distribution: the mean over ``--requests`` requests each once the
   figures are stored (the page cached, the report and the spends parsed once);
@@ -45,6 +48,8 @@ from dp_governor.api._snapshots import FIGURES, read_snapshot
 from dp_governor.api.app import create_app
 from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock, Ledger
+from dp_governor.budget.reporting.series import cumulative_series
+from dp_governor.budget.reporting.series_forward import series_brought_forward
 from dp_governor.budget.storage.db import scratch_schema
 
 TOKEN = "dashboard-benchmark-admin-token-0123456789"
@@ -138,6 +143,22 @@ def _fresh_install(client: TestClient, ledger: Ledger) -> list[tuple[str, Timing
     ]
 
 
+def _series(
+    ledger: Ledger, clock: FixedClock, devices: int, day: int, new_charges: int
+) -> list[tuple[str, Timing]]:
+    """The series alone, in this process, on ``day`` after its charges: brought forward, afresh."""
+    clock.advance(days=1)
+    added = charge_day(ledger, devices, day, new_charges, attempts=2)
+    names = [p.name for p in ledger.book().active]
+    now = clock.now()
+    forward = _timed(lambda: series_brought_forward(ledger, names, now=now))
+    afresh = _timed(lambda: [cumulative_series(ledger, name, now=now) for name in names])
+    return [
+        (f"the series brought forward, the next day after {added:,d} new charges", forward),
+        ("the series from their windows' charges (as many use cases)", afresh),
+    ]
+
+
 def run(
     kind: str, pg_url: str | None, *, devices: int, days: int, new_charges: int, requests: int
 ) -> list[str]:
@@ -159,6 +180,7 @@ def run(
             added = charge_day(ledger, devices, day + 1, new_charges, attempts=2)
             what = f"`dashboard` job the next day, after {added:,d} new charges"
             rows.append((what, _timed(_job(client))))
+            rows += _series(ledger, clock, devices, day + 2, new_charges)
         with TestClient(create_app(settings, clock=clock)) as client:
             rows.append(("first page of a new process", _timed(_get(client, "/"))))
             rows.append((f"steady page (mean of {requests})", _mean(client, "/", requests)))
