@@ -225,15 +225,15 @@ def _brought(
             read[k].new.last(first, n) is not None for k in touched
         )
         last = _sample_end(conn, use_case, horizon, state, (first, devices, everyone), read)
-        for key, d in read.items():
-            if key <= old_last and d.old.last(old_first, n) is not None:
-                state.count([d.old.cumulative(old_first, n)], -1)
+        sampled = [d.old for k, d in read.items() if k <= old_last]
+        state.count(
+            [s.cumulative(old_first, n) for s in sampled if s.last(old_first, n) is not None], -1
+        )
         after = state.moved_to(first)
         for key in touched:
             after.end(read[key].new, 1)
-        for key, d in read.items():
-            if key <= last and d.new.last(first, n) is not None:
-                after.count([d.new.cumulative(first, n)], 1)
+        sampled = [d.new for k, d in read.items() if k <= last]
+        after.count([s.cumulative(first, n) for s in sampled if s.last(first, n) is not None], 1)
     except ValueError as exc:
         raise _Stale(str(exc)) from None
     after.sampled, after.last = min(devices, state.cap), last

@@ -19,7 +19,7 @@ Pure numpy: what to read and when the state cannot be brought forward is :mod:`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -155,24 +155,27 @@ class SeriesState:
             out.append(from_micro(values[at]))
         return out
 
-    def count(self, cumulative: Iterable[np.ndarray], sign: int) -> None:
-        """Add (``sign`` 1) or take out (-1) devices' cumulative spends, one value a day.
+    def count(self, cumulative: Sequence[np.ndarray], sign: int) -> None:
+        """Add (``sign`` 1) or take out (-1) devices' cumulative spends, one value a day each.
 
         Raises:
             ValueError: a value taken out that the histogram does not hold.
         """
-        for values in cumulative:
-            for j, v in enumerate(values.tolist()):
-                if v <= 0:
-                    continue
-                counts = self.hist[j]
-                left = counts.get(v, 0) + sign
+        if not cumulative:
+            return
+        grid = np.vstack(cumulative)
+        for j in range(self.n_days):
+            column = grid[:, j]
+            values, counts = np.unique(column[column > 0], return_counts=True)
+            held = self.hist[j]
+            for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+                left = held.get(v, 0) + sign * c
                 if left < 0:
-                    raise ValueError(f"the sample holds no device at {v} on day {j}")
+                    raise ValueError(f"the sample holds fewer devices at {v} on day {j}")
                 if left:
-                    counts[v] = left
+                    held[v] = left
                 else:
-                    del counts[v]
+                    del held[v]
 
     def moved_to(self, first: int) -> SeriesState:
         """The state of the window starting ``first`` (not before this one's), same length.
@@ -182,13 +185,11 @@ class SeriesState:
         out and adds the others'.
         """
         shift, n = first - self.first, self.n_days
+        last = np.minimum(np.arange(n) + shift, n - 1)  # a day after this window: its last
         top = np.zeros((n, n), dtype=np.int64)
-        hist: list[dict[int, int]] = []
-        for j in range(n):
-            old_j = min(j + shift, n - 1)
-            hist.append(dict(self.hist[old_j]))
-            for i in range(min(j + 1, n - shift)):
-                top[i, j] = self.top[i + shift, old_j]
+        if shift < n:
+            top[: n - shift] = np.triu(self.top[shift:][:, last])
+        hist = [dict(self.hist[j]) for j in last.tolist()]
         ends = [*self.ends[shift:], *[0] * min(shift, n)]
         return SeriesState(first, n, self.cap, top, hist, ends, self.sampled, self.last)
 
