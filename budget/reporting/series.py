@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from sqlalchemy import Connection, and_, select
@@ -31,8 +31,17 @@ from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import lifetime_counts
 from dp_governor.budget.storage.tables import Charge
 
-__all__ = ["CumulativeSeries", "Spends", "cumulative_series", "full_state", "series_of", "state_of"]
+__all__ = [
+    "MAX_CELLS",
+    "CumulativeSeries",
+    "Spends",
+    "cumulative_series",
+    "full_state",
+    "series_of",
+    "state_of",
+]
 
+MAX_CELLS: Final = 4_000_000  # the p99's sample: at most this many devices x days
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
 
 
@@ -68,7 +77,7 @@ class Spends:
 
 
 def cumulative_series(
-    ledger: Ledger, use_case: str, *, now: datetime, max_cells: int = 4_000_000
+    ledger: Ledger, use_case: str, *, now: datetime, max_cells: int = MAX_CELLS
 ) -> CumulativeSeries:
     """How far the top devices of ``use_case`` have spent over its window, day by day.
 

@@ -61,16 +61,20 @@ from dp_governor.budget.reporting.changes import (
     snapshot,
     store_row,
 )
-from dp_governor.budget.reporting.series import CumulativeSeries, full_state, series_of
+from dp_governor.budget.reporting.series import (
+    MAX_CELLS,
+    CumulativeSeries,
+    full_state,
+    series_of,
+)
 from dp_governor.budget.reporting.series_state import DeviceSpend, SeriesState, top_of
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import decode
 from dp_governor.budget.storage.tables import Account, Charge, ReportSummary
 
-__all__ = ["MAX_CELLS", "MAX_KEPT_DAYS", "NAME", "advance_series", "series_brought_forward"]
+__all__ = ["MAX_KEPT_DAYS", "NAME", "advance_series", "series_brought_forward"]
 
 NAME: Final = "series"  # the ``report_summaries`` row of every use case's state
-MAX_CELLS: Final = 4_000_000  # the p99's sample: at most this many devices x days
 MAX_KEPT_DAYS: Final = 400  # longer windows are not kept: their top holds days squared cells
 _FORMAT: Final = "series-1"  # the ``book`` column: the states' layout
 _WALK: Final = 500  # accounts read at a time around the sample's end
