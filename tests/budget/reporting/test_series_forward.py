@@ -12,15 +12,18 @@ runs). Most runs bring the states forward rather than compute them afresh.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
+from sqlalchemy import Connection, text
 
 from dp_governor.budget import Ledger
 from dp_governor.budget.reporting import series_forward
 from dp_governor.budget.reporting.series import cumulative_series, full_state
 from dp_governor.budget.reporting.series_forward import series_brought_forward
+from dp_governor.budget.rule.decide import Decision
 from dp_governor.pipeline.purge import purge
 from tests.budget.reporting import test_series
 from tests.budget.reporting.random_edits import active as _active
@@ -100,3 +103,38 @@ def test_a_purge_of_the_stored_windows_days_makes_it_computed_afresh(ledger: Led
     later = now + timedelta(days=1)
     ledger.purge(now=later)  # the ledger's alone: day 1, in the stored window, deleted unseen
     _agree(ledger, later, 4_000_000)
+
+
+def _waiting_for_advisory_lock(conn: Connection) -> bool:
+    query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    return bool(conn.execute(text(query)).scalar_one())
+
+
+def test_a_charge_committing_after_a_larger_id_is_not_missed(ledger: Ledger) -> None:
+    """PostgreSQL draws ids before the commit order is fixed; the series waits for them."""
+    if ledger.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite allocates charge ids under its one writer's lock, in commit order")
+    ledger.charge(KEYS[0], "emoji", now=START)
+    _agree(ledger, START, 4_000_000)  # stored
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(_conn: Connection, _decision: Decision) -> None:
+        inside.set()  # its id is drawn, its transaction open
+        assert release.wait(60)
+
+    slow = threading.Thread(
+        target=lambda: ledger.charge(KEYS[1], "emoji", now=START, on_accept=hold)
+    )
+    slow.start()
+    assert inside.wait(60)
+    ledger.charge(KEYS[2], "emoji", now=START)  # a larger id, committed first
+    run = threading.Thread(target=lambda: _agree(ledger, START, 4_000_000))
+    run.start()
+    with ledger.engine.connect() as conn:
+        while not _waiting_for_advisory_lock(conn):  # the run waits for the open charge
+            assert run.is_alive()
+    release.set()
+    slow.join(60)
+    run.join(60)
+    _agree(ledger, START, 4_000_000)  # the late charge counted once, from the stored state
+    assert series_brought_forward(ledger, ["emoji"], now=START)[0].devices == 3
