@@ -342,15 +342,13 @@ def audit_report(
             Progress("audit report: every device's spend", "devices", stream=sink) as bar,
             Stages("audit report", stream=sink) as stages,
         ):
-            total = ledger.account_count()
-            bar(0, total)
             scanning = True
 
-            def read(done: int) -> None:
+            def read(done: int, total: int) -> None:
                 nonlocal scanning
                 if not scanning:
                     return
-                bar(done, max(total, done))
+                bar(done, total)
                 if done >= total:  # the scan is done: the bounds follow
                     scanning = False
                     bar.close()

@@ -277,3 +277,24 @@ def test_reports_while_devices_are_charged_end_equal_to_a_full_pass(ledger: Ledg
         w.join(60)
     assert not errors
     assert effective_epsilon_basis(ledger, now=now) == reference(ledger, now)
+
+
+def test_the_progress_of_a_report_brought_forward_counts_no_accounts(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: list[tuple[int, int]] = []
+    ledger.scan_progress = lambda done, total: told.append((done, total))
+    for device in DEVICES:
+        ledger.charge(device, "emoji", now=START)
+    effective_epsilon_basis(ledger, now=START)  # a full pass: counted, then read
+    n = len(DEVICES)
+    assert told[0] == (0, n) and told[-1] == (n, n)
+
+    def refused(_self: Ledger) -> int:
+        raise AssertionError("the accounts were counted")
+
+    monkeypatch.setattr(Ledger, "account_count", refused)
+    ledger.charge("a-new-device", "emoji", now=START)
+    told.clear()
+    effective_epsilon_basis(ledger, now=START)  # brought forward: the summary's devices
+    assert told == [(n + 1, n + 1)]
