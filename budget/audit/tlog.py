@@ -220,7 +220,7 @@ class TransparencyLog:
             size = start
             while size - start < page and (not leaves or time.monotonic() < deadline):
                 cur.execute(
-                    "SELECT seq, at, actor, action, body FROM audit_log"
+                    "SELECT seq, body FROM audit_log"
                     f" WHERE seq > {ph} ORDER BY seq LIMIT {min(_CHUNK, page - len(leaves))}",
                     (size,),
                 )
@@ -228,10 +228,10 @@ class TransparencyLog:
                 if not rows:
                     break
                 hashes = []
-                for seq, at, actor, action, body in rows:
+                for seq, body in rows:
                     if seq != size + 1:
                         raise RuntimeError(f"audit entry {size + 1} is missing (next is {seq})")
-                    data, label = project(keys, seq, at, actor, action, body)
+                    data, label = project(keys, seq, body)
                     leaves.append((size, seq, label, data.decode()))
                     hashes.append(leaf_hash(data))
                     size += 1
@@ -459,7 +459,7 @@ class TransparencyLog:
                 break
             if seq != index + 1:
                 return fail(f"leaf {index} is not audit entry {index + 1}")
-            expected = project(keys, seq, at, actor, action, body)[0]
+            expected = project(keys, seq, body)[0]
             if leaf != expected:
                 return fail(f"leaf {index} differs from the projection of audit entry {seq}")
             nodes = frontier.append(leaf_hash(leaf))
