@@ -78,7 +78,7 @@ class _Step:
     """One step of a sync, computed outside the write lock: the rows to store and the note."""
 
     start: int
-    leaves: list[tuple[int, int, str | None, str]]
+    leaves: list[tuple[int, str | None, str]]
     tiles: list[tuple[int, int, bytes]]
     point: SignedCheckpoint
 
@@ -215,7 +215,7 @@ class TransparencyLog:
             frontier = TileFrontier(start, tiles)
             ph = self._ph
             cur = raw_cursor(conn)
-            leaves: list[tuple[int, int, str | None, str]] = []
+            leaves: list[tuple[int, str | None, str]] = []
             keys = LabelKeys(self.label_secret)
             size = start
             while size - start < page and (not leaves or time.monotonic() < deadline):
@@ -232,7 +232,7 @@ class TransparencyLog:
                     if seq != size + 1:
                         raise RuntimeError(f"audit entry {size + 1} is missing (next is {seq})")
                     data, label = project(keys, seq, body)
-                    leaves.append((size, seq, label, data.decode()))
+                    leaves.append((size, label, data.decode()))
                     hashes.append(leaf_hash(data))
                     size += 1
                 frontier.extend(hashes)
@@ -249,7 +249,7 @@ class TransparencyLog:
         With ``signed``, its checkpoint too.
         """
         cur = raw_cursor(conn)
-        insert_rows(cur, self._ph, "tlog_leaves (idx, seq, label, data)", step.leaves)
+        insert_rows(cur, self._ph, "tlog_leaves (idx, label, data)", step.leaves)
         marks = ", ".join([f"({self._ph}, {self._ph}, {self._ph})"] * len(step.tiles))
         cur.execute(
             f"INSERT INTO tlog_tiles (level, idx, hashes) VALUES {marks}"
