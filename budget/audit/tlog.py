@@ -123,6 +123,7 @@ class TransparencyLog:
         seed = hmac.digest(audit_key, b"dp-governor/tlog-signing-key/v1", "sha256")
         self.signer = Signer(origin, seed)
         self._ph = placeholder(engine)
+        self._keys = LabelKeys(self.label_secret)  # kept across steps and runs: a device recurs
 
     @property
     def origin(self) -> str:
@@ -216,7 +217,7 @@ class TransparencyLog:
             ph = self._ph
             cur = raw_cursor(conn)
             leaves: list[tuple[int, str | None, str]] = []
-            keys = LabelKeys(self.label_secret)
+            keys = self._keys
             size = start
             while size - start < page and (not leaves or time.monotonic() < deadline):
                 cur.execute(
