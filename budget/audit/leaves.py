@@ -164,9 +164,7 @@ def project(keys: LabelKeys, seq: int, body: str) -> tuple[bytes, str | None]:
     return orjson.dumps(leaf, option=_SORTED), label
 
 
-def _charge_leaf(
-    key: bytes, seq: int, day: int, n: int, data: dict[str, Any]
-) -> tuple[bytes, str]:
+def _charge_leaf(key: bytes, seq: int, day: int, n: int, data: dict[str, Any]) -> tuple[bytes, str]:
     """The version 2 leaf of an accepted charge and its label (the checkpoint job's usual leaf).
 
     Its keys are written in sorted order, so it is canonical without a sort; its values are the

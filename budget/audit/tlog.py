@@ -450,9 +450,7 @@ class TransparencyLog:
 
         if low is not None and int(low) <= 0:
             return fail("a checkpoint signs the empty tree, which this log never does")
-        for (seq, at, actor, action, body), leaf in self._paired(
-            after=frontier.size, before=before
-        ):
+        for (seq, body), leaf in self._paired(after=frontier.size, before=before):
             index = frontier.size
             if leaf is None:
                 if index < highest:
@@ -522,17 +520,18 @@ class TransparencyLog:
 
     def _paired(
         self, *, after: int = 0, before: Iterable[Sequence[tuple[Any, ...]]] = ()
-    ) -> Iterator[tuple[tuple[int, str, str, str, str], bytes | None]]:
-        """Audit entries after ``after`` beside the leaf of the same position (``None``: none).
+    ) -> Iterator[tuple[tuple[int, str], bytes | None]]:
+        """Audit entries ``(seq, body)`` after ``after`` beside the leaf of the same position.
 
-        ``before``: archived entries' pages, paired first (with the leaves read by index).
+        The leaf is ``None`` where none is stored. ``before``: archived entries' pages (rows
+        ``(seq, at, actor, action, body, ...)``), paired first (with the leaves read by index).
         """
         ph = self._ph
         last = after
         leaves: Generator[tuple[int, bytes]] | None = None
         leaf: tuple[int, bytes] | None = None
         for page in before:
-            for seq, at, actor, action, body, *_ in page:
+            for seq, _at, _actor, _action, body, *_ in page:
                 if int(seq) <= last:
                     continue
                 if leaves is None:  # the leaves are read only when there are archived entries
@@ -541,7 +540,7 @@ class TransparencyLog:
                 data = None
                 if leaf is not None and leaf[0] == int(seq) - 1:
                     data, leaf = leaf[1], next(leaves, None)
-                yield (int(seq), at, actor, action, body), data
+                yield (int(seq), body), data
                 last = int(seq)
         if leaves is not None:
             leaves.close()
@@ -549,7 +548,7 @@ class TransparencyLog:
             cur = raw_cursor(conn)
             while True:
                 cur.execute(
-                    "SELECT a.seq, a.at, a.actor, a.action, a.body, l.data FROM audit_log a"
+                    "SELECT a.seq, a.body, l.data FROM audit_log a"
                     " LEFT JOIN tlog_leaves l ON l.idx = a.seq - 1"
                     f" WHERE a.seq > {ph} ORDER BY a.seq LIMIT {_PAGE}",
                     (last,),
@@ -557,9 +556,9 @@ class TransparencyLog:
                 page = cur.fetchall()
                 if not page:
                     return
-                for seq, at, actor, action, body, data in page:
+                for seq, body, data in page:
                     yield (
-                        (int(seq), at, actor, action, body),
+                        (int(seq), body),
                         None if data is None else str(data).encode(),
                     )
                 last = int(page[-1][0])

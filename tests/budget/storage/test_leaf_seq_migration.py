@@ -52,7 +52,7 @@ def test_revision_0019_drops_the_leaves_seq_and_restores_it(empty_url: str) -> N
             (i, i + 1, lb, d) for i, lb, d in LEAVES
         ]
         _refused(engine, "UPDATE tlog_leaves SET seq = seq + 10")
-        with pytest.raises(Exception, match="(?i)unique"), writer(engine).begin() as conn:
+        with pytest.raises(Exception, match=r"(?i)unique"), writer(engine).begin() as conn:
             conn.execute(text("INSERT INTO tlog_leaves (idx, seq, data) VALUES (3, 1, '{}')"))
         init_db(engine)
         assert _leaves(engine) == LEAVES
