@@ -123,7 +123,6 @@ class TransparencyLog:
         seed = hmac.digest(audit_key, b"dp-governor/tlog-signing-key/v1", "sha256")
         self.signer = Signer(origin, seed)
         self._ph = placeholder(engine)
-        self._keys = LabelKeys(self.label_secret)  # kept across steps and runs: a device recurs
 
     @property
     def origin(self) -> str:
@@ -217,7 +216,7 @@ class TransparencyLog:
             ph = self._ph
             cur = raw_cursor(conn)
             leaves: list[tuple[int, str | None, str]] = []
-            keys = self._keys
+            keys = LabelKeys(self.label_secret)
             size = start
             while size - start < page and (not leaves or time.monotonic() < deadline):
                 cur.execute(
