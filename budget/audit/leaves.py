@@ -123,48 +123,64 @@ def _day_of(at: str) -> int:
     return int(moment.timestamp() // _DAY_SECONDS)
 
 
-def leaf_of(label_secret: bytes, seq: int, at: str, actor: str, action: str, body: str) -> bytes:
+def leaf_of(label_secret: bytes, seq: int, body: str) -> bytes:
     """The public leaf of audit entry ``seq``: canonical JSON (sorted keys, no spaces), UTF-8."""
-    return project(LabelKeys(label_secret), seq, at, actor, action, body)[0]
+    return project(LabelKeys(label_secret), seq, body)[0]
 
 
-def project(
-    keys: LabelKeys,
-    seq: int,
-    at: str,
-    actor: str,
-    action: str,
-    body: str,
-) -> tuple[bytes, str | None]:
-    """:func:`leaf_of` and the leaf's label; ``keys`` makes the device label keys."""
-    data = orjson.loads(body)["data"]
-    leaf: dict[str, Any]
-    label = None
+def project(keys: LabelKeys, seq: int, body: str) -> tuple[bytes, str | None]:
+    """:func:`leaf_of` and the leaf's label, from the entry's hashed body alone.
+
+    The body (the chain's canonical JSON) holds the entry's action, actor, time and data, so
+    nothing else of the entry is read; ``keys`` makes the device label keys.
+    """
+    entry = orjson.loads(body)
+    action, data = entry["action"], entry["data"]
     if action == "charge":
         day = int(data["day"])
-        if data["accepted"]:
-            key = keys.of(actor)
-            leaf = {
-                "kind": "charge",
-                "use_case": data["use_case"],
-                "policy_version": data["policy_version"],
-                "epsilon_micro": data["epsilon_micro"],
-                "budget": data.get("budget"),
-            }
-            n = data.get("n")
-            if n is None:  # recorded before per-charge labels: the version 1 leaf
-                label = day_label(key, day)
-            else:
-                label = charge_label(key, day, data["use_case"], n)
-                leaf["spent"] = data["spent"]
-                leaf["v"] = 2
-            leaf["label"] = label
-        else:
-            leaf = {"kind": "refusal"}
-    elif actor.startswith("device:"):  # no other action names a device; never publish one
-        leaf, day = {"kind": action}, _day_of(at)
+        if not data["accepted"]:
+            return orjson.dumps({"day": day, "kind": "refusal", "seq": seq}), None
+        n = data.get("n")
+        if n is not None:
+            return _charge_leaf(keys.of(entry["actor"]), seq, day, n, data)
+        label = day_label(keys.of(entry["actor"]), day)  # before per-charge labels: version 1
+        leaf: dict[str, Any] = {
+            "kind": "charge",
+            "use_case": data["use_case"],
+            "policy_version": data["policy_version"],
+            "epsilon_micro": data["epsilon_micro"],
+            "budget": data.get("budget"),
+            "label": label,
+        }
     else:
-        leaf, day = {"kind": action, "actor": actor, "data": data}, _day_of(at)
+        actor, day = entry["actor"], _day_of(entry["at"])
+        if actor.startswith("device:"):  # no other action names a device; never publish one
+            leaf = {"kind": action}
+        else:
+            leaf = {"kind": action, "actor": actor, "data": data}
+        label = None
     leaf["day"] = day
     leaf["seq"] = seq
     return orjson.dumps(leaf, option=_SORTED), label
+
+
+def _charge_leaf(key: bytes, seq: int, day: int, n: int, data: dict[str, Any]) -> tuple[bytes, str]:
+    """The version 2 leaf of an accepted charge and its label (the checkpoint job's usual leaf).
+
+    Its keys are written in sorted order, so it is canonical without a sort; its values are the
+    charge's numbers and names (never an object a sort would reach into).
+    """
+    label = charge_label(key, day, data["use_case"], n)
+    leaf = {
+        "budget": data.get("budget"),
+        "day": day,
+        "epsilon_micro": data["epsilon_micro"],
+        "kind": "charge",
+        "label": label,
+        "policy_version": data["policy_version"],
+        "seq": seq,
+        "spent": data["spent"],
+        "use_case": data["use_case"],
+        "v": 2,
+    }
+    return orjson.dumps(leaf), label

@@ -78,7 +78,7 @@ class _Step:
     """One step of a sync, computed outside the write lock: the rows to store and the note."""
 
     start: int
-    leaves: list[tuple[int, int, str | None, str]]
+    leaves: list[tuple[int, str | None, str]]
     tiles: list[tuple[int, int, bytes]]
     point: SignedCheckpoint
 
@@ -215,12 +215,12 @@ class TransparencyLog:
             frontier = TileFrontier(start, tiles)
             ph = self._ph
             cur = raw_cursor(conn)
-            leaves: list[tuple[int, int, str | None, str]] = []
+            leaves: list[tuple[int, str | None, str]] = []
             keys = LabelKeys(self.label_secret)
             size = start
             while size - start < page and (not leaves or time.monotonic() < deadline):
                 cur.execute(
-                    "SELECT seq, at, actor, action, body FROM audit_log"
+                    "SELECT seq, body FROM audit_log"
                     f" WHERE seq > {ph} ORDER BY seq LIMIT {min(_CHUNK, page - len(leaves))}",
                     (size,),
                 )
@@ -228,11 +228,11 @@ class TransparencyLog:
                 if not rows:
                     break
                 hashes = []
-                for seq, at, actor, action, body in rows:
+                for seq, body in rows:
                     if seq != size + 1:
                         raise RuntimeError(f"audit entry {size + 1} is missing (next is {seq})")
-                    data, label = project(keys, seq, at, actor, action, body)
-                    leaves.append((size, seq, label, data.decode()))
+                    data, label = project(keys, seq, body)
+                    leaves.append((size, label, data.decode()))
                     hashes.append(leaf_hash(data))
                     size += 1
                 frontier.extend(hashes)
@@ -249,7 +249,7 @@ class TransparencyLog:
         With ``signed``, its checkpoint too.
         """
         cur = raw_cursor(conn)
-        insert_rows(cur, self._ph, "tlog_leaves (idx, seq, label, data)", step.leaves)
+        insert_rows(cur, self._ph, "tlog_leaves (idx, label, data)", step.leaves)
         marks = ", ".join([f"({self._ph}, {self._ph}, {self._ph})"] * len(step.tiles))
         cur.execute(
             f"INSERT INTO tlog_tiles (level, idx, hashes) VALUES {marks}"
@@ -449,9 +449,7 @@ class TransparencyLog:
 
         if low is not None and int(low) <= 0:
             return fail("a checkpoint signs the empty tree, which this log never does")
-        for (seq, at, actor, action, body), leaf in self._paired(
-            after=frontier.size, before=before
-        ):
+        for (seq, body), leaf in self._paired(after=frontier.size, before=before):
             index = frontier.size
             if leaf is None:
                 if index < highest:
@@ -459,7 +457,7 @@ class TransparencyLog:
                 break
             if seq != index + 1:
                 return fail(f"leaf {index} is not audit entry {index + 1}")
-            expected = project(keys, seq, at, actor, action, body)[0]
+            expected = project(keys, seq, body)[0]
             if leaf != expected:
                 return fail(f"leaf {index} differs from the projection of audit entry {seq}")
             nodes = frontier.append(leaf_hash(leaf))
@@ -521,17 +519,18 @@ class TransparencyLog:
 
     def _paired(
         self, *, after: int = 0, before: Iterable[Sequence[tuple[Any, ...]]] = ()
-    ) -> Iterator[tuple[tuple[int, str, str, str, str], bytes | None]]:
-        """Audit entries after ``after`` beside the leaf of the same position (``None``: none).
+    ) -> Iterator[tuple[tuple[int, str], bytes | None]]:
+        """Audit entries ``(seq, body)`` after ``after`` beside the leaf of the same position.
 
-        ``before``: archived entries' pages, paired first (with the leaves read by index).
+        The leaf is ``None`` where none is stored. ``before``: archived entries' pages (rows
+        ``(seq, at, actor, action, body, ...)``), paired first (with the leaves read by index).
         """
         ph = self._ph
         last = after
         leaves: Generator[tuple[int, bytes]] | None = None
         leaf: tuple[int, bytes] | None = None
         for page in before:
-            for seq, at, actor, action, body, *_ in page:
+            for seq, _at, _actor, _action, body, *_ in page:
                 if int(seq) <= last:
                     continue
                 if leaves is None:  # the leaves are read only when there are archived entries
@@ -540,7 +539,7 @@ class TransparencyLog:
                 data = None
                 if leaf is not None and leaf[0] == int(seq) - 1:
                     data, leaf = leaf[1], next(leaves, None)
-                yield (int(seq), at, actor, action, body), data
+                yield (int(seq), body), data
                 last = int(seq)
         if leaves is not None:
             leaves.close()
@@ -548,7 +547,7 @@ class TransparencyLog:
             cur = raw_cursor(conn)
             while True:
                 cur.execute(
-                    "SELECT a.seq, a.at, a.actor, a.action, a.body, l.data FROM audit_log a"
+                    "SELECT a.seq, a.body, l.data FROM audit_log a"
                     " LEFT JOIN tlog_leaves l ON l.idx = a.seq - 1"
                     f" WHERE a.seq > {ph} ORDER BY a.seq LIMIT {_PAGE}",
                     (last,),
@@ -556,9 +555,9 @@ class TransparencyLog:
                 page = cur.fetchall()
                 if not page:
                     return
-                for seq, at, actor, action, body, data in page:
+                for seq, body, data in page:
                     yield (
-                        (int(seq), at, actor, action, body),
+                        (int(seq), body),
                         None if data is None else str(data).encode(),
                     )
                 last = int(page[-1][0])

@@ -234,7 +234,6 @@ class TlogLeaf(SQLModel, table=True):
     )
 
     idx: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
-    seq: int = Field(sa_column=Column(BigInteger, nullable=False, unique=True))
     label: str | None = Field(
         default=None, max_length=32, index=True, description="A device's label for the day."
     )

@@ -25,8 +25,9 @@ from dp_governor.budget.audit.leaves import (
     day_label,
     device_label_key,
     hmac_sha256,
+    leaf_of,
 )
-from dp_governor.budget.audit.log import Entry
+from dp_governor.budget.audit.log import Entry, canonical_body
 from dp_governor.budget.storage.db import writer
 from dp_governor.mechanisms.merkle import leaf_hash, verify_consistency, verify_inclusion
 from dp_governor.mechanisms.signed_note import COSIGNATURE, Checkpoint, Signer
@@ -319,3 +320,31 @@ def test_label_keys_from_the_pre_keyed_hmac_are_the_device_label_keys(
 def test_the_two_hash_hmac_is_hmac_sha256(key: bytes, message: bytes) -> None:
     """The labels' HMAC equals the standard library's for any key (past the block: hashed)."""
     assert hmac_sha256(key, message) == hmac.digest(key, message, "sha256")
+
+
+_NAMES = st.text(min_size=1, max_size=12)  # any text, escapes and non-ASCII included
+
+
+@given(
+    use_case=_NAMES,
+    budget=st.none() | _NAMES,
+    numbers=st.tuples(*[st.integers(min_value=0, max_value=2**53)] * 3),
+    n=st.none() | st.integers(min_value=1, max_value=10**6),
+    day=st.integers(min_value=0, max_value=10**6),
+)
+def test_a_charge_leaf_is_the_canonical_json_of_what_it_shows(
+    use_case: str, budget: str | None, numbers: tuple[int, int, int], n: int | None, day: int
+) -> None:
+    """The projection of a charge is the sorted-keys JSON of the leaf's fields (docs table)."""
+    version, epsilon, spent = numbers
+    data = {"accepted": True, "budget": budget, "day": day, "epsilon_micro": epsilon}
+    data |= {"n": n, "policy_version": version, "spent": spent, "use_case": use_case}
+    body = canonical_body(7, "2026-11-22T15:30:00+00:00", "device:d", "charge", data)
+    key = device_label_key(b"s" * 32, "d")
+    shown: dict[str, Any] = {"budget": budget, "day": day, "epsilon_micro": epsilon}
+    shown |= {"kind": "charge", "policy_version": version, "seq": 7, "use_case": use_case}
+    if n is None:
+        shown["label"] = day_label(key, day)
+    else:
+        shown |= {"label": charge_label(key, day, use_case, n), "spent": spent, "v": 2}
+    assert leaf_of(b"s" * 32, 7, body) == orjson.dumps(shown, option=orjson.OPT_SORT_KEYS)
