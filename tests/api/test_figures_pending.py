@@ -1,10 +1,11 @@
 """No visitor computes the audit figures: a policy edit makes the refresher compute them.
 
-In-process app on a real SQLite file, no scheduler. After a policy edit the stored figures no
-longer match the policies in force; the next public request starts the refresher (a thread of
-its own) and waits for it, or answers 503 with ``Retry-After`` (JSON on the API, a page that
-reloads itself on the dashboard) when it takes longer than ``figures_wait_seconds``. Figures
-computed under other policies are never served.
+In-process app on a real SQLite file, no scheduler, its job worker replaced by one that runs
+each call in the caller's thread (the worker itself: ``tests/api/test_job_process.py``). After a
+policy edit the stored figures no longer match the policies in force; the next public request
+starts the refresher (a thread of its own) and waits for it, or answers 503 with
+``Retry-After`` (JSON on the API, a page that reloads itself on the dashboard) when it takes
+longer than ``figures_wait_seconds``. Figures computed under other policies are never served.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from dp_governor.api import _caches
+from dp_governor.api import _caches, _snapshots, app
+from dp_governor.api._keys import ServiceKeys
+from dp_governor.api._service import open_service_parts, service_engine
 from dp_governor.api._snapshots import FIGURES, Figures, compute_figures, read_snapshot
 from dp_governor.api.app import create_app
+from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.policies import PolicyCreate
 from tests.live import app_settings
@@ -50,10 +54,25 @@ class _Computations:
         return figures
 
 
+class _InProcess:
+    """A job worker that runs each call in the caller's thread, on the service it opened."""
+
+    def __init__(self, settings: Settings, keys: ServiceKeys) -> None:
+        self._service = open_service_parts(settings, keys, service_engine(settings))
+
+    def call(self, target: Any, *args: Any) -> dict[str, Any]:
+        result: dict[str, Any] = target(self._service, *args)
+        return result
+
+    def close(self) -> None:
+        self._service.ledger.close()
+
+
 @pytest.fixture
 def computations(monkeypatch: pytest.MonkeyPatch) -> _Computations:
     calls = _Computations(compute_figures)
-    monkeypatch.setattr(_caches, "compute_figures", calls)
+    monkeypatch.setattr(_snapshots, "compute_figures", calls)
+    monkeypatch.setattr(app, "JobWorker", _InProcess)
     return calls
 
 
