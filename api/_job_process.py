@@ -124,7 +124,12 @@ class JobWorker:
         worker reports, and :class:`JobProcessError` ``ProcessExited`` if the worker ended
         without answering (killed, out of memory: the next call starts a new one).
         """
-        answer = self._running().submit(target, args).result()
+        sent = self._running().submit(target, args)
+        if sent is None:  # the worker had ended unseen: the call never reached it, so resend
+            sent = self._running().submit(target, args)
+        if sent is None:
+            raise JobProcessError("ProcessExited", "the job's process ended before the call")
+        answer = sent.result()
         if isinstance(answer, _Failed):
             if answer.lost is not None:
                 raise LeaseLost(*answer.lost)
@@ -182,19 +187,24 @@ class _Child:
         """Whether the worker still answers (its pipe open and its process running)."""
         return not self._ended and self.proc.is_alive()
 
-    def submit(self, target: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> Future[Any]:
-        """Send one call; its future receives the answer (or ``ProcessExited``)."""
+    def submit(
+        self, target: Callable[..., dict[str, Any]], args: tuple[Any, ...]
+    ) -> Future[Any] | None:
+        """Send one call; its future receives the answer (or ``ProcessExited``).
+
+        ``None``: the worker had ended before the call reached it (the pipe was closed).
+        """
         future: Future[Any] = Future()
         with self._lock:
             if self._ended:
-                future.set_exception(self._exited())
-                return future
+                return None
             n = next(self._ids)
-            self._pending[n] = future
             try:
                 self.conn.send((n, target, args))
-            except (OSError, ValueError):  # the worker is gone: the reader fails the call
-                pass
+            except (OSError, ValueError):  # a closed pipe: the worker is gone
+                self._ended = True
+                return None
+            self._pending[n] = future
         return future
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from typer.testing import CliRunner
 
-from dp_governor.api import _job_process
+from dp_governor.api import _job_process, _snapshots
 from dp_governor.api._job_process import JobProcessError, JobWorker
 from dp_governor.api._keys import ServiceKeys
 from dp_governor.api._service import Service
@@ -138,12 +138,23 @@ def _eventually(check: Callable[[], bool], what: str) -> None:
 
 
 def _gone(pid: int) -> bool:
-    """Whether process ``pid`` has ended (reaped, or a zombie nobody reaped yet)."""
+    """Whether process ``pid`` has ended: reaped, or every thread of it a zombie (Linux /proc).
+
+    A killed process's first thread is a zombie while its other threads still exit, its files
+    (the pipe to its server, its database connections) open until the last one has.
+    """
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-    except FileNotFoundError:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except (FileNotFoundError, ProcessLookupError):
         return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text(encoding="utf-8")
+        except (FileNotFoundError, ProcessLookupError):  # that thread has just ended
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+            return False
+    return True
 
 
 def _runs(metrics: Metrics, job: str, outcome: str) -> float | None:
@@ -326,3 +337,20 @@ def test_dpgov_jobs_run_lowers_its_priority_for_the_population_jobs(
         run = CliRunner().invoke(cli, ["jobs", "run", name], env=env)
         assert run.exit_code == 0, run.output
     assert lowered == [("idle", NICE)]  # for the dashboard, not for the checkpoint
+
+
+def test_the_figures_a_request_waits_for_are_computed_in_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def not_here(ledger: Ledger, *, now: datetime) -> None:
+        raise AssertionError("the figures were computed in the server's process")
+
+    monkeypatch.setattr(_snapshots, "compute_figures", not_here)  # this process's only
+    settings = app_settings(tmp_path, "child-admin-token-child-admin-token")
+    settings = settings.model_copy(update={"figures_wait_seconds": DEADLINE})
+    with TestClient(create_app(settings, clock=FixedClock(NOW))) as client:
+        r = client.get("/v1/audit/effective-epsilon")  # a fresh install: none stored yet
+        assert r.status_code == 200, r.text
+        worker = RUNTIMES[client.app.state.runtime_key].worker  # type: ignore[attr-defined]
+        assert worker is not None and worker.pid() not in (None, os.getpid())
+    assert worker.pid() is None  # closed with the app
