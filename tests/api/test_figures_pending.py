@@ -21,13 +21,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from dp_governor.api import _caches, _snapshots, app
-from dp_governor.api._keys import ServiceKeys
-from dp_governor.api._service import open_service_parts, service_engine
 from dp_governor.api._snapshots import FIGURES, Figures, compute_figures, read_snapshot
 from dp_governor.api.app import create_app
-from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.policies import PolicyCreate
+from tests.api.worker_double import InProcessWorker
 from tests.live import app_settings
 
 TOKEN = "pending-admin-token-pending-admin-token-01"
@@ -54,25 +52,11 @@ class _Computations:
         return figures
 
 
-class _InProcess:
-    """A job worker that runs each call in the caller's thread, on the service it opened."""
-
-    def __init__(self, settings: Settings, keys: ServiceKeys) -> None:
-        self._service = open_service_parts(settings, keys, service_engine(settings))
-
-    def call(self, target: Any, *args: Any) -> dict[str, Any]:
-        result: dict[str, Any] = target(self._service, *args)
-        return result
-
-    def close(self) -> None:
-        self._service.ledger.close()
-
-
 @pytest.fixture
 def computations(monkeypatch: pytest.MonkeyPatch) -> _Computations:
     calls = _Computations(compute_figures)
     monkeypatch.setattr(_snapshots, "compute_figures", calls)
-    monkeypatch.setattr(app, "JobWorker", _InProcess)
+    monkeypatch.setattr(app, "JobWorker", InProcessWorker)
     return calls
 
 
