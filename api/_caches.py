@@ -13,9 +13,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
 
 from dp_governor.api._handles import ledger_engine
-from dp_governor.api._snapshots import FIGURES, Figures, Snapshots, compute_figures, store_snapshot
+from dp_governor.api._job_process import JobWorker
+from dp_governor.api._service import Service
+from dp_governor.api._snapshots import Figures, Snapshots, store_figures
 from dp_governor.api.errors import SERVICE_UNAVAILABLE, HttpError
 from dp_governor.api.settings import Settings
 from dp_governor.budget import Clock, Ledger
@@ -53,7 +57,8 @@ class _Refresher:
 
     What a request waits for instead of computing: it costs the request no CPU, and however
     many requests ask, the ledger is read once per policy revision (a failed attempt is made
-    again after :data:`_RETRY_FAILED` seconds).
+    again after :data:`_RETRY_FAILED` seconds). With a job worker (the app's), the thread only
+    waits: the worker computes, out of the server's interpreter lock and at its low priority.
     """
 
     def __init__(self, clock: Clock) -> None:
@@ -61,6 +66,7 @@ class _Refresher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._started: tuple[tuple[int, ...], float] | None = None  # revision, when
+        self.worker: JobWorker | None = None
         self.finished = threading.Condition()
 
     def start(self, ledger: Ledger, revision: Sequence[int]) -> None:
@@ -80,13 +86,21 @@ class _Refresher:
 
     def _run(self, ledger: Ledger) -> None:
         try:
-            figures = compute_figures(ledger, now=self._clock.now())
-            store_snapshot(ledger_engine(ledger), FIGURES, figures)
+            now = self._clock.now()
+            if self.worker is None:
+                store_figures(ledger, now=now)
+            else:
+                self.worker.call(_store_figures, now)
         except Exception:  # logged; the requests waiting for it answer 503
             log.exception("the dashboard figures could not be computed")
         finally:
             with self.finished:
                 self.finished.notify_all()
+
+
+def _store_figures(service: Service, now: datetime) -> dict[str, Any]:
+    """In the job worker: compute the figures as of ``now`` and store them."""
+    return store_figures(service.ledger, now=now)
 
 
 class Caches:
@@ -111,6 +125,10 @@ class Caches:
         self._discovered: dict[tuple[str, int, tuple[int, ...], int], list[DiscoveredWord]] = {}
         self._page: list[tuple[float, tuple[str, ...], str]] = []  # the page without estimates
         self._page_lock = threading.Lock()
+
+    def refresh_in(self, worker: JobWorker) -> None:
+        """Compute the figures a policy edit calls for in ``worker`` (the app's job worker)."""
+        self._refresher.worker = worker
 
     def discovery(
         self, policy: Policy, days: Sequence[int], sketch: Discovering

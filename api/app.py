@@ -21,13 +21,15 @@ from dp_governor.api import errors
 from dp_governor.api._caches import Caches
 from dp_governor.api._committer import GroupCommitter
 from dp_governor.api._handles import policy_store
+from dp_governor.api._job_process import JobWorker
 from dp_governor.api._keys import service_keys
 from dp_governor.api._lane import ReportLane
 from dp_governor.api._middleware import BodyLimit, HeadAsGet, Timing
 from dp_governor.api._ratelimit import RateLimiter
+from dp_governor.api._service import open_service_parts, service_engine
 from dp_governor.api._unknown_settings import UnknownSetting, retired_variables
 from dp_governor.api.database import database_problem, init_service_db
-from dp_governor.api.jobs import RUNTIMES, JobProcess, Runtime, start_scheduler
+from dp_governor.api.jobs import RUNTIMES, Runtime, start_scheduler
 from dp_governor.api.metrics import Metrics
 from dp_governor.api.openapi import install_docs, install_openapi
 from dp_governor.api.routes import (
@@ -43,9 +45,7 @@ from dp_governor.api.routes import (
 )
 from dp_governor.api.server import report_start_failure
 from dp_governor.api.settings import KeyRefused, Settings, setting_problem
-from dp_governor.budget import Clock, Ledger, SystemClock, create_db_engine
-from dp_governor.pipeline.ingest import Ingestor
-from dp_governor.pipeline.seal import InboxSeal
+from dp_governor.budget import Clock, SystemClock
 
 __all__ = ["create_app"]
 
@@ -130,11 +130,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             " least 32 characters (python3 -c 'import secrets;"
             " print(secrets.token_urlsafe(32))') and restart."
         )
-    engine = create_db_engine(
-        settings.database_url,
-        job_pause=settings.job_pause,
-        job_lock_seconds=settings.job_lock_seconds,
-    )
+    engine = service_engine(settings)
     try:  # the keys must be the database's (KeyRefused names the setting to provide)
         init_service_db(engine)
         keys = service_keys(settings, engine, generate=True, record=True)
@@ -142,8 +138,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.dispose()
         report_start_failure(database_problem(settings.database_url, exc) or str(exc))
         raise
-    secret = keys.device_key_secret
-    ledger = Ledger(engine, secret, audit_key=keys.audit_key, tlog_origin=settings.tlog_origin)
+    service = open_service_parts(settings, keys, engine)
+    ledger, ingestor = service.ledger, service.ingestor
     origin = ledger.tlog.origin_problem()
     if origin is not None:  # a log keeps its origin: refuse rather than sign as another log
         engine.dispose()
@@ -152,20 +148,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     loaded = policy_store(ledger).ensure_defaults()
     if loaded:
         log.info("loaded %d default policies into an empty database", len(loaded))
-    ingestor = Ingestor(
-        ledger,
-        secret,
-        seal=InboxSeal(keys.shuffler_keys),
-        require_family=settings.require_report_family,
-    )
+    worker = JobWorker(settings, keys)  # the population jobs and the figures out of this process
+    app.state.caches.refresh_in(worker)
     key = uuid.uuid4().hex
     RUNTIMES[key] = Runtime.configured(
-        ledger,
-        ingestor,
-        clock,
-        settings,
-        metrics=app.state.metrics,
-        process=JobProcess(settings, keys),  # the population jobs out of this process
+        ledger, ingestor, clock, settings, metrics=app.state.metrics, worker=worker
     )
     app.state.ledger = ledger
     app.state.ingestor = ingestor
@@ -197,5 +184,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await committer.stop()
         if scheduler is not None:
             scheduler.shutdown(wait=True)
+        worker.close()
         RUNTIMES.pop(key, None)
         engine.dispose()

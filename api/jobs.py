@@ -22,10 +22,12 @@ waits for locks at most ``job_lock_seconds`` (:func:`dp_governor.budget.storage.
 a holder stalled inside a transaction delays the next holder that long at most.
 
 The population jobs (:data:`CHILD_JOBS`: ``dashboard``, ``verify``, ``purge``) of a service
-run in a spawned child process at a lower CPU priority (``DPGOV_JOB_NICE``,
-:mod:`dp_governor.api._job_process`), so that reading the whole ledger takes neither the
-server's interpreter lock nor, while it has work, its CPU; the lease, heartbeat, log line and
-metrics stay the server's. ``dpgov jobs run`` lowers its own priority as much for them.
+run in its job worker, a long-lived child process at the lowest CPU priority
+(``DPGOV_JOB_CPU``, :mod:`dp_governor.api._job_process`), so that reading the whole ledger
+takes neither the server's interpreter lock nor, while it has work, its CPU; the lease,
+heartbeat, log line and metrics stay the server's, and each write the worker makes is fenced
+with the lease's token the server holds. ``dpgov jobs run`` lowers its own priority as much
+for them.
 
 This module sits beside the app and the CLI rather than in :mod:`dp_governor.pipeline`: it runs
 the pipeline's jobs and the audit log's checkpoints alike, for the service's scheduler, its admin
@@ -35,7 +37,6 @@ routes and ``dpgov jobs``.
 from __future__ import annotations
 
 import logging
-import logging.config
 import os
 import socket
 import time
@@ -53,8 +54,8 @@ from sqlalchemy.exc import DBAPIError
 
 from dp_governor.api._handles import ledger_engine
 from dp_governor.api._integrity import kept_checkpoints
-from dp_governor.api._job_process import JobProcessError, run_in_child
-from dp_governor.api._keys import ServiceKeys
+from dp_governor.api._job_process import JobProcessError, JobWorker, busy_cause
+from dp_governor.api._service import Service
 from dp_governor.api._snapshots import store_figures, store_verification
 from dp_governor.api._witnessing import WitnessEndpoint, push_checkpoint
 from dp_governor.api.leases import (
@@ -67,9 +68,9 @@ from dp_governor.api.leases import (
     lease_token,
     release_lease,
 )
-from dp_governor.api.logs import log_config, log_fields
+from dp_governor.api.logs import log_fields
 from dp_governor.api.metrics import Metrics
-from dp_governor.budget import Clock, FixedClock, Ledger, create_db_engine
+from dp_governor.budget import Clock, FixedClock, Ledger
 from dp_governor.budget.audit.log import CheckpointFileError, last_kept_seq, write_checkpoints
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.reporting.claims import publish_claims
@@ -81,7 +82,6 @@ from dp_governor.pipeline.flush import DEFAULT_MIN_BATCH, flush_inbox, waiting_r
 from dp_governor.pipeline.fold import aggregate
 from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.purge import purge
-from dp_governor.pipeline.seal import InboxSeal
 
 if TYPE_CHECKING:
     from dp_governor.api.settings import Settings
@@ -91,7 +91,6 @@ __all__ = [
     "JOBS",
     "LEASES",
     "JobBusy",
-    "JobProcess",
     "Runtime",
     "lease_of",
     "release_job",
@@ -103,14 +102,6 @@ __all__ = [
 log = logging.getLogger("dpgov.jobs")
 
 
-@dataclass(frozen=True, slots=True)
-class JobProcess:
-    """What a job's child process opens the service with: the settings and the checked keys."""
-
-    settings: Settings
-    keys: ServiceKeys
-
-
 @dataclass
 class Runtime:
     """What jobs need: the ledger, the ingestor, the clock, batch sizes and the lease's TTL.
@@ -118,8 +109,8 @@ class Runtime:
     ``progress``, given a step's name (``flush-inbox``, ``aggregate``), returns the callback
     that step reports its counts to (``dpgov jobs run`` passes its progress bar's ``step``).
     ``metrics``: where each run's outcome, duration and success time are counted (the app's).
-    ``process``: set, the :data:`CHILD_JOBS` run in a child process opened from it (the
-    service's); ``None``, in this one.
+    ``worker``: set, the :data:`CHILD_JOBS` run in that job worker (the service's); ``None``,
+    in this process.
     """
 
     ledger: Ledger
@@ -132,7 +123,7 @@ class Runtime:
     witnesses: tuple[WitnessEndpoint, ...] = ()
     progress: Callable[[str], Callable[[int, int], None]] | None = None
     metrics: Metrics | None = None
-    process: JobProcess | None = None
+    worker: JobWorker | None = None
     holder: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
@@ -147,7 +138,7 @@ class Runtime:
         progress: Callable[[str], Callable[[int, int], None]] | None = None,
         *,
         metrics: Metrics | None = None,
-        process: JobProcess | None = None,
+        worker: JobWorker | None = None,
     ) -> Runtime:
         """The runtime the service's settings describe (``dpgov serve`` and ``dpgov jobs``)."""
         return cls(
@@ -161,7 +152,7 @@ class Runtime:
             witnesses=tuple(WitnessEndpoint.parse(entry) for entry in settings.witnesses),
             progress=progress,
             metrics=metrics,
-            process=process,
+            worker=worker,
         )
 
     def step(self, name: str) -> Callable[[int, int], None] | None:
@@ -265,7 +256,7 @@ JOBS: dict[str, tuple[Callable[[Runtime], dict[str, Any]], dict[str, Any]]] = {
     "verify": (_verify, {"trigger": "interval", "seconds": 300}),
 }
 
-# The population passes: a service runs them in a child process at a lower CPU priority
+# The population passes: a service runs them in its job worker at the lowest CPU priority
 CHILD_JOBS = frozenset({"dashboard", "verify", "purge"})
 
 # Which lease each job runs under: everything that moves the inbox shares one.
@@ -357,7 +348,7 @@ def run_job(
         log.warning("%s", named, extra=lost)
         raise named from None
     except (DBAPIError, JobProcessError) as exc:
-        cause = _busy_cause(exc)
+        cause = busy_cause(exc)
         if cause is None:
             raise
         outcome = "busy"
@@ -427,7 +418,7 @@ def _run(
             lost, current = _taken_over(engine, lease, token)
             if lost:  # e.g. its session ended while it stalled inside a transaction
                 raise LeaseLost(lease, token, current) from None
-            if _busy_cause(exc) is not None:
+            if busy_cause(exc) is not None:
                 raise  # one line, by run_job
             ms = round((time.monotonic() - started) * 1000, 1)
             error = exc.error if isinstance(exc, JobProcessError) else type(exc).__name__
@@ -450,55 +441,30 @@ def _run(
 
 
 def _work(name: str, rt: Runtime, lease: str, token: int) -> dict[str, Any]:
-    """The job's own work under its lease's fence: a service's :data:`CHILD_JOBS` in a child."""
-    if rt.process is None or name not in CHILD_JOBS:
+    """The job's own work under its lease's fence: a service's :data:`CHILD_JOBS` in its worker."""
+    if rt.worker is None or name not in CHILD_JOBS:
         with fenced(fence(lease, token)):
             return JOBS[name][0](rt)
-    job, now, nice = JOBS[name][0], rt.clock.now(), rt.process.settings.job_nice
-    return run_in_child(_child_work, rt.process, job, now, lease, token, nice=nice)
+    return rt.worker.call(_in_worker, JOBS[name][0], rt.clock.now(), lease, token)
 
 
-def _child_work(
-    process: JobProcess,
+def _in_worker(
+    service: Service,
     job: Callable[[Runtime], dict[str, Any]],
     now: datetime,
     lease: str,
     token: int,
 ) -> dict[str, Any]:
-    """In the job's child process: open the service as the app does, run ``job`` in it.
+    """In the job worker: run ``job`` on its service, every write fenced by the parent's token.
 
     Its clock reads ``now``, the moment the parent started the run. Its log lines go where the
     server's do, in its format; its verdicts reach the metrics through the database (the
     ``verify`` job stores them, and the app's metrics follow what is stored).
     """
-    settings, keys = process.settings, process.keys
-    logging.config.dictConfig(log_config(settings.log_format))
-    engine = create_db_engine(
-        settings.database_url,
-        job_pause=settings.job_pause,
-        job_lock_seconds=settings.job_lock_seconds,
-    )
-    ledger = Ledger(
-        engine, keys.device_key_secret, audit_key=keys.audit_key, tlog_origin=settings.tlog_origin
-    )
-    try:
-        seal = InboxSeal(keys.shuffler_keys)
-        ingestor = Ingestor(ledger, keys.device_key_secret, seal=seal)
-        rt = Runtime.configured(ledger, ingestor, FixedClock(now), settings)
-        with fenced(fence(lease, token)):
-            return job(rt)
-    finally:
-        ledger.close()
-
-
-def _busy_cause(exc: BaseException) -> str | None:
-    """The database's message when ``exc`` says it stayed busy (here or in a job's process)."""
-    if isinstance(exc, JobProcessError):
-        return exc.message if exc.busy else None
-    if not is_busy(exc):
-        return None
-    orig = exc.orig if isinstance(exc, DBAPIError) else None
-    return str(orig).splitlines()[0] if orig is not None else type(exc).__name__
+    settings = service.settings
+    rt = Runtime.configured(service.ledger, service.ingestor, FixedClock(now), settings)
+    with fenced(fence(lease, token)):
+        return job(rt)
 
 
 def _taken_over(engine: Engine, lease: str, token: int) -> tuple[bool, int | None]:

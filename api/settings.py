@@ -218,15 +218,22 @@ class Settings(BaseSettings):
         " `lock_timeout` and `idle_in_transaction_session_timeout` for each job transaction,"
         " so a job process stopped inside a transaction loses its session after as long.",
     )
+    job_cpu: Literal["idle", "nice"] = Field(
+        default="idle",
+        description="The CPU priority of the service's job worker, the process that runs the"
+        " population jobs (`dashboard`, `verify`, `purge`) and the figures' refresher: `idle`,"
+        " Linux's idle scheduling class (it runs only on a core nothing else wants; other"
+        " systems fall back to `DPGOV_JOB_NICE`); `nice`, the niceness `DPGOV_JOB_NICE` alone"
+        " (it still takes a share of a busy core). `dpgov jobs run` lowers its own priority"
+        " as much for those jobs.",
+    )
     job_nice: int = Field(
         default=10,
         ge=0,
         le=19,
-        description="How much lower the CPU priority of the population jobs (`dashboard`,"
-        " `verify`, `purge`) is than the server's, as Unix niceness: the service runs each in a"
-        " child process this much nicer, out of the server's interpreter lock, so a job reading"
-        " the whole ledger leaves the CPU to reports; `dpgov jobs run` lowers its own priority"
-        " as much for them. 0: the server's priority (still in a child process).",
+        description="How much nicer (Unix niceness, above the server's) the job worker runs,"
+        " with either `DPGOV_JOB_CPU`: under `idle` it matters only where the idle class is"
+        " not available. 0: the server's niceness (still out of its interpreter lock).",
     )
     flush_min_batch: int = Field(
         default=100,

@@ -235,7 +235,7 @@ def job_main(name: str, ahead_days: int) -> None:
 
     settings = load_settings(None)
     if name in CHILD_JOBS:
-        lower_priority(settings.job_nice)
+        lower_priority(settings.job_cpu, settings.job_nice)
     ledger, keys = open_service(settings, Access.WRITE)
     clock = FixedClock(datetime.now(UTC) + timedelta(days=ahead_days))
     ingestor = Ingestor(ledger, keys.device_key_secret, seal=InboxSeal(keys.shuffler_keys))

@@ -61,8 +61,8 @@ def jobs_run(
     from dp_governor.pipeline.seal import InboxSeal
 
     settings = load_settings(database_url)
-    if name in CHILD_JOBS:  # as low a priority as the service gives them (DPGOV_JOB_NICE)
-        lower_priority(settings.job_nice)
+    if name in CHILD_JOBS:  # as low a priority as the service's job worker (DPGOV_JOB_CPU)
+        lower_priority(settings.job_cpu, settings.job_nice)
     ledger, keys = open_service(settings, Access.WRITE)
     key = f"cli-{name}"
     progress = Progress(f"jobs run {name}", "reports")

@@ -26,6 +26,7 @@ import uvicorn
 from pydantic import SecretStr
 
 import dp_governor.api._snapshots as snapshots
+import dp_governor.api.app as app_module
 import dp_governor.budget.reporting.loss as loss
 import dp_governor.budget.reporting.views as views
 from dp_governor.api.app import create_app
@@ -34,6 +35,7 @@ from dp_governor.api.settings import Settings
 from dp_governor.budget import FixedClock
 from dp_governor.budget.reporting.views import distribution
 from dp_governor.policies import PolicyCreate, mechanism_for
+from tests.api.worker_double import InProcessWorker
 
 TOKEN = "distribution-admin-token-distribution-0123"
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
@@ -65,6 +67,7 @@ def served(
 
     monkeypatch.setattr(views, "_spends", counted)
     monkeypatch.setattr(snapshots, "effective_epsilon_passes", counted_passes)
+    monkeypatch.setattr(app_module, "JobWorker", InProcessWorker)  # the passes counted here
     app = create_app(settings, clock=FixedClock(NOW))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -1,10 +1,11 @@
 """No visitor computes the audit figures: a policy edit makes the refresher compute them.
 
-In-process app on a real SQLite file, no scheduler. After a policy edit the stored figures no
-longer match the policies in force; the next public request starts the refresher (a thread of
-its own) and waits for it, or answers 503 with ``Retry-After`` (JSON on the API, a page that
-reloads itself on the dashboard) when it takes longer than ``figures_wait_seconds``. Figures
-computed under other policies are never served.
+In-process app on a real SQLite file, no scheduler, its job worker replaced by one that runs
+each call in the caller's thread (the worker itself: ``tests/api/test_job_process.py``). After a
+policy edit the stored figures no longer match the policies in force; the next public request
+starts the refresher (a thread of its own) and waits for it, or answers 503 with
+``Retry-After`` (JSON on the API, a page that reloads itself on the dashboard) when it takes
+longer than ``figures_wait_seconds``. Figures computed under other policies are never served.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from dp_governor.api import _caches
+from dp_governor.api import _caches, _snapshots, app
 from dp_governor.api._snapshots import FIGURES, Figures, compute_figures, read_snapshot
 from dp_governor.api.app import create_app
 from dp_governor.budget import FixedClock
 from dp_governor.policies import PolicyCreate
+from tests.api.worker_double import InProcessWorker
 from tests.live import app_settings
 
 TOKEN = "pending-admin-token-pending-admin-token-01"
@@ -53,7 +55,8 @@ class _Computations:
 @pytest.fixture
 def computations(monkeypatch: pytest.MonkeyPatch) -> _Computations:
     calls = _Computations(compute_figures)
-    monkeypatch.setattr(_caches, "compute_figures", calls)
+    monkeypatch.setattr(_snapshots, "compute_figures", calls)
+    monkeypatch.setattr(app, "JobWorker", InProcessWorker)
     return calls
 
 

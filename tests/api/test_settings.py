@@ -165,6 +165,12 @@ def test_cli_reports_bad_settings_and_exits_2(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("DPGOV_JOB_NICE", "abc")  # named as the user set it, with the value
     result = CliRunner().invoke(cli, ["policies", "list"])
     assert result.exit_code == 2 and "DPGOV_JOB_NICE" in result.output and "'abc'" in result.output
+    monkeypatch.delenv("DPGOV_JOB_NICE")
+    monkeypatch.setenv("DPGOV_JOB_CPU", "fast")  # one of idle, nice
+    result = CliRunner().invoke(cli, ["policies", "list"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("Error: invalid setting DPGOV_JOB_CPU: "), result.output
+    assert "'idle'" in result.output and "'nice'" in result.output, result.output
 
 
 @pytest.mark.parametrize(
