@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-import io
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 import typer
 
 from dp_governor.api.cli.aggregate import AggregateEngine
-from dp_governor.api.cli.common import finite, open_ledger, refuse
+from dp_governor.api.cli.common import Refused, finite, open_ledger, refusals_raised, refuse
 
 if TYPE_CHECKING:
     from dp_governor.api.settings import Settings
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CONNECT_TIMEOUT",
     "EngineOption",
-    "Refused",
     "SchedulerOption",
     "SchedulerTimeoutOption",
     "check_engine",
@@ -81,25 +79,10 @@ SchedulerTimeoutOption = Annotated[
 ]
 
 
-class Refused(Exception):
-    """A refusal said in another process (a worker's opener, a connection): its line and exit."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message, code)  # the arguments pickle: the worker's comes back whole
-        self.message, self.code = message, code
-
-    def __str__(self) -> str:
-        return self.message
-
-
 def _open_in_worker(settings: Settings, own_origin: bool) -> Ledger:
     """:func:`open_ledger` in a worker; its refusal raised as :class:`Refused`, not printed."""
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said):  # a warning: said once, by the command's process
-            return open_ledger(settings, own_origin=own_origin)
-    except typer.Exit as exc:
-        raise Refused(said.getvalue().strip().removeprefix("Error: "), exc.exit_code) from None
+    with refusals_raised():
+        return open_ledger(settings, own_origin=own_origin)
 
 
 def worker_opener(settings: Settings, *, own_origin: bool = False) -> Callable[[], Ledger]:
