@@ -38,6 +38,7 @@ from dp_governor.budget import Ledger, create_db_engine
 from dp_governor.budget.gate.prepared import device_key
 from dp_governor.budget.reporting.routing import RouteCheck
 from dp_governor.budget.reporting.sharded import shard_of
+from dp_governor.budget.reporting.sharded_what_if import sharded_what_if
 from dp_governor.budget.storage.tables import (
     Account,
     Charge,
@@ -126,8 +127,6 @@ def proposal(ledger: Ledger) -> tuple[str, PolicyCreate]:
 
 def _what_if(urls: list[str], ledgers: list[Ledger], now: Any, full: bool, workers: int) -> Any:
     """The what-if of :func:`proposal` over the shards ``urls`` (opened as ``ledgers``)."""
-    from dp_governor.budget.reporting.sharded_what_if import sharded_what_if
-
     name, proposed = proposal(ledgers[0])
     openers = [functools.partial(_open, url) for url in urls]
     return sharded_what_if(ledgers, openers, name, proposed, now=now, workers=workers, full=full)
