@@ -13,7 +13,8 @@ in a spawned process of its own, and checks the two equal. Then charges
 sharded report again from the summaries the first run stored (each shard's brought forward in
 a worker), then as a full pass (``full``), and checks the two equal; the what-if over the shards
 of a tighter first use case (:func:`proposal`) the same way, from each shard's stored what-if
-(written on the day before) and as a full pass. Prints a Markdown table:
+(written on the day before) and as a full pass, then from the stored what-ifs again after as many
+more charges the same day. Prints a Markdown table:
 CPU seconds (the process and its workers), wall seconds and peak RSS (the largest process), and
 the CPU seconds the sharded pass spends checking that each device routes to its shard.
 """
@@ -190,11 +191,11 @@ def _route_check_cpu(shards: Sequence[Engine]) -> float:
     return time.process_time() - cpu
 
 
-def _charge_next_day(shards: Sequence[Engine], day: int, charges: int) -> None:
-    """``charges`` new devices charged once on ``day``, each through its own shard's gate."""
+def _charge_next_day(shards: Sequence[Engine], day: int, charges: int, first: int = 0) -> None:
+    """``charges`` new devices (from number ``first``) charged once on ``day``, in their shards."""
     ledgers = [Ledger(e, scale.SECRET) for e in shards]
     use_case = ledgers[0].book().active[0].name
-    for i in range(charges):
+    for i in range(first, first + charges):
         device = f"next-day-{i}"
         shard = shard_of(device_key(scale.SECRET, device), len(shards))
         ledgers[shard].charge(device, use_case, now=scale.noon(day))
@@ -240,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         what_if, *what_if_forward = _run(urls[1:], last + 1, full=False, what="what-if")
         what_if_again, *what_if_full = _run(urls[1:], last + 1, what="what-if")
         assert what_if == what_if_again, "the what-if from the summaries differs from a full pass"
+        _charge_next_day(shards, last + 1, args.next_day_charges, first=args.next_day_charges)
+        _, *what_if_same_day = _run(urls[1:], last + 1, full=False, what="what-if")
         print("| ledger | devices | charges | report CPU s | wall s | peak RSS MiB |")
         print("|---" * 6 + "|")
         print(
@@ -261,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             ("from the summaries, no worker process", inline),
             ("what-if, full pass", what_if_full),
             ("what-if from the stored what-ifs", what_if_forward),
+            (f"the same day, {args.next_day_charges:,} charges later: what-if", what_if_same_day),
         ):
             print(
                 f"| {args.shards} shards, next day after {args.next_day_charges:,} charges:"
