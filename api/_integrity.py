@@ -10,16 +10,21 @@ rows counted against its record. Emptying the inbox, deleting stored reports or 
 ones is caught. On the days after the window's start that a batch reaching back before it
 also covered, the purge may already have deleted that batch whole: there the store may hold
 fewer, never more. Every inbox row and stored report carries a keyed tag over its stored bytes,
-and every sketch is recomputed from the reports of its folded parts. Checkpoints kept outside
-the database (``checkpoint_file``) catch a log truncated back to an earlier checkpoint; a kept
-file that cannot be read, or that is missing while the database holds signed checkpoints,
-fails the verification too (a copy nobody can read, or that is gone, protects nothing).
+and every sketch is recomputed from the reports of its folded parts: a full verification
+recomputes them all, an incremental one those whose blob, count or folded parts changed since
+the last accepted verdict, which records each checked sketch's digest under the audit key's
+tag (the others' reports are checked by their tags and counts, like every report).
+Checkpoints kept outside the database (``checkpoint_file``) catch a log truncated back to an
+earlier checkpoint; a kept file that cannot be read, or that is missing while the database
+holds signed checkpoints, fails the verification too (a copy nobody can read, or that is
+gone, protects nothing).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -41,7 +46,7 @@ from dp_governor.budget.audit.log import (
     last_kept_seq,
 )
 from dp_governor.budget.audit.row_tags import RowTags
-from dp_governor.budget.audit.verdicts import Resume
+from dp_governor.budget.audit.verdicts import Resume, VerdictForged
 from dp_governor.budget.audit.verify import StateCheck
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.mechanisms import Mechanism
@@ -175,35 +180,61 @@ def _verify(
         return verdict, state.resume
     if stage is not None:
         stage("the inbox, the report store and the sketches against the charges")
-    problem = pipeline_problem(ledger, state, now=now, seal=seal)
+    verified = {} if full else _verified_sketches(ledger)
+    problem, digests = _check_pipeline(ledger, state, now=now, seal=seal, verified=verified)
     if problem is not None:
         return replace(verdict, ok=False, problem=problem), None
     sealed = SEALED_COUNTED if seal is None else SEALED_OPENED
-    return replace(verdict, note=with_clause(verdict.note, sealed)), state.resume
+    resume = None if state.resume is None else replace(state.resume, sketches=digests)
+    return replace(verdict, note=with_clause(verdict.note, sealed)), resume
+
+
+def _verified_sketches(ledger: Ledger) -> Mapping[str, str]:
+    """The sketch digests the last accepted verdict recorded (none: every sketch is recomputed)."""
+    try:
+        found = ledger.verdicts.last()
+    except VerdictForged:  # the chain's check has already failed on it
+        return {}
+    return {} if found is None else found[0].sketches
 
 
 def pipeline_problem(
     ledger: Ledger, state: StateCheck, *, now: datetime, seal: InboxSeal | None = None
 ) -> str | None:
-    """The first problem of the pipeline's tables (``None``: none), naming the table.
+    """The first problem of the pipeline's tables (``None``: none), every sketch recomputed."""
+    return _check_pipeline(ledger, state, now=now, seal=seal, verified={})[0]
+
+
+def _check_pipeline(
+    ledger: Ledger,
+    state: StateCheck,
+    *,
+    now: datetime,
+    seal: InboxSeal | None,
+    verified: Mapping[str, str],
+) -> tuple[str | None, dict[str, str]]:
+    """The first problem of the pipeline's tables (``None``: none), naming the table; digests.
 
     In order: every inbox row's and stored report's tag
     (:class:`dp_governor.budget.audit.row_tags.RowTags`); the reports held per use case and charge
     day against the charges the chain records, and every batch's stored reports against its record
-    (:func:`_pipeline_problem`); every sketch against the fold of its folded parts' reports,
-    recomputed. Days on or before a use case's data cutoff (``data_through``, what the purge
-    deletes) are left out of the sketches, as they may be half deleted.
+    (:func:`_pipeline_problem`); every sketch against the fold of its folded parts' reports
+    (:func:`_sketches`: recomputed unless ``verified`` holds its digest). Days on or before a
+    use case's data cutoff (``data_through``, what the purge deletes) are left out of the
+    sketches, as they may be half deleted. The digests are those of every sketch checked.
     """
     day = utc_day(now)
     book = ledger.book()
     cutoff = {name: kept.data_through for name, kept in book.purge_through(day).items()}
+    digests: dict[str, str] = {}
+    held: dict[tuple[int, str, int], int] = {}  # reports the store holds per batch part
     with ledger.connect() as conn:
         problem = _tags(conn, ledger.row_tags, state.legacy_through, seal)
         if problem is None:
-            problem = _pipeline_problem(conn, book, day, dict(state.accepted))
+            problem = _pipeline_problem(conn, book, day, dict(state.accepted), held)
         if problem is None:
-            problem = _sketches(ledger, conn, cutoff)
-    return problem
+            problem = _sketches(ledger, conn, cutoff, verified, digests, held)
+    return problem, digests
 
 
 @contextmanager
@@ -264,11 +295,36 @@ def _kept(cutoff: dict[str, int], use_case: str, day: int) -> bool:
     return day > cutoff.get(use_case, NO_HORIZON)
 
 
-def _sketches(ledger: Ledger, conn: Connection, cutoff: dict[str, int]) -> str | None:
+def _sketch_digest(
+    key: tuple[str, str, int], n: int, parts: list[tuple[int, int]], state: bytes
+) -> str:
+    """SHA-256 over what a sketch's recomputation depends on: its blob, count and folded parts.
+
+    ``parts``: each folded part's batch and the reports the store holds of it. The reports'
+    bytes are not in it: every stored report's tag is checked on every run (:func:`_tags`), so a
+    report can be deleted, not edited or added, and a deletion changes its part's count: an
+    unchanged digest is an unchanged fold, whatever days the count check covers.
+    """
+    h = hashlib.sha256(orjson.dumps([*key, n, sorted(parts)]))
+    h.update(hashlib.sha256(state).digest())
+    return h.hexdigest()
+
+
+def _sketches(
+    ledger: Ledger,
+    conn: Connection,
+    cutoff: dict[str, int],
+    verified: Mapping[str, str],
+    digests: dict[str, str],
+    held: Mapping[tuple[int, str, int], int],
+) -> str | None:
     """Every sketch is the fold of its folded parts' stored reports, recomputed.
 
     A sketch edited, a part marked folded that was not (or unmarked, so that the fold would add
-    it again), a sketch deleted or added: each makes one differ.
+    it again), a sketch deleted or added: each makes one differ. A sketch whose digest
+    (:func:`_sketch_digest`) is the one ``verified`` holds (an earlier accepted verification's,
+    under the audit key's tag) is the fold that verification recomputed, and is not decoded
+    again. ``digests`` receives every checked sketch's digest.
     """
     p = _PARTS.c
     folded: dict[tuple[str, str, int], list[int]] = defaultdict(list)
@@ -294,13 +350,19 @@ def _sketches(ledger: Ledger, conn: Connection, cutoff: dict[str, int]) -> str |
         mechanism = known[uc].get(params)
         if mechanism is None:
             return f"sketches: {where} has parameters no version of {uc!r} ever had"
+        state = conn.execute(
+            select(s.state).where((s.use_case == uc) & (s.params == params) & (s.day == d))
+        ).scalar_one()
+        parts = [(b, held.get((b, params, d), 0)) for b in folded.get(key, [])]
+        digest = _sketch_digest(key, sketches[key], parts, bytes(state))
+        label = "\t".join(map(str, key))
+        if verified.get(label) == digest:
+            digests[label] = digest
+            continue
         rebuilt = mechanism.sketch()
         for batch in folded.get(key, []):
             for payloads in part_payloads(ledger_engine(ledger), batch, params, d):
                 rebuilt.add(mechanism.decode(payloads))
-        state = conn.execute(
-            select(s.state).where((s.use_case == uc) & (s.params == params) & (s.day == d))
-        ).scalar_one()
         try:
             stored = sketch_from_bytes(mechanism, state)
             same = sketches_equal(stored, rebuilt)
@@ -311,6 +373,7 @@ def _sketches(ledger: Ledger, conn: Connection, cutoff: dict[str, int]) -> str |
                 f"sketches: {where} is not the fold of the reports of its folded batch parts"
                 " (the sketch edited, or batch_parts' folded marks)"
             )
+        digests[label] = digest
     return None
 
 
@@ -325,9 +388,16 @@ def _window_starts(book: PolicyBook, use_cases: set[str], day: int) -> dict[str,
 
 
 def _pipeline_problem(
-    conn: Connection, book: PolicyBook, day: int, accepted: dict[tuple[str, int], int]
+    conn: Connection,
+    book: PolicyBook,
+    day: int,
+    accepted: dict[tuple[str, int], int],
+    stored: dict[tuple[int, str, int], int] | None = None,
 ) -> str | None:
-    """What in the inbox and the store disagrees with the charges (``None``: nothing)."""
+    """What in the inbox and the store disagrees with the charges (``None``: nothing).
+
+    ``stored`` receives the reports the store holds per batch part ``(batch, params, day)``.
+    """
     held: dict[tuple[str, int], int] = defaultdict(int)
     claimed: set[int] = set()
     moving: dict[int, tuple[str, int]] = {}  # batch -> (use case, reports moved so far)
@@ -369,6 +439,8 @@ def _pipeline_problem(
         ).group_by(_REPORTS.c.use_case, _REPORTS.c.batch, _REPORTS.c.params, _REPORTS.c.day)
     ):
         key = (int(batch), str(params), int(d))
+        if stored is not None:
+            stored[key] = int(n)
         if int(batch) in moving:
             stored_moving[int(batch)] += int(n)
             continue

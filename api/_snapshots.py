@@ -35,7 +35,8 @@ from dp_governor.budget.audit.log import Verification
 from dp_governor.budget.reporting.activity import Activity, daily_activity
 from dp_governor.budget.reporting.loss import effective_epsilon_passes
 from dp_governor.budget.reporting.report import EffectiveEpsilonReport, finish_report
-from dp_governor.budget.reporting.series import CumulativeSeries, cumulative_series
+from dp_governor.budget.reporting.series import CumulativeSeries
+from dp_governor.budget.reporting.series_forward import series_brought_forward
 from dp_governor.budget.reporting.views import Distribution, spend_quantiles
 from dp_governor.budget.storage.db import write_step
 from dp_governor.budget.storage.tables import DashboardSnapshot
@@ -149,7 +150,7 @@ def compute_figures(ledger: Ledger, *, now: datetime) -> Figures:
     basis, window, lifetime = effective_epsilon_passes(ledger, now=now)
     report = finish_report(basis, accountant=ledger.accountant, delta=None)
     policies = policy_store(ledger).list()
-    series = [cumulative_series(ledger, p.name, now=now) for p in policies]
+    series = series_brought_forward(ledger, [p.name for p in policies], now=now)
     spends = [
         _spends(p.name, scope, spend.use_case.get(p.name, {}))
         for p in policies

@@ -42,7 +42,7 @@ from dp_governor.api.routes import (
     use_cases,
 )
 from dp_governor.api.server import report_start_failure
-from dp_governor.api.settings import KeyRefused, Settings, setting_named
+from dp_governor.api.settings import KeyRefused, Settings, setting_problem
 from dp_governor.budget import Clock, Ledger, SystemClock, create_db_engine
 from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.seal import InboxSeal
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         settings = settings or Settings()
     except ValidationError as exc:  # a worker of `dpgov serve`: its supervisor says why
         err = exc.errors()[0]
-        report_start_failure(f"{setting_named(err['loc'], {})}: {err['msg']}")
+        report_start_failure(setting_problem(err, {}))
         raise
     except UnknownSetting as exc:
         report_start_failure(str(exc))

@@ -77,7 +77,7 @@ from dp_governor.budget.storage.db import (
     fenced,
     is_busy,
 )
-from dp_governor.pipeline.flush import DEFAULT_MIN_BATCH, flush_inbox
+from dp_governor.pipeline.flush import DEFAULT_MIN_BATCH, flush_inbox, waiting_reports
 from dp_governor.pipeline.fold import aggregate
 from dp_governor.pipeline.ingest import Ingestor
 from dp_governor.pipeline.purge import purge
@@ -170,7 +170,9 @@ class Runtime:
 
 
 def _flush(rt: Runtime) -> dict[str, Any]:
-    return {"moved": _flush_inbox(rt)}
+    """Flush the inbox; ``waiting``: the reports left in it, below a batch's minimums."""
+    moved = _flush_inbox(rt)
+    return {"moved": moved, "waiting": waiting_reports(ledger_engine(rt.ledger))}
 
 
 def _flush_inbox(rt: Runtime) -> int:
@@ -180,7 +182,7 @@ def _flush_inbox(rt: Runtime) -> int:
         batch=rt.shuffle_batch,
         min_batch=rt.min_batch,
         now=rt.clock.now(),
-        progress=rt.step("flush-inbox"),
+        progress=rt.step("flush-inbox, reports checked"),
         ledger=rt.ledger,
     )
 

@@ -14,7 +14,14 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "LogFormat", "log_config", "log_fields"]
+__all__ = [
+    "LOG_FORMATS",
+    "JsonFormatter",
+    "LogFormat",
+    "SkippedRun",
+    "log_config",
+    "log_fields",
+]
 
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: Final = ("text", "json")
@@ -40,6 +47,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False)
 
 
+class SkippedRun(logging.Filter):
+    """apscheduler's WARNING that a run was skipped, its previous one still running: a DEBUG line.
+
+    With ``max_instances=1`` a job slower than its interval (``checkpoint`` under load) skips
+    a run by design; the line moves to ``dpgov.jobs`` at DEBUG. Every other apscheduler line,
+    its errors included, passes as it is.
+    """
+
+    MESSAGE: Final = "maximum number of running instances reached"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for the skipped-run warning (logged again at DEBUG), True for every other."""
+        if record.levelno == logging.WARNING and self.MESSAGE in str(record.msg):
+            logging.getLogger("dpgov.jobs").debug("%s", record.getMessage())
+            return False
+        return True
+
+
 def log_fields(**fields: Any) -> dict[str, Any]:
     """The ``extra`` of a log call whose fields the JSON format lists one by one."""
     return {"fields": fields}
@@ -60,6 +85,7 @@ def log_config(log_format: LogFormat, level: str = "info") -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"default": formatter},
+        "filters": {"skipped_run": {"()": "dp_governor.api.logs.SkippedRun"}},
         "handlers": {"default": handler},
         "loggers": {
             "uvicorn": {"handlers": ["default"], "level": upper, "propagate": False},
@@ -69,5 +95,6 @@ def log_config(log_format: LogFormat, level: str = "info") -> dict[str, Any]:
             # a line per request only as JSON, for a collector; text is for a person to read
             "dpgov.requests": {"level": upper if log_format == "json" else "WARNING"},
             "apscheduler": {"handlers": ["default"], "level": "WARNING", "propagate": False},
+            "apscheduler.scheduler": {"filters": ["skipped_run"]},
         },
     }

@@ -12,14 +12,20 @@ process that opens it checks the keys it was given against them (:func:`service_
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from dp_governor.api._unknown_settings import PREFIX, check_environment
+from dp_governor.policies.errors import error_message
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+    from pydantic_settings import SettingsError
 
 __all__ = [
     "AUDIT_KEY_FILE",
@@ -30,6 +36,8 @@ __all__ = [
     "default_secrets_dir",
     "setting_named",
     "setting_names",
+    "setting_problem",
+    "unparsed_setting",
 ]
 
 SECRET_FILE = "dpgov.secret"
@@ -163,8 +171,8 @@ class Settings(BaseSettings):
     require_report_family: bool = Field(
         default=True,
         description="Refuse (422) reports without the `family` field; `false` accepts them, for"
-        " fleets built before the field. A wrong one is always refused, naming what differs"
-        " (docs/api.md).",
+        " fleets built before the field, and publishes the report schema with it optional. A"
+        " wrong one is always refused, naming what differs (docs/api.md).",
     )
     admin_failures_per_minute: int = Field(
         default=20,
@@ -420,3 +428,32 @@ def setting_named(loc: tuple[int | str, ...], given: Mapping[str, object]) -> st
     field, rest = str(loc[0]), "".join(f"[{x}]" for x in loc[1:])
     name = f"--{field.replace('_', '-')}" if field in given else f"{PREFIX}{field.upper()}"
     return f"invalid setting {name}{rest}"
+
+
+def setting_problem(error: ErrorDetails, given: Mapping[str, object]) -> str:
+    """One validation error of the settings as one line naming the setting as the user set it.
+
+    A check of several settings names the one at fault first (`` `audit_key` must be...``):
+    that one is named as the user set it too.
+
+    >>> setting_problem({"type": "value_error", "loc": (), "input": {},
+    ...     "msg": "Value error, `audit_key` must be at least 32 characters"}, {})
+    'invalid setting DPGOV_AUDIT_KEY: must be at least 32 characters'
+    """
+    loc, message = tuple(error["loc"]), error_message(error)
+    first = re.fullmatch(r"`([a-z_]+)` (.+)", message)
+    if not loc and first is not None and first[1] in Settings.model_fields:
+        loc, message = (first[1],), first[2]
+    return f"{setting_named(loc, given)}: {message}"
+
+
+def unparsed_setting(exc: SettingsError, given: Mapping[str, object]) -> str:
+    """A list or object setting that is not JSON, as one line naming the setting.
+
+    >>> from pydantic_settings import SettingsError
+    >>> print(unparsed_setting(SettingsError('error parsing value for field "witnesses"'), {}))
+    invalid setting DPGOV_WITNESSES: not JSON (a list is JSON, e.g. '["URL VKEY"]')
+    """
+    field = re.search(r'field "([a-z_]+)"', str(exc))
+    named = "invalid setting" if field is None else setting_named((field[1],), given)
+    return f"{named}: not JSON (a list is JSON, e.g. '[\"URL VKEY\"]')"

@@ -18,6 +18,7 @@ from dp_governor.budget.reporting.transparency import DeviceRecord
 from dp_governor.budget.reporting.views import Distribution, Timeline, WhatIf
 from dp_governor.budget.rule.standing import DeviceOdometer, DeviceWide
 from dp_governor.mechanisms.merkle import encode_hashes
+from dp_governor.mechanisms.published import FAMILY_FIELD
 from dp_governor.policies import Policy, publish
 from dp_governor.policies.device import DeviceBudgetVersion
 from dp_governor.policies.model import GroupTerms
@@ -42,9 +43,18 @@ def _read(model: type[M], value: object) -> M:
     return model.model_validate(value, from_attributes=True)
 
 
-def policy(p: Policy) -> schemas.PolicyPublic:
-    """A policy version as published (:func:`dp_governor.policies.publish`)."""
-    return _read(schemas.PolicyPublic, publish(p))
+def policy(p: Policy, *, family_required: bool) -> schemas.PolicyPublic:
+    """A policy version as published (:func:`dp_governor.policies.publish`) by this server.
+
+    Its report schema requires the ``family`` field only when the server refuses bodies
+    without it (``family_required``: the ``require_report_family`` setting), so that the
+    schema accepts exactly what the server accepts.
+    """
+    published = publish(p)
+    if not family_required:
+        schema = published.randomizer.report_schema
+        schema["required"] = [f for f in schema["required"] if f != FAMILY_FIELD]
+    return _read(schemas.PolicyPublic, published)
 
 
 def device_budget_version(v: DeviceBudgetVersion) -> schemas.DeviceBudgetPublic:

@@ -158,13 +158,26 @@ class Ledger:
             engine, on_change=self._policy_changed, review=self._review_policies
         )
         self.accountant = accountant or Accountant()
-        # told the accounts read so far by each full scan, a chunk at a time (a command's bar)
-        self.scan_progress: Callable[[int], None] | None = None
+        # told (accounts read so far, accounts to read) by each pass, a chunk at a time (a
+        # command's bar): a full scan's total is the accounts' count, read once beside it
+        self.scan_progress: Callable[[int, int], None] | None = None
 
     def account_count(self) -> int:
         """How many devices hold an account (the length of a full :meth:`accounts` scan)."""
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(_ACCOUNTS)).scalar_one())
+
+    def full_scan_progress(self) -> Callable[[int], None] | None:
+        """:attr:`scan_progress` for a pass that reads every account, told 0 now; None: unwatched.
+
+        Its total is the accounts' count (one ``COUNT(*)``, no more than the pass itself reads).
+        """
+        watch = self.scan_progress
+        if watch is None:
+            return None
+        total = self.account_count()
+        watch(0, total)
+        return lambda read: watch(read, max(read, total))
 
     def connect(self) -> Connection:
         """A read connection to the ledger's database; use it as a context manager."""
@@ -407,6 +420,7 @@ class Ledger:
         """
         c = _ACCOUNTS.c
         read = 0
+        tell = self.full_scan_progress() if expired_by is None else None
         while True:
             query = (
                 select(c.device_key, c.count, c.epsilon_micro, c.days, c.lifetime)
@@ -423,8 +437,8 @@ class Ledger:
             for dk, count, eps, days, lifetime in rows:
                 yield str(dk), decode(count, eps, days, lifetime)
             read += len(rows)
-            if self.scan_progress is not None and expired_by is None:
-                self.scan_progress(read)
+            if tell is not None:
+                tell(read)
             if len(rows) < chunk:
                 return
             after = str(rows[-1][0])

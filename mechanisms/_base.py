@@ -122,12 +122,18 @@ class Described(ABC):
         return Fingerprint.of(self.parameters())
 
     def report_schema(self) -> dict[str, Any]:
-        """The JSON schema of one report body, with the optional ``family`` field."""
+        """The JSON schema of one report body, with its ``family`` field required.
+
+        Required as the server requires it by default; a server that accepts bodies without
+        it (``require_report_family=false``) publishes the schema with it optional
+        (``dp_governor.api.wire.policy``).
+        """
         schema = self.body_schema()
         schema["properties"][FAMILY_FIELD] = {
             "const": self.fingerprint.family_id,
             "description": "the randomizer's family identifier; a report under another is refused",
         }
+        schema["required"] = [*schema["required"], FAMILY_FIELD]
         return schema
 
     def describe(self) -> dict[str, Any]:

@@ -327,7 +327,8 @@ class CmsSketch(RowSketch[CMS]):
 
     @staticmethod
     def _consistent(table: np.ndarray, rows: np.ndarray) -> str | None:
-        if (table < 0).any() or (rows < 0).any() or (table > rows[:, None]).any():
+        # reductions, not elementwise comparisons: no table-sized temporary array
+        if table.min(initial=0) < 0 or (rows < 0).any() or (table.max(axis=1) > rows).any():
             return "counts must satisfy 0 <= P[j, l] <= n_j"
         return None
 

@@ -59,7 +59,7 @@ def family_id(mech: Mechanism) -> str:
 
 
 def report_schema(mech: Mechanism) -> dict[str, Any]:
-    """The JSON schema of one report body, with the optional ``family`` field."""
+    """The JSON schema of one report body, with its ``family`` field required."""
     return mech.report_schema()
 
 

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import io
+import zipfile
 
 import numpy as np
 
 from dp_governor.mechanisms import Mechanism, Sketch
 
-__all__ = ["sketch_digest", "sketch_from_bytes", "sketch_to_bytes", "sketches_equal"]
+__all__ = [
+    "sketch_digest",
+    "sketch_from_bytes",
+    "sketch_to_bytes",
+    "sketches_equal",
+    "stored_arrays",
+]
 
 
 def sketch_digest(sketch: Sketch) -> str:
@@ -44,5 +51,32 @@ def sketch_to_bytes(sketch: Sketch) -> bytes:
 
 def sketch_from_bytes(mechanism: Mechanism, data: bytes) -> Sketch:
     """Inverse of :func:`sketch_to_bytes` for the mechanism's parameters."""
-    with np.load(io.BytesIO(data)) as arrays:
-        return mechanism.sketch_from_arrays(arrays)
+    return mechanism.sketch_from_arrays(stored_arrays(data))
+
+
+def stored_arrays(data: bytes) -> dict[str, np.ndarray]:
+    """The arrays of a :func:`sketch_to_bytes` blob, read-only views over each inflated member.
+
+    Each member is inflated in one call and viewed in place, where ``numpy.load`` copies it
+    through 256 KiB reads (a 64-million-cell table: 256 MiB). The sketch copies the views into
+    its own arrays (:meth:`~dp_governor.mechanisms.Mechanism.sketch_from_arrays`).
+    Raises ``ValueError`` for a blob that holds anything but plain numeric arrays.
+    """
+    out = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for member in archive.namelist():
+            if not member.endswith(".npy"):
+                raise ValueError(f"a sketch blob holds {member!r}, not an array")
+            raw = archive.read(member)
+            head = io.BytesIO(raw)
+            version = np.lib.format.read_magic(head)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(head)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(head)
+            if dtype.hasobject:
+                raise ValueError(f"a sketch blob's {member!r} is not a numeric array")
+            count = int(np.prod(shape, dtype=np.int64))
+            flat = np.frombuffer(raw, dtype=dtype, count=count, offset=head.tell())
+            out[member.removesuffix(".npy")] = flat.reshape(shape, order="F" if fortran else "C")
+    return out

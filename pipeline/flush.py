@@ -45,7 +45,7 @@ from dp_governor.pipeline.tables import (
 from dp_governor.policies import mechanism_for
 from dp_governor.policies.model import to_micro
 
-__all__ = ["DEFAULT_MIN_BATCH", "flush_inbox"]
+__all__ = ["DEFAULT_MIN_BATCH", "flush_inbox", "waiting_reports"]
 
 DEFAULT_MIN_BATCH = 100
 log = logging.getLogger("dpgov.pipeline")
@@ -130,7 +130,8 @@ def flush_inbox(
     (:mod:`dp_governor.budget.reporting.central`) and publishes it to the fold. A batch left half
     moved (a crash, a stopped job) is carried on first. Rows queued before sealing are sealed first.
     Returns how many reports this call moved. ``progress`` is called with the pending reports
-    handled so far and those found pending, after each use case.
+    checked so far and those found pending, after each use case (checked: moved, or left
+    waiting for the minimums; :func:`waiting_reports` counts those).
 
     ``ledger`` (the jobs always give it) is what leaves the evidence ``verify`` checks: each
     stored report is tagged (:class:`dp_governor.budget.audit.row_tags.RowTags`) if its inbox row's
@@ -188,6 +189,12 @@ def flush_inbox(
                 moved += _carry(engine, seal, use_case, claimed, batch, today, proof)
         done(use_case)
     return moved
+
+
+def waiting_reports(engine: Engine) -> int:
+    """How many reports the inbox holds: those a flush left waiting for a batch's minimums."""
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(_INBOX)).scalar_one())
 
 
 def _seal_waiting(engine: Engine, seal: InboxSeal, rows: int, proof: _Evidence | None) -> int:

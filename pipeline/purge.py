@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from dp_governor.budget import Ledger, utc_day
 from dp_governor.budget.audit.log import Entry
+from dp_governor.budget.reporting.series_forward import advance_series
 from dp_governor.budget.reporting.summary import advance_summary
 from dp_governor.budget.reporting.what_if_summary import advance_what_ifs
 from dp_governor.budget.storage.db import delete_pages, write_step
@@ -37,12 +38,13 @@ def purge(ledger: Ledger, *, now: datetime, rows: int = STEP_ROWS) -> dict[str, 
     transaction; a use case's inbox is left alone while a batch of it is being moved (the next
     purge takes those rows), and its stored reports go part by part, each part's row with its
     last reports. The audit entry counts what this run deleted. The stored report summary and
-    what-ifs are brought to ``now`` first
+    what-ifs and the dashboard's series are brought to ``now`` first
     (:func:`dp_governor.budget.reporting.summary.advance_summary`,
-    :func:`dp_governor.budget.reporting.what_if_summary.advance_what_ifs`), so the horizons this
-    purge raises never make the next report or what-if read every account.
+    :func:`dp_governor.budget.reporting.what_if_summary.advance_what_ifs`,
+    :func:`dp_governor.budget.reporting.series_forward.advance_series`), so the horizons this
+    purge raises never make the next report, what-if or series read everything again.
     """
-    for advance in (advance_summary, advance_what_ifs):
+    for advance in (advance_summary, advance_what_ifs, advance_series):
         try:
             advance(ledger, now=now)
         except Exception as exc:  # a stored summary never holds back retention: it goes stale

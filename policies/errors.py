@@ -7,12 +7,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
-__all__ = ["PolicyConflict", "PolicyError", "PolicyLoosens", "UnknownUseCase", "error_message"]
+__all__ = [
+    "UNKNOWN_KEY",
+    "PolicyConflict",
+    "PolicyError",
+    "PolicyLoosens",
+    "UnknownUseCase",
+    "error_message",
+]
 
 
-# Errors whose message says it all: our validators' (each names the value) and a field absent.
-_NAMED_BY_THEMSELVES = frozenset({"value_error", "assertion_error", "missing", "extra_forbidden"})
+# Our validators' messages name the value: pydantic's words in front of them are taken off.
+_OWN_PREFIXES = {"value_error": "Value error, ", "assertion_error": "Assertion failed, "}
+UNKNOWN_KEY = "is not a field"  # an unknown key: the caller names the allowed ones
 _SHOWN_CHARACTERS = 80
+_JSON_WORDS = {None: "null", True: "true", False: "false"}  # files and bodies are YAML or JSON
 
 
 def error_message(error: ErrorDetails) -> str:
@@ -27,13 +36,23 @@ def error_message(error: ErrorDetails) -> str:
     >>> error_message({"type": "greater_than_equal", "loc": ("k",), "input": 0,
     ...     "msg": "Input should be greater than or equal to 1"})
     'must be greater than or equal to 1, got 0'
+    >>> error_message({"type": "value_error", "loc": (), "input": {},
+    ...     "msg": "Value error, `m` must be a power of 2 for hcms, got 1000"})
+    '`m` must be a power of 2 for hcms, got 1000'
+    >>> error_message({"type": "int_type", "loc": ("k",), "input": None,
+    ...     "msg": "Input should be a valid integer"})
+    'must be a valid integer, got null'
     """
-    kind = error.get("type")
+    kind = str(error.get("type"))
     if kind == "finite_number":
         return f"must be a finite number, got {error.get('input')!r}"
     message = str(error.get("msg"))
-    if kind in _NAMED_BY_THEMSELVES or not error.get("loc") or "input" not in error:
-        return message  # our own checks name the value; a model's input is the whole model
+    if kind in _OWN_PREFIXES:  # our own checks name the value
+        return message.removeprefix(_OWN_PREFIXES[kind])
+    if kind == "extra_forbidden":
+        return UNKNOWN_KEY
+    if kind == "missing" or not error.get("loc") or "input" not in error:
+        return message  # a model's input is the whole model
     if kind in ("literal_error", "enum"):
         message = f"must be one of {error.get('ctx', {}).get('expected')}"
     elif message.startswith("Input should be "):
@@ -42,11 +61,15 @@ def error_message(error: ErrorDetails) -> str:
 
 
 def _shown(value: object) -> str:
-    """``repr(value)``, cut to a readable length (a message may quote a whole body's field).
+    """``repr(value)`` (null, true, false as YAML and JSON say them), cut to a readable length.
 
-    >>> _shown("nope"), _shown("x" * 200)[-24:]
-    ("'nope'", 'xxxx... (202 characters)')
+    A message may quote a whole body's field.
+
+    >>> _shown("nope"), _shown(None), _shown("x" * 200)[-24:]
+    ("'nope'", 'null', 'xxxx... (202 characters)')
     """
+    if value is None or isinstance(value, bool):
+        return _JSON_WORDS[value]
     text = repr(value)
     if len(text) <= _SHOWN_CHARACTERS:
         return text
@@ -66,12 +89,16 @@ class UnknownUseCase(PolicyError, LookupError):
 
 
 class PolicyConflict(PolicyError, ValueError):
-    """A policy change conflicts with stored state; ``field`` names the culprit."""
+    """A policy change conflicts with stored state; ``field`` names the culprit.
 
-    def __init__(self, field: str, reason: str) -> None:
+    ``policy``: the use case whose new version is at fault, where one is (a file names it).
+    """
+
+    def __init__(self, field: str, reason: str, *, policy: str | None = None) -> None:
         super().__init__(f"`{field}` {reason}")
         self.field = field
         self.reason = reason
+        self.policy = policy
 
 
 class PolicyLoosens(PolicyConflict):

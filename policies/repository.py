@@ -408,6 +408,7 @@ def check_names(stored: Sequence[Policy], new: Sequence[Policy]) -> None:
                 "name",
                 f"{p.name!r} is the name of a budget group (of {groups[p.name]!r}): a use case"
                 " may not take a budget's name",
+                policy=p.name,
             )
 
 
@@ -429,10 +430,11 @@ def check_groups(versions: Sequence[Policy], new: Sequence[Policy]) -> None:
                 if getattr(other, field) != getattr(first, field):
                     raise PolicyConflict(
                         field,
-                        f"must equal {getattr(first, field)!r} as in {first.name!r}: use cases of"
-                        f" budget group {group!r} share one budget (change a group's shared"
-                        " terms for every member at once: PUT /v1/budget-groups/{name}, or"
-                        " every member in one policy file)",
+                        f"of {other.name!r} must equal {getattr(first, field)!r} as in"
+                        f" {first.name!r}: use cases of budget group {group!r} share one budget"
+                        " (change a group's shared terms for every member at once: PUT"
+                        " /v1/budget-groups/{name}, or every member in one policy file)",
+                        policy=other.name,
                     )
 
 

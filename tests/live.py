@@ -55,17 +55,18 @@ def server_env(folder: Path, **settings: str | None) -> dict[str, str]:
 
 
 @contextmanager
-def serve(folder: Path, **settings: str | None) -> Iterator[Served]:
-    """Start the service (:func:`server_env`); yields it running, stops it after.
+def serve(folder: Path, *args: str, **settings: str | None) -> Iterator[Served]:
+    """Start the service (:func:`server_env`, ``args`` on its command line); yields it running.
 
     Waits up to :data:`START` seconds for ``/healthz``; the server's own error output is the
-    failure message if it never answers. The log holds its standard output and error.
+    failure message if it never answers. The log holds its standard output and error. It is
+    stopped after the block.
     """
     port = free_port()
     log = folder / f"serve-{port}.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dp_governor.api.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "dp_governor.api.cli", "serve", "--port", str(port), *args],
             env=server_env(folder, **settings),
             cwd=folder,
             stdout=err,

@@ -134,7 +134,7 @@ def sharded_report(
             Progress("audit report: the shards' summaries or ranges", "parts", stream=sink) as bar,
             Stages("audit report", stream=sink) as stages,
         ):
-            bar(0, len(urls))
+            bar(0)  # the whole is known once every summary is brought forward or found stale
             try:
                 basis = sharded_basis(
                     ledgers,

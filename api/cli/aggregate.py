@@ -11,7 +11,14 @@ from typing import Annotated
 
 import typer
 
-from dp_governor.api.cli.common import DatabaseOption, Progress, load_settings, open_ledger, refuse
+from dp_governor.api.cli.common import (
+    DatabaseOption,
+    Progress,
+    load_settings,
+    open_ledger,
+    path_option,
+    refuse,
+)
 
 
 class AggregateEngine(enum.StrEnum):
@@ -37,7 +44,7 @@ def aggregate(
         datetime | None,
         typer.Option("--to", formats=["%Y-%m-%d"], help="Last UTC day (default: today)."),
     ] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Parquet dataset directory.")] = Path(
+    out: Annotated[Path, path_option("--out", "-o", help="Parquet dataset directory.")] = Path(
         "dpgov-parquet"
     ),
     engine: Annotated[
@@ -55,7 +62,7 @@ def aggregate(
         bool, typer.Option(help="Export the report store first (--no-export: reuse --out).")
     ] = True,
     sketch_file: Annotated[
-        Path | None, typer.Option("--sketch", help="Write the merged sketch here (.npz).")
+        Path | None, path_option("--sketch", help="Write the merged sketch here (.npz).")
     ] = None,
     database_url: DatabaseOption = None,
 ) -> None:
@@ -89,8 +96,7 @@ def aggregate(
         try:
             policy = policy_store(ledger).get(use_case)
         except UnknownUseCase:
-            typer.echo(f"Error: unknown use case {use_case!r}", err=True)
-            raise typer.Exit(1) from None
+            refuse(f"unknown use case {use_case!r} (`dpgov policies list` names them)")
         today = utc_day(SystemClock().now())
         first = _day_number(start, today - policy.retention_days + 1)
         last = _day_number(end, today)

@@ -28,6 +28,8 @@ from dp_governor.api.cli.common import (
     finite,
     load_settings,
     open_ledger,
+    path_argument,
+    path_option,
     refuse,
 )
 
@@ -48,7 +50,7 @@ QuietOption = Annotated[
 def audit_verify(
     checkpoints: Annotated[
         Path | None,
-        typer.Option(
+        path_option(
             help="Checkpoints kept outside the database (default: the `checkpoint_file`"
             " setting); a log truncated back to an earlier one fails. A file given here that"
             " cannot be read as checkpoints is refused (exit 2); the setting's fails the run."
@@ -64,7 +66,7 @@ def audit_verify(
     ] = False,
     archive: Annotated[
         list[Path] | None,
-        typer.Option(
+        path_option(
             "--archive",
             help="With --full: an archive file (`dpgov audit archive`) to replay first;"
             " repeat for each, so that the replay starts at the first entry.",
@@ -146,7 +148,7 @@ def audit_archive(
             " the last accepted verification reached (the only one it holds the state at)."
         ),
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="The archive file to write (new).")],
+    out: Annotated[Path, path_option("--out", "-o", help="The archive file to write (new).")],
     database_url: DatabaseOption = None,
 ) -> None:
     """Move the entries before a verified signed checkpoint to a file, then delete them.
@@ -183,7 +185,7 @@ def audit_archive(
 @app.command("checkpoints")
 def audit_checkpoints(
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="File to append the signed checkpoints to.")
+        Path, path_option("--output", "-o", help="File to append the signed checkpoints to.")
     ],
     database_url: DatabaseOption = None,
 ) -> None:
@@ -211,7 +213,7 @@ def audit_checkpoints(
 @app.command("tiles")
 def audit_tiles(
     out: Annotated[
-        Path, typer.Option("--out", help="Folder to write the tiles to (a static host's root).")
+        Path, path_option("--out", help="Folder to write the tiles to (a static host's root).")
     ],
     database_url: DatabaseOption = None,
 ) -> None:
@@ -343,15 +345,13 @@ def audit_report(
             Progress("audit report: every device's spend", "devices", stream=sink) as bar,
             Stages("audit report", stream=sink) as stages,
         ):
-            total = ledger.account_count()
-            bar(0, total)
             scanning = True
 
-            def read(done: int) -> None:
+            def read(done: int, total: int) -> None:
                 nonlocal scanning
                 if not scanning:
                     return
-                bar(done, max(total, done))
+                bar(done, total)
                 if done >= total:  # the scan is done: the bounds follow
                     scanning = False
                     bar.close()
@@ -396,7 +396,7 @@ def _partitioned_report(
         Progress("audit report: the summary or key ranges", "parts", stream=sink) as bar,
         Stages("audit report", stream=sink) as stages,
     ):
-        bar(0, 1)
+        bar(0)  # the whole is known once the summary is brought forward or found stale
         basis = partitioned_basis(
             ledger,
             worker_opener(settings),
@@ -414,7 +414,7 @@ def _partitioned_report(
 
 @app.command("export")
 def audit_export(
-    out: Annotated[Path, typer.Option("--out", "-o", help="File to write.")],
+    out: Annotated[Path, path_option("--out", "-o", help="File to write.")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or csv.")] = "jsonl",
     database_url: DatabaseOption = None,
 ) -> None:
@@ -465,7 +465,7 @@ class _LineCounter:
 @app.command("recompute")
 def audit_recompute(
     file: Annotated[
-        Path | None, typer.Argument(help="An export written by `dpgov audit export`.")
+        Path | None, path_argument(help="An export written by `dpgov audit export`.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     log: Annotated[
@@ -492,15 +492,15 @@ def audit_recompute(
     ] = None,
     checkpoint: Annotated[
         Path | None,
-        typer.Option(
+        path_option(
             help="With --log: check against this signed checkpoint (e.g. one a witness"
             " cosigned) instead of the one the log serves."
         ),
     ] = None,
-    save: Annotated[Path | None, typer.Option(help="With --log URL: save the log here.")] = None,
+    save: Annotated[Path | None, path_option(help="With --log URL: save the log here.")] = None,
     reports: Annotated[
         Path | None,
-        typer.Option(help="With --log: write each regenerated daily report into this folder."),
+        path_option(help="With --log: write each regenerated daily report into this folder."),
     ] = None,
 ) -> None:
     """Recompute the effective-epsilon report from an export, or a log's claims (no database).

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TextIO
 from urllib.parse import quote
 
 import typer
@@ -99,27 +99,21 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     from pydantic_settings import SettingsError
 
     from dp_governor.api._unknown_settings import UnknownSetting
-    from dp_governor.policies.errors import error_message
 
     with long_lived_imports():
-        from dp_governor.api.settings import Settings, setting_named
+        from dp_governor.api.settings import Settings, setting_problem, unparsed_setting
 
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if database_url is not None:
+        values["database_url"] = database_url
     try:
-        values = {k: v for k, v in overrides.items() if v is not None}
-        if database_url is not None:
-            values["database_url"] = database_url
         return Settings(**values)  # type: ignore[arg-type]
     except UnknownSetting as exc:
         refuse(str(exc))
     except SettingsError as exc:  # a list or object setting that is not JSON
-        refuse(f"invalid setting: {exc} (a list is JSON, e.g. '[\"URL VKEY\"]')")
+        refuse(unparsed_setting(exc, values))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        typer.echo(
-            f"Error: {setting_named(err['loc'], values)}: {error_message(err)}",
-            err=True,
-        )
-        raise typer.Exit(2) from None
+        refuse(setting_problem(exc.errors()[0], values))
 
 
 class Access(enum.Enum):
@@ -160,6 +154,27 @@ def finite(
         return value
 
     return parse
+
+
+def file_path(text: str) -> Path:
+    """A parser of a path option: refuses an empty one (an unset variable), never the folder ``.``.
+
+    >>> file_path("ledger.jsonl")
+    PosixPath('ledger.jsonl')
+    """
+    if not text.strip():
+        raise typer.BadParameter("empty path")
+    return Path(text)
+
+
+def path_option(*names: str, **options: Any) -> Any:
+    """A ``typer.Option`` that takes a path: :func:`file_path` parses it (empty: refused)."""
+    return typer.Option(*names, parser=file_path, **options)
+
+
+def path_argument(**options: Any) -> Any:
+    """A ``typer.Argument`` that takes a path: :func:`file_path` parses it (empty: refused)."""
+    return typer.Argument(parser=file_path, **options)
 
 
 class Refused(Exception):

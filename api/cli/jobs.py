@@ -18,12 +18,23 @@ from dp_governor.api.cli.common import (
 
 app = typer.Typer(help="Run scheduled jobs now.", no_args_is_help=True)
 
+# The jobs' names, as :data:`dp_governor.api.jobs.JOBS` declares them (a test holds the two
+# equal): a name is checked before the job modules, the settings or the database are loaded.
+JOB_NAMES = ("flush-inbox", "aggregate", "purge", "checkpoint", "dashboard", "verify")
+JOB_HELP = "flush-inbox, aggregate, purge, checkpoint, dashboard or verify."
+
+
+def known_job(name: str) -> str:
+    """``name`` if it is a job's; else exit 2 naming the jobs, before anything heavy loads."""
+    if name not in JOB_NAMES:
+        typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOB_NAMES)}", err=True)
+        raise typer.Exit(2)
+    return name
+
 
 @app.command("run")
 def jobs_run(
-    name: Annotated[
-        str, typer.Argument(help="flush-inbox, aggregate, purge, checkpoint, dashboard or verify.")
-    ],
+    name: Annotated[str, typer.Argument(help=JOB_HELP)],
     database_url: DatabaseOption = None,
     force: Annotated[
         bool,
@@ -33,11 +44,11 @@ def jobs_run(
     ] = False,
 ) -> None:
     """Run one scheduled job against the configured database and print its result."""
+    known_job(name)
     from dp_governor.api._handles import ledger_engine
     from dp_governor.api._job_process import lower_priority
     from dp_governor.api.jobs import (
         CHILD_JOBS,
-        JOBS,
         RUNTIMES,
         JobBusy,
         Runtime,
@@ -49,9 +60,6 @@ def jobs_run(
     from dp_governor.pipeline.ingest import Ingestor
     from dp_governor.pipeline.seal import InboxSeal
 
-    if name not in JOBS:
-        typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
-        raise typer.Exit(2)
     settings = load_settings(database_url)
     if name in CHILD_JOBS:  # as low a priority as the service gives them (DPGOV_JOB_NICE)
         lower_priority(settings.job_nice)
@@ -92,18 +100,14 @@ def jobs_run(
 
 @app.command("release")
 def jobs_release(
-    name: Annotated[
-        str, typer.Argument(help="flush-inbox, aggregate, purge, checkpoint, dashboard or verify.")
-    ],
+    name: Annotated[str, typer.Argument(help=JOB_HELP)],
     database_url: DatabaseOption = None,
 ) -> None:
     """Clear a job's lease whoever holds it, so the next run need not wait for it to expire."""
+    known_job(name)
     from dp_governor.api._handles import ledger_engine
-    from dp_governor.api.jobs import JOBS, lease_of, release_job
+    from dp_governor.api.jobs import lease_of, release_job
 
-    if name not in JOBS:
-        typer.echo(f"Error: unknown job {name!r}; jobs: {', '.join(JOBS)}", err=True)
-        raise typer.Exit(2)
     ledger = open_ledger(load_settings(database_url))
     try:
         released = release_job(ledger_engine(ledger), name)

@@ -17,7 +17,14 @@ if TYPE_CHECKING:
     from dp_governor.policies import Policy, PolicyCreate
     from dp_governor.policies.device import DeviceBudgetCreate
 
-from dp_governor.api.cli.common import Access, DatabaseOption, load_settings, open_ledger, refuse
+from dp_governor.api.cli.common import (
+    Access,
+    DatabaseOption,
+    load_settings,
+    open_ledger,
+    path_argument,
+    refuse,
+)
 
 app = typer.Typer(help="List, show, apply and export use-case policies.", no_args_is_help=True)
 
@@ -53,15 +60,14 @@ def policies_show(
     try:
         policy = policy_store(ledger).get(name)
     except UnknownUseCase:
-        typer.echo(f"Error: unknown use case {name!r}", err=True)
-        raise typer.Exit(1) from None
+        refuse(f"unknown use case {name!r} (`dpgov policies list` names them)")
     print(f"# version {policy.version}, {policy.created_at:%Y-%m-%d %H:%M} UTC by {policy.actor}")
     print(dump_policies([policy]), end="")
 
 
 @app.command("apply")
 def policies_apply(
-    file: Annotated[Path, typer.Argument(help="A .yaml, .yml or .toml file of policies.")],
+    file: Annotated[Path, path_argument(help="A .yaml, .yml or .toml file of policies.")],
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print each change and its what-if; write nothing.")
     ] = False,
@@ -110,14 +116,16 @@ def policies_apply(
     try:
         policies = load_policies(file)
         device = load_device_budget(file)
-    except PolicyFileError as exc:
-        refuse(f"{file}: {exc}", 1)
+    except PolicyFileError as exc:  # names the file: one line, exit 2 (what was given is wrong)
+        refuse(str(exc))
     if shard:
         if not dry_run:
             refuse("--shard needs --dry-run: write the policies to each shard's database")
         if database_url is not None:
             refuse("give --shard URLs or --database-url, not both")
-        _sharded_dry_run(shard, workers, policies, device, allow_loosen=allow_loosen, full=full)
+        _sharded_dry_run(
+            shard, workers, file, policies, device, allow_loosen=allow_loosen, full=full
+        )
         return
     if workers is not None:
         refuse("--workers needs --shard")
@@ -137,7 +145,7 @@ def policies_apply(
         if loosening and not allow_loosen:  # reported with every other problem, at once
             problems.append(f"{len(loosening)} loosening(s) above need --allow-loosen")
         if problems:
-            refuse("; ".join(problems), 1)
+            refuse(f"{file}: " + "; ".join(problems), 1)
         if dry_run or not (changed or device_changed):
             count = len(changed) + int(device_changed)
             print(f"{'dry run: ' if dry_run else ''}{count} change(s), nothing written")
@@ -158,6 +166,7 @@ def policies_apply(
 def _sharded_dry_run(
     urls: list[str],
     workers: int | None,
+    file: Path,
     policies: list[PolicyCreate],
     device: DeviceBudgetCreate | None,
     *,
@@ -225,7 +234,7 @@ def _sharded_dry_run(
         if loosening and not allow_loosen:  # as without --shard: reported with the others
             problems.append(f"{len(loosening)} loosening(s) above need --allow-loosen")
         if problems:
-            refuse("; ".join(problems), 1)
+            refuse(f"{file}: " + "; ".join(problems), 1)
         count = len(changed) + int(device_changed)
         print(f"dry run over {len(urls)} shards: {count} change(s), nothing written")
     finally:
@@ -303,7 +312,7 @@ def _review(
         with ledger.connect() as conn:
             rows = policy_store(ledger).proposed(conn, changed)
     except PolicyConflict as exc:
-        return [str(exc)], [], changed
+        return [f"{_at(policies, exc.policy)}{exc}"], [], changed
     loosening = ledger.loosenings(rows)
     for policy in policies:
         old = current.get(policy.name)
@@ -333,8 +342,27 @@ def _review(
         print("  what-if on today's ledger (current -> proposed):")
         for line in _what_if_lines(result.to_dict()):
             print(f"    {line}")
+    _unlisted(ledger, policies)
     _print_advice(policies)
     return problems, loosening, changed
+
+
+def _at(policies: list[PolicyCreate], name: str | None) -> str:
+    """Where in the file the policy ``name`` stands (``policies[1] (emoji) ``), or nothing."""
+    for i, policy in enumerate(policies):
+        if policy.name == name:
+            return f"policies[{i}] ({name}) "
+    return ""
+
+
+def _unlisted(ledger: Ledger, policies: list[PolicyCreate]) -> None:
+    """Say which use cases in force the file leaves out: they stay as they are, not retired."""
+    from dp_governor.api._handles import policy_store
+
+    listed = {p.name for p in policies}
+    left = [p.name for p in policy_store(ledger).list() if p.name not in listed]
+    if left:
+        print(f"not in the file, unchanged: {', '.join(left)}")
 
 
 def _print_advice(policies: list[PolicyCreate]) -> None:
@@ -389,7 +417,6 @@ def policies_export(
     from dp_governor.policies import dump_policies
 
     if fmt not in ("yaml", "toml"):
-        typer.echo(f"Error: --format must be yaml or toml, got {fmt!r}", err=True)
-        raise typer.Exit(2)
+        refuse(f"--format must be yaml or toml, got {fmt!r}")
     ledger = open_ledger(load_settings(database_url))
     print(dump_policies(policy_store(ledger).list(), fmt), end="")

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import enum
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dp_governor.api.cli.common import Access, DatabaseOption, load_settings, open_service, refuse
+
+if TYPE_CHECKING:
+    from dp_governor.api.settings import Settings
 
 
 class LogFormatOption(enum.StrEnum):
@@ -16,6 +19,24 @@ class LogFormatOption(enum.StrEnum):
 
     text = "text"
     json = "json"
+
+
+# The settings `serve` can override on its command line: the workers read these as checked here.
+SERVE_OPTIONS = ("host", "port", "database_url", "log_format")
+
+
+def export_for_workers(settings: Settings) -> None:
+    """Put the settings ``serve`` decided in the environment its workers build their own from.
+
+    A worker (and uvicorn's app factory in this process) reads :class:`Settings` from the
+    environment again: every command-line override and every key path, resolved, is exported
+    so that it sees what was checked here, never an overridden variable's own value.
+    """
+    for name in SERVE_OPTIONS:
+        os.environ[f"DPGOV_{name.upper()}"] = str(getattr(settings, name))
+    os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())
+    os.environ["DPGOV_AUDIT_KEY_FILE"] = str(settings.audit_key_path().resolve())
+    os.environ["DPGOV_SHUFFLER_KEY_FILE"] = str(settings.shuffler_key_path().resolve())
 
 
 def serve(
@@ -55,11 +76,7 @@ def serve(
     ledger.close()
     config = log_config(settings.log_format)
     logging.config.dictConfig(config)  # every line from here on in the chosen format
-    os.environ["DPGOV_DATABASE_URL"] = settings.database_url  # the workers read the same
-    os.environ["DPGOV_LOG_FORMAT"] = settings.log_format
-    os.environ["DPGOV_SECRET_FILE"] = str(settings.secret_path().resolve())
-    os.environ["DPGOV_AUDIT_KEY_FILE"] = str(settings.audit_key_path().resolve())
-    os.environ["DPGOV_SHUFFLER_KEY_FILE"] = str(settings.shuffler_key_path().resolve())
+    export_for_workers(settings)
     url = f"http://{settings.host}:{settings.port}"
     sources = {
         "secret_source": str(keys.sources[0]),

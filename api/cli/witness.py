@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dp_governor.api.cli.common import refuse
+from dp_governor.api.cli.common import path_option, refuse
 
 if TYPE_CHECKING:
     from dp_governor.mechanisms.signed_note import Signer
@@ -27,7 +27,7 @@ app = typer.Typer(help="Witness a transparency log: check consistency, cosign ch
 @app.command("key")
 def witness_key(
     name: Annotated[str, typer.Option(help="The witness's name (a schema-less URL).")],
-    key_file: Annotated[Path, typer.Option(help="Where to write the private key (0600).")],
+    key_file: Annotated[Path, path_option(help="Where to write the private key (0600).")],
 ) -> None:
     """Create a witness key and print its verifier key (give that to the clients)."""
     from dp_governor.mechanisms.signed_note import COSIGNATURE, NoteError, Signer
@@ -62,8 +62,8 @@ def witness_serve(
         list[str], typer.Option(help="A log's verifier key (vkey); repeat for several logs.")
     ],
     name: Annotated[str, typer.Option(help="The witness's name.")],
-    key_file: Annotated[Path, typer.Option(help="The witness key (`dpgov witness key`).")],
-    state_db: Annotated[Path, typer.Option(help="The witness's state (SQLite, created).")],
+    key_file: Annotated[Path, path_option(help="The witness key (`dpgov witness key`).")],
+    state_db: Annotated[Path, path_option(help="The witness's state (SQLite, created).")],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: a free one).")] = 8100,
 ) -> None:
@@ -111,10 +111,10 @@ def witness_run(
     log_url: Annotated[str, typer.Option(help="The service's base URL.")],
     log_key: Annotated[str, typer.Option(help="The log's verifier key (vkey), from its operator.")],
     name: Annotated[str, typer.Option(help="The witness's name.")],
-    key_file: Annotated[Path, typer.Option(help="The witness key (`dpgov witness key`).")],
-    state_file: Annotated[Path, typer.Option(help="The witness's state (created if missing).")],
+    key_file: Annotated[Path, path_option(help="The witness key (`dpgov witness key`).")],
+    state_file: Annotated[Path, path_option(help="The witness's state (created if missing).")],
     output: Annotated[
-        Path | None, typer.Option(help="Write the cosigned checkpoint here (default: stdout).")
+        Path | None, path_option(help="Write the cosigned checkpoint here (default: stdout).")
     ] = None,
 ) -> None:
     """Fetch, check and cosign the log's newest checkpoint."""

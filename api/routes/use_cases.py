@@ -19,12 +19,14 @@ from dp_governor.api.deps import (
     GroupName,
     LedgerDep,
     PolicyStoreDep,
+    SettingsDep,
     UseCaseName,
 )
 from dp_governor.api.schemas import BudgetGroupPublic, GroupTerms, PolicyPublic, WhatIf
+from dp_governor.api.settings import Settings
 from dp_governor.budget import InvalidRequest, UnknownUseCase
 from dp_governor.budget.reporting.views import what_if
-from dp_governor.policies import DEFAULT_POLICIES, PolicyBase, PolicyCreate
+from dp_governor.policies import DEFAULT_POLICIES, Policy, PolicyBase, PolicyCreate
 from dp_governor.policies.model import GroupTerms as StoredTerms
 from dp_governor.policies.repository import GROUP_FIELDS, PolicyStore
 
@@ -49,22 +51,29 @@ POLICY_EXAMPLES = {
 }
 
 
+def _public(policy: Policy, settings: Settings) -> PolicyPublic:
+    """A policy as this server publishes it (its report schema as the server enforces it)."""
+    return wire.policy(policy, family_required=settings.require_report_family)
+
+
 @router.get("/v1/use-cases", response_model=list[PolicyPublic])
-def list_use_cases(store: PolicyStoreDep) -> list[PolicyPublic]:
+def list_use_cases(store: PolicyStoreDep, settings: SettingsDep) -> list[PolicyPublic]:
     """Every active use case's current policy."""
-    return [wire.policy(p) for p in store.list()]
+    return [_public(p, settings) for p in store.list()]
 
 
 @router.get("/v1/use-cases/{name}", response_model=PolicyPublic)
-def get_use_case(name: UseCaseName, store: PolicyStoreDep) -> PolicyPublic:
+def get_use_case(name: UseCaseName, store: PolicyStoreDep, settings: SettingsDep) -> PolicyPublic:
     """A use case's current policy."""
-    return wire.policy(store.get(name))
+    return _public(store.get(name), settings)
 
 
 @router.get("/v1/use-cases/{name}/versions", response_model=list[PolicyPublic])
-def use_case_versions(name: UseCaseName, store: PolicyStoreDep) -> list[PolicyPublic]:
+def use_case_versions(
+    name: UseCaseName, store: PolicyStoreDep, settings: SettingsDep
+) -> list[PolicyPublic]:
     """Every version of a use case's policy, oldest first (deleted ones too)."""
-    return [wire.policy(p) for p in store.versions(name)]
+    return [_public(p, settings) for p in store.versions(name)]
 
 
 @router.put("/v1/use-cases/{name}", response_model=PolicyPublic)
@@ -78,6 +87,7 @@ def put_use_case(
         ),
     ],
     store: PolicyStoreDep,
+    settings: SettingsDep,
     allow_loosen: AllowLoosen = False,
     _admin: None = AdminDep,
 ) -> PolicyPublic:
@@ -91,15 +101,15 @@ def put_use_case(
     if data.setdefault("name", name) != name:
         raise InvalidRequest("name", f"must equal the path's use case {name!r}")
     policy = PolicyCreate.model_validate(data)
-    return wire.policy(store.apply(policy, actor="admin", allow_loosen=allow_loosen))
+    return _public(store.apply(policy, actor="admin", allow_loosen=allow_loosen), settings)
 
 
 @router.delete("/v1/use-cases/{name}", response_model=PolicyPublic)
 def delete_use_case(
-    name: UseCaseName, store: PolicyStoreDep, _admin: None = AdminDep
+    name: UseCaseName, store: PolicyStoreDep, settings: SettingsDep, _admin: None = AdminDep
 ) -> PolicyPublic:
     """Retire a use case (an inactive version); its history and charges stay."""
-    return wire.policy(store.delete(name, actor="admin"))
+    return _public(store.delete(name, actor="admin"), settings)
 
 
 @router.post("/v1/use-cases/{name}/what-if", response_model=WhatIf)

@@ -4,11 +4,13 @@ A verification that accepts the log records the last signed checkpoint it replay
 state replayed up to that checkpoint (:meth:`dp_governor.budget.audit.verify.StateReplay.snapshot`)
 and where the transparency log's check stopped (its size, right edge and node count). The next
 incremental verification checks that checkpoint and its entry again and replays only what
-follows. Each row carries ``HMAC-SHA256`` under a key derived from the audit key over all its
-columns (the state by its SHA-256): whoever can write the database but not read the key cannot
-forge a starting point (an edited row fails the verification; a deleted one only makes the next
-run start earlier). Only the newest accepted verdict keeps its state (a few hundred KiB at most:
-digests per use case and day); recording one clears the earlier ones', which no run reads again.
+follows; the digests of the sketches it checked spare the next one recomputing those that
+stayed the same. Each row carries ``HMAC-SHA256`` under a key derived from the audit key over
+all its columns (the state by its SHA-256): whoever can write the database but not read the
+key cannot forge a starting point or a digest (an edited row fails the verification; a deleted
+one only makes the next run start earlier and recompute every sketch). Only the newest accepted
+verdict keeps its state (a few hundred KiB at most: digests per use case and day); recording one
+clears the earlier ones', which no run reads again.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -36,12 +39,15 @@ _LABEL = b"dp-governor/audit-verdict/v1"
 class Resume:
     """Where an accepted verification leaves the next one: a checkpoint and the state there.
 
-    ``tlog`` is ``(leaves, right edge as hex, nodes)`` of the transparency log's check.
+    ``tlog`` is ``(leaves, right edge as hex, nodes)`` of the transparency log's check;
+    ``sketches`` the digest of each sketch the verification recomputed or found unchanged, by
+    use case, parameters and day (``dp_governor.api._integrity``: those need no recomputing).
     """
 
     checkpoint: Checkpoint
     state: str
     tlog: tuple[int, tuple[str, ...], int]
+    sketches: Mapping[str, str] = field(default_factory=dict)
 
 
 class VerdictForged(ValueError):
@@ -75,7 +81,11 @@ class Verdicts:
         if resume is not None and problem is None:
             leaves, edge, nodes = resume.tlog
             state = json.dumps(
-                {"replay": resume.state, "tlog": [leaves, list(edge), nodes]},
+                {
+                    "replay": resume.state,
+                    "tlog": [leaves, list(edge), nodes],
+                    "sketches": dict(resume.sketches),
+                },
                 separators=(",", ":"),
             )
         point = resume.checkpoint if resume is not None and problem is None else None
@@ -133,5 +143,8 @@ class Verdicts:
         point = Checkpoint(
             int(row["seq"]), str(row["hash"]), str(row["signed_at"]), str(row["signature"])
         )
-        resume = Resume(point, str(data["replay"]), (int(leaves), tuple(edge), int(nodes)))
+        sketches = {str(k): str(v) for k, v in data.get("sketches", {}).items()}
+        resume = Resume(
+            point, str(data["replay"]), (int(leaves), tuple(edge), int(nodes)), sketches
+        )
         return resume, str(row["at"])

@@ -6,7 +6,9 @@
   (the composition itself is :mod:`dp_governor.budget.privacy.sub_batches`).
 - :mod:`.views`: one device's timeline, a use case's distribution, what-if of a policy edit.
 - :mod:`.series`: each use case's cumulative series (the top and p99 device's spend day by day),
-  read from the charges its window holds.
+  read from the charges its window holds; :mod:`.series_state` the state behind it, which
+  :mod:`.series_forward` stores and brings forward by what changed (the dashboard job's).
+- :mod:`.changes`: the charges after a stored figure's watermark, read in one snapshot.
 - :mod:`.activity`: reports accepted and refused per day (public counts).
 - :mod:`.transparency`: a device's record in the transparency log beside the gate's totals.
 - :mod:`.export`: the ledger as JSON Lines or CSV, and its report recomputed from an export.

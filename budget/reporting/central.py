@@ -9,6 +9,12 @@ each of its reports; batches published before revision 0009 were stored in parts
 and parameters, and those that may have had several (``split``) count as unamplified: each of
 their reports is a sub-batch of one device, at its local epsilon.
 
+A batch is dated by the day it was published, not by its reports' charge days: a day's privacy
+claims are appended once the day has ended and never change (``claims.py``), so a batch
+published later (a day's tail that joined the next day's reports, or reports the flush reached
+after midnight) must count on the day it appeared, or a claim already published would leave it
+out. The report's lines list each batch's charge days when they differ.
+
 A device with ``j`` reports in one batch: the published multiset is a post-processing (the
 union) of ``k`` sub-batches, sub-batch ``i`` holding the ``i``-th report of every device with
 at least ``i`` reports (``layers[i - 1]`` devices, one report each). Each sub-batch is an
@@ -417,6 +423,21 @@ def _loss(loss: CentralLoss | None) -> str:
     return "n/a" if loss is None else f"({fmt_up(loss.epsilon, 4)}, {loss.delta:g})"
 
 
+def _charged(batch: BatchFigure) -> str:
+    """The days a batch's reports were charged on, when not only the day it was published.
+
+    >>> from dataclasses import replace
+    >>> one = BatchFigure("2026-11-27", "2026-11-26", "2026-11-26", 1, 1, 1, [1], 0, 4.0, 1, None)
+    >>> _charged(one), _charged(replace(one, last_day="2026-11-27"))
+    ('; charged 2026-11-26', '; charged 2026-11-26 to 2026-11-27')
+    """
+    if batch.first_day == batch.last_day == batch.published:
+        return ""
+    if batch.first_day == batch.last_day:
+        return f"; charged {batch.first_day}"
+    return f"; charged {batch.first_day} to {batch.last_day}"
+
+
 def render_central(lines: Sequence[CentralLine]) -> list[str]:
     """The central figures as plain-text lines (the report's text form)."""
     if not lines:
@@ -438,7 +459,7 @@ def render_central(lines: Sequence[CentralLine]) -> list[str]:
         )
         for day in line.days:
             sizes = ", ".join(
-                f"{b.devices:,} devices/{b.reports:,} reports (k<={b.max_per_device})"
+                f"{b.devices:,} devices/{b.reports:,} reports (k<={b.max_per_device}{_charged(b)})"
                 for b in day.batches
             )
             more = (

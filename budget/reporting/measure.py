@@ -20,7 +20,7 @@ from dp_governor.budget.reporting.population import SpendPass, Sums, slot_rows
 from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import AccountState, lifetime_counts, window_counts
 
-__all__ = ["REPORT", "REPORT_MEASURE", "Fold", "Measure", "book_digest"]
+__all__ = ["REPORT", "REPORT_MEASURE", "Fold", "Measure", "versions_digest"]
 
 REPORT: Final = "report"  # the effective-epsilon report's summary
 
@@ -58,7 +58,7 @@ class Measure(Protocol):
         """What rebuilds the measure, stored with its sums (``None``: nothing to store)."""
 
 
-def book_digest(book: PolicyBook) -> str:
+def versions_digest(book: PolicyBook) -> str:
     """The SHA-256 of every policy version: what a summary's passes depend on besides the rows.
 
     The passes read each use case's terms, budget members and retention (all from the versions)
@@ -90,7 +90,7 @@ class _Report:
     name = REPORT
 
     def key(self, book: PolicyBook) -> str:
-        return book_digest(book)
+        return versions_digest(book)
 
     def windows(self, book: PolicyBook) -> dict[str, frozenset[int]]:
         return {name: frozenset({keep}) for name, keep in book.retention().items()}

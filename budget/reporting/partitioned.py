@@ -159,17 +159,29 @@ def _key_bounds(ledger: Ledger, partitions: int) -> list[tuple[str, str | None]]
 
 @dataclass(slots=True)
 class _Done:
-    """Tells ``done`` ``(parts finished, parts known)`` as the parts finish."""
+    """Tells ``done`` ``(parts finished, parts in all)``; ``None`` while the whole is not known.
 
-    done: Callable[[int, int], None] | None
+    The summaries brought forward come first: until each has, it is not known which databases
+    need a full pass, nor in how many ranges, so no total is claimed that a range would exceed.
+    """
+
+    done: Callable[[int, int | None], None] | None
     finished: int = 0
-    known: int = 0
+    total: int | None = None
 
     def one(self) -> None:
         """One more part finished."""
         self.finished += 1
+        self._tell()
+
+    def known(self, total: int) -> None:
+        """Every part is known: ``total`` in all."""
+        self.total = total
+        self._tell()
+
+    def _tell(self) -> None:
         if self.done is not None:
-            self.done(self.finished, self.known)
+            self.done(self.finished, self.total)
 
 
 def _keep(routes: dict[int, RouteCheck], position: int, route: RouteCheck | None) -> None:
@@ -186,7 +198,7 @@ def summary_passes(
     workers: int,
     full: bool = False,
     chunk: int = ACCOUNTS_CHUNK,
-    done: Callable[[int, int], None] | None = None,
+    done: Callable[[int, int | None], None] | None = None,
     executor: Executor | None = None,
 ) -> list[Passes]:
     """Each source's report passes: its summary brought forward, else a full pass in ranges.
@@ -195,7 +207,8 @@ def summary_passes(
     reads what changed in its database); ``partitions`` key ranges of a source whose full pass
     is due (all with ``full``) are read in ``workers`` processes (``1``: in this one), or on
     ``executor`` when given (a Dask client's: its workers open the databases themselves).
-    ``done`` is told ``(parts finished, parts known)``, a part a summary or a range. Raises
+    ``done`` is told ``(parts finished, parts in all)``, a part a summary or a range; the
+    whole is ``None`` until every summary has been brought forward or found stale. Raises
     :class:`~dp_governor.budget.reporting.routing.ShardMisrouted` for the first shard that
     holds devices routed elsewhere (sources with ``shards``), once every part is read.
     """
@@ -212,7 +225,6 @@ def summary_passes(
                 threads.submit(_forward, s.open_ledger, now, i, s.shards)
                 for i, s in enumerate(sources)
             ]
-            told.known += len(forwards)
             for i, forward in enumerate(forwards):
                 out[i], route = forward.result()
                 _keep(routes, i, route)
@@ -225,7 +237,7 @@ def summary_passes(
             for keys in _key_bounds(sources[i].ledger, partitions):
                 task = pool.submit(scan, sources[i].open_ledger, start, keys, i, sources[i].shards)
                 scans.append((i, task))
-        told.known += len(scans)
+        told.known(told.finished + len(scans))
         for i, task in scans:
             summary, route = task.result()
             parts[i].append(summary)
@@ -246,14 +258,15 @@ def partitioned_basis(
     partitions: int,
     workers: int,
     full: bool = False,
-    done: Callable[[int, int], None] | None = None,
+    done: Callable[[int, int | None], None] | None = None,
     executor: Executor | None = None,
 ) -> ReportBasis:
     """:func:`effective_epsilon_basis` with a full pass in ``partitions`` key ranges when due.
 
     From the stored summary brought forward when it can be (:func:`summary_passes`);
     ``open_ledger`` opens the same ledger in a worker process; ``done`` is told ``(parts
-    finished, parts known)``; ``executor`` runs the parts instead of ``workers`` processes.
+    finished, parts in all)`` (:func:`summary_passes`); ``executor`` runs the parts instead of
+    ``workers`` processes.
     """
     ((book, window, lifetime),) = summary_passes(
         [Source(ledger, open_ledger)],

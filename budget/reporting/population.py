@@ -245,6 +245,15 @@ class Sums:
         passes = {name: SpendPass(books[name]).merge(s) for name, s in self.passes.items()}
         return Sums(passes, Counter(self.counts))
 
+    def devices(self) -> int:
+        """How many devices the sums count: the most any pass folded (a lifetime pass: all).
+
+        >>> from dp_governor.budget.rule.book import PolicyBook
+        >>> Sums({"w": SpendPass(PolicyBook.build([], {}))}).devices()
+        0
+        """
+        return max((sum(p.totals.values()) for p in self.passes.values()), default=0)
+
     def to_json(self) -> dict[str, Any]:
         """Each pass's :meth:`SpendPass.to_json` under its name, the counters under ``counts``."""
         out: dict[str, Any] = {name: s.to_json() for name, s in sorted(self.passes.items())}

@@ -11,30 +11,37 @@ horizon (retention raised beyond what was kept), the spend no day holds any more
 device's lifetime spend less its held days, a figure only the accounts hold: that case alone
 reads every account.
 
-Not brought forward from a stored state by the charges since, as the report's summary is
-(:mod:`.summary`): each day the window moves, changing the cumulative spend of every device
-that spent on the day it leaves, and the p99's sample (the devices first in pseudonym order)
-changes on every day of the window whenever a new device sorts into it, so an exact update
-would need the sample's whole grid of devices by days kept between runs.
+Here from the window's charges; the dashboard job brings a stored state of it forward by what
+changed instead (:mod:`.series_forward`, :mod:`.series_state`), equal to this computation.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import Connection, and_, select
 
-from dp_governor.budget.clock import day_date, utc_day
+from dp_governor.budget.clock import utc_day
 from dp_governor.budget.ledger import Ledger
+from dp_governor.budget.reporting.series_state import SeriesState, top_of
+from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.budget.rule.state import lifetime_counts
 from dp_governor.budget.storage.tables import Charge
-from dp_governor.policies.model import from_micro
 
-__all__ = ["CumulativeSeries", "cumulative_series"]
+__all__ = [
+    "MAX_CELLS",
+    "CumulativeSeries",
+    "Spends",
+    "cumulative_series",
+    "full_state",
+    "series_of",
+    "state_of",
+]
 
+MAX_CELLS: Final = 4_000_000  # the p99's sample: at most this many devices x days
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
 
 
@@ -55,20 +62,22 @@ class CumulativeSeries:
 
 
 @dataclass(frozen=True, slots=True)
-class _Spends:
+class Spends:
     """Spend rows of one use case's window, in no particular order.
 
     ``device`` is each row's device's rank in pseudonym order (``0 .. devices - 1``, every
-    rank used), ``day`` its day's index in the window, ``eps`` its micro-epsilon.
+    rank used; ``keys`` the keys in that order), ``day`` its day's index in the window,
+    ``eps`` its micro-epsilon.
     """
 
+    keys: np.ndarray
     device: np.ndarray
     day: np.ndarray
     eps: np.ndarray
 
 
 def cumulative_series(
-    ledger: Ledger, use_case: str, *, now: datetime, max_cells: int = 4_000_000
+    ledger: Ledger, use_case: str, *, now: datetime, max_cells: int = MAX_CELLS
 ) -> CumulativeSeries:
     """How far the top devices of ``use_case`` have spent over its window, day by day.
 
@@ -77,46 +86,57 @@ def cumulative_series(
     horizon, the spend no day holds any more counts on its first day (an upper bound). The p99
     is over every device when ``devices x days <= max_cells``, else over the devices first in
     pseudonym order, a uniform sample since pseudonyms are HMAC outputs; ``sampled`` says how
-    many.
+    many. Computed from the window's charges; :mod:`.series_forward` brings a stored one
+    forward instead.
     """
-    policy = ledger.policies.get(use_case)
-    today = utc_day(now)
-    first = today - policy.retention_days + 1
-    horizon = ledger.book().horizon(use_case)
+    with ledger.engine.connect() as conn:
+        state, _ = full_state(conn, ledger, ledger.book(), use_case, utc_day(now), max_cells)
+    return series_of(use_case, state)
+
+
+def full_state(
+    conn: Connection, ledger: Ledger, book: PolicyBook, use_case: str, today: int, max_cells: int
+) -> tuple[SeriesState, bool]:
+    """The series' state from the window's charges (in ``conn``); whether it can be kept.
+
+    A window reaching back past the horizon reads every account instead and its first day
+    holds the undated spend: not a state later charges bring forward.
+    """
+    n_days = book.latest[use_case].retention_days
+    first = today - n_days + 1
+    horizon = book.horizon(use_case)
     if horizon >= first:
         spends = _accounted(ledger, use_case, first, today, horizon)
-    else:
-        spends = _charged(ledger.engine, use_case, first, today)
-    return _series_of(use_case, first, today, spends, max_cells)
+        return state_of(first, n_days, spends, max_cells), False
+    return state_of(first, n_days, _charged(conn, use_case, first, today), max_cells), True
 
 
-def _ranks(keys: list[str]) -> np.ndarray:
-    """Each key's rank among the distinct ``keys`` in code-point order (pseudonym order).
+def _ranks(keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``keys`` in code-point order (pseudonym order), and each key's rank there.
 
-    >>> _ranks(["b", "a", "b", "c"]).tolist()
-    [1, 0, 1, 2]
+    >>> [a.tolist() for a in _ranks(["b", "a", "b", "c"])]
+    [['a', 'b', 'c'], [1, 0, 1, 2]]
     """
-    _, rank = np.unique(np.array(keys, dtype=np.str_), return_inverse=True)
-    return rank.astype(np.int64, copy=False)
+    distinct, rank = np.unique(np.array(keys, dtype=np.str_), return_inverse=True)
+    return distinct, rank.astype(np.int64, copy=False)
 
 
-def _charged(engine: Engine, use_case: str, first: int, today: int) -> _Spends:
+def _charged(conn: Connection, use_case: str, first: int, today: int) -> Spends:
     """The charges of ``use_case`` on days ``first .. today`` (all after its horizon)."""
     c = _CHARGES.c
     query = select(c.device_key, c.day, c.epsilon_micro).where(
         and_(c.use_case == use_case, c.day >= first, c.day <= today)
     )
-    with engine.connect() as conn:  # the driver's tuples: no Row objects per charge
-        rows = conn.execute(query).cursor.fetchall()
+    rows = conn.execute(query).cursor.fetchall()  # the driver's tuples: no Row objects
     n = len(rows)
-    return _Spends(
-        _ranks([str(r[0]) for r in rows]),
+    return Spends(
+        *_ranks([str(r[0]) for r in rows]),
         np.fromiter((int(r[1]) - first for r in rows), dtype=np.int64, count=n),
         np.fromiter((int(r[2]) for r in rows), dtype=np.int64, count=n),
     )
 
 
-def _accounted(ledger: Ledger, use_case: str, first: int, today: int, horizon: int) -> _Spends:
+def _accounted(ledger: Ledger, use_case: str, first: int, today: int, horizon: int) -> Spends:
     """From every account: each device's undated spend on ``first``, then its held days.
 
     The undated spend is the device's lifetime spend on ``use_case`` less its days held
@@ -133,46 +153,45 @@ def _accounted(ledger: Ledger, use_case: str, first: int, today: int, horizon: i
     keys = [r[0] for r in rows]
     days = np.array([r[1] - first for r in rows], dtype=np.int64)
     eps = np.array([r[2] for r in rows], dtype=np.int64)
-    return _Spends(_ranks(keys), days, eps)
+    return Spends(*_ranks(keys), days, eps)
 
 
-def _series_of(
-    use_case: str, first: int, today: int, spends: _Spends, max_cells: int
-) -> CumulativeSeries:
-    """The series of a window's spend rows: the exact top, the p99 over every device or a sample.
+def state_of(first: int, n_days: int, spends: Spends, max_cells: int) -> SeriesState:
+    """The series' state (:class:`~.series_state.SeriesState`) of a window's spend rows.
 
-    Rows are ordered by device then day; a device's running sum at each of its rows is its
-    cumulative spend on that row's day.
+    The top over every device; the p99's histograms over every device when ``devices x days
+    <= max_cells``, else over the devices first in pseudonym order.
     """
-    n_days = today - first + 1
-    days = [day_date(d).isoformat() for d in range(first, today + 1)]
+    cap = max(1, max_cells // n_days)
     if spends.eps.size == 0:
-        zeros = [0.0] * n_days
-        return CumulativeSeries(use_case, days, zeros, list(zeros), 0, 0)
+        top = np.zeros((n_days, n_days), dtype=np.int64)
+        empty: list[dict[int, int]] = [{} for _ in range(n_days)]
+        return SeriesState(first, n_days, cap, top, empty, [0] * n_days, 0, "")
     order = np.lexsort((spends.day, spends.device))
     device, day_idx, eps = spends.device[order], spends.day[order], spends.eps[order]
-    starts = np.flatnonzero(np.diff(device, prepend=-1))  # each device's first row
-    counts = np.diff(np.append(starts, device.size))
-    running = np.cumsum(eps)
-    cumulative = running - np.repeat(running[starts] - eps[starts], counts)
-    top = np.zeros(n_days, dtype=np.int64)
-    np.maximum.at(top, day_idx, cumulative)
-    top = np.maximum.accumulate(top)
-    n_devices = starts.size
-    sampled = min(n_devices, max(1, max_cells // n_days))
+    cell = device * n_days + day_idx
+    starts = np.flatnonzero(np.diff(cell, prepend=-1))  # one row a device and day
+    device, day_idx, eps = device[starts], day_idx[starts], np.add.reduceat(eps, starts)
+    n_devices = int(device[-1]) + 1
+    sampled = min(n_devices, cap)
     grid = np.zeros((sampled, n_days), dtype=np.int64)
     keep = device < sampled
-    np.add.at(grid, (device[keep], day_idx[keep]), eps[keep])
+    grid[device[keep], day_idx[keep]] = eps[keep]
     grid = np.cumsum(grid, axis=1)
-    p99 = []
+    hist = []
     for d in range(n_days):
-        column = grid[:, d]
-        active = column[column > 0]
-        p99.append(
-            from_micro(int(np.percentile(active, 99, method="inverted_cdf")))
-            if active.size
-            else 0.0
-        )
+        values, counts = np.unique(grid[:, d][grid[:, d] > 0], return_counts=True)
+        hist.append(dict(zip(values.tolist(), counts.tolist(), strict=True)))
+    top = top_of(device, day_idx, eps, n_days)
+    last_days = np.zeros(n_devices, dtype=np.int64)
+    np.maximum.at(last_days, device, day_idx)  # rows hold spend: every device spent on one
+    ends = np.bincount(last_days, minlength=n_days).tolist()
+    last = str(spends.keys[sampled - 1])
+    return SeriesState(first, n_days, cap, top, hist, ends, sampled, last)
+
+
+def series_of(use_case: str, state: SeriesState) -> CumulativeSeries:
+    """The series a state stands for."""
     return CumulativeSeries(
-        use_case, days, [from_micro(int(v)) for v in top], p99, int(n_devices), int(sampled)
+        use_case, state.series_days(), state.maxima(), state.p99(), state.devices, state.sampled
     )

@@ -7,7 +7,7 @@ population figures are functions of per-device values, so each shard's passes co
 stored summary brought forward, or a full pass over its key ranges where one is due
 (:func:`dp_governor.budget.reporting.partitioned.summary_passes`), and the passes merge
 exactly: the merged report equals the one a single database holding every device would give,
-bit for bit. The policies must be the same everywhere (:func:`book_digest`).
+bit for bit. The policies must be the same everywhere (:func:`terms_digest`).
 
 Central figures do not add: a device's reports are hidden only in its own shard's batches, so
 its central loss is its shard's figure. :func:`merge_central` keeps, per use case, day and
@@ -47,11 +47,11 @@ __all__ = [
     "PoliciesChanged",
     "ShardMisrouted",
     "ShardPoliciesDiffer",
-    "book_digest",
     "merge_central",
     "same_policies",
     "shard_of",
     "sharded_basis",
+    "terms_digest",
 ]
 
 CENTRAL_RULE: Final = (
@@ -78,7 +78,7 @@ class PoliciesChanged(RuntimeError):
         self.source = source
 
 
-def book_digest(book: PolicyBook) -> str:
+def terms_digest(book: PolicyBook) -> str:
     """SHA-256 of every policy version's terms and the device-wide budget in force.
 
     What the report's figures depend on; when a version was written and by whom are left
@@ -97,15 +97,15 @@ def book_digest(book: PolicyBook) -> str:
 
 
 def same_policies(ledgers: Sequence[Ledger]) -> list[PolicyBook]:
-    """Every shard's policy book, checked equal to the first's (:func:`book_digest`).
+    """Every shard's policy book, checked equal to the first's (:func:`terms_digest`).
 
     Raises:
         ShardPoliciesDiffer: naming the first shard whose policies differ.
     """
     books = [ledger.book() for ledger in ledgers]
-    first = book_digest(books[0])
+    first = terms_digest(books[0])
     for shard, book in enumerate(books[1:], start=1):
-        if book_digest(book) != first:
+        if terms_digest(book) != first:
             raise ShardPoliciesDiffer(shard)
     return books
 
@@ -177,7 +177,7 @@ def sharded_basis(
     partitions: int = 1,
     workers: int,
     full: bool = False,
-    done: Callable[[int, int], None] | None = None,
+    done: Callable[[int, int | None], None] | None = None,
     executor: Executor | None = None,
 ) -> ReportBasis:
     """The report's basis over every shard: each from its summary or ``partitions`` key ranges.
@@ -207,10 +207,10 @@ def sharded_basis(
         done=done,
         executor=executor,
     )
-    first = book_digest(books[0])
+    first = terms_digest(books[0])
     window, lifetime = SpendPass(books[0]), SpendPass(books[0])
     for shard, (book, shard_window, shard_lifetime) in enumerate(passes):
-        if book_digest(book) != first:
+        if terms_digest(book) != first:
             raise PoliciesChanged("the policies changed while the report ran: run it again", shard)
         window.merge(shard_window)
         lifetime.merge(shard_lifetime)
@@ -227,7 +227,7 @@ def sharded_basis(
         "shards": len(ledgers),
         "devices": sum(devices),
         "devices_per_shard": devices,
-        "policies_sha256": book_digest(books[0]),
+        "policies_sha256": terms_digest(books[0]),
         "routing": ROUTING,
         "merge": "every shard's per-device histograms added (exact: as one database)",
         "central": CENTRAL_RULE,

@@ -30,7 +30,7 @@ from dp_governor.budget.ledger import Ledger
 from dp_governor.budget.reporting.partitioned import parts_pool
 from dp_governor.budget.reporting.population import Sums
 from dp_governor.budget.reporting.routing import RouteCheck
-from dp_governor.budget.reporting.sharded import PoliciesChanged, book_digest, same_policies
+from dp_governor.budget.reporting.sharded import PoliciesChanged, same_policies, terms_digest
 from dp_governor.budget.reporting.views import (
     WhatIf,
     device_what_if_of,
@@ -132,7 +132,7 @@ def _each_shard(
     done = [shard for shard in shards if shard is not None]
     book, total = done[0]
     for i, (shard_book, sums) in enumerate(done[1:], start=1):
-        if book_digest(shard_book) != book_digest(book):
+        if terms_digest(shard_book) != terms_digest(book):
             raise PoliciesChanged("the policies changed while the what-if ran: run it again", i)
         total.merge(sums)
     return book, total

@@ -32,41 +32,40 @@ does not hold) is :class:`Stale`: a full pass, stored for the next time. The dai
 the summaries to its own day before it deletes anything (``dp_governor.pipeline.purge``), so its
 horizons never make the next report a full pass.
 
-Charge ids: SQLite allocates them under its one writer's lock, so they become visible in id
-order. PostgreSQL draws them from a sequence before the batch's audit head lock, so a charge
-may commit after one with a larger id; a watermark there is ``through``, an id below which every
-charge had committed or rolled back when read (the sequence's value while the policy book's
-advisory lock, which every charge transaction holds shared, is held exclusively), and the ids
-``applied`` above it.
+Charge ids and watermarks: :mod:`.changes`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
 import orjson
-from sqlalchemy import Connection, Engine, and_, func, select, text
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Connection, Engine, and_, select
 
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.gate.prepared import load_book
 from dp_governor.budget.ledger import Ledger
-from dp_governor.budget.reporting.measure import REPORT, REPORT_MEASURE, Fold, Measure, book_digest
+from dp_governor.budget.reporting.changes import (
+    NewCharge,
+    Watermark,
+    account_rows,
+    charges_after,
+    largest_id,
+    settled_id,
+    snapshot,
+    store_row,
+)
+from dp_governor.budget.reporting.measure import REPORT, REPORT_MEASURE, Fold, Measure
 from dp_governor.budget.reporting.new_charges import NewCharges
 from dp_governor.budget.reporting.population import SpendPass, Sums
 from dp_governor.budget.rule.book import NO_HORIZON, PolicyBook
 from dp_governor.budget.rule.state import AccountState, decode
-from dp_governor.budget.storage.db import writer
 from dp_governor.budget.storage.tables import Account, Charge, ReportSummary
-from dp_governor.policies.repository import BOOK_LOCK_KEY
 
 __all__ = [
     "REPORT",
@@ -78,7 +77,6 @@ __all__ = [
     "Watermark",
     "advance",
     "advance_summary",
-    "book_digest",
     "brought_forward",
     "joined",
     "report_passes",
@@ -93,29 +91,11 @@ SPEC: Final = "spec"  # a measure's own description, stored beside its sums (:me
 _SUMMARIES = ReportSummary.__table__  # type: ignore[attr-defined]
 _CHARGES = Charge.__table__  # type: ignore[attr-defined]
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
-_KEYS_PER_READ = 500
-NewCharge = tuple[int, str, str, str, int, int, int]  # id, device, use case, budget, v, eps, day
 log = logging.getLogger("dpgov.reporting")
 
 
 class Stale(Exception):
     """The stored summary cannot be brought up to date exactly: a full pass is due."""
-
-
-@dataclass(frozen=True, slots=True)
-class Watermark:
-    """The charges a summary counts: every id up to ``through``, and the ids ``applied`` above.
-
-    >>> Watermark(10, frozenset({12})).counts(11), Watermark(10, frozenset({12})).counts(12)
-    (False, True)
-    """
-
-    through: int
-    applied: frozenset[int] = frozenset()
-
-    def counts(self, charge_id: int) -> bool:
-        """Whether the summary counts the charge ``charge_id``."""
-        return charge_id <= self.through or charge_id in self.applied
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,53 +117,6 @@ class Summary:
     def lifetime(self) -> SpendPass:
         """The report's lifetime pass."""
         return self.sums.passes["lifetime"]
-
-
-@contextmanager
-def _snapshot(engine: Engine) -> Iterator[Connection]:
-    """A read transaction on one snapshot (SQLite: a ``BEGIN``; PostgreSQL: REPEATABLE READ)."""
-    with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
-            conn = conn.execution_options(isolation_level="REPEATABLE READ")
-        with conn.begin():
-            yield conn
-
-
-def _settled_id(engine: Engine) -> int | None:
-    """PostgreSQL: an id up to which every charge id drawn has committed or rolled back.
-
-    Every charge transaction holds the policy book's advisory lock shared from before it draws
-    its ids until it ends; holding it exclusively waits for them, and the sequence's value read
-    then is settled. SQLite: ``None`` (ids become visible in order; the snapshot's largest).
-    """
-    if engine.dialect.name != "postgresql":
-        return None
-    with engine.connect() as conn, conn.begin():
-        conn.execute(text(f"SELECT pg_advisory_xact_lock({BOOK_LOCK_KEY})"))
-        value = conn.execute(
-            text("SELECT pg_sequence_last_value(pg_get_serial_sequence('charges', 'id')::regclass)")
-        ).scalar_one()
-    return int(value or 0)
-
-
-def _largest_id(conn: Connection) -> int:
-    """The largest charge id the snapshot holds (0: none)."""
-    return int(conn.execute(select(func.coalesce(func.max(_CHARGES.c.id), 0))).scalar_one())
-
-
-def _charges_after(conn: Connection, mark: Watermark) -> list[NewCharge]:
-    """The charges the snapshot holds that ``mark`` does not count, in id order."""
-    c = _CHARGES.c
-    query = (
-        select(c.id, c.device_key, c.use_case, c.budget, c.policy_version, c.epsilon_micro, c.day)
-        .where(c.id > mark.through)
-        .order_by(c.id)
-    )
-    return [
-        (int(i), str(dk), str(uc), str(b), int(v), int(e), int(d))
-        for i, dk, uc, b, v, e, d in conn.execute(query)
-        if int(i) not in mark.applied
-    ]
 
 
 def _day_moved(
@@ -208,19 +141,6 @@ def _day_moved(
     for span in spans:
         found.update(str(dk) for (dk,) in conn.execute(select(c.device_key).where(span).distinct()))
     return found
-
-
-def _account_rows(conn: Connection, keys: list[str]) -> dict[str, tuple[Any, ...]]:
-    """The ``accounts`` rows (count, micro-epsilon, days, lifetime) of ``keys``."""
-    c = _ACCOUNTS.c
-    out: dict[str, tuple[Any, ...]] = {}
-    for s in range(0, len(keys), _KEYS_PER_READ):
-        query = select(c.device_key, c.count, c.epsilon_micro, c.days, c.lifetime).where(
-            c.device_key.in_(keys[s : s + _KEYS_PER_READ])
-        )
-        for dk, *row in conn.execute(query):
-            out[str(dk)] = tuple(row)
-    return out
 
 
 def _take_out(state: AccountState, charges: list[NewCharge], book: PolicyBook) -> None:
@@ -279,22 +199,22 @@ def _advance(
     """
     if day < summary.day:
         raise Stale("the day went back")
-    settled = _settled_id(engine)
-    with _snapshot(engine) as conn:
+    settled = settled_id(engine)
+    with snapshot(engine) as conn:
         book = load_book(conn)
         if measure.key(book) != summary.book:
             raise Stale("a policy version was added")
         windows = measure.windows(book)
         _check_horizons(windows, summary, book.horizons, day)
-        charges = _charges_after(conn, summary.watermark)
+        charges = charges_after(conn, summary.watermark)
         moved = _day_moved(conn, windows, summary.day, day) if day > summary.day else set()
         if settled is None:  # SQLite: every id up to the largest committed is
-            settled = max(summary.watermark.through, _largest_id(conn))
+            settled = max(summary.watermark.through, largest_id(conn))
         by_device: dict[str, list[NewCharge]] = defaultdict(list)
         for charge in charges:
             by_device[charge[1]].append(charge)
         touched = sorted(set(by_device) | moved)
-        rows = _account_rows(conn, touched)
+        rows = account_rows(conn, touched)
     gone = measure.fold(book, summary.day, summary.horizons)
     new = measure.fold(book, day, book.horizons)
     for dk in touched:
@@ -317,10 +237,10 @@ def _advance(
 
 def scan_start(engine: Engine) -> tuple[PolicyBook, int]:
     """The book a full pass reads under and the charge id its watermark counts through."""
-    settled = _settled_id(engine)
-    with _snapshot(engine) as conn:
+    settled = settled_id(engine)
+    with snapshot(engine) as conn:
         book = load_book(conn)
-        through = settled if settled is not None else _largest_id(conn)
+        through = settled if settled is not None else largest_id(conn)
     return book, through
 
 
@@ -360,8 +280,8 @@ def scan_range(
         )
         if until is not None:
             query = query.where(a.device_key <= until)
-        settled = _settled_id(engine) if fresh.settle else None
-        with _snapshot(engine) as conn:
+        settled = settled_id(engine) if fresh.settle else None
+        with snapshot(engine) as conn:
             rows = conn.execute(query).cursor.fetchall()
             fresh.read(conn, after, settled)
         if rows:
@@ -443,11 +363,7 @@ def stored_specs(engine: Engine, prefix: str) -> list[tuple[str, dict[str, Any]]
 
 
 def _store(engine: Engine, measure: Measure, summary: Summary, now: datetime) -> None:
-    """Replace the summary stored for ``measure``, in one statement (readers see all or none).
-
-    A database that refuses the write (a read-only replica) keeps the summary it had; the
-    figures computed are exact either way.
-    """
+    """Replace the summary stored for ``measure`` (:func:`~.changes.store_row`)."""
     passes = summary.sums.to_json()
     spec = measure.spec()
     if spec is not None:
@@ -462,17 +378,7 @@ def _store(engine: Engine, measure: Measure, summary: Summary, now: datetime) ->
         "passes": orjson.dumps(passes).decode(),
         "computed_at": now.isoformat(),
     }
-    insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
-    statement = insert(_SUMMARIES).values(**values)
-    statement = statement.on_conflict_do_update(
-        index_elements=[_SUMMARIES.c.name],
-        set_={k: v for k, v in values.items() if k != "name"},
-    )
-    try:
-        with writer(engine).begin() as conn:
-            conn.execute(statement)
-    except DBAPIError as exc:
-        log.warning("the %s summary was not stored: %s", measure.name, exc.orig)
+    store_row(engine, values)
 
 
 def _moved(before: Summary, after: Summary) -> bool:
@@ -502,8 +408,6 @@ def _forward(
         return None
     if _moved(stored, summary):
         _store(engine, measure, summary, now)
-    if ledger.scan_progress is not None:  # every device's values are in the summary
-        ledger.scan_progress(ledger.account_count())
     return book, summary
 
 
@@ -532,8 +436,12 @@ def summed(
     account on a ledger nobody writes meanwhile.
     """
     if not full and (forward := _forward(ledger, measure, now, None)) is not None:
+        if ledger.scan_progress is not None:  # every device's values are in the summary
+            devices = forward[1].sums.devices()
+            ledger.scan_progress(devices, devices)
         return forward[0], forward[1].sums
-    book, scanned = _full(ledger.engine, measure, utc_day(now), chunk, ledger.scan_progress)
+    progress = ledger.full_scan_progress()
+    book, scanned = _full(ledger.engine, measure, utc_day(now), chunk, progress)
     return _settled(ledger.engine, measure, book, scanned, now)
 
 
@@ -577,16 +485,7 @@ def report_passes(
 
 def advance(ledger: Ledger, measure: Measure, *, now: datetime) -> bool:
     """Bring the summary stored for ``measure`` to ``now`` if it can be; whether it was."""
-    stored = _stored(ledger.engine, measure)
-    if stored is None:
-        return False
-    try:
-        _, summary = _advance(ledger.engine, measure, stored, utc_day(now))
-    except Stale:
-        return False
-    if _moved(stored, summary):
-        _store(ledger.engine, measure, summary, now)
-    return True
+    return _forward(ledger, measure, now, None) is not None
 
 
 def advance_summary(ledger: Ledger, *, now: datetime) -> bool:

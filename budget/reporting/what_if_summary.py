@@ -53,7 +53,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import DBAPIError
 
 from dp_governor.budget.ledger import Ledger
-from dp_governor.budget.reporting.measure import Fold, Measure, book_digest
+from dp_governor.budget.reporting.measure import Fold, Measure, versions_digest
 from dp_governor.budget.reporting.population import SpendPass, Sums, slot_rows
 from dp_governor.budget.reporting.routing import RouteCheck, key_ends
 from dp_governor.budget.reporting.summary import advance, brought_forward, stored_specs, summed
@@ -88,7 +88,7 @@ log = logging.getLogger("dpgov.reporting")
 def _digest(book: PolicyBook, spec: dict[str, Any]) -> str:
     """The SHA-256 of the policy versions, the device-wide budget in force and ``spec``."""
     device = None if book.device is None else dataclasses.asdict(book.device)
-    data = {"book": book_digest(book), "device": device, "spec": spec}
+    data = {"book": versions_digest(book), "device": device, "spec": spec}
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

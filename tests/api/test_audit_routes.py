@@ -109,7 +109,7 @@ def test_cli_jobs_report_their_progress_when_piped(
     assert ran.exit_code == 0, ran.output
     assert json.loads(ran.stdout)["result"]["folded"] == 4
     assert ran.stderr.splitlines() == [
-        "jobs run aggregate: flush-inbox: 4 of 4 reports (100%)",
+        "jobs run aggregate: flush-inbox, reports checked: 4 of 4 reports (100%)",
         "jobs run aggregate: aggregate: 0 of 4 reports (0%)",
         "jobs run aggregate: aggregate: 4 of 4 reports (100%)",
     ]

@@ -51,6 +51,30 @@ def test_bad_input_exits_non_zero_with_a_message(args: list[str], message: str) 
     assert message in result.output
 
 
+EMPTY_PATHS = [
+    (["audit", "verify", "--full", "--checkpoints", ""], "'--checkpoints'"),
+    (["audit", "verify", "--full", "--archive", " "], "'--archive'"),
+    (["audit", "archive", "--through", "verified", "-o", ""], "'--out'"),
+    (["audit", "checkpoints", "-o", ""], "'--output'"),
+    (["audit", "tiles", "--out", ""], "'--out'"),
+    (["audit", "export", "-o", ""], "'--out'"),
+    (["audit", "recompute", ""], "'FILE'"),
+    (["audit", "recompute", "--log", "x", "--save", ""], "'--save'"),
+    (["aggregate", "--sketch", ""], "'--sketch'"),
+    (["policies", "apply", ""], "'FILE'"),
+    (["witness", "key", "--name", "w.example/w", "--key-file", ""], "'--key-file'"),
+]
+
+
+@pytest.mark.parametrize(("args", "option"), EMPTY_PATHS)
+def test_an_empty_path_is_refused_as_empty_not_read_as_the_current_folder(
+    args: list[str], option: str
+) -> None:
+    result = runner.invoke(app, args, env={"DPGOV_DATABASE_URL": "nowhere://never-opened"})
+    assert result.exit_code == 2
+    assert f"Invalid value for {option}" in result.output and "empty path" in result.output
+
+
 def test_console_entry_point_runs_in_a_real_process() -> None:
     # A small fleet (about 3 s of CPU) and timeouts far beyond it: a busy machine is slow,
     # not wrong.

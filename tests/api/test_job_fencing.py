@@ -144,7 +144,7 @@ def test_a_holder_resuming_after_a_takeover_writes_nothing_more(
             with engine.begin() as conn:  # its lease expires while it is stalled
                 conn.execute(text("UPDATE job_leases SET until = 0 WHERE job = 'inbox:run'"))
             taken = run_job("flush-inbox", "b")  # takes the lease over, finishes the batch
-            assert taken == {"moved": REPORTS - STEP}
+            assert taken == {"moved": REPORTS - STEP, "waiting": 0}
             stall.resume.set()
             first.join(WAIT)
         assert not first.is_alive()
@@ -172,7 +172,7 @@ def test_a_forced_takeover_fences_the_holder_it_took_the_lease_from(holders: Led
     try:
         first.start()
         assert stall.stalled.wait(WAIT)
-        assert run_job("flush-inbox", "b", force=True) == {"moved": REPORTS - STEP}
+        assert run_job("flush-inbox", "b", force=True) == {"moved": REPORTS - STEP, "waiting": 0}
         stall.resume.set()
         first.join(WAIT)
     finally:
@@ -256,7 +256,7 @@ def test_a_holder_stalled_inside_a_transaction_delays_the_next_one_at_most_the_b
         stalled.rollback()
         stalled.close()
     try:
-        assert run_job("flush-inbox", "bounded") == {"moved": REPORTS}
+        assert run_job("flush-inbox", "bounded") == {"moved": REPORTS, "waiting": 0}
     finally:
         RUNTIMES.pop("bounded", None)
         bounded.dispose()
@@ -291,7 +291,10 @@ def test_a_holder_stalled_inside_its_transaction_loses_its_session_and_its_lease
         assert stalled.wait(WAIT)
         with engine.begin() as conn:  # waits until the server ends the stalled session
             conn.execute(text("UPDATE job_leases SET until = 0 WHERE job = 'inbox:run'"))
-        assert run_job("flush-inbox", "b") == {"moved": REPORTS}  # its chunk was rolled back
+        assert run_job("flush-inbox", "b") == {
+            "moved": REPORTS,
+            "waiting": 0,
+        }  # its chunk was rolled back
         resume.set()
         first.join(WAIT)
     finally:

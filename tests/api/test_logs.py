@@ -1,16 +1,21 @@
-"""``dpgov serve`` for operators: JSON lines with ``--log-format json``, a taken port refused."""
+"""``dpgov serve`` for operators: JSON lines, a taken port refused, no WARNING for a skipped run."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from dp_governor.api.client import Client
+from dp_governor.api.logs import SkippedRun, log_config
 from tests.live import ADMIN_TOKEN, START, serve, server_env
 
 DEVICE = "device-7f3a-logs-must-not-name-me"
@@ -73,3 +78,31 @@ def test_serve_refuses_a_port_in_use_before_its_banner(tmp_path: Path) -> None:
         " (--host, --port: DPGOV_HOST, DPGOV_PORT)"
     )
     assert not list(tmp_path.glob("*.sqlite")), "a database was made where nothing can serve"
+
+
+def test_a_skipped_run_is_a_debug_line_of_dpgov_and_apschedulers_errors_stay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The serve config filters apscheduler's warning for a run skipped while one is under way."""
+    from apscheduler.schedulers import base
+
+    source = re.sub(r"""['"]\s+['"]""", "", inspect.getsource(base))  # its strings joined
+    assert SkippedRun.MESSAGE in source  # the words apscheduler logs
+    assert log_config("text")["loggers"]["apscheduler.scheduler"]["filters"] == ["skipped_run"]
+    skipped = logging.LogRecord(
+        "apscheduler.scheduler",
+        logging.WARNING,
+        __file__,
+        1,
+        'Execution of job "%s" skipped: maximum number of running instances reached (%d)',
+        ("checkpoint", 1),
+        None,
+    )
+    with caplog.at_level(logging.DEBUG, logger="dpgov.jobs"):
+        assert not SkippedRun().filter(skipped)
+    assert [(r.name, r.levelno) for r in caplog.records] == [("dpgov.jobs", logging.DEBUG)]
+    assert caplog.records[0].getMessage().startswith('Execution of job "checkpoint" skipped')
+    failed = logging.LogRecord(
+        "apscheduler.scheduler", logging.ERROR, __file__, 1, "Job raised", (), None
+    )
+    assert SkippedRun().filter(failed)

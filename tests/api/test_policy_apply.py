@@ -105,12 +105,13 @@ def test_a_partial_file_is_refused_listing_every_problem(db: Database) -> None:
     }
     bad_hcms = {**db.emoji(), "name": "other", "mechanism": "hcms", "m": 1000}
     result = db.cli(["policies", "apply", db.write(partial, bad_hcms)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     message = result.output.strip()
     assert len(message.splitlines()) == 1 and "Traceback" not in message
     for field in ("retention_days", "window_epsilon_cap", "lifetime_epsilon_cap", "description"):
         assert f"policies[0] `{field}`: missing" in message
-    assert "policies[1] `policy`: Value error, `m` must be a power of 2 for hcms" in message
+    assert "policies[1] `policy`: `m` must be a power of 2 for hcms, got 1000" in message
+    assert "Value error" not in message
     assert "write null" in message
     assert db.state() == before
     assert db.emoji()["window_epsilon_cap"] == 120.0 and db.emoji()["m"] == 1024
@@ -119,11 +120,11 @@ def test_a_partial_file_is_refused_listing_every_problem(db: Database) -> None:
 def test_an_unknown_mechanism_is_refused_naming_the_value_and_the_allowed_ones(
     db: Database,
 ) -> None:
-    """The reported file: ``mechanism: nope`` among missing fields; exit 1, one line."""
+    """The reported file: ``mechanism: nope`` among missing fields; exit 2, one line."""
     before = db.state()
     partial = {"name": "emoji", "mechanism": "nope", "k": 1, "m": 64}
     result = db.cli(["policies", "apply", "--dry-run", db.write(partial)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     message = result.output.strip()
     assert len(message.splitlines()) == 1 and "Traceback" not in message
     assert "policies[0] `mechanism`: must be one of 'cms', 'hcms' or 'sfp', got 'nope'" in message
@@ -289,13 +290,13 @@ def test_the_device_budget_section_is_applied_and_audited(db: Database) -> None:
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".toml"])
-def test_a_file_that_is_not_utf8_is_one_line_and_exit_1(db: Database, suffix: str) -> None:
-    """Like every file with problems (exit 1), not a traceback."""
+def test_a_file_that_is_not_utf8_is_one_line_and_exit_2(db: Database, suffix: str) -> None:
+    """Like every file with problems (exit 2), not a traceback."""
     path = db.tmp / f"latin1{suffix}"
     path.write_bytes(b"policies: []\n# caf\xe9\n")
     for args in (["policies", "apply", str(path)], ["policies", "apply", "--dry-run", str(path)]):
         result = db.cli(args)
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == 2, result.output
         assert isinstance(result.exception, SystemExit)
         assert "not UTF-8" in result.output and str(path) in result.output
         assert "Traceback" not in result.output
@@ -332,9 +333,93 @@ def test_a_nan_in_a_file_is_refused_in_the_projects_words(
     path = db.tmp / f"nan{suffix}"
     path.write_text(text, encoding="utf-8")
     result = db.cli(["policies", "apply", str(path)])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     message = result.output.strip()
     assert len(message.splitlines()) == 1 and "Traceback" not in message
     assert "policies[0] `epsilon_per_report`: must be a finite number, got nan" in message
     assert "Input should be" not in message
     assert db.state() == before
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (
+            "policies:\n  - name: emoji\n    k: [1,\n",
+            "p.yaml:4:1: not valid YAML: expected the node",
+        ),
+        ("policies:\n  - name: emoji\n   k: 1\n", "p.yaml:3:4: not valid YAML:"),
+        ("rules: []\n", "with a list (and may hold `device_budget`); it holds `rules`"),
+        ("policies:\n  - null\n", "policies[0]: must be a table of fields, got null"),
+    ],
+)
+def test_a_file_that_does_not_parse_is_one_line_at_its_line_and_column(
+    db: Database, content: str, said: str
+) -> None:
+    """``FILE:LINE:COLUMN: not valid YAML: <the parser's reason>``, exit 2, no parser dump."""
+    path = db.tmp / "p.yaml"
+    path.write_text(content, encoding="utf-8")
+    for args in (["policies", "apply", str(path)], ["policies", "apply", "--dry-run", str(path)]):
+        result = db.cli(args)
+        assert result.exit_code == 2, result.output
+        assert result.stdout == "" and len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(f"Error: {path}") and said in result.stderr
+        assert "unicode string" not in result.stderr and "^" not in result.stderr
+
+
+def test_a_null_value_and_an_unknown_key_are_said_in_the_files_words(db: Database) -> None:
+    before = db.state()
+    path = db.tmp / "p.yaml"
+    body = {"policies": [{**db.emoji(), "k": None}], "device_budget": {"lifetime_epsilo": 10.0}}
+    path.write_text(yaml.safe_dump(body), encoding="utf-8")
+    result = db.cli(["policies", "apply", str(path)])
+    assert result.exit_code == 2 and "policies[0] `k`: must be a valid integer, got null" in (
+        result.stderr
+    )
+    body["policies"] = [db.emoji()]
+    path.write_text(yaml.safe_dump(body), encoding="utf-8")
+    result = db.cli(["policies", "apply", "--dry-run", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        f"Error: {path}: device_budget `lifetime_epsilo`: is not a field (the fields of"
+        " `device_budget`: epsilon_per_day, window_days, window_epsilon, lifetime_epsilon,"
+        " window_filter_epsilon, window_filter_delta, lifetime_filter_epsilon,"
+        " lifetime_filter_delta, quotas)"
+    )
+    body = {"policies": [{**db.emoji(), "retention": 30}]}
+    path.write_text(yaml.safe_dump(body), encoding="utf-8")
+    result = db.cli(["policies", "apply", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "policies[0] `retention`: is not a field" in result.stderr
+    assert "(a policy's fields: name, description, mechanism," in result.stderr
+    assert "Extra inputs" not in result.stderr and db.state() == before
+
+
+def test_show_and_export_refuse_what_they_are_given_with_exit_2(db: Database) -> None:
+    unknown = db.cli(["policies", "show", "emoj"])
+    assert unknown.exit_code == 2 and unknown.stdout == ""
+    assert unknown.stderr.startswith("Error: unknown use case 'emoj'"), unknown.stderr
+    bad = db.cli(["policies", "export", "--format", "json"])
+    assert bad.exit_code == 2 and "--format must be yaml or toml, got 'json'" in bad.stderr
+
+
+def test_a_group_conflict_names_the_file_and_the_policy_at_fault(db: Database) -> None:
+    """Joining a budget group on other terms is refused naming the file, its entry and the rule."""
+    emoji = db.emoji()
+    emoji["budget_group"] = "safari-domains"  # its members allow 2 reports a day, emoji 1
+    path = db.write(emoji)
+    before = db.state()
+    out = db.cli(["policies", "apply", "--dry-run", path])
+    assert out.exit_code == 1
+    assert db.state() == before
+    line = out.output.strip().splitlines()[-1]
+    assert line.startswith(f"Error: {path}: policies[0] (emoji) `max_reports_per_day` of 'emoji'")
+    assert "as in 'safari-" in line and "share one budget" in line
+
+
+def test_a_file_that_leaves_out_a_use_case_says_it_stays_as_it_is(db: Database) -> None:
+    """A file need not list every use case; the review says which it leaves unchanged."""
+    out = db.cli(["policies", "apply", "--dry-run", db.write(db.emoji())])
+    assert out.exit_code == 0, out.output
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("not in the file")]
+    assert "emoji" not in line and "safari-energy-domains" in line

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema_rs
 import pytest
 
 from dp_governor.api.settings import Settings
@@ -36,6 +37,11 @@ def _published(base: str) -> dict[str, Any]:
 def _body(mech: CMS | HCMS | SFP, value: str = "😂") -> dict[str, Any]:
     """A report as a device built with ``mech`` sends it: its own family identifier."""
     return mech.privatize_one(value).to_dict() | {"family": family_id(mech)}
+
+
+def _schema(published: dict[str, Any]) -> jsonschema_rs.Validator:
+    """The validator of the report schema a policy publishes (a device's only source)."""
+    return jsonschema_rs.validator_for(published["randomizer"]["report_schema"])
 
 
 def _detail(response: httpx.Response) -> str:
@@ -63,6 +69,10 @@ def test_a_misbuilt_device_is_refused_naming_what_differs(tmp_path: Path) -> Non
         assert "is required" in _detail(_post(served.base, "d-0", no_family))
         accepted = _post(served.base, "d-1", _body(right))
         assert accepted.status_code == 202, accepted.text
+        # the published schema says so: a device built from it alone sends what is accepted
+        schema = _schema(published)
+        assert "family" in published["randomizer"]["report_schema"]["required"]
+        assert schema.is_valid(_body(right)) and not schema.is_valid(no_family)
         # epsilon 1 instead of 4, another seed, another sketch size: never published
         for i, wrong in enumerate(
             [
@@ -125,6 +135,10 @@ def test_fleets_built_before_the_field_keep_reporting_when_allowed(tmp_path: Pat
         assert isinstance(right, CMS)
         without = _post(served.base, "old-1", right.privatize_one("😂").to_dict())
         assert without.status_code == 202, without.text
+        # the published schema accepts what this server accepts: the family optional
+        schema = _schema(_published(served.base))
+        assert schema.is_valid(right.privatize_one("😂").to_dict())
+        assert schema.is_valid(_body(right))
         wrong = _body(dataclasses.replace(right, epsilon=1.0))
         assert "no randomizer" in _detail(_post(served.base, "old-2", wrong))
 

@@ -167,6 +167,26 @@ def test_cli_reports_bad_settings_and_exits_2(monkeypatch: pytest.MonkeyPatch) -
     assert result.exit_code == 2 and "DPGOV_JOB_NICE" in result.output and "'abc'" in result.output
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("DPGOV_AUDIT_KEY", "short", "DPGOV_AUDIT_KEY: must be at least 32 characters"),
+        ("DPGOV_ENVIRONMENT", "production", "DPGOV_DEVICE_KEY_SECRET: must be set in production"),
+        ("DPGOV_WITNESSES", "not-json", "DPGOV_WITNESSES: not JSON (a list is JSON, e.g."),
+        ("DPGOV_WITNESSES", '["x"]', 'DPGOV_WITNESSES: each entry is "<http(s) URL>'),
+    ],
+)
+def test_cli_names_the_setting_at_fault_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, said: str
+) -> None:
+    """A check of several settings, or a list that is not JSON, names the variable too."""
+    monkeypatch.setenv(variable, value)
+    result = CliRunner().invoke(cli, ["policies", "list"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"Error: invalid setting {said}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Value error" not in result.stderr
+
+
 def test_lifespan_starts_and_stops_the_scheduler(tmp_path: Path) -> None:
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'life.sqlite'}",

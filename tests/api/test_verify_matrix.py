@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pytest
@@ -313,3 +314,62 @@ def test_a_verification_without_the_shuffler_key_says_it_opened_no_sealed_row(
 ) -> None:
     verdict = verify_service(ledger, now=NOW, kept=[])
     assert verdict.ok and verdict.note is not None and "not opened" in verdict.note
+
+
+def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the stored sketches ``verify`` decodes (one per sketch it recomputes)."""
+    from dp_governor.api import _integrity
+    from dp_governor.pipeline.codec import sketch_from_bytes as decode
+
+    calls: list[int] = []
+
+    def counted(mechanism: Any, state: bytes) -> Any:
+        calls.append(len(state))
+        return decode(mechanism, state)
+
+    monkeypatch.setattr(_integrity, "sketch_from_bytes", counted)
+    return calls
+
+
+def test_a_routine_verification_decodes_only_the_sketches_changed_since_the_last(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded = _count_decodes(monkeypatch)
+    with ledger.engine.connect() as conn:
+        sketches = conn.execute(text("SELECT count(*) FROM sketches")).scalar_one()
+    assert sketches >= 2
+    assert verify_service(ledger, now=NOW, kept=[], seal=SEAL, full=False).ok
+    assert decoded == []  # the fixture's accepted verdict recorded every sketch's digest
+    assert verify_service(ledger, now=NOW, kept=[], seal=SEAL, full=True).ok
+    assert len(decoded) == sketches  # --full recomputes every one
+    decoded.clear()
+    table, statement = EDITS["a sketch swapped for another day's"]
+    with ledger.engine.begin() as conn:
+        assert conn.execute(text(statement)).rowcount
+    verdict = verify_service(ledger, now=NOW, kept=[], seal=SEAL, full=False)
+    assert not verdict.ok and table in str(verdict.problem), verdict.problem
+    assert len(decoded) == 1  # the changed one alone
+
+
+@pytest.mark.parametrize("edit", sorted(e for e, (t, _) in EDITS.items() if t == "sketches"))
+def test_every_edit_of_a_sketch_fails_a_routine_verification_too(ledger: Ledger, edit: str) -> None:
+    assert verify_service(ledger, now=NOW, kept=[], seal=SEAL, full=False).ok
+    table, statement = EDITS[edit]
+    with ledger.engine.begin() as conn:
+        assert conn.execute(text(statement)).rowcount
+    verdict = verify_service(ledger, now=NOW, kept=[], seal=SEAL, full=False)
+    assert not verdict.ok and table in str(verdict.problem), (edit, verdict.problem)
+
+
+def test_a_sketchs_digest_moves_with_each_folded_parts_stored_reports() -> None:
+    """A report deleted from a folded part changes the digest (tags rule out edits and additions).
+
+    So a routine run recomputes that sketch even on days the count check leaves out.
+    """
+    from dp_governor.api._integrity import _sketch_digest
+
+    key = ("emoji", "p", 20_000)
+    held = _sketch_digest(key, 5, [(1, 3), (2, 2)], b"state")
+    assert held == _sketch_digest(key, 5, [(2, 2), (1, 3)], b"state")
+    assert held != _sketch_digest(key, 5, [(1, 3), (2, 1)], b"state")
+    assert held != _sketch_digest(key, 5, [(1, 3)], b"state")

@@ -80,13 +80,17 @@ def _bodies(mech: Mechanism) -> st.SearchStrategy[Any]:
 
 @pytest.mark.parametrize("mech", MECHANISMS, ids=IDS)
 def test_real_reports_satisfy_both_schemas(mech: Mechanism) -> None:
-    exact = jsonschema_rs.validator_for(mech.report_schema())
+    exact = jsonschema_rs.validator_for(mech.body_schema())
+    published = jsonschema_rs.validator_for(mech.report_schema())
     shape = jsonschema_rs.validator_for(type(mech).BODY_SHAPE)
     reports = mech.privatize(["a", "b", "c"] * 20, rng=np.random.default_rng(5))
     for body in reports.to_dicts():
         assert _accepts(mech, body)
         assert exact.is_valid(body) and shape.is_valid(body)
-        assert exact.is_valid(body | {"family": mech.fingerprint.family_id})
+        # the published schema requires the family, as the server does by default
+        assert published.is_valid(body | {"family": mech.fingerprint.family_id})
+        assert not published.is_valid(body)
+        assert not published.is_valid(body | {"family": "f1-0000000000000000"})
 
 
 def _schema_cannot_say(mech: Mechanism, body: Any) -> bool:

@@ -164,7 +164,7 @@ def test_export_then_aggregate_equals_the_services_sketches(
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["aggregate", "nope"], 1, "unknown use case 'nope'"),
+        (["aggregate", "nope"], 2, "unknown use case 'nope'"),
         (["aggregate", "emoji", "--scheduler", "tcp://127.0.0.1:1"], 2, "--engine dask"),
         (["aggregate", "emoji", "--from", "2026-11-02", "--to", "2026-11-01"], 2, "--from"),
         (["aggregate", "emoji", "--from", "yesterday"], 2, "--from"),

@@ -214,29 +214,3 @@ def test_two_workers_start_and_serve_under_load(tmp_path: Path) -> None:
         assert text_log.count("Application startup complete") == 2, text_log
         # uvicorn's supervisor spawns the two workers (and a resource tracker may run beside)
         assert len(workers) >= 2, workers
-
-
-def test_a_worker_that_cannot_start_stops_the_server_with_its_reason(tmp_path: Path) -> None:
-    assert PG_URL is not None
-    with scratch_schema(PG_URL, "workersbad") as url:
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("DPGOV_")},
-            "DPGOV_DATABASE_URL": url,
-            "DPGOV_SECRET_FILE": str(tmp_path / "secret"),
-            "DPGOV_AUDIT_KEY_FILE": str(tmp_path / "audit.key"),
-            # --port overrides it for the server's socket; each worker reads it and refuses it
-            "DPGOV_PORT": "99999",
-        }
-        command = ["serve", "--port", str(free_port()), "--workers", "2"]
-        run = subprocess.run(
-            [sys.executable, "-m", "dp_governor.api.cli", *command],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    assert run.returncode == 1, run.stderr
-    last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("Error: the server stopped: a worker could not start: invalid setting")
-    assert "DPGOV_PORT" in last and "died" not in run.stderr

@@ -133,6 +133,25 @@ def test_a_day_of_frequent_flushes_lists_its_smallest_batches() -> None:
     assert day.composed.epsilon == compose_sizes(4.0, [1000], 1e-9)[0]
 
 
+def test_a_batch_counts_on_the_day_it_was_published_and_its_line_says_when_charged() -> None:
+    """Yesterday's reports published today: today's line, which names yesterday's charges."""
+    today = 20_419  # 2025-11-27
+    policy = _policy(max_reports_per_day=1)
+    late = _batch(today, [1200])
+    late.first_day = late.last_day = today - 1
+    spanning = _batch(today, [1100])
+    spanning.first_day = today - 1
+    batches = [_batch(today - 2, [1000]), late, spanning]
+    line = central_line(policy, [policy], batches, today)
+    assert [d.day for d in line.days] == ["2025-11-25", "2025-11-27"]
+    text = "\n".join(render_central([line]))
+    assert "2025-11-25: 1,000 devices/1,000 reports (k<=1); composed" in text
+    assert (
+        "2025-11-27: 1,100 devices/1,100 reports (k<=1; charged 2025-11-26 to 2025-11-27),"
+        " 1,200 devices/1,200 reports (k<=1; charged 2025-11-26); composed"
+    ) in text
+
+
 def test_batches_published_in_parts_count_unamplified() -> None:
     """A batch of before revision 0009 whose parts were not counted hides none of its reports.
 

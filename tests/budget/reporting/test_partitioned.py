@@ -22,6 +22,7 @@ from dp_governor.budget.reporting.loss import effective_epsilon_basis
 from dp_governor.budget.reporting.partitioned import partitioned_basis
 from dp_governor.budget.reporting.report import finish_report
 from dp_governor.pipeline.purge import purge
+from dp_governor.policies import PolicyUpdate
 from tests.conftest import BACKENDS, make_engine
 from tests.live import app_settings
 
@@ -40,7 +41,7 @@ def _open(url: str) -> Ledger:
     return Ledger(create_db_engine(url), scale.SECRET)
 
 
-def _record(seen: list[tuple[int, int]], n: int, total: int) -> None:
+def _record(seen: list[tuple[int, int | None]], n: int, total: int | None) -> None:
     seen.append((n, total))
 
 
@@ -56,7 +57,7 @@ def test_partitioned_report_equals_the_single_pass(engine: Engine) -> None:
     assert single.totals.spent_lifetime.devices > devices // 2
     url = engine.url.render_as_string(hide_password=False)
     for partitions, workers in ((1, 1), (7, 2), (devices * 2, 2)):
-        seen: list[tuple[int, int]] = []
+        seen: list[tuple[int, int | None]] = []
         basis = partitioned_basis(
             ledger,
             functools.partial(_open, url),
@@ -69,7 +70,7 @@ def test_partitioned_report_equals_the_single_pass(engine: Engine) -> None:
         merged = finish_report(basis, accountant=ledger.accountant)
         assert merged.to_dict() == single.to_dict(), (partitions, workers)
         ranges = min(partitions, single.totals.spent_lifetime.devices)
-        assert seen == [(n, ranges) for n in range(1, ranges + 1)]
+        assert seen == [(n, ranges) for n in range(ranges + 1)]  # the whole known at once
     seen = []
     forward = partitioned_basis(  # the summary the full passes stored, brought forward
         ledger,
@@ -80,7 +81,21 @@ def test_partitioned_report_equals_the_single_pass(engine: Engine) -> None:
         done=functools.partial(_record, seen),
     )
     assert finish_report(forward, accountant=ledger.accountant).to_dict() == single.to_dict()
-    assert seen == [(1, 1)]
+    assert seen == [(1, None), (1, 1)]  # the whole is known once the summary is brought forward
+    ledger.policies.update("emoji", PolicyUpdate(epsilon_per_report=1.0), allow_loosen=True)
+    seen = []
+    stale = partitioned_basis(  # a policy version added: the summary is stale, a full pass due
+        ledger,
+        functools.partial(_open, url),
+        now=now,
+        partitions=7,
+        workers=2,
+        done=functools.partial(_record, seen),
+    )
+    again = finish_report(effective_epsilon_basis(ledger, now=now), accountant=ledger.accountant)
+    assert finish_report(stale, accountant=ledger.accountant).to_dict() == again.to_dict()
+    parts = 1 + min(7, single.totals.spent_lifetime.devices)
+    assert seen == [(1, None), *((n, parts) for n in range(1, parts + 1))]
 
 
 def test_account_splits_cut_the_keys_into_equal_ranges(engine: Engine) -> None:
@@ -115,9 +130,13 @@ def test_audit_report_partitions_from_the_command_line(tmp_path: Path) -> None:
         )
         assert r.json()["accepted"] == 40, r.text
     runner = CliRunner()
+    partitioned = ["audit", "report", "--json", "--partitions", "3", "--workers", "2"]
+    first = runner.invoke(app, partitioned, env=env)  # no summary yet: the ranges follow
+    assert first.exit_code == 0, first.output
+    assert "of 1 parts" not in first.stderr  # no whole claimed before the ranges are known
+    assert "audit report: the summary or key ranges: 4 of 4 parts (100%)" in first.stderr
     single = runner.invoke(app, ["audit", "report", "--json", "-q"], env=env)
     assert single.exit_code == 0, single.output
-    partitioned = ["audit", "report", "--json", "--partitions", "3", "--workers", "2"]
     split = runner.invoke(app, [*partitioned, "--full"], env=env)
     assert split.exit_code == 0, split.output
     assert "audit report: the summary or key ranges: 3 of 3 parts (100%)" in split.stderr

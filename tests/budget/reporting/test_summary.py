@@ -29,7 +29,7 @@ from dp_governor.budget.reporting.loss import (
 )
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import ReportBasis, basis_of
-from dp_governor.budget.reporting.summary import advance_summary
+from dp_governor.budget.reporting.summary import advance_summary, brought_forward
 from dp_governor.budget.reporting.views import spend_spread
 from dp_governor.budget.rule.decide import Decision
 from dp_governor.pipeline.purge import purge
@@ -154,6 +154,29 @@ def test_the_purge_brings_the_summary_to_its_day_so_the_next_report_starts_from_
     assert advance_summary(ledger, now=now)
 
 
+def test_advance_stores_what_the_report_brings_forward_and_refuses_a_stale_summary(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``advance_summary`` brings the summary forward as the report does; stale, it says so."""
+    caplog.set_level(logging.INFO, logger="dpgov.reporting")
+    _short_retention(ledger)
+    assert not advance_summary(ledger, now=START)  # nothing stored yet
+    for device in DEVICES:
+        ledger.charge(device, "emoji", now=START)
+    assert effective_epsilon_basis(ledger, now=START) == reference(ledger, START)
+    now = START + timedelta(days=1)
+    for device in DEVICES[:3]:
+        ledger.charge(device, "emoji", now=now)
+    assert advance_summary(ledger, now=now)
+    read: list[str] = []
+    assert brought_forward(ledger, now=now, seen=read.append) is not None
+    assert read == []  # stored at `now` with every charge: nothing left to read
+    later = START + timedelta(days=40)
+    ledger.purge(now=later)  # horizons past the summary's windows
+    assert not advance_summary(ledger, now=later)
+    assert any("stale" in r.getMessage() for r in caplog.records)
+
+
 def test_a_summary_left_behind_a_purge_is_replaced_by_a_full_pass(
     ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -254,3 +277,24 @@ def test_reports_while_devices_are_charged_end_equal_to_a_full_pass(ledger: Ledg
         w.join(60)
     assert not errors
     assert effective_epsilon_basis(ledger, now=now) == reference(ledger, now)
+
+
+def test_the_progress_of_a_report_brought_forward_counts_no_accounts(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: list[tuple[int, int]] = []
+    ledger.scan_progress = lambda done, total: told.append((done, total))
+    for device in DEVICES:
+        ledger.charge(device, "emoji", now=START)
+    effective_epsilon_basis(ledger, now=START)  # a full pass: counted, then read
+    n = len(DEVICES)
+    assert told[0] == (0, n) and told[-1] == (n, n)
+
+    def refused(_self: Ledger) -> int:
+        raise AssertionError("the accounts were counted")
+
+    monkeypatch.setattr(Ledger, "account_count", refused)
+    ledger.charge("a-new-device", "emoji", now=START)
+    told.clear()
+    effective_epsilon_basis(ledger, now=START)  # brought forward: the summary's devices
+    assert told == [(n + 1, n + 1)]
