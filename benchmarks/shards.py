@@ -11,7 +11,10 @@ them), copies its devices into ``--shards`` databases by the routing rule of doc
 in a spawned process of its own, and checks the two equal. Then charges
 ``--next-day-charges`` devices on the next day (each through its shard's gate) and runs the
 sharded report again from the summaries the first run stored (each shard's brought forward in
-a worker), then as a full pass (``full``), and checks the two equal. Prints a Markdown table:
+a worker), then as a full pass (``full``), and checks the two equal; the what-if over the shards
+of a tighter first use case (:func:`proposal`) the same way, from each shard's stored what-if
+(written on the day before) and as a full pass, then from the stored what-ifs again after as many
+more charges the same day. Prints a Markdown table:
 CPU seconds (the process and its workers), wall seconds and peak RSS (the largest process), and
 the CPU seconds the sharded pass spends checking that each device routes to its shard.
 """
@@ -36,6 +39,7 @@ from dp_governor.budget import Ledger, create_db_engine
 from dp_governor.budget.gate.prepared import device_key
 from dp_governor.budget.reporting.routing import RouteCheck
 from dp_governor.budget.reporting.sharded import shard_of
+from dp_governor.budget.reporting.sharded_what_if import sharded_what_if
 from dp_governor.budget.storage.tables import (
     Account,
     Charge,
@@ -44,9 +48,9 @@ from dp_governor.budget.storage.tables import (
     SlotBudgets,
 )
 from dp_governor.policies.device import DeviceBudgetVersion
-from dp_governor.policies.model import Policy
+from dp_governor.policies.model import Policy, PolicyCreate
 
-__all__ = ["main", "split"]
+__all__ = ["main", "proposal", "split"]
 
 _WHOLE: tuple[Any, ...] = (Policy, DeviceBudgetVersion, RetentionHorizon, SlotBudgets)
 _ROUTED: tuple[Any, ...] = (Account, Charge, IdempotencyRecord)
@@ -114,15 +118,32 @@ def _open(url: str) -> Ledger:
     return Ledger(create_db_engine(url), scale.SECRET)
 
 
-def _timed(urls: list[str], day: int, full: bool, workers: int, queue: Any) -> None:
-    """The report's basis on one database or over the shards ``urls`` (spawned); its figures."""
+def proposal(ledger: Ledger) -> tuple[str, PolicyCreate]:
+    """The first active use case with one report a day and a window cap of twice its epsilon."""
+    policy = ledger.book().active[0]
+    fields = policy.model_dump(include=set(PolicyCreate.model_fields))
+    change = {"max_reports_per_day": 1, "window_epsilon_cap": 2 * policy.epsilon_per_report}
+    return policy.name, PolicyCreate.model_validate({**fields, **change})
+
+
+def _what_if(urls: list[str], ledgers: list[Ledger], now: Any, full: bool, workers: int) -> Any:
+    """The what-if of :func:`proposal` over the shards ``urls`` (opened as ``ledgers``)."""
+    name, proposed = proposal(ledgers[0])
+    openers = [functools.partial(_open, url) for url in urls]
+    return sharded_what_if(ledgers, openers, name, proposed, now=now, workers=workers, full=full)
+
+
+def _timed(urls: list[str], day: int, full: bool, workers: int, what: str, queue: Any) -> None:
+    """The report's basis (or ``what`` ``"what-if"``) on one database or over shards ``urls``."""
     from dp_governor.budget.reporting.loss import effective_epsilon_basis
     from dp_governor.budget.reporting.sharded import sharded_basis
 
     now = scale.noon(day)
     ledgers = [_open(url) for url in urls]
     t0, cpu = time.perf_counter(), time.process_time()
-    if len(urls) == 1:
+    if what == "what-if":
+        basis = _what_if(urls, ledgers, now, full, workers)
+    elif len(urls) == 1:
         basis = effective_epsilon_basis(ledgers[0], now=now, full=full)
     else:
         openers = [functools.partial(_open, url) for url in urls]
@@ -139,15 +160,16 @@ def _timed(urls: list[str], day: int, full: bool, workers: int, queue: Any) -> N
 
 
 def _run(
-    urls: list[str], day: int, full: bool = True, workers: int | None = None
+    urls: list[str], day: int, full: bool = True, workers: int | None = None, what: str = "report"
 ) -> tuple[Any, float, float, float]:
-    """:func:`_timed` in a spawned process: ``(basis, CPU s, wall s, peak RSS MiB)``.
+    """:func:`_timed` in a spawned process: ``(basis or what-if, CPU s, wall s, peak RSS MiB)``.
 
     ``workers``: processes of the sharded report (default one a shard; ``1``: none, in this one).
     """
     spawn = multiprocessing.get_context("spawn")
     queue = spawn.Queue()
-    process = spawn.Process(target=_timed, args=(urls, day, full, workers or len(urls), queue))
+    args = (urls, day, full, workers or len(urls), what, queue)
+    process = spawn.Process(target=_timed, args=args)
     process.start()
     result = queue.get()
     process.join()
@@ -169,11 +191,11 @@ def _route_check_cpu(shards: Sequence[Engine]) -> float:
     return time.process_time() - cpu
 
 
-def _charge_next_day(shards: Sequence[Engine], day: int, charges: int) -> None:
-    """``charges`` new devices charged once on ``day``, each through its own shard's gate."""
+def _charge_next_day(shards: Sequence[Engine], day: int, charges: int, first: int = 0) -> None:
+    """``charges`` new devices (from number ``first``) charged once on ``day``, in their shards."""
     ledgers = [Ledger(e, scale.SECRET) for e in shards]
     use_case = ledgers[0].book().active[0].name
-    for i in range(charges):
+    for i in range(first, first + charges):
         device = f"next-day-{i}"
         shard = shard_of(device_key(scale.SECRET, device), len(shards))
         ledgers[shard].charge(device, use_case, now=scale.noon(day))
@@ -210,11 +232,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         merged, *many = _run(urls[1:], last)  # stores each shard's summary
         assert merged == single, "the sharded report differs from the single database's"
         checked = _route_check_cpu(shards)
+        _run(urls[1:], last, what="what-if")  # stores each shard's what-if
         _charge_next_day(shards, last + 1, args.next_day_charges)
         forward, *incremental = _run(urls[1:], last + 1, full=False)
         scanned, *full = _run(urls[1:], last + 1, full=True)
         again, *inline = _run(urls[1:], last + 1, full=False, workers=1)
         assert forward == scanned == again, "the report from the summaries differs from a full pass"
+        what_if, *what_if_forward = _run(urls[1:], last + 1, full=False, what="what-if")
+        what_if_again, *what_if_full = _run(urls[1:], last + 1, what="what-if")
+        assert what_if == what_if_again, "the what-if from the summaries differs from a full pass"
+        _charge_next_day(shards, last + 1, args.next_day_charges, first=args.next_day_charges)
+        _, *what_if_same_day = _run(urls[1:], last + 1, full=False, what="what-if")
         print("| ledger | devices | charges | report CPU s | wall s | peak RSS MiB |")
         print("|---" * 6 + "|")
         print(
@@ -230,15 +258,22 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"| of which the routing check of every device | {sum(accounts):,} | |"
             f" {checked:.3f} | | |"
         )
-        for name, (cpu, wall, peak) in (
-            ("full pass", full),
-            ("from the summaries", incremental),
-            ("from the summaries, no worker process", inline),
+        after = built.devices + args.next_day_charges
+        for name, (cpu, wall, peak), devices in (
+            ("full pass", full, after),
+            ("from the summaries", incremental, after),
+            ("from the summaries, no worker process", inline, after),
+            ("what-if, full pass", what_if_full, after),
+            ("what-if from the stored what-ifs", what_if_forward, after),
+            (
+                f"what-if from the stored what-ifs, {args.next_day_charges:,} charges later",
+                what_if_same_day,
+                after + args.next_day_charges,
+            ),
         ):
             print(
                 f"| {args.shards} shards, next day after {args.next_day_charges:,} charges:"
-                f" {name} | {built.devices + args.next_day_charges:,} | |"
-                f" {cpu:.1f} | {wall:.1f} | {peak:.0f} |"
+                f" {name} | {devices:,} | | {cpu:.1f} | {wall:.1f} | {peak:.0f} |"
             )
 
 

@@ -9,6 +9,7 @@ the same, bit for bit, whichever engine and grouping produced it.
 from __future__ import annotations
 
 import heapq
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
@@ -76,11 +77,15 @@ def group_files(files: Sequence[Path], groups: int) -> list[list[Path]]:
 
 @dataclass(frozen=True, slots=True)
 class DaskOptions:
-    """Where to run: an existing scheduler's address, or a LocalCluster of ``workers``."""
+    """Where to run: an existing scheduler's address, or a LocalCluster of ``workers``.
+
+    ``connect_timeout``: seconds to wait for ``scheduler`` before it counts as unreachable.
+    """
 
     scheduler: str | None = None
     workers: int = 2
     memory_limit: str = "auto"
+    connect_timeout: float = 5.0
 
 
 def aggregate_files(
@@ -113,7 +118,8 @@ def dask_client(options: DaskOptions) -> Iterator[Client]:
     """A client of ``options.scheduler``, or of a ``LocalCluster`` started here (both closed after).
 
     Raises :class:`ImportError` without the ``scale`` extra and :class:`OSError` when the
-    scheduler cannot be reached.
+    scheduler cannot be reached within ``options.connect_timeout``. A LocalCluster's workers
+    log nothing below CRITICAL: a task's error reaches the caller, once, as its exception.
     """
     try:
         from dask.distributed import Client, LocalCluster
@@ -131,6 +137,7 @@ def dask_client(options: DaskOptions) -> Iterator[Client]:
             processes=True,
             memory_limit=options.memory_limit,
             dashboard_address=":0",  # None does not disable it (dask/distributed#8136)
+            silence_logs=logging.CRITICAL,
         )
         try:
             client = Client(cluster)  # type: ignore[no-untyped-call]
@@ -138,7 +145,7 @@ def dask_client(options: DaskOptions) -> Iterator[Client]:
             cluster.close()
             raise
     else:
-        client = Client(options.scheduler, timeout="15s")  # type: ignore[no-untyped-call]
+        client = Client(options.scheduler, timeout=options.connect_timeout)  # type: ignore[no-untyped-call]
     try:
         yield client
     finally:

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.shards`` prints its table, the sharded reports checked equal to one's."""
+"""``python -m benchmarks.shards`` prints its table, the sharded reports and what-ifs checked."""
 
 from __future__ import annotations
 
@@ -17,7 +17,13 @@ def test_the_shards_benchmark_prints_its_rows(capsys: pytest.CaptureFixture[str]
     for row, name in zip(rows[5:], ("full pass", "from the summaries"), strict=False):
         assert row.startswith(f"| 2 shards, next day after 20 charges: {name} | 420 |")
     assert rows[7].startswith("| 2 shards, next day after 20 charges: from the summaries, no")
-    assert len(rows) == 8
+    for row, name in zip(rows[8:], ("what-if, full pass", "what-if from the stored"), strict=False):
+        assert row.startswith(f"| 2 shards, next day after 20 charges: {name}")
+    assert rows[10].startswith(
+        "| 2 shards, next day after 20 charges: what-if from the stored what-ifs, 20 charges"
+        " later | 440 |"
+    )
+    assert len(rows) == 11
 
 
 def test_the_shards_benchmark_refuses_one_shard() -> None:

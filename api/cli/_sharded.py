@@ -8,13 +8,13 @@ summary brought forward, or its key ranges read, in worker processes by
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import typer
 
+from dp_governor.api.cli._engine import worker_opener
 from dp_governor.api.cli.common import Progress, Stages, load_settings, open_ledger, refuse
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def _open_shard(shard: int, url: str) -> tuple[Ledger, Callable[[], Ledger]]:
         refuse(f"--shard {shard} ({shown(url)}): {problem}")
     if said.getvalue():  # a warning of an open that went through: said as it was
         typer.echo(said.getvalue(), err=True, nl=False)
-    return ledger, functools.partial(open_ledger, settings, own_origin=True)
+    return ledger, worker_opener(settings, own_origin=True)
 
 
 def open_shards(urls: Sequence[str], opened: list[tuple[Ledger, Callable[[], Ledger]]]) -> None:

@@ -15,8 +15,10 @@ import typer
 from dp_governor.api.cli._engine import (
     EngineOption,
     SchedulerOption,
+    SchedulerTimeoutOption,
     check_engine,
     parts_executor,
+    worker_opener,
 )
 from dp_governor.api.cli.aggregate import AggregateEngine
 from dp_governor.api.cli.common import (
@@ -293,6 +295,7 @@ def audit_report(
     ] = False,
     engine: EngineOption = AggregateEngine.local,
     scheduler: SchedulerOption = None,
+    scheduler_timeout: SchedulerTimeoutOption = None,
     database_url: DatabaseOption = None,
     quiet: QuietOption = False,
 ) -> None:
@@ -309,9 +312,9 @@ def audit_report(
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.loss import effective_epsilon
 
-    check_engine(engine, scheduler, bool(shard) or partitions > 1)
+    check_engine(engine, scheduler, scheduler_timeout, bool(shard) or partitions > 1)
     sink = io.StringIO() if quiet else None
-    where = functools.partial(parts_executor, engine, scheduler)
+    where = functools.partial(parts_executor, engine, scheduler, scheduler_timeout)
     if shard:
         from dp_governor.api.cli._sharded import sharded_report
 
@@ -396,7 +399,7 @@ def _partitioned_report(
         bar(0)  # the whole is known once the summary is brought forward or found stale
         basis = partitioned_basis(
             ledger,
-            functools.partial(open_ledger, settings),
+            worker_opener(settings),
             now=SystemClock().now(),
             partitions=partitions,
             workers=workers,

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TextIO
 from urllib.parse import quote
@@ -176,8 +177,37 @@ def path_argument(**options: Any) -> Any:
     return typer.Argument(parser=file_path, **options)
 
 
+class Refused(Exception):
+    """A refusal where it cannot be printed (a worker's): its line and exit code, to say after."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message, code)  # the arguments pickle: a worker's comes back whole
+        self.message, self.code = message, code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+_RAISED: ContextVar[bool] = ContextVar("refusals_raised", default=False)
+
+
+@contextmanager
+def refusals_raised() -> Iterator[None]:
+    """In the block, :func:`refuse` raises :class:`Refused` instead (this thread's context only)."""
+    token = _RAISED.set(True)
+    try:
+        yield
+    finally:
+        _RAISED.reset(token)
+
+
 def refuse(message: str, code: int = 2) -> NoReturn:
-    """Print one error line and exit (2: what the command was given is wrong)."""
+    """Print one error line and exit (2: what the command was given is wrong).
+
+    Within :func:`refusals_raised`: raise :class:`Refused` for the command to say.
+    """
+    if _RAISED.get():
+        raise Refused(message, code)
     typer.echo(f"Error: {message}", err=True)
     raise typer.Exit(code)
 

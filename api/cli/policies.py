@@ -88,6 +88,15 @@ def policies_apply(
     workers: Annotated[
         int | None, typer.Option(min=1, help="Shards read at once (default: the CPUs).")
     ] = None,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Count every device for the what-ifs instead of bringing each stored what-if"
+            " up to date (the figures are the same; with --shard every device's routing is"
+            " checked).",
+        ),
+    ] = False,
     database_url: DatabaseOption = None,
 ) -> None:
     """Create or update every policy of a complete file, as one change; review it first.
@@ -101,6 +110,7 @@ def policies_apply(
     """
     from dp_governor.api._handles import policy_store
     from dp_governor.budget import PolicyConflict, SystemClock
+    from dp_governor.budget.reporting.views import what_if, what_if_device_budget
     from dp_governor.policies import PolicyFileError, load_device_budget, load_policies
 
     try:
@@ -113,16 +123,20 @@ def policies_apply(
             refuse("--shard needs --dry-run: write the policies to each shard's database")
         if database_url is not None:
             refuse("give --shard URLs or --database-url, not both")
-        _sharded_dry_run(shard, workers, file, policies, device, allow_loosen=allow_loosen)
+        _sharded_dry_run(
+            shard, workers, file, policies, device, allow_loosen=allow_loosen, full=full
+        )
         return
     if workers is not None:
         refuse("--workers needs --shard")
     ledger = open_ledger(load_settings(database_url), Access.READ if dry_run else Access.WRITE)
     try:
         now = SystemClock().now()
-        problems, loosening, changed = _review(ledger, policies, now=now)
+        what_if_of = functools.partial(what_if, ledger, full=full)
+        problems, loosening, changed = _review(ledger, policies, now=now, what_if_of=what_if_of)
+        refused_of = functools.partial(what_if_device_budget, ledger, full=full)
         device_changed = device is not None and _review_device_budget(
-            ledger, device, loosening, now=now
+            ledger, device, loosening, now=now, refused_of=refused_of
         )
         if loosening:
             print("this change loosens:")
@@ -157,18 +171,21 @@ def _sharded_dry_run(
     device: DeviceBudgetCreate | None,
     *,
     allow_loosen: bool,
+    full: bool,
 ) -> None:
     """``apply --dry-run --shard ...``: the review on shard 0, each what-if over every shard.
 
-    The review is printed once every what-if is in: a shard found holding another's devices
-    (:class:`~dp_governor.budget.reporting.routing.ShardMisrouted`) refuses it with one line
-    and nothing on stdout, as the report over shards does.
+    Each shard's stored what-if is brought up to date, or (``full``, or when due) the shard
+    read whole. The review is printed once every what-if is in: a shard found holding another's
+    devices (:class:`~dp_governor.budget.reporting.routing.ShardMisrouted`) refuses it with one
+    line and nothing on stdout, as the report over shards does; so does a worker's refusal.
     """
     import contextlib
     import io
     import os
 
     from dp_governor.api.cli._sharded import open_shards, refuse_misrouted, refuse_other_policies
+    from dp_governor.api.cli.common import Refused
     from dp_governor.budget import SystemClock
     from dp_governor.budget.reporting.sharded import (
         ShardMisrouted,
@@ -191,9 +208,11 @@ def _sharded_dry_run(
             refuse_other_policies(urls, exc.shard)
         at_once = workers or os.cpu_count() or 1
         now = SystemClock().now()
-        what_if_of = functools.partial(sharded_what_if, ledgers, openers, workers=at_once)
+        what_if_of = functools.partial(
+            sharded_what_if, ledgers, openers, workers=at_once, full=full
+        )
         refused_of = functools.partial(
-            sharded_what_if_device_budget, ledgers, openers, workers=at_once
+            sharded_what_if_device_budget, ledgers, openers, workers=at_once, full=full
         )
         try:
             with contextlib.redirect_stdout(review):
@@ -205,6 +224,8 @@ def _sharded_dry_run(
                 )
         except ShardMisrouted as exc:
             refuse_misrouted(urls, exc)
+        except Refused as exc:  # a worker's, opening its shard
+            refuse(exc.message, exc.code)
         print(review.getvalue(), end="")
         if loosening:
             print("this change loosens:")

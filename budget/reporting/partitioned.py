@@ -30,15 +30,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import ParamSpec, TypeVar
 
-from sqlalchemy import func, select
-
 from dp_governor.budget.clock import utc_day
 from dp_governor.budget.ledger import Ledger
 from dp_governor.budget.reporting.central import central_figures
 from dp_governor.budget.reporting.loss import ACCOUNTS_CHUNK
 from dp_governor.budget.reporting.population import SpendPass
 from dp_governor.budget.reporting.report import ReportBasis, basis_of
-from dp_governor.budget.reporting.routing import RouteCheck
+from dp_governor.budget.reporting.routing import RouteCheck, key_ends
 from dp_governor.budget.reporting.summary import (
     Summary,
     brought_forward,
@@ -48,12 +46,10 @@ from dp_governor.budget.reporting.summary import (
     settled_full,
 )
 from dp_governor.budget.rule.book import PolicyBook
-from dp_governor.budget.storage.tables import Account
 
-__all__ = ["Passes", "Source", "partitioned_basis", "summary_passes"]
+__all__ = ["Passes", "Source", "partitioned_basis", "parts_pool", "summary_passes"]
 
 Passes = tuple[PolicyBook, SpendPass, SpendPass]  # finished (window, lifetime), under the book
-_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -86,7 +82,7 @@ class _InProcess(Executor):
 
 
 @contextmanager
-def _executor(workers: int, given: Executor | None) -> Iterator[Executor]:
+def parts_pool(workers: int, given: Executor | None = None) -> Iterator[Executor]:
     """``given`` (the caller's: a Dask client's), else ``workers`` spawned processes, or this one.
 
     Spawned: no copy of the parent's connections. ``given`` is left open for its caller.
@@ -107,17 +103,6 @@ def _route(position: int, shards: int | None) -> RouteCheck | None:
     return None if shards is None else RouteCheck(position, shards)
 
 
-def _key_ends(ledger: Ledger) -> set[str]:
-    """The smallest and largest device key ``ledger`` holds (none if it holds no account).
-
-    One aggregate a statement: SQLite reads a lone ``min`` or ``max`` from the key's index.
-    """
-    c = _ACCOUNTS.c
-    with ledger.engine.connect() as conn:
-        ends = [conn.execute(select(f(c.device_key))).scalar() for f in (func.min, func.max)]
-    return {str(key) for key in ends if key is not None}
-
-
 def _forward(
     open_ledger: Callable[[], Ledger], now: datetime, position: int, shards: int | None
 ) -> tuple[Passes | None, RouteCheck | None]:
@@ -131,7 +116,7 @@ def _forward(
             return None, None  # the full pass checks every device
         if route is not None:
             route.partial = True  # the changed devices and the key ends, not every device
-            for key in sorted(read | _key_ends(ledger)):
+            for key in sorted(read | set(key_ends(ledger.engine))):
                 route.see(key)
         book, summary = forward
         return (book, summary.window, summary.lifetime), route
@@ -245,7 +230,7 @@ def summary_passes(
                 _keep(routes, i, route)
                 told.one()
     starts = {i: scan_start(s.ledger.engine) for i, s in enumerate(sources) if out[i] is None}
-    with _executor(workers if starts else 1, executor) as pool:
+    with parts_pool(workers if starts else 1, executor) as pool:
         scan = functools.partial(_scan, day=day, chunk=chunk)
         scans = []
         for i, start in starts.items():

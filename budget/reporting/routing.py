@@ -16,7 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["ROUTING", "RouteCheck", "ShardMisrouted", "shard_of"]
+from sqlalchemy import Engine, func, select
+
+from dp_governor.budget.storage.tables import Account
+
+__all__ = ["ROUTING", "RouteCheck", "ShardMisrouted", "key_ends", "shard_of"]
 
 ROUTING: Final = "int(device_key[:8], 16) % shards"
 
@@ -28,6 +32,19 @@ def shard_of(device_key: str, shards: int) -> int:
     2
     """
     return int(device_key[:8], 16) % shards
+
+
+def key_ends(engine: Engine) -> list[str]:
+    """The smallest and largest device key the database holds (none if it holds no account).
+
+    What a shard's check reads besides the devices that changed, when a stored summary is
+    brought forward. One aggregate a statement: SQLite reads a lone ``min`` or ``max`` from the
+    key's index.
+    """
+    c = Account.__table__.c  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        ends = [conn.execute(select(f(c.device_key))).scalar() for f in (func.min, func.max)]
+    return sorted({str(key) for key in ends if key is not None})
 
 
 @dataclass(slots=True)

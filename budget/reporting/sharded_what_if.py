@@ -1,94 +1,141 @@
-"""What-if of a policy edit over a ledger sharded by device key: each shard's counts, added.
+"""What-if of a policy edit over a ledger sharded by device key: each shard's sums, added.
 
-A what-if's population part is device counts per side (in the window, refused next report,
-over the window and the lifetime caps; :func:`dp_governor.budget.reporting.views.what_if`), and
-the device-wide budget's is devices refused per use case and budget
+A what-if's population part is sums over devices (:mod:`.what_if_summary`): the passes under
+the current and the proposed book, and device counts per side (in the window, refused next
+report, over the window and the lifetime caps: :func:`dp_governor.budget.reporting.views.what_if`)
+or, for the device-wide budget, devices refused per use case and budget
 (:func:`~dp_governor.budget.reporting.views.what_if_device_budget`). A device lies in one
-shard, so the counts add; the rest (the effective-epsilon lines, what loosens) depends on the
+shard, so the sums add; the rest (the effective-epsilon lines, what loosens) depends on the
 policies alone, which :func:`~dp_governor.budget.reporting.sharded.same_policies` checks are the
-same on every shard. Each shard is read in a worker process of its own, which checks every
-device it reads routes to that shard (:class:`~dp_governor.budget.reporting.routing.RouteCheck`).
+same on every shard.
+
+As the report over shards does (:func:`~.partitioned.summary_passes`), each shard's stored
+what-if is brought forward in a thread of this process, at a cost in proportion to what
+changed; a shard whose full pass is due (no stored what-if yet, a policy edit, a purge past its
+windows; every shard with ``full``) is read whole in a worker process. Each read checks the
+devices it reads route to its shard (:class:`~dp_governor.budget.reporting.routing.RouteCheck`):
+a full pass every device the shard holds; brought forward, the devices that changed and the
+smallest and largest key held (a refusal then says "at least", and that ``--full`` counts every
+device).
 """
 
 from __future__ import annotations
 
-import multiprocessing
-from collections import Counter
+import functools
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any
 
-from dp_governor.budget.errors import InvalidRequest
 from dp_governor.budget.ledger import Ledger
+from dp_governor.budget.reporting.partitioned import parts_pool
+from dp_governor.budget.reporting.population import Sums
 from dp_governor.budget.reporting.routing import RouteCheck
-from dp_governor.budget.reporting.sharded import same_policies
-from dp_governor.budget.reporting.views import WhatIf, what_if, what_if_device_budget
+from dp_governor.budget.reporting.sharded import PoliciesChanged, same_policies, terms_digest
+from dp_governor.budget.reporting.views import (
+    WhatIf,
+    device_what_if_of,
+    policy_measure,
+    what_if_of,
+)
+from dp_governor.budget.reporting.what_if_summary import (
+    DeviceWhatIf,
+    PolicyWhatIf,
+    forwarded_sums,
+    what_if_sums,
+)
+from dp_governor.budget.rule.book import PolicyBook
 from dp_governor.policies.device import DeviceBudgetCreate
 from dp_governor.policies.model import PolicyCreate
 
 __all__ = ["sharded_what_if", "sharded_what_if_device_budget"]
 
-DeviceWhatIf = dict[str, dict[str, dict[str, int]]]
+Shard = tuple[PolicyBook, Sums]  # a shard's sums, under its book
+MeasureOf = Callable[[Ledger, RouteCheck | None], PolicyWhatIf | DeviceWhatIf]
 
 
-def _what_if(
-    open_ledger: Callable[[], Ledger],
-    route: RouteCheck,
+def _policy_measure(
     use_case: str,
     proposed: PolicyCreate,
-    now: datetime,
     alongside: Sequence[PolicyCreate],
-) -> tuple[WhatIf, RouteCheck]:
-    """One shard's what-if, in a worker process, and what it read routed elsewhere."""
+    ledger: Ledger,
+    route: RouteCheck | None,
+) -> PolicyWhatIf:
+    """:func:`policy_measure` on a shard, seen by its ``route`` (a picklable builder)."""
+    return policy_measure(ledger, use_case, proposed, alongside=alongside, route=route)
+
+
+def _device_measure(
+    proposed: DeviceBudgetCreate, ledger: Ledger, route: RouteCheck | None
+) -> DeviceWhatIf:
+    """The device-wide budget what-if of ``proposed`` on ``ledger`` (a picklable builder)."""
+    return DeviceWhatIf(ledger.book(), proposed, route)
+
+
+def _forward(
+    open_ledger: Callable[[], Ledger], measure_of: MeasureOf, now: datetime, route: RouteCheck
+) -> tuple[Shard | None, RouteCheck]:
+    """A thread: the shard's stored what-if brought forward (``None``: a full pass is due)."""
     ledger = open_ledger()
     try:
-        return what_if(ledger, use_case, proposed, now=now, alongside=alongside, route=route), route
+        return forwarded_sums(ledger, measure_of(ledger, route), now=now), route
     finally:
         ledger.close()
 
 
-def _device_what_if(
-    open_ledger: Callable[[], Ledger],
-    route: RouteCheck,
-    proposed: DeviceBudgetCreate,
-    now: datetime,
-) -> tuple[DeviceWhatIf, RouteCheck]:
-    """One shard's device-wide budget what-if, in a worker process, and its route check."""
+def _full(
+    open_ledger: Callable[[], Ledger], measure_of: MeasureOf, now: datetime, route: RouteCheck
+) -> tuple[Shard, RouteCheck]:
+    """A worker process: every account of the shard read, the what-if stored for next time."""
     ledger = open_ledger()
     try:
-        return what_if_device_budget(ledger, proposed, now=now, route=route), route
+        return what_if_sums(ledger, measure_of(ledger, route), now=now, full=True), route
     finally:
         ledger.close()
 
 
 def _each_shard(
-    call: Callable[..., tuple[Any, RouteCheck]],
+    measure_of: MeasureOf,
     openers: Sequence[Callable[[], Ledger]],
+    *,
+    now: datetime,
     workers: int,
-    *args: Any,
-) -> list[Any]:
-    """``call(opener, route, *args)`` for every shard, ``workers`` processes at once, in order.
+    full: bool,
+) -> Shard:
+    """Every shard's sums, from its stored what-if or a full pass, added; under shard 0's book.
 
     Raises :class:`~dp_governor.budget.reporting.routing.ShardMisrouted` for the first shard
-    that holds a device the routing puts in another.
+    that holds a device the routing puts in another, and :class:`PoliciesChanged` if a shard's
+    policies changed while it ran.
     """
-    spawn = multiprocessing.get_context("spawn")  # no copy of the parent's connections
-    with ProcessPoolExecutor(max_workers=min(workers, len(openers)), mp_context=spawn) as pool:
-        futures = [
-            pool.submit(call, opener, RouteCheck(shard, len(openers)), *args)
-            for shard, opener in enumerate(openers)
-        ]
-        results = [future.result() for future in futures]
-    for _, route in results:
-        route.refuse()
-    return [result for result, _ in results]
-
-
-def _added(sides: Sequence[dict[str, int]]) -> dict[str, int]:
-    """Per-side counts of disjoint sets of devices, added."""
-    return {side: sum(s[side] for s in sides) for side in sides[0]}
+    count = len(openers)
+    shards: list[Shard | None] = [None] * count
+    routes: dict[int, RouteCheck] = {}
+    if not full:  # in threads of this process: what changed is small, a process start is not
+        with ThreadPoolExecutor(max_workers=min(workers, count)) as threads:
+            forwards = [
+                threads.submit(_forward, opener, measure_of, now, RouteCheck(i, count))
+                for i, opener in enumerate(openers)
+            ]
+            for i, forward in enumerate(forwards):
+                shards[i], route = forward.result()
+                if shards[i] is not None:  # else the full pass checks every device
+                    routes[i] = route
+    due = [i for i, shard in enumerate(shards) if shard is None]
+    with parts_pool(min(workers, len(due)) or 1) as pool:
+        fulls = {
+            i: pool.submit(_full, openers[i], measure_of, now, RouteCheck(i, count)) for i in due
+        }
+        for i, task in fulls.items():
+            shards[i], routes[i] = task.result()
+    for i in sorted(routes):
+        routes[i].refuse()
+    done = [shard for shard in shards if shard is not None]
+    book, total = done[0]
+    for i, (shard_book, sums) in enumerate(done[1:], start=1):
+        if terms_digest(shard_book) != terms_digest(book):
+            raise PoliciesChanged("the policies changed while the what-if ran: run it again", i)
+        total.merge(sums)
+    return book, total
 
 
 def sharded_what_if(
@@ -100,35 +147,24 @@ def sharded_what_if(
     now: datetime,
     alongside: Sequence[PolicyCreate] = (),
     workers: int,
+    full: bool = False,
 ) -> WhatIf:
-    """:func:`what_if` over every shard: the device counts added, the rest shard 0's.
+    """:func:`what_if` over every shard: each shard's sums (stored what-if or a full pass), added.
 
-    The edit is checked here first, on shard 0, as a write would check it (raising
-    :class:`~dp_governor.budget.errors.PolicyConflict`,
+    ``ledgers[i]`` is shard ``i`` opened here, ``openers[i]`` opens it in a thread or worker
+    process (it must pickle). The edit is checked here first, on shard 0, as a write would
+    check it (raising :class:`~dp_governor.budget.errors.PolicyConflict`,
     :class:`~dp_governor.budget.errors.InvalidRequest` or
     :class:`~dp_governor.budget.errors.UnknownUseCase`), so a refusal never comes from a worker;
     :class:`~dp_governor.budget.reporting.sharded.ShardPoliciesDiffer` names a shard whose
     policies differ, :class:`~dp_governor.budget.reporting.routing.ShardMisrouted` one that
-    holds devices the routing puts in another.
+    holds devices the routing puts in another. ``full`` reads every shard whole.
     """
     same_policies(ledgers)
-    first = ledgers[0]
-    first.policies.get(use_case)
-    if proposed.name != use_case:
-        raise InvalidRequest("name", f"must be {use_case!r}, the use case asked about")
-    together = [proposed, *(p for p in alongside if p.name != use_case)]
-    with first.engine.connect() as conn:
-        first.policies.proposed(conn, together)
-    shards: list[WhatIf] = _each_shard(
-        _what_if, openers, workers, use_case, proposed, now, list(alongside)
-    )
-    return replace(
-        shards[0],
-        devices_in_window=_added([s.devices_in_window for s in shards]),
-        refused_next_report_today=_added([s.refused_next_report_today for s in shards]),
-        over_window_cap=_added([s.over_window_cap for s in shards]),
-        over_lifetime_cap=_added([s.over_lifetime_cap for s in shards]),
-    )
+    measure = policy_measure(ledgers[0], use_case, proposed, alongside=alongside)
+    measure_of = functools.partial(_policy_measure, use_case, proposed, list(alongside))
+    book, sums = _each_shard(measure_of, openers, now=now, workers=workers, full=full)
+    return what_if_of(ledgers[0], measure, book, sums, now=now)
 
 
 def sharded_what_if_device_budget(
@@ -138,19 +174,13 @@ def sharded_what_if_device_budget(
     *,
     now: datetime,
     workers: int,
-) -> DeviceWhatIf:
+    full: bool = False,
+) -> dict[str, dict[str, dict[str, int]]]:
     """:func:`what_if_device_budget` over every shard: the devices refused, added.
 
-    Raises as :func:`sharded_what_if` does for shards with other policies or misrouted devices.
+    From each shard's stored what-if or a full pass, as :func:`sharded_what_if`; raises as it
+    does for shards with other policies or misrouted devices.
     """
     same_policies(ledgers)
-    shards: list[DeviceWhatIf] = _each_shard(_device_what_if, openers, workers, proposed, now)
-    out: dict[str, dict[str, Counter[str]]] = {}
-    for shard in shards:
-        for name, sides in shard.items():
-            for side, refused in sides.items():
-                out.setdefault(name, {}).setdefault(side, Counter()).update(refused)
-    return {
-        name: {side: dict(sorted(c.items())) for side, c in sides.items()}
-        for name, sides in sorted(out.items())
-    }
+    measure_of = functools.partial(_device_measure, proposed)
+    return device_what_if_of(*_each_shard(measure_of, openers, now=now, workers=workers, full=full))

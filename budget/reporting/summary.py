@@ -446,13 +446,17 @@ def summed(
 
 
 def brought_forward(
-    ledger: Ledger, *, now: datetime, seen: Callable[[str], None] | None = None
+    ledger: Ledger,
+    *,
+    now: datetime,
+    seen: Callable[[str], None] | None = None,
+    measure: Measure = REPORT_MEASURE,
 ) -> tuple[PolicyBook, Summary] | None:
-    """The stored report summary brought to ``now`` and stored again; ``None``: a full pass is due.
+    """The stored summary (the report's) brought to ``now``, stored again; ``None``: none fits.
 
     ``seen`` is told the key of every device whose rows were read (those that changed).
     """
-    return _forward(ledger, REPORT_MEASURE, now, seen)
+    return _forward(ledger, measure, now, seen)
 
 
 def settled_full(

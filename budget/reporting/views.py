@@ -33,7 +33,7 @@ from dp_governor.budget.reporting.loss import (
     lifetime_rows,
     window_rows,
 )
-from dp_governor.budget.reporting.population import SpendPass
+from dp_governor.budget.reporting.population import SpendPass, Sums
 from dp_governor.budget.reporting.report import UseCaseLine, basis_of, finish_report
 from dp_governor.budget.reporting.routing import RouteCheck
 from dp_governor.budget.reporting.what_if_summary import (
@@ -56,12 +56,15 @@ __all__ = [
     "Timeline",
     "WhatIf",
     "device_timeline",
+    "device_what_if_of",
     "distribution",
     "distribution_of",
+    "policy_measure",
     "spend_quantiles",
     "spend_spread",
     "what_if",
     "what_if_device_budget",
+    "what_if_of",
 ]
 
 MAX_TIMELINE_DAYS = 400
@@ -345,38 +348,38 @@ class WhatIf:
         return asdict(self)
 
 
-def what_if(
+def policy_measure(
     ledger: Ledger,
     use_case: str,
     proposed: PolicyCreate,
     *,
-    now: datetime,
     alongside: Sequence[PolicyCreate] = (),
     route: RouteCheck | None = None,
-    full: bool = False,
-) -> WhatIf:
-    """Compare the current policy of ``use_case`` with ``proposed`` on today's ledger.
+) -> PolicyWhatIf:
+    """The what-if of ``proposed`` against ``ledger``'s policies, checked as a write checks it.
 
-    ``alongside`` are other policies proposed in the same change (a policy file's, or the
-    other members of a group whose shared terms change together). Each side decides every
-    device's next report through the gate's own rule (:func:`dp_governor.budget.rule.decide.check`)
-    on the budget it would draw from, with that budget's members as they would be; a change that a
-    write would refuse (:meth:`dp_governor.policies.repository.PolicyStore.proposed`) raises
-    :class:`PolicyConflict` as applying it would. The device counts and passes come from the
-    stored what-if brought up to date by what changed when it can be, else (or with ``full``)
-    from every account (:mod:`dp_governor.budget.reporting.what_if_summary`; the same figures
-    either way). ``route`` sees every device key: with it, every account is read (a shard's
-    check, :mod:`dp_governor.budget.reporting.routing`, is of all it holds).
+    Raises :class:`UnknownUseCase`, :class:`InvalidRequest` (a name other than ``use_case``)
+    and :class:`PolicyConflict` (:meth:`dp_governor.policies.repository.PolicyStore.proposed`)
+    as applying it would. ``route`` sees every device key its sums read.
     """
-    current = ledger.policies.get(use_case)
+    ledger.policies.get(use_case)
     if proposed.name != use_case:
         raise InvalidRequest("name", f"must be {use_case!r}, the use case asked about")
-    day = utc_day(now)
     together = [proposed, *(p for p in alongside if p.name != use_case)]
     with ledger.engine.connect() as conn:
         rows = ledger.policies.proposed(conn, together)
-    measure = PolicyWhatIf(ledger.book(), use_case, together, rows, route)
-    book, sums = what_if_sums(ledger, measure, now=now, full=full or route is not None)
+    return PolicyWhatIf(ledger.book(), use_case, together, rows, route)
+
+
+def what_if_of(
+    ledger: Ledger, measure: PolicyWhatIf, book: PolicyBook, sums: Sums, *, now: datetime
+) -> WhatIf:
+    """The what-if's figures from its sums over devices under ``book`` (one database's or more).
+
+    The device counts and passes are the sums'; the effective-epsilon lines and what loosens
+    follow from the policies alone.
+    """
+    use_case, day = measure.use_case, utc_day(now)
     after_book = measure.after(book)
     counts, passes = sums.counts, sums.passes
 
@@ -401,7 +404,7 @@ def what_if(
     keys = ("epsilon_per_day", "epsilon_per_window", "epsilon_per_year", "lifetime_bounded")
     return WhatIf(
         use_case=use_case,
-        current_version=current.version,
+        current_version=book.latest[use_case].version,
         devices_in_window=sides("in_window"),
         refused_next_report_today=sides("refused"),
         over_window_cap=sides("over_window"),
@@ -414,12 +417,47 @@ def what_if(
     )
 
 
+def what_if(
+    ledger: Ledger,
+    use_case: str,
+    proposed: PolicyCreate,
+    *,
+    now: datetime,
+    alongside: Sequence[PolicyCreate] = (),
+    full: bool = False,
+) -> WhatIf:
+    """Compare the current policy of ``use_case`` with ``proposed`` on today's ledger.
+
+    ``alongside`` are other policies proposed in the same change (a policy file's, or the
+    other members of a group whose shared terms change together). Each side decides every
+    device's next report through the gate's own rule (:func:`dp_governor.budget.rule.decide.check`)
+    on the budget it would draw from, with that budget's members as they would be; a change that a
+    write would refuse raises as applying it would (:func:`policy_measure`). The device counts
+    and passes come from the stored what-if brought up to date by what changed when it can be,
+    else (or with ``full``) from every account
+    (:mod:`dp_governor.budget.reporting.what_if_summary`; the same figures either way).
+    """
+    measure = policy_measure(ledger, use_case, proposed, alongside=alongside)
+    book, sums = what_if_sums(ledger, measure, now=now, full=full)
+    return what_if_of(ledger, measure, book, sums, now=now)
+
+
+def device_what_if_of(book: PolicyBook, sums: Sums) -> dict[str, dict[str, dict[str, int]]]:
+    """Per use case and side, the devices refused by each budget, from a device what-if's sums."""
+    out: dict[str, dict[str, dict[str, int]]] = {
+        name: {side: {} for side in SIDES} for name in sorted(book.terms)
+    }
+    for key, devices in sorted(sums.counts.items()):
+        name, side, refused_by = key.split("\t")
+        out[name][side][refused_by] = devices
+    return out
+
+
 def what_if_device_budget(
     ledger: Ledger,
     proposed: DeviceBudgetCreate,
     *,
     now: datetime,
-    route: RouteCheck | None = None,
     full: bool = False,
 ) -> dict[str, dict[str, dict[str, int]]]:
     """Per active use case, the devices whose next report would be refused now, by which budget.
@@ -429,16 +467,7 @@ def what_if_device_budget(
     budget in force and with ``proposed``; a device with no history is never refused and is left
     out. Nothing is written but the stored what-if, brought up to date by what changed when it
     can be, else (or with ``full``) counted from every account
-    (:mod:`dp_governor.budget.reporting.what_if_summary`). ``route`` sees every device key:
-    with it, every account is read (a shard's check,
-    :mod:`dp_governor.budget.reporting.routing`, is of all it holds).
+    (:mod:`dp_governor.budget.reporting.what_if_summary`).
     """
-    measure = DeviceWhatIf(ledger.book(), proposed, route)
-    book, sums = what_if_sums(ledger, measure, now=now, full=full or route is not None)
-    out: dict[str, dict[str, dict[str, int]]] = {
-        name: {side: {} for side in SIDES} for name in sorted(book.terms)
-    }
-    for key, devices in sorted(sums.counts.items()):
-        name, side, refused_by = key.split("\t")
-        out[name][side][refused_by] = devices
-    return out
+    measure = DeviceWhatIf(ledger.book(), proposed)
+    return device_what_if_of(*what_if_sums(ledger, measure, now=now, full=full))

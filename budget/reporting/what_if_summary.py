@@ -55,8 +55,8 @@ from sqlalchemy.exc import DBAPIError
 from dp_governor.budget.ledger import Ledger
 from dp_governor.budget.reporting.measure import Fold, Measure, versions_digest
 from dp_governor.budget.reporting.population import SpendPass, Sums, slot_rows
-from dp_governor.budget.reporting.routing import RouteCheck
-from dp_governor.budget.reporting.summary import advance, stored_specs, summed
+from dp_governor.budget.reporting.routing import RouteCheck, key_ends
+from dp_governor.budget.reporting.summary import advance, brought_forward, stored_specs, summed
 from dp_governor.budget.rule.book import PolicyBook, Terms
 from dp_governor.budget.rule.decide import check
 from dp_governor.budget.rule.state import AccountState, lifetime_counts, window_counts
@@ -71,7 +71,9 @@ __all__ = [
     "SIDES",
     "DeviceWhatIf",
     "PolicyWhatIf",
+    "Reads",
     "advance_what_ifs",
+    "forwarded_sums",
     "what_if_sums",
 ]
 
@@ -109,19 +111,20 @@ def _lengths(terms: Sequence[Terms], use_case: str) -> set[int]:
     return out
 
 
-class _Reads:
+class Reads:
     """A shard's route check (:class:`RouteCheck`) seeing each device key read once.
 
-    Bringing a summary up to date folds a device's old value, then at once its new one.
+    Bringing a summary up to date folds a device's old value, then at once its new one; the
+    devices come in key order either way.
     """
 
     def __init__(self, route: RouteCheck | None) -> None:
-        self._route, self._last = route, ""
+        self.route, self._last = route, ""
 
     def see(self, dk: str) -> None:
         """Pass ``dk`` to the route check, unless it was the key seen last."""
-        if self._route is not None and dk != self._last:
-            self._route.see(dk)
+        if self.route is not None and dk != self._last:
+            self.route.see(dk)
             self._last = dk
 
 
@@ -161,7 +164,7 @@ class _PolicyFold:
         sides: tuple[Terms, Terms],
         day: int,
         horizons: Mapping[str, int],
-        reads: _Reads,
+        reads: Reads,
     ) -> None:
         self._day, self._reads = day, reads
         self._retention, self._horizons = books[0].retention(), horizons
@@ -203,7 +206,7 @@ class PolicyWhatIf:
         rows: Sequence[Policy],
         route: RouteCheck | None = None,
     ) -> None:
-        self.use_case, self._rows, self._reads = use_case, tuple(rows), _Reads(route)
+        self.use_case, self._rows, self.reads = use_case, tuple(rows), Reads(route)
         self._spec: dict[str, Any] = {
             "kind": "policy",
             "use_case": use_case,
@@ -239,7 +242,7 @@ class PolicyWhatIf:
         """An empty sum of the devices' values on ``day`` with ``horizons``."""
         after = self.after(book)
         sides = (book.terms[self.use_case], after.terms[self.use_case])
-        return _PolicyFold((book, after), sides, day, horizons, self._reads)
+        return _PolicyFold((book, after), sides, day, horizons, self.reads)
 
     def spec(self) -> dict[str, Any]:
         """The proposal, stored with the sums (:func:`advance_what_ifs` rebuilds from it)."""
@@ -249,7 +252,7 @@ class PolicyWhatIf:
 class _DeviceFold:
     """A device-wide budget what-if's refusals per use case, side and budget, device by device."""
 
-    def __init__(self, sides: list[tuple[str, str, Terms]], day: int, reads: _Reads) -> None:
+    def __init__(self, sides: list[tuple[str, str, Terms]], day: int, reads: Reads) -> None:
         self._sides, self._day, self._reads = sides, day, reads
         self._counts: Counter[str] = Counter()
 
@@ -270,7 +273,7 @@ class DeviceWhatIf:
     def __init__(
         self, book: PolicyBook, proposed: DeviceBudgetCreate, route: RouteCheck | None = None
     ) -> None:
-        self._proposed, self._reads = proposed, _Reads(route)
+        self._proposed, self.reads = proposed, Reads(route)
         self._spec: dict[str, Any] = {
             "kind": "device",
             "proposed": proposed.model_dump(mode="json"),
@@ -304,7 +307,7 @@ class DeviceWhatIf:
 
     def fold(self, book: PolicyBook, day: int, horizons: Mapping[str, int]) -> Fold:
         """An empty sum of the devices' values on ``day`` with ``horizons``."""
-        return _DeviceFold(self._sides(book, horizons), day, self._reads)
+        return _DeviceFold(self._sides(book, horizons), day, self.reads)
 
     def spec(self) -> dict[str, Any]:
         """The proposal, stored with the sums (:func:`advance_what_ifs` rebuilds from it)."""
@@ -345,6 +348,29 @@ def what_if_sums(
     out = summed(ledger, measure, now=now, chunk=CHUNK, full=full)
     _keep_recent(ledger)
     return out
+
+
+def forwarded_sums(
+    ledger: Ledger, measure: PolicyWhatIf | DeviceWhatIf, *, now: datetime
+) -> tuple[PolicyBook, Sums] | None:
+    """A what-if's sums at ``now`` from its stored summary brought forward; ``None``: none fits.
+
+    With a route check (the measure's), it sees the devices that changed and the smallest and
+    largest key held, each once, and is marked partial: only a full pass sees every device.
+    """
+    reads = measure.reads
+    ends = [] if reads.route is None else key_ends(ledger.engine)
+    for key in ends[:1]:  # the smallest first and the largest last, as the devices come
+        reads.see(key)
+    forward = brought_forward(ledger, now=now, measure=measure)
+    if forward is None:
+        return None
+    if reads.route is not None:
+        reads.route.partial = True
+        for key in ends[-1:]:
+            reads.see(key)
+    _keep_recent(ledger)
+    return forward[0], forward[1].sums
 
 
 def _rebuilt(ledger: Ledger, book: PolicyBook, spec: dict[str, Any]) -> Measure | None:

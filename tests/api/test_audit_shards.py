@@ -156,6 +156,10 @@ def test_a_dry_run_over_shards_counts_every_shards_devices(
     *review, last = merged.stdout.splitlines()
     assert review == single.stdout.splitlines()[:-1] and "version" in merged.stdout
     assert last == f"dry run over {SHARDS} shards: 1 change(s), nothing written"
+    for args in (["--full"], [*shards, "--full"]):  # every device read: the same review
+        full = runner.invoke(app, ["policies", "apply", "--dry-run", str(edit), *args], env=env)
+        assert full.exit_code == 0, full.output
+        assert full.stdout.splitlines()[:-1] == review
     written = runner.invoke(app, ["policies", "apply", str(edit), *shards], env=env)
     assert written.exit_code == 2 and "--shard needs --dry-run" in written.stderr
     alone = runner.invoke(

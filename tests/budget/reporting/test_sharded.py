@@ -317,7 +317,7 @@ def _basis_of(urls: Sequence[str], partitions: int = 2, full: bool = True) -> Re
             ledger.close()
 
 
-def _device_what_if(urls: Sequence[str]) -> object:
+def _device_what_if(urls: Sequence[str], full: bool = True) -> object:
     from dp_governor.budget.reporting.sharded_what_if import sharded_what_if_device_budget
     from dp_governor.policies.device import DeviceBudgetCreate
 
@@ -325,7 +325,9 @@ def _device_what_if(urls: Sequence[str]) -> object:
     try:
         openers = [functools.partial(_open, url) for url in urls]
         budget = DeviceBudgetCreate(epsilon_per_day=5.0)
-        return sharded_what_if_device_budget(ledgers, openers, budget, now=NOW, workers=2)
+        return sharded_what_if_device_budget(
+            ledgers, openers, budget, now=NOW, workers=2, full=full
+        )
     finally:
         for ledger in ledgers:
             ledger.close()
@@ -350,9 +352,9 @@ def _refusal(run: Any, urls: Sequence[str]) -> ShardMisrouted:
 def test_a_shard_holding_devices_routed_elsewhere_is_refused(tmp_path: Path) -> None:
     """The same database twice (two URLs), shards swapped, one device misrouted: each named.
 
-    The report's full pass and the what-if's read check every device they read; the good
-    order passes. The report from the shards' stored summaries checks the devices it reads and
-    each shard's smallest and largest key: a swap or a shard given twice shows there too, a
+    The report's and the what-if's full passes check every device they read; the good order
+    passes. From the shards' stored summaries they check the devices they read and each
+    shard's smallest and largest key: a swap shows there too (a lower bound, saying so), a
     single stray device only in a full pass. With ``DPGOV_TEST_DATABASE_URL`` set the second
     shard is a PostgreSQL schema.
     """
@@ -376,8 +378,11 @@ def test_a_shard_holding_devices_routed_elsewhere_is_refused(tmp_path: Path) -> 
             twice = _refusal(run, [urls[1], _alias(urls[1], tmp_path / f"{run.__name__}.sqlite")])
             assert (twice.shard, twice.check.misrouted, twice.check.example) == (0, held[1], 1)
         from_summaries = functools.partial(_basis_of, full=False)
-        swapped = _refusal(from_summaries, urls[::-1])  # the keys at each end route elsewhere
-        assert (swapped.shard, swapped.check.example) == (0, 1) and swapped.check.misrouted >= 1
+        for run in (from_summaries, functools.partial(_device_what_if, full=False)):
+            swapped = _refusal(run, urls[::-1])  # the keys at each end route elsewhere
+            assert (swapped.shard, swapped.check.example) == (0, 1) and swapped.check.partial
+            assert 1 <= swapped.check.misrouted <= held[1]
+            assert "at least" in str(swapped) and "--full counts every device" in str(swapped)
         stray = next(k for k in keys if shard_of(k, 2) == 0)
         _copy_account(source, engines[1], stray)
         for run in (_basis_of, _device_what_if):
@@ -392,6 +397,7 @@ def test_a_shard_holding_devices_routed_elsewhere_is_refused(tmp_path: Path) -> 
             held[0],
             held[1] + 1,
         ]
+        _device_what_if(urls, full=False)  # the stray, at neither end, is not read: no refusal
         with engines[1].begin() as conn:
             conn.execute(text("DELETE FROM accounts WHERE device_key = :k"), {"k": stray})
         _copy_account(source, engines[0], stray, as_key="not-a-hex-key")
