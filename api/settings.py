@@ -219,13 +219,14 @@ class Settings(BaseSettings):
         " so a job process stopped inside a transaction loses its session after as long.",
     )
     job_cpu: Literal["idle", "nice"] = Field(
-        default="idle",
+        default="nice",
         description="The CPU priority of the service's job worker, the process that runs the"
-        " population jobs (`dashboard`, `verify`, `purge`) and the figures' refresher: `idle`,"
-        " Linux's idle scheduling class (it runs only on a core nothing else wants; other"
-        " systems fall back to `DPGOV_JOB_NICE`); `nice`, the niceness `DPGOV_JOB_NICE` alone"
-        " (it still takes a share of a busy core). `dpgov jobs run` lowers its own priority"
-        " as much for those jobs.",
+        " population jobs (`dashboard`, `verify`, `purge`) and the figures' refresher: `nice`,"
+        " the niceness `DPGOV_JOB_NICE` (it still takes a share of a busy core, so a lock it"
+        " holds is released); `idle`, Linux's idle scheduling class (it runs only on a core"
+        " nothing else wants, so on a saturated machine a write lock it holds can wait with it;"
+        " other systems fall back to `DPGOV_JOB_NICE`). `dpgov jobs run` lowers its own"
+        " priority as much for those jobs.",
     )
     job_nice: int = Field(
         default=10,

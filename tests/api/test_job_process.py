@@ -164,14 +164,14 @@ def _runs(metrics: Metrics, job: str, outcome: str) -> float | None:
 
 
 @pytest.mark.parametrize("name", sorted(CHILD_JOBS))
-def test_a_scheduled_population_job_runs_in_the_worker_in_the_idle_class(
+def test_a_scheduled_population_job_runs_in_the_worker_at_its_niceness(
     service: Metrics, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(JOBS, name, (_where, JOBS[name][1]))
     result = run_scheduled(name, KEY, 60.0, 0.0)
     assert result is not None
     assert result["pid"] != os.getpid() and result["pid"] == _worker().pid()
-    assert result["policy"] == os.SCHED_IDLE
+    assert result["policy"] == os.SCHED_OTHER  # the default, DPGOV_JOB_CPU=nice
     assert result["nice"] == min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
     assert result["now"] == NOW.isoformat()  # the parent's clock when it started the run
     assert _runs(service, name, "done") == 1  # counted by the parent, as in-process runs are
@@ -259,14 +259,14 @@ def test_idle_class_or_niceness_as_set(
     service: Metrics, monkeypatch: pytest.MonkeyPatch, engine: Engine
 ) -> None:
     url = engine.url.render_as_string(hide_password=False)
-    nice_only = JobWorker(Settings(database_url=url, job_cpu="nice", job_nice=NICE), KEYS)
-    monkeypatch.setattr(RUNTIMES[KEY], "worker", nice_only)
+    idle = JobWorker(Settings(database_url=url, job_cpu="idle", job_nice=NICE), KEYS)
+    monkeypatch.setattr(RUNTIMES[KEY], "worker", idle)
     monkeypatch.setitem(JOBS, "verify", (_where, JOBS["verify"][1]))
     try:
         result = run_job("verify", KEY)
     finally:
-        nice_only.close()
-    assert result is not None and result["policy"] == os.SCHED_OTHER
+        idle.close()
+    assert result is not None and result["policy"] == os.SCHED_IDLE
     assert result["nice"] == min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
 
 
@@ -336,7 +336,7 @@ def test_dpgov_jobs_run_lowers_its_priority_for_the_population_jobs(
     for name in ("checkpoint", "dashboard"):
         run = CliRunner().invoke(cli, ["jobs", "run", name], env=env)
         assert run.exit_code == 0, run.output
-    assert lowered == [("idle", NICE)]  # for the dashboard, not for the checkpoint
+    assert lowered == [("nice", NICE)]  # for the dashboard, not for the checkpoint
 
 
 def test_the_figures_a_request_waits_for_are_computed_in_the_worker(
