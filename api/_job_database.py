@@ -1,0 +1,31 @@
+"""The job worker's database sessions: no parallel query workers beside the gate.
+
+PostgreSQL runs a large scan with parallel worker processes, started for the query at the
+database's own priority whatever the job worker's niceness: a ``verify`` or ``dashboard``
+pass then takes every core of a small machine from the gate's statements. The worker's
+sessions run their queries in their own backend alone (``max_parallel_workers_per_gather =
+0``); ``dpgov audit report`` and the other commands, run on purpose, keep the database's
+setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, event
+
+__all__ = ["without_parallel_workers"]
+
+
+def without_parallel_workers(engine: Engine) -> bool:
+    """Turn off parallel query for every session ``engine`` opens; whether it applies (PG)."""
+    if engine.url.get_backend_name() != "postgresql":
+        return False
+
+    @event.listens_for(engine, "connect")
+    def _serial(dbapi_connection: Any, _record: Any) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SET max_parallel_workers_per_gather = 0")
+        dbapi_connection.commit()
+
+    return True
