@@ -65,8 +65,8 @@ def jobs_run(
     if name in CHILD_JOBS:  # as low a priority as the service's job worker (DPGOV_JOB_CPU)
         lower_priority(settings.job_cpu, settings.job_nice)
     ledger, keys = open_service(settings, Access.WRITE)
-    if name in CHILD_JOBS and without_parallel_workers(ledger.engine):
-        ledger.engine.dispose()  # the sessions opened so far predate the setting
+    if name in CHILD_JOBS and without_parallel_workers(ledger_engine(ledger)):
+        ledger_engine(ledger).dispose()  # the sessions opened so far predate the setting
     key = f"cli-{name}"
     progress = Progress(f"jobs run {name}", "reports")
     RUNTIMES[key] = Runtime.configured(
