@@ -233,7 +233,8 @@ def _check_pipeline(
         if problem is None:
             problem = _pipeline_problem(conn, book, day, dict(state.accepted), held)
         if problem is None:
-            problem = _sketches(ledger, conn, cutoff, verified, digests, held)
+            untagged = NO_HORIZON if state.legacy_through is None else state.legacy_through
+            problem = _sketches(ledger, conn, cutoff, verified, digests, held, untagged)
     return problem, digests
 
 
@@ -317,6 +318,7 @@ def _sketches(
     verified: Mapping[str, str],
     digests: dict[str, str],
     held: Mapping[tuple[int, str, int], int],
+    untagged: int = NO_HORIZON,
 ) -> str | None:
     """Every sketch is the fold of its folded parts' stored reports, recomputed.
 
@@ -324,7 +326,9 @@ def _sketches(
     it again), a sketch deleted or added: each makes one differ. A sketch whose digest
     (:func:`_sketch_digest`) is the one ``verified`` holds (an earlier accepted verification's,
     under the audit key's tag) is the fold that verification recomputed, and is not decoded
-    again. ``digests`` receives every checked sketch's digest.
+    again, except on days up to ``untagged`` (the last day an earlier release charged), whose
+    reports may carry no tag: their bytes are checked only by the recomputation. ``digests``
+    receives every checked sketch's digest.
     """
     p = _PARTS.c
     folded: dict[tuple[str, str, int], list[int]] = defaultdict(list)
@@ -356,7 +360,7 @@ def _sketches(
         parts = [(b, held.get((b, params, d), 0)) for b in folded.get(key, [])]
         digest = _sketch_digest(key, sketches[key], parts, bytes(state))
         label = "\t".join(map(str, key))
-        if verified.get(label) == digest:
+        if d > untagged and verified.get(label) == digest:
             digests[label] = digest
             continue
         rebuilt = mechanism.sketch()

@@ -373,3 +373,22 @@ def test_a_sketchs_digest_moves_with_each_folded_parts_stored_reports() -> None:
     assert held == _sketch_digest(key, 5, [(2, 2), (1, 3)], b"state")
     assert held != _sketch_digest(key, 5, [(1, 3), (2, 1)], b"state")
     assert held != _sketch_digest(key, 5, [(1, 3)], b"state")
+
+
+def test_the_sketches_of_untagged_days_are_recomputed_on_every_routine_run(
+    ledger: Ledger,
+) -> None:
+    """An earlier release's reports carry no tag: only the fold checks their bytes."""
+    from dp_governor.api._integrity import _check_pipeline
+
+    with ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE reports SET tag = NULL"))
+    _, state = ledger.verify()
+    legacy = replace(state, legacy_through=utc_day(NOW))
+    problem, digests = _check_pipeline(ledger, legacy, now=NOW, seal=SEAL, verified={})
+    assert problem is None and digests
+    _, statement = EDITS["a stored payload swapped for another's"]
+    with ledger.engine.begin() as conn:
+        assert conn.execute(text(statement)).rowcount
+    problem, _ = _check_pipeline(ledger, legacy, now=NOW, seal=SEAL, verified=digests)
+    assert problem is not None and problem.startswith("sketches: "), problem
