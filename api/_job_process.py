@@ -24,6 +24,8 @@ import logging
 import logging.config
 import multiprocessing
 import os
+import pickle
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -83,7 +85,8 @@ def busy_cause(exc: BaseException) -> str | None:
     if not is_busy(exc):
         return None
     orig = exc.orig if isinstance(exc, DBAPIError) else None
-    return str(orig).splitlines()[0] if orig is not None else type(exc).__name__
+    lines = str(orig).splitlines() if orig is not None else []
+    return lines[0] if lines else type(orig if orig is not None else exc).__name__
 
 
 def lower_priority(cpu: Literal["idle", "nice"], nice: int) -> str:
@@ -200,8 +203,9 @@ class _Child:
             if self._ended:
                 return None
             n = next(self._ids)
+            call = pickle.dumps((target, args))  # loaded in the call's thread: its own failure
             try:
-                self.conn.send((n, target, args))
+                self.conn.send((n, call))
             except (OSError, ValueError):  # a closed pipe: the worker is gone
                 self._ended = True
                 return None
@@ -232,6 +236,9 @@ class _Child:
                 future.set_result(answer)
         except (EOFError, OSError):
             pass
+        except Exception:  # an answer that cannot be read: this worker is given up
+            log.exception("job worker %s: an unreadable answer; it is stopped", self.proc.pid)
+            self.proc.terminate()
         with self._lock:
             self._ended = True
             waiting = list(self._pending.values())
@@ -249,6 +256,7 @@ class _Child:
 def _serve(conn: Connection, parent: int, settings: Settings, keys: ServiceKeys) -> None:
     """The worker process: lower its priority, then run each call in a thread of its own."""
     logging.config.dictConfig(log_config(settings.log_format))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's: it closes the worker
     got = lower_priority(settings.job_cpu, settings.job_nice)
     threading.Thread(target=_watch, args=(parent,), name="dpgov-parent", daemon=True).start()
     log.info("job worker %d started for process %d (%s)", os.getpid(), parent, got)
@@ -256,10 +264,10 @@ def _serve(conn: Connection, parent: int, settings: Settings, keys: ServiceKeys)
     send_lock = threading.Lock()
     try:
         while (message := conn.recv()) is not None:
-            n, target, args = message
+            n, call = message
             threading.Thread(
                 target=_answer,
-                args=(conn, send_lock, n, opened, target, args),
+                args=(conn, send_lock, n, opened, call),
                 name=f"dpgov-job-{n}",
                 daemon=True,
             ).start()
@@ -305,12 +313,16 @@ def _answer(
     send_lock: threading.Lock,
     n: int,
     opened: _Opened,
-    target: Callable[..., dict[str, Any]],
-    args: tuple[Any, ...],
+    call: bytes,
 ) -> None:
-    """Run one call and send its result, or its failure, back under call number ``n``."""
+    """Run one call (its target and arguments pickled) and send back its result or failure.
+
+    Whatever happens, call number ``n`` gets an answer: a call that cannot be loaded, a
+    result that cannot be sent, each comes back as that call's failure.
+    """
     answer: dict[str, Any] | _Failed
     try:
+        target, args = pickle.loads(call)
         answer = target(opened.get(), *args)
     except LeaseLost as exc:
         answer = _Failed(type(exc).__name__, str(exc), lost=(exc.lease, exc.token, exc.current))
@@ -323,6 +335,9 @@ def _answer(
             conn.send((n, answer))
         except (OSError, ValueError):  # the server is gone; the main thread ends the worker
             pass
+        except Exception as exc:  # the result does not pickle: nothing was written yet
+            unsent = f"its result could not be sent back: {exc}"
+            conn.send((n, _Failed(type(exc).__name__, unsent)))
 
 
 def _failure(exc: BaseException) -> _Failed:

@@ -22,11 +22,13 @@ waits for locks at most ``job_lock_seconds`` (:func:`dp_governor.budget.storage.
 a holder stalled inside a transaction delays the next holder that long at most.
 
 The population jobs (:data:`CHILD_JOBS`: ``dashboard``, ``verify``, ``purge``) of a service
-run in its job worker, a long-lived child process at the lowest CPU priority
+run in its job worker, a long-lived child process at a lower CPU priority
 (``DPGOV_JOB_CPU``, :mod:`dp_governor.api._job_process`), so that reading the whole ledger
-takes neither the server's interpreter lock nor, while it has work, its CPU; the lease,
-heartbeat, log line and metrics stay the server's, and each write the worker makes is fenced
-with the lease's token the server holds. ``dpgov jobs run`` lowers its own priority as much
+takes neither the server's interpreter lock nor most of its CPU; the lease, heartbeat, log
+line and metrics stay the server's. The jobs' write steps are fenced with the lease's token
+the server holds; the stored states a run leaves beside them (a summary of the series, a
+verification's verdict) are not, as each is consistent with the snapshot it was computed from
+and a later run brings it forward or replaces it. ``dpgov jobs run`` lowers its own priority as much
 for them.
 
 This module sits beside the app and the CLI rather than in :mod:`dp_governor.pipeline`: it runs

@@ -354,3 +354,30 @@ def test_the_figures_a_request_waits_for_are_computed_in_the_worker(
         worker = RUNTIMES[client.app.state.runtime_key].worker  # type: ignore[attr-defined]
         assert worker is not None and worker.pid() not in (None, os.getpid())
     assert worker.pid() is None  # closed with the app
+
+
+def _unsendable(service: Service) -> dict[str, Any]:
+    """A worker call whose result cannot be pickled back."""
+    return {"lock": threading.Lock()}
+
+
+def _pid_in_worker(service: Service) -> dict[str, Any]:
+    """A worker call that says which process ran it."""
+    return {"pid": os.getpid()}
+
+
+def test_a_result_that_cannot_be_sent_back_fails_its_call_and_the_worker_goes_on(
+    service: Metrics,
+) -> None:
+    worker = _worker()
+    with pytest.raises(JobProcessError, match="could not be sent back"):
+        worker.call(_unsendable)
+    first = worker.pid()
+    assert worker.call(_pid_in_worker)["pid"] == first  # the same worker answers the next call
+
+
+def test_ctrl_c_is_the_servers_the_worker_keeps_answering_until_closed(service: Metrics) -> None:
+    worker = _worker()
+    pid = worker.call(_pid_in_worker)["pid"]
+    os.kill(pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches the whole process group
+    assert worker.call(_pid_in_worker)["pid"] == pid
