@@ -71,7 +71,24 @@ def _serve(tmp: Path) -> str:
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started, "the server did not start"
-    return f"http://127.0.0.1:{port}"
+    base = f"http://127.0.0.1:{port}"
+    _wait_for_figures(base, deadline)
+    return base
+
+
+def _wait_for_figures(base: str, deadline: float) -> None:
+    """Until the first audit figures are stored: before, their routes answer 503 (by design).
+
+    The refresher computes them in the job worker, a process the server starts on demand; the
+    fuzzing checks that no route answers 5xx, which a route asked before then would.
+    """
+    import httpx
+
+    url = f"{base}/v1/audit/use-cases/emoji/distribution"
+    while (status := httpx.get(url, headers=DEVICE, timeout=60).status_code) == 503:
+        assert time.monotonic() < deadline, "the audit figures were never computed"
+        time.sleep(0.1)
+    assert status == 200, status
 
 
 def _tmp(name: str) -> Path:
