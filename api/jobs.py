@@ -25,11 +25,10 @@ The population jobs (:data:`CHILD_JOBS`: ``dashboard``, ``verify``, ``purge``) o
 run in its job worker, a long-lived child process at a lower CPU priority
 (``DPGOV_JOB_CPU``, :mod:`dp_governor.api._job_process`), so that reading the whole ledger
 takes neither the server's interpreter lock nor most of its CPU; the lease, heartbeat, log
-line and metrics stay the server's. The jobs' write steps are fenced with the lease's token
-the server holds; the stored states a run leaves beside them (a summary of the series, a
-verification's verdict) are not, as each is consistent with the snapshot it was computed from
-and a later run brings it forward or replaces it. ``dpgov jobs run`` lowers its own priority as much
-for them.
+line and metrics stay the server's. The jobs' write steps, the stored summaries among them,
+are fenced with the lease's token the server holds; a verification's verdict is not (it is
+consistent with the snapshot it was computed from, and the next run replaces it).
+``dpgov jobs run`` lowers its own priority as much for them.
 
 This module sits beside the app and the CLI rather than in :mod:`dp_governor.pipeline`: it runs
 the pipeline's jobs and the audit log's checkpoints alike, for the service's scheduler, its admin

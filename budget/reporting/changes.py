@@ -22,7 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
 
-from dp_governor.budget.storage.db import writer
+from dp_governor.budget.storage.db import write_step
 from dp_governor.budget.storage.tables import Account, Charge, ReportSummary
 from dp_governor.policies.repository import BOOK_LOCK_KEY
 
@@ -124,8 +124,10 @@ def account_rows(conn: Connection, keys: list[str]) -> dict[str, tuple[Any, ...]
 def store_row(engine: Engine, values: dict[str, Any]) -> None:
     """Replace the ``report_summaries`` row ``values["name"]`` in one statement (all or none).
 
-    A database that refuses the write (a read-only replica) keeps the row it had; the figures
-    computed are exact either way.
+    A job's write step (:func:`~dp_governor.budget.storage.db.write_step`): inside a job it
+    runs the job's fence first, so a run that lost its lease stores nothing. A database that
+    refuses the write (a read-only replica, a lock held past the job's wait) keeps the row it
+    had; the figures computed are exact either way.
     """
     insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
     statement = insert(_SUMMARIES).values(**values)
@@ -134,7 +136,7 @@ def store_row(engine: Engine, values: dict[str, Any]) -> None:
         set_={k: v for k, v in values.items() if k != "name"},
     )
     try:
-        with writer(engine).begin() as conn:
+        with write_step(engine) as conn:
             conn.execute(statement)
     except DBAPIError as exc:
         log.warning("the %s summary was not stored: %s", values["name"], exc.orig)

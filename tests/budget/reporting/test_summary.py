@@ -298,3 +298,28 @@ def test_the_progress_of_a_report_brought_forward_counts_no_accounts(
     told.clear()
     effective_epsilon_basis(ledger, now=START)  # brought forward: the summary's devices
     assert told == [(n + 1, n + 1)]
+
+
+class _Taken(Exception):
+    """The fence of a job whose lease another process holds now."""
+
+
+def test_a_job_that_lost_its_lease_stores_no_summary(ledger: Ledger) -> None:
+    """The summary's store is one of the job's fenced write steps."""
+    from dp_governor.budget.reporting.changes import store_row
+    from dp_governor.budget.storage.db import fenced
+
+    def taken(conn: Connection) -> None:
+        raise _Taken
+
+    values = {"name": "fenced", "book": "b", "day": 1, "through": 0, "applied": "[]"}
+    values |= {"horizons": "{}", "passes": "{}", "computed_at": "2026-11-27T00:00:00+00:00"}
+    with fenced(taken), pytest.raises(_Taken):
+        store_row(ledger.engine, values)
+    with ledger.engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*) FROM report_summaries WHERE name = 'fenced'"))
+        assert stored.scalar_one() == 0
+    store_row(ledger.engine, values)  # no job: stored
+    with ledger.engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*) FROM report_summaries WHERE name = 'fenced'"))
+        assert stored.scalar_one() == 1
