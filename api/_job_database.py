@@ -1,11 +1,12 @@
-"""The job worker's database sessions: no parallel query workers beside the gate.
+"""The job worker's database sessions: named, and without parallel query workers beside the gate.
 
 PostgreSQL runs a large scan with parallel worker processes, started for the query at the
 database's own priority whatever the job worker's niceness: a ``verify`` or ``dashboard``
 pass then takes every core of a small machine from the gate's statements. The worker's
 sessions run their queries in their own backend alone (``max_parallel_workers_per_gather =
 0``); ``dpgov audit report`` and the other commands, run on purpose, keep the database's
-setting.
+setting. Its sessions are named ``dpgov-job`` (``application_name``), so an operator tells
+them from the gate's in ``pg_stat_activity``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
-__all__ = ["without_parallel_workers"]
+__all__ = ["as_job_sessions"]
 
 
-def without_parallel_workers(engine: Engine) -> bool:
-    """Turn off parallel query for every session ``engine`` opens; whether it applies (PG)."""
+def as_job_sessions(engine: Engine) -> bool:
+    """Turn off parallel query in, and name, every session ``engine`` opens; whether it applies."""
     if engine.url.get_backend_name() != "postgresql":
         return False
 
@@ -26,6 +27,7 @@ def without_parallel_workers(engine: Engine) -> bool:
     def _serial(dbapi_connection: Any, _record: Any) -> None:
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET max_parallel_workers_per_gather = 0")
+            cursor.execute("SET application_name = 'dpgov-job'")
         dbapi_connection.commit()
 
     return True

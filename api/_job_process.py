@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy.exc import DBAPIError
 
-from dp_governor.api._job_database import without_parallel_workers
+from dp_governor.api._job_database import as_job_sessions
 from dp_governor.api._keys import ServiceKeys
 from dp_governor.api._service import Service, open_service_parts, service_engine
 from dp_governor.api.leases import LeaseLost
@@ -297,7 +297,7 @@ class _Opened:
         with self._lock:
             if self._service is None:
                 engine = service_engine(self._settings)
-                without_parallel_workers(engine)
+                as_job_sessions(engine)
                 self._service = open_service_parts(self._settings, self._keys, engine)
             return self._service
 

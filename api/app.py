@@ -173,7 +173,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 "dashboard": settings.dashboard_seconds,
                 "verify": settings.verify_seconds,
             },
+            settings.scheduled_jobs,
         )
+    app.state.scheduler = scheduler
     # Everything loaded so far (framework, ORM, numpy) lives as long as the process: keep it
     # out of the cyclic collector's full passes, which otherwise rescan it every few
     # batches and cost a quarter of the relay path.

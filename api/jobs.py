@@ -42,7 +42,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -478,11 +478,15 @@ def _taken_over(engine: Engine, lease: str, token: int) -> tuple[bool, int | Non
 
 
 def start_scheduler(
-    runtime_key: str, intervals: dict[str, int] | None = None
+    runtime_key: str,
+    intervals: dict[str, int] | None = None,
+    names: Collection[str] | None = None,
 ) -> BackgroundScheduler:
-    """Start a background scheduler with every job (memory job store, re-declared at start)."""
+    """Start a background scheduler with the jobs ``names`` (default every job; memory store)."""
     scheduler = BackgroundScheduler(timezone="UTC")
     for name, (_, trigger) in JOBS.items():
+        if names is not None and name not in names:
+            continue
         options = dict(trigger)
         if intervals and name in intervals and options["trigger"] == "interval":
             options["seconds"] = intervals[name]

@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUDIT_KEY_FILE",
+    "JOB_NAMES",
     "SECRET_FILE",
     "SHUFFLER_KEY_FILE",
+    "JobName",
     "KeyRefused",
     "Settings",
     "default_secrets_dir",
@@ -39,6 +41,10 @@ __all__ = [
     "setting_problem",
     "unparsed_setting",
 ]
+
+# The jobs a scheduler can run, in the order ``api.jobs.JOBS`` declares them (a test checks).
+JobName = Literal["flush-inbox", "aggregate", "purge", "checkpoint", "dashboard", "verify"]
+JOB_NAMES: tuple[JobName, ...] = get_args(JobName)
 
 SECRET_FILE = "dpgov.secret"
 AUDIT_KEY_FILE = "dpgov-audit.key"
@@ -181,6 +187,15 @@ class Settings(BaseSettings):
         " by each worker on its own (N workers admit up to N times as many).",
     )
     scheduler: bool = Field(default=True, description="Run the scheduled jobs in this process.")
+    scheduled_jobs: list[JobName] = Field(
+        default_factory=lambda: list(JOB_NAMES),
+        min_length=1,
+        description="Which jobs this process's scheduler runs (with `DPGOV_SCHEDULER` on), a JSON"
+        ' list, e.g. `["flush-inbox", "aggregate", "checkpoint"]` on the servers that take'
+        ' reports and `["dashboard", "verify", "purge"]` on a host of their own, so the'
+        " population passes take no core from the gate (docs/operations.md#production-on-postgresql). Every job"
+        " runs under its lease whichever process schedules it.",
+    )
     log_format: Literal["text", "json"] = Field(
         default="text",
         description="Server log lines: `text`, or `json` (one object per line: one per request"
@@ -306,6 +321,15 @@ class Settings(BaseSettings):
         """
         check_environment(os.environ, setting_names())
         return init_settings, env_settings, dotenv_settings, file_secret_settings
+
+    @field_validator("scheduled_jobs")
+    @classmethod
+    def _each_job_once(cls, value: list[JobName]) -> list[JobName]:
+        """A job named twice is a typo in a list an operator wrote, not two schedules."""
+        twice = sorted({name for name in value if value.count(name) > 1})
+        if twice:
+            raise ValueError(f"each job at most once; named twice: {', '.join(twice)}")
+        return value
 
     @field_validator("witnesses")
     @classmethod

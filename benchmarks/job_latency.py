@@ -1,18 +1,21 @@
 """Single-report latency while each scheduled job runs against a live server; a Markdown table.
 
 Usage: ``python -m benchmarks.job_latency [--reports 100000] [--interval-ms 10]
-[--baseline-seconds 5] [--batch-items 5000] [--postgres URL] [--served]``.
+[--baseline-seconds 5] [--batch-items 5000] [--postgres URL [--no-sqlite]] [--served]
+[--jobs NAME,...] [--repeat N] [--control-seconds 10]``.
 
 A ``dpgov serve`` process (scheduler off) runs on a temporary SQLite file, or in a scratch
 PostgreSQL schema with ``--postgres``. This process sends single Safari HCMS reports over HTTP,
 one every ``--interval-ms`` on a fixed schedule (a new device each), first with no job running
-(the baseline), then while each job runs in a separate process, as ``dpgov jobs run NAME``
-would: ``flush-inbox`` after the relay filled the inbox with ``--reports`` reports,
+(the baseline), then beside a busy process that does no database work at the job worker's
+niceness (the control: what any CPU-bound process costs the gate on this machine), then while
+each job runs in a separate process, as ``dpgov jobs run NAME`` would: ``flush-inbox`` after the relay filled the inbox with ``--reports`` reports,
 ``aggregate`` after it filled the inbox again (it flushes, then folds both lots),
 ``checkpoint``, the population passes (``dashboard``: the effective-epsilon report and every
 use case's distributions; ``verify``: the chain and the tables, from the last verified
 checkpoint), and ``purge`` run with its clock ten years ahead (every retention window has
-passed: it deletes everything). Each row gives the job's own run time (without the process's
+passed: it deletes everything); ``--jobs`` picks some (the population then comes from two
+fills first), ``--repeat`` runs each several times. Each row gives the job's own run time (without the process's
 start-up), what it handled, and the latency of the single reports sent while it ran. The
 Safari policy's batch minimum is lowered to 1 first (the default holds a batch for 5,000
 distinct devices), so a short run's flush publishes as a long one's does. The job processes
@@ -128,10 +131,35 @@ def no_batch_minimum(base: str) -> None:
     r.raise_for_status()
 
 
+def run_control(seconds: float, probe: Probe) -> dict[str, Any]:
+    """A busy process with no database work at the job worker's niceness, probing meanwhile.
+
+    What any CPU-bound process beside the gate costs it on this machine: the floor under the
+    population jobs' rows, which run at that niceness too.
+    """
+    nice = int(os.environ.get("DPGOV_JOB_NICE", "10"))
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.nice(nice)
+    )
+    try:
+        with probe:
+            time.sleep(seconds)
+    finally:
+        busy.kill()
+        busy.wait()
+    return {
+        "result": {"what": f"no database work, niceness {nice}"},
+        "seconds": seconds,
+        "writes": None,
+    }
+
+
 def handled(result: dict[str, Any] | None) -> str:
     """A job's counts as one cell: ``100,000 moved, 200,000 folded`` (nonzero counts only)."""
     if not result:
         return "nothing"
+    if "what" in result:
+        return str(result["what"])
     counts = [
         f"{v:,} {k}" for k, v in result.items() if isinstance(v, int) and v and k != "inbox_depth"
     ]
@@ -262,17 +290,26 @@ def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str
         with Probe(base, bodies, interval) as probe:
             time.sleep(args.baseline_seconds)
         rows.append(row(backend, "none (baseline)", None, probe))
-        for name in JOBS:
+        if args.control_seconds > 0:
+            probe = Probe(base, bodies, interval)
+            control = run_control(args.control_seconds, probe)
+            rows.append(row(backend, "busy process (control)", control, probe))
+        chosen = [name for name in JOBS if name in args.jobs]
+        if not {"flush-inbox", "aggregate"} & set(chosen):
+            for _ in range(2):  # the population the two fills would have left
+                fill(base, bodies, args.reports, args.batch_items)
+        for name in chosen:
             if args.served and name == "purge":
                 continue  # its clock cannot be moved ahead in the server: nothing would expire
-            if name in ("flush-inbox", "aggregate"):
-                fill(base, bodies, args.reports, args.batch_items)
-            probe = Probe(base, bodies, interval)
-            if args.served:
-                done = run_job_served(name, base, probe)
-            else:
-                done = run_job_process(name, env, tmp, probe)
-            rows.append(row(backend, name, done, probe))
+            for _ in range(args.repeat):
+                if name in ("flush-inbox", "aggregate"):
+                    fill(base, bodies, args.reports, args.batch_items)
+                probe = Probe(base, bodies, interval)
+                if args.served:
+                    done = run_job_served(name, base, probe)
+                else:
+                    done = run_job_process(name, env, tmp, probe)
+                rows.append(row(backend, name, done, probe))
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -294,15 +331,43 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--served", action="store_true", help="run the jobs in the server (its admin route)"
     )
+    parser.add_argument(
+        "--jobs",
+        type=lambda text: [name for name in text.split(",") if name],
+        default=list(JOBS),
+        help=f"comma-separated jobs to run, in their usual order (default: {','.join(JOBS)})",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each job")
+    parser.add_argument(
+        "--control-seconds",
+        type=float,
+        default=10.0,
+        help="probe this long beside a busy process with no database work at the job worker's"
+        " niceness (0: no such row)",
+    )
+    parser.add_argument(
+        "--no-sqlite", action="store_true", help="only the PostgreSQL rows (with --postgres)"
+    )
     parser.add_argument("--run-job", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ahead", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_job is not None:
         job_main(args.run_job, args.ahead)
         return
-    if args.reports < 1 or args.interval_ms <= 0 or args.baseline_seconds <= 0:
-        parser.error("--reports, --interval-ms and --baseline-seconds must be positive")
-    configs = [("sqlite", None)] + ([("postgresql", args.postgres)] if args.postgres else [])
+    if args.reports < 1 or args.interval_ms <= 0 or args.baseline_seconds <= 0 or args.repeat < 1:
+        parser.error("--reports, --interval-ms, --baseline-seconds and --repeat must be positive")
+    if args.control_seconds < 0:
+        parser.error("--control-seconds must not be negative (0: no control row)")
+    unknown = sorted(set(args.jobs) - set(JOBS))
+    if unknown or not args.jobs:
+        parser.error(
+            f"--jobs: unknown {', '.join(unknown) or '(none given)'}; one of {', '.join(JOBS)}"
+        )
+    if args.no_sqlite and not args.postgres:
+        parser.error("--no-sqlite needs --postgres")
+    configs = ([] if args.no_sqlite else [("sqlite", None)]) + (
+        [("postgresql", args.postgres)] if args.postgres else []
+    )
     print(HEADER, flush=True)
     for label, pg_url in configs:
         with ExitStack() as stack:

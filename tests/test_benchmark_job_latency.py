@@ -11,7 +11,10 @@ from benchmarks import job_latency
 
 def test_the_job_latency_benchmark_prints_a_row_per_job(capsys: pytest.CaptureFixture[str]) -> None:
     job_latency.main(
-        ["--reports", "300", "--interval-ms", "20", "--baseline-seconds", "0.5", "--postgres", ""]
+        [
+            *("--reports", "300", "--interval-ms", "20", "--baseline-seconds", "0.5"),
+            *("--postgres", "", "--control-seconds", "0"),
+        ]
     )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| backend | job | rows handled |") and len(lines) == 9
@@ -26,3 +29,34 @@ def test_the_job_latency_benchmark_prints_a_row_per_job(capsys: pytest.CaptureFi
     for r in rows:  # the single reports sent meanwhile, all accepted, and their latency
         assert re.fullmatch(r"[\d,]+", r[5]), r
         assert all(c == "-" or float(c) > 0 for c in r[6:9]), r
+
+
+def test_chosen_jobs_repeat_after_the_control_row(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--jobs`` fills the ledger first, ``--repeat`` runs each again, the control comes first."""
+    job_latency.main(
+        [
+            *("--reports", "200", "--interval-ms", "20", "--baseline-seconds", "0.3"),
+            *("--postgres", "", "--control-seconds", "0.5", "--jobs", "verify", "--repeat", "2"),
+        ]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert [r[1] for r in rows] == ["none (baseline)", "busy process (control)", "verify", "verify"]
+    assert rows[1][2].startswith("no database work, niceness ") and rows[1][3] == "0.50"
+    assert all("entries" in r[2] for r in rows[2:]), rows  # the two fills' entries verified
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--jobs", "vacuum"], "--jobs: unknown vacuum"),
+        (["--no-sqlite", "--postgres", ""], "--no-sqlite needs --postgres"),
+        (["--control-seconds", "-1"], "--control-seconds must not be negative"),
+    ],
+)
+def test_bad_options_are_refused_in_one_line(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        job_latency.main(argv)
+    assert stop.value.code == 2 and said in capsys.readouterr().err

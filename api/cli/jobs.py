@@ -46,7 +46,7 @@ def jobs_run(
     """Run one scheduled job against the configured database and print its result."""
     known_job(name)
     from dp_governor.api._handles import ledger_engine
-    from dp_governor.api._job_database import without_parallel_workers
+    from dp_governor.api._job_database import as_job_sessions
     from dp_governor.api._job_process import lower_priority
     from dp_governor.api.jobs import (
         CHILD_JOBS,
@@ -65,7 +65,7 @@ def jobs_run(
     if name in CHILD_JOBS:  # as low a priority as the service's job worker (DPGOV_JOB_CPU)
         lower_priority(settings.job_cpu, settings.job_nice)
     ledger, keys = open_service(settings, Access.WRITE)
-    if name in CHILD_JOBS and without_parallel_workers(ledger_engine(ledger)):
+    if name in CHILD_JOBS and as_job_sessions(ledger_engine(ledger)):
         ledger_engine(ledger).dispose()  # the sessions opened so far predate the setting
     key = f"cli-{name}"
     progress = Progress(f"jobs run {name}", "reports")

@@ -16,7 +16,8 @@ from dp_governor.api._keys import service_keys
 from dp_governor.api.app import create_app
 from dp_governor.api.cli import app as cli
 from dp_governor.api.database import init_service_db
-from dp_governor.api.settings import KeyRefused, Settings, default_secrets_dir
+from dp_governor.api.jobs import JOBS
+from dp_governor.api.settings import JOB_NAMES, KeyRefused, Settings, default_secrets_dir
 from dp_governor.budget import Ledger, create_db_engine
 from dp_governor.budget.storage.db import key_fingerprint, stored_fingerprints
 
@@ -180,6 +181,18 @@ def test_cli_reports_bad_settings_and_exits_2(monkeypatch: pytest.MonkeyPatch) -
         ("DPGOV_ENVIRONMENT", "production", "DPGOV_DEVICE_KEY_SECRET: must be set in production"),
         ("DPGOV_WITNESSES", "not-json", "DPGOV_WITNESSES: not JSON (a list is JSON, e.g."),
         ("DPGOV_WITNESSES", '["x"]', 'DPGOV_WITNESSES: each entry is "<http(s) URL>'),
+        (
+            "DPGOV_SCHEDULED_JOBS",
+            '["vacuum"]',
+            "DPGOV_SCHEDULED_JOBS[0]: must be one of 'flush-inbox', 'aggregate', 'purge',",
+        ),
+        ("DPGOV_SCHEDULED_JOBS", "[]", "DPGOV_SCHEDULED_JOBS: List should have at least 1 item"),
+        ("DPGOV_SCHEDULED_JOBS", "verify", "DPGOV_SCHEDULED_JOBS: not JSON (a list is JSON, e.g."),
+        (
+            "DPGOV_SCHEDULED_JOBS",
+            '["verify", "purge", "verify"]',
+            "DPGOV_SCHEDULED_JOBS: each job at most once; named twice: verify",
+        ),
     ],
 )
 def test_cli_names_the_setting_at_fault_in_one_line(
@@ -208,3 +221,22 @@ def test_lifespan_starts_and_stops_the_scheduler(tmp_path: Path) -> None:
         assert app.state.runtime_key
     with TestClient(app) as client:  # a second start on the same database is clean
         assert client.get("/v1/use-cases").status_code == 200
+
+
+def test_the_scheduler_runs_the_jobs_the_setting_names(tmp_path: Path) -> None:
+    """The servers that take reports and a host for the population passes split the jobs."""
+    assert JOB_NAMES == tuple(JOBS)  # the setting's names are the jobs there are
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'split.sqlite'}",
+        secret_file=tmp_path / "secret",
+        audit_key_file=tmp_path / "audit.key",
+        scheduled_jobs=["flush-inbox", "aggregate", "checkpoint"],
+    )
+    app = create_app(settings)
+    with TestClient(app):
+        scheduled = {job.id for job in app.state.scheduler.get_jobs()}
+        assert scheduled == {"flush-inbox", "aggregate", "checkpoint"}
+    app = create_app(settings.model_copy(update={"scheduled_jobs": ["dashboard", "verify"]}))
+    with TestClient(app):
+        assert {job.id for job in app.state.scheduler.get_jobs()} == {"dashboard", "verify"}
+    assert Settings().scheduled_jobs == list(JOBS)  # by default every job
