@@ -12,6 +12,7 @@ is said here, one line, as the local engine says it.
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import importlib.util
 from collections.abc import Callable, Iterator
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
 import typer
 
-from dp_governor.api.cli.aggregate import AggregateEngine
 from dp_governor.api.cli.common import Refused, finite, open_ledger, refusals_raised, refuse
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONNECT_TIMEOUT",
+    "AggregateEngine",
     "EngineOption",
     "SchedulerOption",
     "SchedulerTimeoutOption",
@@ -38,6 +39,14 @@ __all__ = [
     "parts_executor",
     "worker_opener",
 ]
+
+
+class AggregateEngine(enum.StrEnum):
+    """Where ``dpgov aggregate`` folds the partitions, and ``audit report``'s parts run."""
+
+    local = "local"
+    dask = "dask"
+
 
 CONNECT_TIMEOUT = 5.0  # seconds to wait for --scheduler, unless --scheduler-timeout
 P = ParamSpec("P")

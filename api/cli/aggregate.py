@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import json
 import time
 from datetime import UTC, datetime
@@ -11,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from dp_governor.api.cli._engine import AggregateEngine, engine_named
 from dp_governor.api.cli.common import (
     DatabaseOption,
     Progress,
@@ -19,13 +19,6 @@ from dp_governor.api.cli.common import (
     path_option,
     refuse,
 )
-
-
-class AggregateEngine(enum.StrEnum):
-    """Where ``dpgov aggregate`` folds the partitions."""
-
-    local = "local"
-    dask = "dask"
 
 
 def _day_number(value: datetime | None, default: int) -> int:
@@ -48,7 +41,12 @@ def aggregate(
         "dpgov-parquet"
     ),
     engine: Annotated[
-        AggregateEngine, typer.Option(help="local: this process; dask: a Dask cluster.")
+        AggregateEngine,
+        typer.Option(
+            parser=engine_named,
+            metavar="[local|dask]",
+            help="local: this process; dask: a Dask cluster.",
+        ),
     ] = AggregateEngine.local,
     scheduler: Annotated[
         str | None,

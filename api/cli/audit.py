@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, TextIO, cast
 import typer
 
 from dp_governor.api.cli._engine import (
+    AggregateEngine,
     EngineOption,
     SchedulerOption,
     SchedulerTimeoutOption,
@@ -20,7 +21,6 @@ from dp_governor.api.cli._engine import (
     parts_executor,
     worker_opener,
 )
-from dp_governor.api.cli.aggregate import AggregateEngine
 from dp_governor.api.cli.common import (
     DatabaseOption,
     Progress,
