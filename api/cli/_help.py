@@ -6,6 +6,7 @@ class: when the command tree is built, it converts every command's help and ever
 (:func:`plain_text`), gives every option that takes a value a metavar in capitals
 (:func:`metavar`) and switches off rich markup (which would hide ``[scale]``-like text and
 show each option's Python type). A flag then reads ``--full`` or ``--export / --no-export``.
+Its refusals of a value read as the CLI's own (no ``Value error, `` prefix).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import datetime
 from pathlib import PurePath
 from typing import Any, get_args, get_origin
 
+import typer
 from typer.core import TyperGroup
 
 __all__ = ["PlainHelpGroup", "metavar", "plain_text"]
@@ -22,6 +24,7 @@ __all__ = ["PlainHelpGroup", "metavar", "plain_text"]
 _LITERAL = re.compile(r"``(.+?)``")
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
 _NAMES: dict[object, str] = {int: "N", float: "NUMBER"}
+_PYDANTIC_PREFIX = "Value error, "  # how pydantic reports a ValueError its validator raised
 
 
 def _literal(match: re.Match[str]) -> str:
@@ -120,9 +123,21 @@ def _convert(command: Any) -> None:
 
 
 class PlainHelpGroup(TyperGroup):
-    """The root command: its tree's help converted to plain text when the tree is built."""
+    """The root command: its tree's help converted to plain text when the tree is built.
+
+    A value its parser refuses is said in the command line's words, without the ``Value
+    error, `` that Typer's validation puts before the reason (:meth:`invoke`).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["rich_markup_mode"] = None
         super().__init__(*args, **kwargs)
         _convert(self)
+
+    def invoke(self, ctx: Any) -> Any:  # Typer's vendored click Context, not exported
+        """Run the command; a refused value's message loses pydantic's ``Value error, ``."""
+        try:
+            return super().invoke(ctx)
+        except typer.BadParameter as exc:
+            exc.message = exc.message.removeprefix(_PYDANTIC_PREFIX)
+            raise

@@ -103,3 +103,20 @@ def test_a_flag_reads_as_a_switch_and_an_option_names_what_it_takes() -> None:
 )
 def test_plain_text_of_restructuredtext(rst: str, plain: str) -> None:
     assert plain_text(rst) == plain
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["aggregate", "emoji", "--from", "yesterday"],
+            "Invalid value for '--from': 'yesterday' does not match the formats '%Y-%m-%d'.",
+        ),
+        (["audit", "export", "--out", ""], "Invalid value for '--out' / '-o': empty path"),
+    ],
+)
+def test_a_refused_value_reads_without_pydantics_prefix(args: list[str], said: str) -> None:
+    """Typer's validation says ``Value error, `` before the reason; the CLI does not."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert "Value error" not in result.output
