@@ -13,8 +13,11 @@ __all__ = [
     "NOT_SETTINGS",
     "PREFIX",
     "RETIRED",
+    "NullList",
+    "SettingRefused",
     "UnknownSetting",
     "check_environment",
+    "check_no_null_lists",
     "retired_variables",
     "unknown_variables",
 ]
@@ -31,7 +34,34 @@ RETIRED = {
 }
 
 
-class UnknownSetting(ValueError):
+class SettingRefused(ValueError):
+    """A ``DPGOV_`` variable refused before the settings are parsed; the message says why."""
+
+
+class NullList(SettingRefused):
+    """A list setting set to JSON ``null``, which the settings' parser would take for unset."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"invalid setting {name}: null is not a list (unset it for the default)")
+        self.name = name
+
+
+def check_no_null_lists(environ: Mapping[str, str], lists: Collection[str]) -> None:
+    """Raise :class:`NullList` for a variable of ``lists`` whose value is ``null``.
+
+    >>> try:
+    ...     check_no_null_lists({"DPGOV_WITNESSES": " null "}, ["DPGOV_WITNESSES"])
+    ... except NullList as exc:
+    ...     print(exc.name)
+    DPGOV_WITNESSES
+    """
+    wanted = {name.upper() for name in lists}
+    for name in sorted(environ):
+        if name.upper() in wanted and environ[name].strip() == "null":
+            raise NullList(name.upper())
+
+
+class UnknownSetting(SettingRefused):
     """A ``DPGOV_`` variable that is no setting; the message names it and the nearest name."""
 
     def __init__(self, name: str, suggestion: str | None) -> None:

@@ -27,7 +27,7 @@ from dp_governor.api._lane import ReportLane
 from dp_governor.api._middleware import BodyLimit, HeadAsGet, Timing
 from dp_governor.api._ratelimit import RateLimiter
 from dp_governor.api._service import open_service_parts, service_engine
-from dp_governor.api._unknown_settings import UnknownSetting, retired_variables
+from dp_governor.api._unknown_settings import SettingRefused, retired_variables
 from dp_governor.api.database import database_problem, init_service_db
 from dp_governor.api.jobs import RUNTIMES, Runtime, start_scheduler
 from dp_governor.api.metrics import Metrics
@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         err = exc.errors()[0]
         report_start_failure(setting_problem(err, {}))
         raise
-    except UnknownSetting as exc:
+    except SettingRefused as exc:
         report_start_failure(str(exc))
         raise
     app = FastAPI(
@@ -175,6 +175,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             },
             settings.scheduled_jobs,
         )
+    elif "scheduled_jobs" in settings.model_fields_set:
+        log.warning("DPGOV_SCHEDULED_JOBS has no effect: DPGOV_SCHEDULER is false here")
     app.state.scheduler = scheduler
     # Everything loaded so far (framework, ORM, numpy) lives as long as the process: keep it
     # out of the cyclic collector's full passes, which otherwise rescan it every few

@@ -505,4 +505,5 @@ def start_scheduler(
             **options,
         )
     scheduler.start()
+    log.info("scheduled here: %s", ", ".join(job.id for job in scheduler.get_jobs()))
     return scheduler

@@ -1,8 +1,8 @@
 """The service's Prometheus metrics, one registry per app (held on ``app.state.metrics``).
 
-Each process keeps its own figures: with several workers, scrape each one (the jobs' figures
-come from the process that runs the scheduler, ``scheduler`` true; the last verification is
-the database's record, :meth:`Metrics.follow`, in every worker).
+Each process keeps its own figures: with several workers, scrape each one (a job's figures
+come from the process that schedules it: ``scheduler`` and ``scheduled_jobs``; the last
+verification is the database's record, :meth:`Metrics.follow`, in every worker).
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args, get_origin
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from dp_governor.api._unknown_settings import PREFIX, check_environment
+from dp_governor.api._unknown_settings import PREFIX, check_environment, check_no_null_lists
 from dp_governor.policies.errors import error_message
 
 if TYPE_CHECKING:
@@ -193,8 +193,9 @@ class Settings(BaseSettings):
         description="Which jobs this process's scheduler runs (with `DPGOV_SCHEDULER` on), a JSON"
         ' list, e.g. `["flush-inbox", "aggregate", "checkpoint"]` on the servers that take'
         ' reports and `["dashboard", "verify", "purge"]` on a host of their own, so the'
-        " population passes take no core from the gate (docs/operations.md#production-on-postgresql). Every job"
-        " runs under its lease whichever process schedules it.",
+        " population passes take no core from the gate"
+        " (docs/operations.md#production-on-postgresql). Every job runs under its lease"
+        " whichever process schedules it.",
     )
     log_format: Literal["text", "json"] = Field(
         default="text",
@@ -320,6 +321,12 @@ class Settings(BaseSettings):
         arguments), and a typo would silently leave the default in force.
         """
         check_environment(os.environ, setting_names())
+        lists = [
+            f"{PREFIX}{name.upper()}"
+            for name, field in cls.model_fields.items()
+            if get_origin(field.annotation) is list
+        ]
+        check_no_null_lists(os.environ, lists)
         return init_settings, env_settings, dotenv_settings, file_secret_settings
 
     @field_validator("scheduled_jobs")
@@ -488,4 +495,9 @@ def unparsed_setting(exc: SettingsError, given: Mapping[str, object]) -> str:
     """
     field = re.search(r'field "([a-z_]+)"', str(exc))
     named = "invalid setting" if field is None else setting_named((field[1],), given)
-    return f"{named}: not JSON (a list is JSON, e.g. '[\"URL VKEY\"]')"
+    example = _LIST_EXAMPLES.get(field[1] if field else "", '["..."]')
+    return f"{named}: not JSON (a list is JSON, e.g. '{example}')"
+
+
+# What a list setting's value looks like, for the line that refuses one that is not JSON.
+_LIST_EXAMPLES = {"witnesses": '["URL VKEY"]', "scheduled_jobs": '["checkpoint"]'}

@@ -7,6 +7,7 @@ equals it.
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 import typing
@@ -47,7 +48,12 @@ def _type_name(annotation: object) -> str:
         inner = " or ".join(_type_name(a) for a in args)
         return f"{inner} (optional)" if len(args) < len(typing.get_args(annotation)) else inner
     if origin is list:
-        return "JSON list of " + _type_name(typing.get_args(annotation)[0]) + "s"
+        (item,) = typing.get_args(annotation)
+        if typing.get_origin(item) is typing.Literal:  # a list of names: each one of them
+            return "JSON list, each one of " + ", ".join(
+                f"`{value}`" for value in typing.get_args(item)
+            )
+        return "JSON list of " + _type_name(item) + "s"
     names = {"SecretStr": "secret string", "Path": "path", "str": "string"}
     name = getattr(annotation, "__name__", str(annotation))
     return names.get(name, name)
@@ -60,6 +66,10 @@ def _bounds(field: FieldInfo) -> str:
         for item in field.metadata
         for key, symbol in words.items()
         if getattr(item, key, None) is not None
+    ] + [
+        f"at least {item.min_length:,} item{'s' * (item.min_length != 1)}"
+        for item in field.metadata
+        if getattr(item, "min_length", None) is not None
     ]
     return f" ({', '.join(parts)})" if parts else ""
 
@@ -70,6 +80,8 @@ def _default(field: FieldInfo) -> str:
         return "unset"
     if isinstance(value, bool):
         return "`true`" if value else "`false`"
+    if isinstance(value, list):  # as the variable takes it: JSON
+        return f"`{json.dumps(value)}`"
     return f"`{value}`"
 
 

@@ -8,18 +8,21 @@ A ``dpgov serve`` process (scheduler off) runs on a temporary SQLite file, or in
 PostgreSQL schema with ``--postgres``. This process sends single Safari HCMS reports over HTTP,
 one every ``--interval-ms`` on a fixed schedule (a new device each), first with no job running
 (the baseline), then beside a busy process that does no database work at the job worker's
-niceness (the control: what any CPU-bound process costs the gate on this machine), then while
-each job runs in a separate process, as ``dpgov jobs run NAME`` would: ``flush-inbox`` after the relay filled the inbox with ``--reports`` reports,
-``aggregate`` after it filled the inbox again (it flushes, then folds both lots),
-``checkpoint``, the population passes (``dashboard``: the effective-epsilon report and every
-use case's distributions; ``verify``: the chain and the tables, from the last verified
-checkpoint), and ``purge`` run with its clock ten years ahead (every retention window has
-passed: it deletes everything); ``--jobs`` picks some (the population then comes from two
-fills first), ``--repeat`` runs each several times. Each row gives the job's own run time (without the process's
-start-up), what it handled, and the latency of the single reports sent while it ran. The
-Safari policy's batch minimum is lowered to 1 first (the default holds a batch for 5,000
+priority (the control: what any CPU-bound process costs the gate on this machine), then while
+each job runs in a separate process, as ``dpgov jobs run NAME`` would: ``flush-inbox`` after
+the relay filled the inbox with ``--reports`` reports, ``aggregate`` after it filled the inbox
+again (it flushes, then folds both lots), ``checkpoint``, the population passes
+(``dashboard``: the effective-epsilon report and every use case's distributions; ``verify``:
+the chain and the tables, from the last verified checkpoint), and ``purge`` run with its clock
+ten years ahead (every retention window has passed: it deletes everything). ``--jobs`` runs
+some of them (both fills happen all the same, so each job finds the population it would);
+``--repeat`` runs ``dashboard`` and ``verify`` several times (numbered rows: the first a full
+pass, the next what changed since). Each row gives the job's own run time (without the
+process's start-up), what it handled, and the latency of the single reports sent while it ran.
+The Safari policy's batch minimum is lowered to 1 first (the default holds a batch for 5,000
 distinct devices), so a short run's flush publishes as a long one's does. The job processes
-lower their priority for the population jobs as ``dpgov jobs run`` does (``DPGOV_JOB_NICE``).
+lower their priority for the population jobs as ``dpgov jobs run`` does (``DPGOV_JOB_CPU``,
+``DPGOV_JOB_NICE``), and on PostgreSQL run without parallel query as it does.
 
 ``--served`` runs the jobs through ``POST /v1/admin/jobs/{name}:run`` instead, in the server's
 process as its scheduler runs them (the population jobs in the server's child process), every
@@ -53,6 +56,8 @@ from dp_governor.budget.storage.db import WRITE_OPTION, scratch_schema
 
 USE_CASE = "safari-energy-domains"
 JOBS = ("flush-inbox", "aggregate", "checkpoint", "dashboard", "verify", "purge")
+FILLED_BY = ("flush-inbox", "aggregate")  # the jobs a fill of the inbox comes before
+REPEATABLE = ("dashboard", "verify")  # the others change what their next run finds
 AHEAD_DAYS = 3651  # beyond the longest retention a policy may set (3,650 days)
 HEADER = (
     "| backend | job | rows handled | job s | write transactions | single reports"
@@ -131,27 +136,39 @@ def no_batch_minimum(base: str) -> None:
     r.raise_for_status()
 
 
+# The control's process: the job worker's priority (what it got, one line), then a busy loop.
+_BUSY = """
+import sys
+from dp_governor.api._job_process import lower_priority
+print(lower_priority(sys.argv[1], int(sys.argv[2])), flush=True)
+while True:
+    pass
+"""
+
+
 def run_control(seconds: float, probe: Probe) -> dict[str, Any]:
-    """A busy process with no database work at the job worker's niceness, probing meanwhile.
+    """A busy process with no database work at the job worker's priority, probing meanwhile.
 
     What any CPU-bound process beside the gate costs it on this machine: the floor under the
-    population jobs' rows, which run at that niceness too.
+    population jobs' rows, which run at that priority too (``DPGOV_JOB_CPU``, ``DPGOV_JOB_NICE``).
     """
-    nice = int(os.environ.get("DPGOV_JOB_NICE", "10"))
+    from dp_governor.api.cli.common import load_settings
+
+    settings = load_settings(None)
     busy = subprocess.Popen(
-        [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.nice(nice)
+        [sys.executable, "-c", _BUSY, settings.job_cpu, str(settings.job_nice)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
+    assert busy.stdout is not None
+    priority = busy.stdout.readline().strip()  # lowered before the first report is sent
     try:
         with probe:
             time.sleep(seconds)
     finally:
         busy.kill()
-        busy.wait()
-    return {
-        "result": {"what": f"no database work, niceness {nice}"},
-        "seconds": seconds,
-        "writes": None,
-    }
+        busy.communicate()  # reaped, its pipe closed
+    return {"result": {"what": f"no database work, {priority}"}, "seconds": seconds, "writes": None}
 
 
 def handled(result: dict[str, Any] | None) -> str:
@@ -254,6 +271,7 @@ def run_job_served(name: str, base: str, probe: Probe) -> dict[str, Any]:
 
 def job_main(name: str, ahead_days: int) -> None:
     """The job process: the job run once as ``dpgov jobs run`` runs it, its clock moved ahead."""
+    from dp_governor.api._job_database import as_job_sessions
     from dp_governor.api._job_process import lower_priority
     from dp_governor.api.cli.common import Access, load_settings, open_service
     from dp_governor.api.jobs import CHILD_JOBS, RUNTIMES, Runtime, run_job
@@ -265,6 +283,8 @@ def job_main(name: str, ahead_days: int) -> None:
     if name in CHILD_JOBS:
         lower_priority(settings.job_cpu, settings.job_nice)
     ledger, keys = open_service(settings, Access.WRITE)
+    if name in CHILD_JOBS and as_job_sessions(ledger.engine):
+        ledger.engine.dispose()  # the sessions opened so far predate the setting
     clock = FixedClock(datetime.now(UTC) + timedelta(days=ahead_days))
     ingestor = Ingestor(ledger, keys.device_key_secret, seal=InboxSeal(keys.shuffler_keys))
     RUNTIMES["bench"] = Runtime.configured(ledger, ingestor, clock, settings)
@@ -294,22 +314,20 @@ def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str
             probe = Probe(base, bodies, interval)
             control = run_control(args.control_seconds, probe)
             rows.append(row(backend, "busy process (control)", control, probe))
-        chosen = [name for name in JOBS if name in args.jobs]
-        if not {"flush-inbox", "aggregate"} & set(chosen):
-            for _ in range(2):  # the population the two fills would have left
+        for name in JOBS:
+            if name in FILLED_BY:  # the fills happen whether or not the job that moves them runs
                 fill(base, bodies, args.reports, args.batch_items)
-        for name in chosen:
-            if args.served and name == "purge":
-                continue  # its clock cannot be moved ahead in the server: nothing would expire
-            for _ in range(args.repeat):
-                if name in ("flush-inbox", "aggregate"):
-                    fill(base, bodies, args.reports, args.batch_items)
+            if name not in args.jobs or (args.served and name == "purge"):
+                continue  # purge served: a server's clock cannot be moved ahead (refused above)
+            for n in range(1, args.repeat + 1):
                 probe = Probe(base, bodies, interval)
                 if args.served:
                     done = run_job_served(name, base, probe)
                 else:
                     done = run_job_process(name, env, tmp, probe)
-                rows.append(row(backend, name, done, probe))
+                rows.append(
+                    row(backend, name if args.repeat == 1 else f"{name} ({n})", done, probe)
+                )
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -363,6 +381,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             f"--jobs: unknown {', '.join(unknown) or '(none given)'}; one of {', '.join(JOBS)}"
         )
+    if args.repeat > 1 and set(args.jobs) - set(REPEATABLE):
+        parser.error(f"--repeat runs only {' and '.join(REPEATABLE)} again (--jobs)")
+    if args.served and set(args.jobs) == {"purge"}:
+        parser.error("--served cannot run purge (a server's clock cannot be moved ahead)")
     if args.no_sqlite and not args.postgres:
         parser.error("--no-sqlite needs --postgres")
     configs = ([] if args.no_sqlite else [("sqlite", None)]) + (

@@ -41,7 +41,8 @@ def test_chosen_jobs_repeat_after_the_control_row(capsys: pytest.CaptureFixture[
     )
     lines = capsys.readouterr().out.splitlines()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    assert [r[1] for r in rows] == ["none (baseline)", "busy process (control)", "verify", "verify"]
+    names = [r[1] for r in rows]
+    assert names == ["none (baseline)", "busy process (control)", "verify (1)", "verify (2)"]
     assert rows[1][2].startswith("no database work, niceness ") and rows[1][3] == "0.50"
     assert all("entries" in r[2] for r in rows[2:]), rows  # the two fills' entries verified
 
@@ -52,6 +53,8 @@ def test_chosen_jobs_repeat_after_the_control_row(capsys: pytest.CaptureFixture[
         (["--jobs", "vacuum"], "--jobs: unknown vacuum"),
         (["--no-sqlite", "--postgres", ""], "--no-sqlite needs --postgres"),
         (["--control-seconds", "-1"], "--control-seconds must not be negative"),
+        (["--jobs", "dashboard,purge", "--repeat", "2"], "--repeat runs only dashboard and verify"),
+        (["--served", "--jobs", "purge"], "--served cannot run purge"),
     ],
 )
 def test_bad_options_are_refused_in_one_line(

@@ -72,7 +72,7 @@ def refuse_unknown_settings() -> None:
 
     from dp_governor.api._unknown_settings import (
         PREFIX,
-        UnknownSetting,
+        SettingRefused,
         check_environment,
         retired_variables,
     )
@@ -85,7 +85,7 @@ def refuse_unknown_settings() -> None:
         from dp_governor.api.settings import setting_names
     try:
         check_environment(os.environ, setting_names())
-    except UnknownSetting as exc:
+    except SettingRefused as exc:
         refuse(str(exc))
 
 
@@ -98,7 +98,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
-    from dp_governor.api._unknown_settings import UnknownSetting
+    from dp_governor.api._unknown_settings import SettingRefused
 
     with long_lived_imports():
         from dp_governor.api.settings import Settings, setting_problem, unparsed_setting
@@ -108,7 +108,7 @@ def load_settings(database_url: str | None, **overrides: object) -> Settings:
         values["database_url"] = database_url
     try:
         return Settings(**values)  # type: ignore[arg-type]
-    except UnknownSetting as exc:
+    except SettingRefused as exc:
         refuse(str(exc))
     except SettingsError as exc:  # a list or object setting that is not JSON
         refuse(unparsed_setting(exc, values))

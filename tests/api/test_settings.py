@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -187,7 +188,13 @@ def test_cli_reports_bad_settings_and_exits_2(monkeypatch: pytest.MonkeyPatch) -
             "DPGOV_SCHEDULED_JOBS[0]: must be one of 'flush-inbox', 'aggregate', 'purge',",
         ),
         ("DPGOV_SCHEDULED_JOBS", "[]", "DPGOV_SCHEDULED_JOBS: List should have at least 1 item"),
-        ("DPGOV_SCHEDULED_JOBS", "verify", "DPGOV_SCHEDULED_JOBS: not JSON (a list is JSON, e.g."),
+        (
+            "DPGOV_SCHEDULED_JOBS",
+            "verify",
+            "DPGOV_SCHEDULED_JOBS: not JSON (a list is JSON, e.g. '[\"checkpoint\"]')",
+        ),
+        ("DPGOV_SCHEDULED_JOBS", "null", "DPGOV_SCHEDULED_JOBS: null is not a list (unset it"),
+        ("DPGOV_WITNESSES", " null", "DPGOV_WITNESSES: null is not a list (unset it"),
         (
             "DPGOV_SCHEDULED_JOBS",
             '["verify", "purge", "verify"]',
@@ -223,7 +230,9 @@ def test_lifespan_starts_and_stops_the_scheduler(tmp_path: Path) -> None:
         assert client.get("/v1/use-cases").status_code == 200
 
 
-def test_the_scheduler_runs_the_jobs_the_setting_names(tmp_path: Path) -> None:
+def test_the_scheduler_runs_the_jobs_the_setting_names(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The servers that take reports and a host for the population passes split the jobs."""
     assert JOB_NAMES == tuple(JOBS)  # the setting's names are the jobs there are
     settings = Settings(
@@ -233,10 +242,15 @@ def test_the_scheduler_runs_the_jobs_the_setting_names(tmp_path: Path) -> None:
         scheduled_jobs=["flush-inbox", "aggregate", "checkpoint"],
     )
     app = create_app(settings)
-    with TestClient(app):
+    with caplog.at_level(logging.INFO, logger="dpgov.jobs"), TestClient(app):
         scheduled = {job.id for job in app.state.scheduler.get_jobs()}
         assert scheduled == {"flush-inbox", "aggregate", "checkpoint"}
+    assert "scheduled here: " in caplog.text and "dashboard" not in caplog.text  # the log says
     app = create_app(settings.model_copy(update={"scheduled_jobs": ["dashboard", "verify"]}))
     with TestClient(app):
         assert {job.id for job in app.state.scheduler.get_jobs()} == {"dashboard", "verify"}
     assert Settings().scheduled_jobs == list(JOBS)  # by default every job
+    off = create_app(settings.model_copy(update={"scheduler": False}))
+    with caplog.at_level(logging.WARNING, logger="dpgov.api"), TestClient(off):
+        assert off.state.scheduler is None
+    assert "DPGOV_SCHEDULED_JOBS has no effect: DPGOV_SCHEDULER is false here" in caplog.text
