@@ -24,7 +24,7 @@ def as_job_sessions(engine: Engine) -> bool:
         return False
 
     @event.listens_for(engine, "connect")
-    def _serial(dbapi_connection: Any, _record: Any) -> None:
+    def _as_job(dbapi_connection: Any, _record: Any) -> None:
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET max_parallel_workers_per_gather = 0")
             cursor.execute("SET application_name = 'dpgov-job'")
