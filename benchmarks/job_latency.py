@@ -2,7 +2,7 @@
 
 Usage: ``python -m benchmarks.job_latency [--reports 100000] [--interval-ms 10]
 [--baseline-seconds 5] [--batch-items 5000] [--postgres URL [--no-sqlite]] [--served]
-[--jobs NAME,...] [--repeat N] [--control-seconds 10]``.
+[--jobs NAME,...] [--repeat N] [--control-seconds 10] [--cores-apart]``.
 
 A ``dpgov serve`` process (scheduler off) runs on a temporary SQLite file, or in a scratch
 PostgreSQL schema with ``--postgres``. This process sends single Safari HCMS reports over HTTP,
@@ -22,12 +22,19 @@ process's start-up), what it handled, and the latency of the single reports sent
 The Safari policy's batch minimum is lowered to 1 first (the default holds a batch for 5,000
 distinct devices), so a short run's flush publishes as a long one's does. The job processes
 lower their priority for the population jobs as ``dpgov jobs run`` does (``DPGOV_JOB_CPU``,
-``DPGOV_JOB_NICE``), and on PostgreSQL run without parallel query as it does.
+``DPGOV_JOB_NICE``), and on PostgreSQL run without parallel query as it does. On a PostgreSQL
+server whose autovacuum is off, the database is vacuumed after the fills, as autovacuum would.
 
 ``--served`` runs the jobs through ``POST /v1/admin/jobs/{name}:run`` instead, in the server's
 process as its scheduler runs them (the population jobs in the server's child process), every
 job but ``purge`` (a server's clock cannot be moved ahead); the write transactions are then
 not counted, and the job's time includes the request.
+
+``--cores-apart`` gives the jobs a core of their own, as a host of their own would
+(``DPGOV_SCHEDULED_JOBS``): the gate (the server, its PostgreSQL sessions and this process's
+probe) is kept on the first CPU, the jobs (the job processes, the server's job worker, the
+control's busy process and the sessions named ``dpgov-job``) on the second. Linux only; pinning
+the database's sessions needs the right to set another user's processes' affinity (root).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import tempfile
 import threading
 import time
 import uuid
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -63,6 +70,89 @@ HEADER = (
     "| backend | job | rows handled | job s | write transactions | single reports"
     " | p50 ms | p99 ms | max ms |\n|---|---|---|---:|---:|---:|---:|---:|---:|"
 )
+
+
+GATE_CPUS = {0}  # --cores-apart: the gate's core
+JOB_CPUS = {1}  # and the jobs'
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (a thread or process gone meanwhile: none)."""
+    with suppress(FileNotFoundError, ProcessLookupError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with suppress(OSError):  # a thread that ended since the listing
+                os.sched_setaffinity(int(tid), cpus)
+
+
+class CoresApart:
+    """The gate on :data:`GATE_CPUS`, the jobs on :data:`JOB_CPUS`, re-applied every 100 ms.
+
+    Threads, job processes and database sessions come and go during a run, and each new one
+    inherits its parent's CPUs, not the side it belongs to: the loop pins them as they appear.
+    The gate: this process, the server and its sessions; the jobs: the server's child processes
+    (its job worker), the processes :meth:`add` names and their children, and the sessions named
+    ``dpgov-job`` (``api._job_database``).
+    """
+
+    def __init__(self, server: int, url: str | None) -> None:
+        import psutil
+        from sqlalchemy import text
+
+        from dp_governor.budget import create_db_engine
+
+        if not hasattr(os, "sched_setaffinity") or not GATE_CPUS | JOB_CPUS <= os.sched_getaffinity(
+            0
+        ):
+            raise SystemExit("--cores-apart needs Linux and CPUs 0 and 1")
+        self._own = os.sched_getaffinity(0)
+        self._psutil = psutil
+        self._text = text
+        self._server = server
+        self._jobs: set[int] = set()
+        self._engine = create_db_engine(url, pool_size=1) if url else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cores-apart", daemon=True)
+        self.apply()
+        self._thread.start()
+
+    def add(self, pid: int) -> None:
+        """Count process ``pid`` (and its children) on the jobs' side, pinned at once."""
+        self._jobs.add(pid)
+        pin(pid, JOB_CPUS)
+
+    def apply(self) -> None:
+        """Pin every process, thread and session of the run to its side once."""
+        pin(os.getpid(), GATE_CPUS)
+        pin(self._server, GATE_CPUS)
+        jobs = set(self._jobs)
+        for root in (self._server, *self._jobs):
+            with suppress(self._psutil.NoSuchProcess):
+                jobs.update(c.pid for c in self._psutil.Process(root).children(recursive=True))
+        for pid in jobs:
+            pin(pid, JOB_CPUS)
+        if self._engine is not None:
+            with self._engine.connect() as conn:
+                sessions = conn.execute(
+                    self._text(
+                        "SELECT pid, application_name FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND backend_type = 'client backend'"
+                        " AND pid <> pg_backend_pid()"
+                    )
+                ).all()
+            for pid, name in sessions:
+                pin(pid, JOB_CPUS if name == "dpgov-job" else GATE_CPUS)
+
+    def close(self) -> None:
+        """Stop re-applying; this process back on every CPU it had (the others keep theirs)."""
+        self._stop.set()
+        self._thread.join()
+        pin(os.getpid(), self._own)
+        if self._engine is not None:
+            self._engine.dispose()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.apply()
 
 
 class Probe:
@@ -146,7 +236,7 @@ while True:
 """
 
 
-def run_control(seconds: float, probe: Probe) -> dict[str, Any]:
+def run_control(seconds: float, probe: Probe, cores: CoresApart | None) -> dict[str, Any]:
     """A busy process with no database work at the job worker's priority, probing meanwhile.
 
     What any CPU-bound process beside the gate costs it on this machine: the floor under the
@@ -161,6 +251,8 @@ def run_control(seconds: float, probe: Probe) -> dict[str, Any]:
         text=True,
     )
     assert busy.stdout is not None
+    if cores is not None:
+        cores.add(busy.pid)
     priority = busy.stdout.readline().strip()  # lowered before the first report is sent
     try:
         with probe:
@@ -169,6 +261,26 @@ def run_control(seconds: float, probe: Probe) -> dict[str, Any]:
         busy.kill()
         busy.communicate()  # reaped, its pipe closed
     return {"result": {"what": f"no database work, {priority}"}, "seconds": seconds, "writes": None}
+
+
+def vacuum_unless_autovacuum(url: str) -> None:
+    """``VACUUM (ANALYZE)`` the database if its autovacuum is off, as autovacuum would have.
+
+    With autovacuum off (as on some test machines' servers), the first scan after the fills
+    prunes the pages the fills left and writes their full-page images to the write-ahead log
+    then: an effect of the server's setting that the passes would be charged with.
+    """
+    from sqlalchemy import text
+
+    from dp_governor.budget import create_db_engine
+
+    engine = create_db_engine(url, pool_size=1)
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            if conn.execute(text("SHOW autovacuum")).scalar_one() == "off":
+                conn.execute(text("VACUUM (ANALYZE)"))
+    finally:
+        engine.dispose()
 
 
 def handled(result: dict[str, Any] | None) -> str:
@@ -202,7 +314,9 @@ def row(backend: str, job: str, run: dict[str, Any] | None, probe: Probe) -> str
     return f"| {backend} | {job} | {work} | {sent} | {figures} |"
 
 
-def run_job_process(name: str, env: dict[str, str], tmp: Path, probe: Probe) -> dict[str, Any]:
+def run_job_process(
+    name: str, env: dict[str, str], tmp: Path, probe: Probe, cores: CoresApart | None
+) -> dict[str, Any]:
     """Run one job in a new process (:func:`job_main`), probing while it runs; what it printed.
 
     That is the job's result, its run time in seconds, and its write transactions: how many,
@@ -224,6 +338,8 @@ def run_job_process(name: str, env: dict[str, str], tmp: Path, probe: Probe) -> 
         text=True,
     ) as proc:
         assert proc.stdout is not None and proc.stderr is not None
+        if cores is not None:
+            cores.add(proc.pid)
         started = proc.stdout.readline()
         with probe if started == "starting\n" else ExitStack():
             out = proc.stdout.readline()  # the result, once the job is done
@@ -304,7 +420,10 @@ def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str
     env = server_env(url, tmp, args.batch_items)
     interval = args.interval_ms / 1000
     rows = []
+    cores = None
     try:
+        if args.cores_apart:
+            cores = CoresApart(proc.pid, url if backend == "postgresql" else None)
         no_batch_minimum(base)
         bodies = report_bodies(base)
         with Probe(base, bodies, interval) as probe:
@@ -312,11 +431,13 @@ def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str
         rows.append(row(backend, "none (baseline)", None, probe))
         if args.control_seconds > 0:
             probe = Probe(base, bodies, interval)
-            control = run_control(args.control_seconds, probe)
+            control = run_control(args.control_seconds, probe, cores)
             rows.append(row(backend, "busy process (control)", control, probe))
         for name in JOBS:
             if name in FILLED_BY:  # the fills happen whether or not the job that moves them runs
                 fill(base, bodies, args.reports, args.batch_items)
+            if name == "checkpoint" and backend == "postgresql":
+                vacuum_unless_autovacuum(url)  # after the fills, before the passes read them
             if name not in args.jobs or (args.served and name == "purge"):
                 continue  # purge served: a server's clock cannot be moved ahead (refused above)
             for n in range(1, args.repeat + 1):
@@ -324,11 +445,13 @@ def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str
                 if args.served:
                     done = run_job_served(name, base, probe)
                 else:
-                    done = run_job_process(name, env, tmp, probe)
+                    done = run_job_process(name, env, tmp, probe, cores)
                 rows.append(
                     row(backend, name if args.repeat == 1 else f"{name} ({n})", done, probe)
                 )
     finally:
+        if cores is not None:
+            cores.close()
         proc.terminate()
         proc.wait(timeout=60)
     return rows
@@ -365,6 +488,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--no-sqlite", action="store_true", help="only the PostgreSQL rows (with --postgres)"
+    )
+    parser.add_argument(
+        "--cores-apart",
+        action="store_true",
+        help="the gate on the first CPU, the jobs and their sessions on the second",
     )
     parser.add_argument("--run-job", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ahead", type=int, default=0, help=argparse.SUPPRESS)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 
 from benchmarks import job_latency
@@ -63,3 +68,44 @@ def test_bad_options_are_refused_in_one_line(
     with pytest.raises(SystemExit) as stop:
         job_latency.main(argv)
     assert stop.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or not {0, 1} <= os.sched_getaffinity(0),
+    reason="needs Linux and CPUs 0 and 1",
+)
+def test_cores_apart_keeps_the_gate_and_the_jobs_on_their_own_cpus() -> None:
+    """The server and this process on the gate's CPU; its children and the jobs' on the other.
+
+    A child started after the pinning is pinned by the loop; this process gets its CPUs back.
+    """
+    sleep = "import time; time.sleep(60)"
+    spawn_child = (
+        f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {sleep!r}]); {sleep}"
+    )
+    own = os.sched_getaffinity(0)
+    with (
+        subprocess.Popen([sys.executable, "-c", spawn_child]) as server,
+        subprocess.Popen([sys.executable, "-c", sleep]) as job,
+    ):
+        try:
+            cores = job_latency.CoresApart(server.pid, None)
+            cores.add(job.pid)
+            worker = None
+            for _ in range(600):  # the server's child, once it has started and been pinned
+                children = psutil.Process(server.pid).children()
+                if children and os.sched_getaffinity(children[0].pid) == job_latency.JOB_CPUS:
+                    worker = children[0].pid
+                    break
+                time.sleep(0.1)
+            assert worker is not None
+            assert os.sched_getaffinity(server.pid) == job_latency.GATE_CPUS
+            assert os.sched_getaffinity(job.pid) == job_latency.JOB_CPUS
+            assert os.sched_getaffinity(0) == job_latency.GATE_CPUS
+            cores.close()
+            assert os.sched_getaffinity(0) == own
+        finally:
+            for proc in psutil.Process(server.pid).children():
+                proc.kill()
+            server.kill()
+            job.kill()

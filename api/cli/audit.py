@@ -522,9 +522,9 @@ def audit_recompute(
     try:
         report = recompute(file)
     except OSError as exc:
-        refuse(f"cannot read the export {str(file)!r}: {exc.strerror or exc}", 1)
+        refuse(f"cannot read the export {str(file)!r}: {exc.strerror or exc}")
     except ValueError as exc:
-        refuse(f"{str(file)!r} is not a ledger export (`dpgov audit export`): {exc}", 1)
+        refuse(f"{str(file)!r} is not a ledger export (`dpgov audit export`): {exc}")
     _print_report(report, as_json)
 
 

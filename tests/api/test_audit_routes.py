@@ -161,7 +161,11 @@ def test_cli_report_export_and_offline_recompute(
     bad = runner.invoke(cli, ["audit", "export", "--format", "xml", "-o", str(out), *url])
     assert bad.exit_code == 2 and "--format" in bad.output
     missing = runner.invoke(cli, ["audit", "recompute", str(tmp_path / "none.jsonl")])
-    assert missing.exit_code == 1 and "Error" in missing.output
+    assert missing.exit_code == 2 and "cannot read the export" in missing.output
+    (tmp_path / "notes.txt").write_text("not an export\n", encoding="utf-8")
+    other = runner.invoke(cli, ["audit", "recompute", str(tmp_path / "notes.txt")])
+    assert other.exit_code == 2 and "is not a ledger export" in other.output, other.output
+    assert "Traceback" not in other.output
 
 
 def test_cli_report_from_its_summary_equals_the_full_pass(
