@@ -298,8 +298,8 @@ def test_at_most_kept_what_ifs_are_stored_and_an_edit_drops_them_at_the_purge(
         ledger.charge(device, "emoji", now=START)
     policy = ledger.book().latest["emoji"]
     base = policy.model_dump(include=set(PolicyCreate.model_fields))
-    for i in range(KEPT + 3):
-        proposed = PolicyCreate.model_validate({**base, "max_reports_per_day": 2 + i})
+    for i in range(KEPT + 3):  # each a what-if of its own, all with the same bounds to compute
+        proposed = PolicyCreate.model_validate({**base, "description": f"proposal {i}"})
         what_if(ledger, "emoji", proposed, now=START + timedelta(minutes=i))
     assert len(_stored_names(ledger)) == KEPT
     ledger.policies.update("emoji", PolicyUpdate(epsilon_per_report=2.0), allow_loosen=True)
