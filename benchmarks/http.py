@@ -99,9 +99,17 @@ def server_env(
 
 
 def start_server(
-    url: str, workers: int, tmp: Path, batch_items: int, checkpoint_seconds: int | None = None
+    url: str,
+    workers: int,
+    tmp: Path,
+    batch_items: int,
+    checkpoint_seconds: int | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """A ``dpgov serve`` process on ``url`` (in ``tmp``), once it answers: (process, base URL)."""
+    """A ``dpgov serve`` process on ``url`` (in ``tmp``), once it answers: (process, base URL).
+
+    ``extra_env``: variables set in its environment besides :func:`server_env`'s.
+    """
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -114,7 +122,7 @@ def start_server(
             "--workers",
             str(workers),
         ],
-        env=server_env(url, tmp, batch_items, checkpoint_seconds),
+        env={**server_env(url, tmp, batch_items, checkpoint_seconds), **(extra_env or {})},
         cwd=tmp,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

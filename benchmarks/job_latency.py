@@ -33,7 +33,9 @@ not counted, and the job's time includes the request.
 ``--cores-apart`` gives the jobs a core of their own, as a host of their own would
 (``DPGOV_SCHEDULED_JOBS``): the gate (the server, its PostgreSQL sessions and this process's
 probe) is kept on the first CPU, the jobs (the job processes, the server's job worker, the
-control's busy process and the sessions named ``dpgov-job``) on the second. Linux only; pinning
+control's busy process and the sessions named ``dpgov-job``) on the second; with ``--served``,
+``flush-inbox``, ``aggregate`` and ``checkpoint`` run in the server's threads, on the gate's
+CPU. Linux only; pinning
 the database's sessions needs the right to set another user's processes' affinity (root).
 """
 
@@ -74,14 +76,32 @@ HEADER = (
 
 GATE_CPUS = {0}  # --cores-apart: the gate's core
 JOB_CPUS = {1}  # and the jobs'
+GATE_SESSIONS = "dpgov-gate"  # --cores-apart: the server's sessions (PGAPPNAME)
+JOB_SESSIONS = "dpgov-job"  # the job processes' and the job worker's (api._job_database)
 
 
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of process ``pid`` onto ``cpus`` (a thread or process gone meanwhile: none)."""
-    with suppress(FileNotFoundError, ProcessLookupError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with suppress(OSError):  # a thread that ended since the listing
-                os.sched_setaffinity(int(tid), cpus)
+def pin(pid: int, cpus: set[int], *, skip: int | None = None) -> None:
+    """Every thread of process ``pid`` (but thread ``skip``) onto ``cpus``.
+
+    A thread or process gone meanwhile is passed over; a refusal (no right to set another
+    user's affinity) stops the benchmark rather than leave its figures unpinned.
+    """
+    try:
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return
+    for tid in threads:
+        if tid == skip:
+            continue
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # a thread that ended since the listing
+            continue
+        except PermissionError:
+            raise SystemExit(
+                f"--cores-apart: cannot set the CPUs of process {pid} (another user's: run as"
+                " root, or on a database server of your own)"
+            ) from None
 
 
 class CoresApart:
@@ -89,27 +109,36 @@ class CoresApart:
 
     Threads, job processes and database sessions come and go during a run, and each new one
     inherits its parent's CPUs, not the side it belongs to: the loop pins them as they appear.
-    The gate: this process, the server and its sessions; the jobs: the server's child processes
-    (its job worker), the processes :meth:`add` names and their children, and the sessions named
-    ``dpgov-job`` (``api._job_database``).
+    The gate: this process, the server and its sessions (named :data:`GATE_SESSIONS`); the
+    jobs: the server's child processes (its job worker), the processes :meth:`add` names and
+    their children, the sessions named :data:`JOB_SESSIONS`, and the loop itself (its thread
+    and its session). Sessions of other names are left alone; so are PostgreSQL's own
+    background processes (the write-ahead log's writer, the checkpointer).
     """
 
     def __init__(self, server: int, url: str | None) -> None:
         import psutil
-        from sqlalchemy import text
+        from sqlalchemy import make_url, text
 
         from dp_governor.budget import create_db_engine
 
-        if not hasattr(os, "sched_setaffinity") or not GATE_CPUS | JOB_CPUS <= os.sched_getaffinity(
-            0
-        ):
+        if not hasattr(os, "sched_setaffinity") or not (
+            GATE_CPUS | JOB_CPUS
+        ) <= os.sched_getaffinity(0):
             raise SystemExit("--cores-apart needs Linux and CPUs 0 and 1")
         self._own = os.sched_getaffinity(0)
         self._psutil = psutil
         self._text = text
         self._server = server
         self._jobs: set[int] = set()
-        self._engine = create_db_engine(url, pool_size=1) if url else None
+        self._loop: int | None = None  # the loop's thread id, once it runs
+        self._failed: BaseException | None = None
+        self._engine = None
+        if url:  # the loop's own session counts on the jobs' side
+            named = make_url(url).update_query_dict({"application_name": JOB_SESSIONS})
+            self._engine = create_db_engine(
+                named.render_as_string(hide_password=False), pool_size=1
+            )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cores-apart", daemon=True)
         self.apply()
@@ -117,12 +146,17 @@ class CoresApart:
 
     def add(self, pid: int) -> None:
         """Count process ``pid`` (and its children) on the jobs' side, pinned at once."""
+        self._check()
         self._jobs.add(pid)
         pin(pid, JOB_CPUS)
 
+    def discard(self, pid: int) -> None:
+        """Process ``pid`` has ended (and been reaped): its number may be another's next."""
+        self._jobs.discard(pid)
+
     def apply(self) -> None:
         """Pin every process, thread and session of the run to its side once."""
-        pin(os.getpid(), GATE_CPUS)
+        pin(os.getpid(), GATE_CPUS, skip=self._loop)
         pin(self._server, GATE_CPUS)
         jobs = set(self._jobs)
         for root in (self._server, *self._jobs):
@@ -135,24 +169,37 @@ class CoresApart:
                 sessions = conn.execute(
                     self._text(
                         "SELECT pid, application_name FROM pg_stat_activity"
-                        " WHERE datname = current_database() AND backend_type = 'client backend'"
-                        " AND pid <> pg_backend_pid()"
-                    )
+                        " WHERE datname = current_database() AND application_name IN (:g, :j)"
+                    ),
+                    {"g": GATE_SESSIONS, "j": JOB_SESSIONS},
                 ).all()
             for pid, name in sessions:
-                pin(pid, JOB_CPUS if name == "dpgov-job" else GATE_CPUS)
+                pin(pid, JOB_CPUS if name == JOB_SESSIONS else GATE_CPUS)
 
     def close(self) -> None:
-        """Stop re-applying; this process back on every CPU it had (the others keep theirs)."""
+        """Stop re-applying; this process back on every CPU it had (the others keep theirs).
+
+        Raises what stopped the loop early, if anything did: the run's figures are not apart.
+        """
         self._stop.set()
         self._thread.join()
         pin(os.getpid(), self._own)
         if self._engine is not None:
             self._engine.dispose()
+        self._check()
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise SystemExit(f"--cores-apart: the pinning stopped: {self._failed}")
 
     def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            self.apply()
+        self._loop = threading.get_native_id()
+        try:
+            os.sched_setaffinity(self._loop, JOB_CPUS)
+            while not self._stop.wait(0.1):
+                self.apply()
+        except BaseException as exc:  # told at the next add() or at close()
+            self._failed = exc
 
 
 class Probe:
@@ -260,6 +307,8 @@ def run_control(seconds: float, probe: Probe, cores: CoresApart | None) -> dict[
     finally:
         busy.kill()
         busy.communicate()  # reaped, its pipe closed
+        if cores is not None:
+            cores.discard(busy.pid)
     return {"result": {"what": f"no database work, {priority}"}, "seconds": seconds, "writes": None}
 
 
@@ -329,9 +378,10 @@ def run_job_process(
     root = str(Path(__file__).resolve().parents[1])  # this checkout, whatever the folder
     path = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     command = ["-m", "benchmarks.job_latency", "--run-job", name, "--ahead", str(ahead)]
+    named = {} if cores is None else {"PGAPPNAME": JOB_SESSIONS}  # every job's sessions
     with subprocess.Popen(
         [sys.executable, *command],
-        env={**env, "PYTHONPATH": path},
+        env={**env, "PYTHONPATH": path, **named},
         cwd=tmp,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -344,6 +394,8 @@ def run_job_process(
         with probe if started == "starting\n" else ExitStack():
             out = proc.stdout.readline()  # the result, once the job is done
         err = proc.communicate()[1]
+    if cores is not None:
+        cores.discard(proc.pid)
     if proc.returncode != 0 or not out.strip():
         raise SystemExit(f"job {name} failed: {err.strip()}")
     done: dict[str, Any] = json.loads(out)
@@ -416,7 +468,8 @@ def job_main(name: str, ahead_days: int) -> None:
 
 def run(backend: str, url: str, tmp: Path, args: argparse.Namespace) -> list[str]:
     """The baseline and one row per job against one database."""
-    proc, base = start_server(url, 1, tmp, args.batch_items)
+    named = {"PGAPPNAME": GATE_SESSIONS} if args.cores_apart else None
+    proc, base = start_server(url, 1, tmp, args.batch_items, extra_env=named)
     env = server_env(url, tmp, args.batch_items)
     interval = args.interval_ms / 1000
     rows = []

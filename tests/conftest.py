@@ -94,13 +94,16 @@ class Templates:
         """Remove the templates and the spare copy; wait for the drops (raise if one failed)."""
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
-        if self._next is not None:
-            self.drop(self._next.result())
-        if self.postgres is not None:
-            self.drop(self.postgres)
-        self._aside.shutdown(wait=True)
-        for dropped in self._drops:
-            dropped.result()
+        try:
+            if self._next is not None and self._next.exception() is None:
+                self.drop(self._next.result())
+            if self.postgres is not None:
+                self.drop(self.postgres)
+        finally:
+            self._aside.shutdown(wait=True)
+        failed = [str(d.exception()) for d in [self._next, *self._drops] if d and d.exception()]
+        if failed:
+            raise RuntimeError("a test database copy or drop failed: " + "; ".join(failed))
 
     @staticmethod
     def _drop(name: str) -> None:

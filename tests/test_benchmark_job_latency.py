@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 import psutil
 import pytest
@@ -88,24 +89,26 @@ def test_cores_apart_keeps_the_gate_and_the_jobs_on_their_own_cpus() -> None:
         subprocess.Popen([sys.executable, "-c", spawn_child]) as server,
         subprocess.Popen([sys.executable, "-c", sleep]) as job,
     ):
+        children = psutil.Process(server.pid).children  # the server's child, once started
+        cores = job_latency.CoresApart(server.pid, None)
         try:
-            cores = job_latency.CoresApart(server.pid, None)
             cores.add(job.pid)
-            worker = None
-            for _ in range(600):  # the server's child, once it has started and been pinned
-                children = psutil.Process(server.pid).children()
-                if children and os.sched_getaffinity(children[0].pid) == job_latency.JOB_CPUS:
-                    worker = children[0].pid
+            child = None
+            for _ in range(600):  # until the loop has started and pinned the child
+                kids = children()
+                if kids and os.sched_getaffinity(kids[0].pid) == job_latency.JOB_CPUS:
+                    child = kids[0].pid
                     break
                 time.sleep(0.1)
-            assert worker is not None
+            assert child is not None
             assert os.sched_getaffinity(server.pid) == job_latency.GATE_CPUS
             assert os.sched_getaffinity(job.pid) == job_latency.JOB_CPUS
-            assert os.sched_getaffinity(0) == job_latency.GATE_CPUS
-            cores.close()
-            assert os.sched_getaffinity(0) == own
+            assert os.sched_getaffinity(0) == job_latency.GATE_CPUS  # the test's main thread
         finally:
-            for proc in psutil.Process(server.pid).children():
-                proc.kill()
+            cores.close()
+            for proc in children():
+                with suppress(psutil.NoSuchProcess):
+                    proc.kill()
             server.kill()
             job.kill()
+        assert os.sched_getaffinity(0) == own

@@ -521,8 +521,9 @@ def audit_recompute(
 
     try:
         report = recompute(file)
-    except OSError as exc:
-        refuse(f"cannot read the export {str(file)!r}: {exc.strerror or exc}")
+    except OSError as exc:  # the file given (exit 2), or this machine (its scratch space: 1)
+        given = exc.filename is not None and Path(exc.filename) == file
+        refuse(f"cannot read the export {str(file)!r}: {exc.strerror or exc}", 2 if given else 1)
     except ValueError as exc:
         refuse(f"{str(file)!r} is not a ledger export (`dpgov audit export`): {exc}")
     _print_report(report, as_json)
