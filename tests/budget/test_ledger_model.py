@@ -115,7 +115,7 @@ class MembershipMachine(RuleBasedStateMachine):
         url = f"sqlite:///{self.dir / 'model.sqlite'}"
         if self.server:  # a fresh schema per example
             url = self.stack.enter_context(scratch_schema(self.server, "model"))
-        self.engine: Engine = create_db_engine(url)
+        self.engine: Engine = create_db_engine(url, job_pause=0)  # no server shares it
         init_db(self.engine)
         self.ledger = Ledger(self.engine, SECRET)
         self.now = datetime(2026, 1, 1, 20, tzinfo=UTC)
