@@ -11,11 +11,13 @@ them from the gate's in ``pg_stat_activity``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Engine, event
 
-__all__ = ["as_job_sessions"]
+__all__ = ["JOB_SESSION_NAME", "as_job_sessions"]
+
+JOB_SESSION_NAME: Final = "dpgov-job"  # the sessions' application_name
 
 
 def as_job_sessions(engine: Engine) -> bool:
@@ -27,7 +29,7 @@ def as_job_sessions(engine: Engine) -> bool:
     def _as_job(dbapi_connection: Any, _record: Any) -> None:
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET max_parallel_workers_per_gather = 0")
-            cursor.execute("SET application_name = 'dpgov-job'")
+            cursor.execute(f"SET application_name = '{JOB_SESSION_NAME}'")
         dbapi_connection.commit()
 
     return True

@@ -35,8 +35,8 @@ not counted, and the job's time includes the request.
 probe) is kept on the first CPU, the jobs (the job processes, the server's job worker, the
 control's busy process and the sessions named ``dpgov-job``) on the second; with ``--served``,
 ``flush-inbox``, ``aggregate`` and ``checkpoint`` run in the server's threads, on the gate's
-CPU. Linux only; pinning
-the database's sessions needs the right to set another user's processes' affinity (root).
+CPU. Linux only; pinning the database's sessions needs the right to set another user's
+processes' affinity (root).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ import orjson
 from sqlalchemy import Connection, Engine, event
 
 from benchmarks.http import TOKEN, Body, report_bodies, server_env, start_server
+from dp_governor.api._job_database import JOB_SESSION_NAME
 from dp_governor.budget.storage.db import WRITE_OPTION, scratch_schema
 
 USE_CASE = "safari-energy-domains"
@@ -77,7 +78,6 @@ HEADER = (
 GATE_CPUS = {0}  # --cores-apart: the gate's core
 JOB_CPUS = {1}  # and the jobs'
 GATE_SESSIONS = "dpgov-gate"  # --cores-apart: the server's sessions (PGAPPNAME)
-JOB_SESSIONS = "dpgov-job"  # the job processes' and the job worker's (api._job_database)
 
 
 def pin(pid: int, cpus: set[int], *, skip: int | None = None) -> None:
@@ -111,9 +111,9 @@ class CoresApart:
     inherits its parent's CPUs, not the side it belongs to: the loop pins them as they appear.
     The gate: this process, the server and its sessions (named :data:`GATE_SESSIONS`); the
     jobs: the server's child processes (its job worker), the processes :meth:`add` names and
-    their children, the sessions named :data:`JOB_SESSIONS`, and the loop itself (its thread
-    and its session). Sessions of other names are left alone; so are PostgreSQL's own
-    background processes (the write-ahead log's writer, the checkpointer).
+    their children, the sessions named :data:`JOB_SESSION_NAME` (``dpgov-job``), and the loop
+    itself (its thread and its session). Sessions of other names are left alone; so are
+    PostgreSQL's own background processes (the write-ahead log's writer, the checkpointer).
     """
 
     def __init__(self, server: int, url: str | None) -> None:
@@ -135,7 +135,7 @@ class CoresApart:
         self._failed: BaseException | None = None
         self._engine = None
         if url:  # the loop's own session counts on the jobs' side
-            named = make_url(url).update_query_dict({"application_name": JOB_SESSIONS})
+            named = make_url(url).update_query_dict({"application_name": JOB_SESSION_NAME})
             self._engine = create_db_engine(
                 named.render_as_string(hide_password=False), pool_size=1
             )
@@ -171,10 +171,10 @@ class CoresApart:
                         "SELECT pid, application_name FROM pg_stat_activity"
                         " WHERE datname = current_database() AND application_name IN (:g, :j)"
                     ),
-                    {"g": GATE_SESSIONS, "j": JOB_SESSIONS},
+                    {"g": GATE_SESSIONS, "j": JOB_SESSION_NAME},
                 ).all()
             for pid, name in sessions:
-                pin(pid, JOB_CPUS if name == JOB_SESSIONS else GATE_CPUS)
+                pin(pid, JOB_CPUS if name == JOB_SESSION_NAME else GATE_CPUS)
 
     def close(self) -> None:
         """Stop re-applying; this process back on every CPU it had (the others keep theirs).
@@ -378,7 +378,7 @@ def run_job_process(
     root = str(Path(__file__).resolve().parents[1])  # this checkout, whatever the folder
     path = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     command = ["-m", "benchmarks.job_latency", "--run-job", name, "--ahead", str(ahead)]
-    named = {} if cores is None else {"PGAPPNAME": JOB_SESSIONS}  # every job's sessions
+    named = {} if cores is None else {"PGAPPNAME": JOB_SESSION_NAME}  # every job's sessions
     with subprocess.Popen(
         [sys.executable, *command],
         env={**env, "PYTHONPATH": path, **named},
