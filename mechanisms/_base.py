@@ -268,6 +268,11 @@ class RowSketch(ABC, Generic[P]):
         k, m = sk._shape()
         if t.shape != (k, m) or r.shape != (k,):
             raise ValueError(f"arrays must have shapes ({k}, {m}) and ({k},)")
+        if t.dtype.kind not in "iu" or r.dtype.kind not in "iu":
+            raise ValueError("arrays must hold integers")
+        if t.dtype.kind == "i" and t.size and int(t.min()) == np.iinfo(t.dtype).min:
+            # its abs is itself: no check below could bound it
+            raise ValueError(f"a cell holds {t.dtype}'s minimum, outside every valid sketch")
         problem = cls._consistent(t, r)
         if problem is not None:
             raise ValueError(problem)
