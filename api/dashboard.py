@@ -54,6 +54,7 @@ _REASON_COLORS = {
     "lifetime_cap": "#b3261e",
     "window_filter": "#0d9488",
     "lifetime_filter": "#1d4ed8",
+    "clock_behind": "#4b5563",
 }
 _W, _H = 560, 250  # every chart's size: readable at a glance on a laptop screen
 _LEFT, _RIGHT, _TOP, _BOTTOM = 56, 14, 12, 34

@@ -24,6 +24,7 @@ import numpy as np
 
 from benchmarks.mechanisms import workload
 from dp_governor.api.demo.simulation import zipf_indices
+from dp_governor.mechanisms import Sketch
 from dp_governor.pipeline import codec
 
 
@@ -41,7 +42,7 @@ def rows(name: str, n: int, levels: list[int], seed: int) -> list[str]:
     """One row a zlib level for one workload's day of ``n`` reports."""
     mech, vocab = workload(name)
     rng = np.random.default_rng(seed)
-    sketch = mech.sketch()
+    sketch: Sketch = mech.sketch()
     for s in range(0, n, 1_000_000):  # privatized in slices: a slice's reports stay small
         index = zipf_indices(len(vocab), min(n, s + 1_000_000) - s, 1.1, rng=rng)
         sketch.add(mech.privatize_indices(vocab, index, rng=rng))

@@ -28,7 +28,7 @@ __all__ = [
 
 # A budget's refusals (budget.rule.refusal.REFUSALS; the client does not import the budget package).
 CAP_REASONS: Final = frozenset(
-    {"daily_cap", "window_cap", "lifetime_cap", "window_filter", "lifetime_filter"}
+    {"daily_cap", "window_cap", "lifetime_cap", "window_filter", "lifetime_filter", "clock_behind"}
 )
 
 

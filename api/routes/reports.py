@@ -79,7 +79,10 @@ _SFP_EXAMPLE: Final = {
         404: {"description": "Unknown use case"},
         409: {"description": "Idempotency key reused for a different report"},
         422: {"description": "Invalid report; `detail[].field` names the field"},
-        429: {"description": "A cap is reached; `Retry-After` says when to retry"},
+        429: {
+            "description": "A cap is reached, or the report's day can no longer be counted"
+            " (`clock_behind`); `Retry-After` says when to retry"
+        },
     },
 )
 async def submit_report(
@@ -167,9 +170,16 @@ def refusal(decision: Decision, clock: Clock) -> JSONResponse:
         "device": "the device-wide budget",
         "quota": f"use case {decision.use_case!r}'s quota of the device-wide budget",
     }.get(by or "", f"budget {decision.budget!r}")
+    if decision.reason == "clock_behind":
+        detail = (
+            "the report is dated before what the ledger already holds for this device (this"
+            " server's clock is behind another's or a purge's); retry at `retry_at`"
+        )
+    else:
+        detail = f"the {caps[decision.reason]} of {whose} is reached"
     return JSONResponse(
         {
-            "detail": f"the {caps[decision.reason]} of {whose} is reached",
+            "detail": detail,
             "reason": decision.reason,
             "refused_by": by,
             "use_case": decision.use_case,

@@ -90,7 +90,8 @@ class BatchItemResult(BaseModel):
     reason: str | None = PydField(
         default=None,
         description="The decision: `accepted`, `daily_cap`, `window_cap`, `lifetime_cap`,"
-        " `window_filter` or `lifetime_filter`.",
+        " `window_filter`, `lifetime_filter` or `clock_behind` (dated before what the ledger"
+        " holds for the device).",
     )
     retry_at: datetime | None = PydField(
         default=None,

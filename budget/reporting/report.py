@@ -281,9 +281,15 @@ def _lifetime_statement(p: Policy, spent: Counter[int]) -> tuple[bool, float | N
     cap = p.lifetime_epsilon_cap
     if cap is None:
         if p.lifetime_filter_epsilon is not None:
+            # What the filter guarantees, not a claim about every device: a device that spent
+            # before the filter was set may be past its target, and this pass holds each
+            # device's basic sum only, not the sum of squares the filter's test also reads.
             note = (
-                "no cap bounds the lifetime's basic sum, but the lifetime filter holds the loss"
-                f" to ({fmt_up(p.lifetime_filter_epsilon)}, {p.lifetime_filter_delta:g})-DP"
+                "no cap bounds the lifetime's basic sum; the lifetime filter refuses every"
+                " report that would take a device past"
+                f" ({fmt_up(p.lifetime_filter_epsilon)}, {p.lifetime_filter_delta:g})-DP, which"
+                " bounds the devices whose reports all came under it (reports made before it was"
+                " set are not checked against it)"
             )
         elif p.window_epsilon_cap is not None:
             window = fmt_up(p.window_epsilon_cap)

@@ -3,12 +3,14 @@
 Pure code, no I/O. :func:`check` asks whether one more report of ``terms`` fits a device's
 state, in order: the budget's daily cap (its members' reports today), window cap (their
 epsilon on the days of the window) and lifetime cap (their epsilon ever); the budget's window
-and lifetime ``(epsilon, delta)`` filters (:mod:`dp_governor.budget.rule.filter`); then, when a
-device-wide budget is in force, its limits, the use case's quota of them and its filters
-(:mod:`dp_governor.budget.rule.device`). The first check that refuses decides, naming the budget
-that refused and when it frees (:mod:`dp_governor.budget.rule.refusal`). :func:`decide_on` also
-charges the state in memory. The gate's transaction (:mod:`dp_governor.budget.gate.charge`, a single
-report being a batch of one), what-if and the tests all decide here.
+and lifetime ``(epsilon, delta)`` filters (:mod:`dp_governor.budget.rule.filter`); then, when
+a device-wide budget is in force, its limits, the use case's quota of them and its filters
+(:mod:`dp_governor.budget.rule.device`). The first check that refuses decides, naming the
+budget that refused and when it frees (:mod:`dp_governor.budget.rule.refusal`).
+:func:`decide_on`, the gate's, first refuses a report dated where the ledger can no longer
+count it (``clock_behind``), and charges the state in memory. The gate's transaction
+(:mod:`dp_governor.budget.gate.charge`, a single report being a batch of one), what-if and
+the tests all decide here.
 """
 
 from __future__ import annotations
@@ -121,9 +123,18 @@ def decide_on(
 ) -> Decision:
     """:func:`check`, then an acceptance charges ``state`` in memory (days past horizons cleared).
 
+    First, a report dated before the account's first countable day
+    (:meth:`AccountState.first_countable_day`) is refused as ``clock_behind``: every check
+    counts the window ending on the report's day, so a day before the device's latest charge,
+    or on a day a purge deleted, would leave limits unchecked. :func:`check` alone (what-if
+    asks "the next report, now") does not ask.
+
     The charge transaction (:func:`dp_governor.budget.gate.charge.charge_batch`, a single report
     being a batch of one) decides every report here; it writes the state.
     """
+    first = state.first_countable_day(terms.name, terms.horizons)
+    if day < first:  # this server's clock is behind what the ledger recorded or deleted
+        return _refused(terms, day, Refusal("clock_behind", first))
     decision = check(terms, day, state, charge_id)
     if decision.accepted:
         state.charge(terms.name, day, terms.eps_micro, terms.group_size, 1, terms.budget)

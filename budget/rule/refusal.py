@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal, NamedTuple, get_args
 
-__all__ = ["REFUSALS", "Fits", "Reason", "Refusal", "RefusedBy", "free_day", "within"]
+__all__ = [
+    "LIMITS",
+    "REFUSALS",
+    "Fits",
+    "Reason",
+    "Refusal",
+    "RefusedBy",
+    "free_day",
+    "within",
+]
 
 Reason = Literal[
     "accepted",
@@ -20,9 +29,14 @@ Reason = Literal[
     "lifetime_cap",
     "window_filter",
     "lifetime_filter",
+    "clock_behind",
 ]
 RefusedBy = Literal["use_case", "group", "device", "quota"]
 REFUSALS: tuple[Reason, ...] = get_args(Reason)[1:]
+# A budget's limits. ``clock_behind`` is none: the report is dated before what the ledger has
+# already recorded or deleted for the device (a purge's horizon, a later charge), so no limit
+# could be checked for it (docs/ledger.md, "Dates the ledger can count").
+LIMITS: tuple[Reason, ...] = REFUSALS[:-1]
 
 
 class Refusal(NamedTuple):

@@ -140,6 +140,25 @@ class AccountState:
                 spent += count * int(slots[i - 1][1])
         return n, spent
 
+    def first_countable_day(self, use_case: str, horizons: Mapping[str, int]) -> int:
+        """The first day a new charge of ``use_case`` can be dated on and every limit counted.
+
+        After the account's latest charged day (a charge dated earlier would leave a later
+        day's windows unchecked: each check counts the window ending on the charge's day) and
+        after every horizon of a use case the account was charged for, or ``use_case``'s own
+        (a purge deleted those days: what they held can no longer be counted, and a charge
+        dated there would itself be deleted at once).
+
+        >>> AccountState(days=[[9, 1]], slots=[["a", 5, 1, 4, "a"]]).first_countable_day(
+        ...     "b", {"a": 3, "b": 11})
+        12
+        """
+        first = self.days[-1][0] if self.days else _NONE
+        horizon = horizons.get(use_case, _NONE)
+        for slot in self.slots:
+            horizon = max(horizon, horizons.get(str(slot[0]), _NONE))
+        return max(first, horizon + 1)
+
     def _held(self, day: int) -> list[int]:
         """The entry of ``day`` if held, else an empty one (not added)."""
         for entry in self.days:

@@ -70,7 +70,7 @@ def test_a_blob_of_the_earlier_writer_reads_the_same(mech: Mechanism) -> None:
 
 
 def test_each_array_is_stored_in_the_narrowest_type_that_holds_it() -> None:
-    cases = {
+    cases: dict[str, tuple[np.ndarray, type[np.generic]]] = {
         "small": (np.array([0, 255], np.int32), np.uint8),
         "wider": (np.array([0, 256], np.int32), np.uint16),
         "signed": (np.array([-127, 3], np.int32), np.int8),

@@ -72,9 +72,10 @@ def _first_new_day(ledger: Ledger, after: int) -> int | None:
     return min(days, default=None)
 
 
-def _history(ledger: Ledger, rng: np.random.Generator, steps: int) -> datetime:
-    """Random charges, checkpoints and verifications; both verdicts accept at every step."""
-    when = NOW
+def _history(
+    ledger: Ledger, rng: np.random.Generator, steps: int, when: datetime = NOW
+) -> datetime:
+    """Random charges from ``when`` on, checkpoints and verifications; both verdicts accept."""
     for _ in range(steps):
         step = rng.random()
         if step < 0.6:
@@ -131,7 +132,7 @@ def test_incremental_equals_full_under_random_histories_and_edits(
     _checkpoint(ledger, when)
     incremental, full = _both(ledger)
     assert incremental.ok and full.ok
-    _history(ledger, rng, int(rng.integers(8)))
+    _history(ledger, rng, int(rng.integers(8)), when)
     caught = _tamper(ledger, kind, rng)
     incremental = _verify(ledger, full=False)
     full = _verify(ledger, full=True)

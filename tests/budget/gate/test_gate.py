@@ -265,11 +265,11 @@ def account_days(ledger: Ledger) -> list[int]:
 
 
 def test_purge_deletes_exactly_what_left_the_window(ledger: Ledger) -> None:
+    ledger.charge("dev", "health-types", now=NOW - timedelta(days=95))
     for offset in (91, 90, 89):
         ledger.charge(
             "dev", "emoji", now=NOW - timedelta(days=offset), idempotency_key=f"k{offset}"
         )
-    ledger.charge("dev", "health-types", now=NOW - timedelta(days=95))
     day = int(NOW.timestamp() // 86_400)
     assert account_days(ledger) == [day - 95, day - 91, day - 90, day - 89]
     result = ledger.purge(now=NOW)
@@ -333,7 +333,7 @@ def test_concurrent_idempotent_retries_charge_once(ledger: Ledger) -> None:
 
 def test_population_accounting_window_and_lifetime(ledger: Ledger) -> None:
     for d in range(30):
-        for back in range(1 + d % 3):
+        for back in reversed(range(1 + d % 3)):  # in date order
             ledger.charge(f"p{d}", "emoji", now=NOW - timedelta(days=back * 40))
     totals = window_totals(ledger, now=NOW, use_case="emoji")
     assert len(totals) == 30

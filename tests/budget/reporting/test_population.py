@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ def seeded(ledger: Ledger) -> Ledger:
     ledger.policies.update("health-types", PolicyUpdate(group_size=3))
     seed(ledger)
     for i in range(5):
-        ledger.charge(f"d{i}", "health-types", now=NOW - timedelta(days=1))
+        ledger.charge(f"d{i}", "health-types", now=NOW)
     ledger.policies.update("emoji", PolicyUpdate(window_epsilon_cap=8.0))
     return ledger
 

@@ -32,13 +32,13 @@ NOW = datetime(2026, 11, 22, 15, 30, tzinfo=UTC)
 
 def seed(ledger: Ledger) -> None:
     """Three days of reports from 30 devices, one of them busier; an old, purged-away day."""
-    for back in range(3):
+    ledger.charge("d1", "emoji", now=NOW - timedelta(days=200))  # out of every window
+    for back in (2, 1, 0):  # in date order, as a ledger records charges
         when = NOW - timedelta(days=back)
         items = [BatchItem(f"d{i}", "emoji") for i in range(30)]
         items += [BatchItem(f"d{i}", "quicktype") for i in range(10) for _ in range(2)]
         items += [BatchItem("d0", "safari-energy-domains"), BatchItem("d0", "safari-crash-domains")]
         charge_batch(ledger.gate, items, now=when)
-    ledger.charge("d1", "emoji", now=NOW - timedelta(days=200))  # out of every window
 
 
 def test_policy_figures_for_apples_defaults(ledger: Ledger) -> None:
@@ -287,3 +287,22 @@ def test_the_report_is_the_same_from_its_basis_at_any_delta(ledger: Ledger) -> N
     for delta in (1e-9, 1e-3, 0.9999999999999999):
         direct = effective_epsilon(ledger, now=NOW, delta=delta).to_dict()
         assert finish_report(basis, accountant=Accountant(), delta=delta).to_dict() == direct
+
+
+def test_a_lifetime_filter_set_after_spend_claims_no_bound_for_it(ledger: Ledger) -> None:
+    """40 reports at 1, then a lifetime filter of (5, 1e-9): a tightening, yet no claim of 5."""
+    fields = {"mechanism": "cms", "k": 4, "m": 8, "epsilon_per_report": 1.0}
+    ledger.policies.create(
+        PolicyCreate.model_validate({"name": "u", **fields, "max_reports_per_day": 100})
+    )
+    for _ in range(40):
+        assert ledger.charge("dev", "u", now=NOW).accepted
+    ledger.policies.update(
+        "u", PolicyUpdate(lifetime_filter_epsilon=5.0, lifetime_filter_delta=1e-9)
+    )
+    line = next(x for x in effective_epsilon(ledger, now=NOW).use_cases if x.use_case == "u")
+    assert not line.lifetime_bounded and line.lifetime_bound is None
+    assert "holds the loss" not in line.lifetime_note
+    assert "reports made before it was set are not checked" in line.lifetime_note
+    assert line.spent_lifetime.max == 40.0  # the spend the filter never saw, shown as spent
+    assert not ledger.charge("dev", "u", now=NOW).accepted  # and nothing more admitted

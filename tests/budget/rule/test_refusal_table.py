@@ -19,7 +19,7 @@ import pytest
 from dp_governor.budget.rule.book import Terms
 from dp_governor.budget.rule.decide import check, decide_on
 from dp_governor.budget.rule.filter import filters_of, target
-from dp_governor.budget.rule.refusal import REFUSALS, Reason, RefusedBy
+from dp_governor.budget.rule.refusal import LIMITS, Reason, RefusedBy
 from dp_governor.budget.rule.state import AccountState
 from dp_governor.policies.device import DeviceLimits
 
@@ -146,7 +146,7 @@ def _state(row: Row, reports: int | None = None) -> AccountState:
 def test_the_table_covers_every_reason_for_every_budget_that_can_refuse() -> None:
     seen = {(row.reason, row.refused_by) for row in TABLE}
     for who in ("use_case", "group", "device"):
-        assert {(r, who) for r in REFUSALS} <= seen, who
+        assert {(r, who) for r in LIMITS} <= seen, who
     assert {(r, "quota") for r in ("daily_cap", "window_cap", "lifetime_cap")} <= seen
     assert N_FILTER == 141 > 80  # the filter admits more than the basic sum (80 x 0.05 = 4)
 
