@@ -7,6 +7,7 @@ their statuses from :func:`status_of`, so one error has one status wherever it i
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -149,12 +150,18 @@ def error_response(exc: Exception) -> JSONResponse | None:
     return JSONResponse({"detail": str(exc)}, status_code=status)
 
 
+_NAMED = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")  # a model check's message names its field
+
+
 def field_errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any]]:
     """Pydantic's errors as the 422 body lists them: ``loc``, ``field`` (dotted), ``msg``."""
     out = []
     for err in exc.errors():
         loc = [str(x) for x in err.get("loc", ())]
         msg = error_message(err)  # `Finite`: said as the policies' checks say it
+        named = _NAMED.match(msg)
+        if named and loc in ([], ["body"]):  # a whole-model check names its field first
+            loc = [*loc, named.group(1)]
         out.append(
             {
                 "loc": loc,

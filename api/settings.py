@@ -60,7 +60,8 @@ class Settings(BaseSettings):
 
     environment: Literal["development", "production"] = Field(
         default="development",
-        description="`production` refuses to start without `device_key_secret` and `admin_token`.",
+        description="`production` refuses to start without `device_key_secret`, `admin_token`"
+        " and `database_url`.",
     )
     database_url: str = Field(
         default="sqlite:///dpgov.sqlite", description="sqlite:///path or postgresql+psycopg://..."
@@ -392,11 +393,23 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _production_needs_secrets(self) -> Settings:
-        if self.environment == "production":
-            if self.device_key_secret is None:
-                raise ValueError("`device_key_secret` must be set in production")
-            if self.admin_token is None:
-                raise ValueError("`admin_token` must be set in production")
+        if self.environment == "production":  # every missing one named at once
+            missing = [
+                name
+                for name, unset in (
+                    ("device_key_secret", self.device_key_secret is None),
+                    ("admin_token", self.admin_token is None),
+                    # the default, a SQLite file in the current folder, is for trying it out
+                    ("database_url", "database_url" not in self.model_fields_set),
+                )
+                if unset
+            ]
+            if missing:
+                also = ", ".join(f"DPGOV_{name.upper()}" for name in missing[1:])
+                raise ValueError(
+                    f"`{missing[0]}` must be set in production"
+                    + (f"; so must {also}" if also else "")
+                )
         if self.audit_key is not None and len(self.audit_key.get_secret_value()) < 32:
             raise ValueError("`audit_key` must be at least 32 characters")
         if self.shuffler_key is not None:

@@ -121,11 +121,15 @@ def demo(
     print_table(words)
     if not result.words:
         most = max(result.word_truth.values(), default=0)
+        threshold = round(result.word_threshold)
+        why = (  # a threshold of 0 publishes every word found: none was found
+            f"No word reached the publication threshold of {threshold:,d} estimated reports"
+            if threshold > 0
+            else "No word was discovered"
+        )
         print(
-            f"  No word reached the publication threshold of {result.word_threshold:,.0f}"
-            f" estimated reports; the most frequent word was"
-            f" sent {most:,d} times. SFP finds a word once thousands of devices send it:"
-            " run with more --devices."
+            f"  {why}; the most frequent word was sent {most:,d} times. SFP finds a word once"
+            " thousands of devices send it: run with more --devices."
         )
     alike = "the same for every demo device: a refused report spends nothing"
     print(f"\nPrivacy spent by {result.spend_device}, from its ledger ({alike}):")

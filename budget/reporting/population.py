@@ -72,13 +72,20 @@ class SpendPass:
     case, or on what the budget's caps count (the slots the gate counts,
     :meth:`dp_governor.budget.rule.state.AccountState.counted`); ``totals`` per group-scaled
     micro-epsilon sum; ``ledgers`` per ``(multiset, grouped)``, ``grouped`` saying whether any
-    event is scaled by a group size above 1.
+    event is scaled by a group size above 1; ``past_filter[name]`` the devices whose events a
+    budget with a lifetime filter counts are past its target (what the filter's test reads:
+    group-scaled ``S1`` and ``S2``; spend made before the filter was set can be).
     """
 
     def __init__(self, book: PolicyBook) -> None:
         budgets = {t.budget: t for t in book.terms.values()}
         self._budgets = frozenset(budgets)
         self._member_of: dict[str, set[str]] = defaultdict(set)  # budgets counting all of it
+        self._filters = {  # budgets with a lifetime filter: its target
+            name: t.filters.lifetime
+            for name, t in budgets.items()
+            if t.filters is not None and t.filters.lifetime is not None
+        }
         self._ever_in: dict[str, set[str]] = defaultdict(set)  # budgets it ever drew from
         for name, t in budgets.items():
             for use_case in t.members:
@@ -89,10 +96,12 @@ class SpendPass:
         self.budget: dict[str, Counter[int]] = defaultdict(Counter)
         self.totals: Counter[int] = Counter()
         self.ledgers: Counter[tuple[Events, bool]] = Counter()
+        self.past_filter: Counter[str] = Counter()
         self._dk = _NONE
         self._spent: dict[str, int] = {}
         self._in_budget: dict[str, int] = {}
         self._events: dict[int, int] = {}
+        self._filtered: dict[str, tuple[int, int]] = {}  # this device's (S1, S2) per budget
         self._grouped = False
 
     def add(self, rows: Iterable[Row]) -> SpendPass:
@@ -121,6 +130,10 @@ class SpendPass:
             for name in counting:
                 self._in_budget[name] = self._in_budget.get(name, 0) + spent
             scaled = eps_micro * group
+            if self._filters:
+                for name in counting & self._filters.keys():
+                    s1, s2 = self._filtered.get(name, (0, 0))
+                    self._filtered[name] = (s1 + count * scaled, s2 + count * scaled * scaled)
             self._events[scaled] = self._events.get(scaled, 0) + count
             if group > 1 and count:
                 self._grouped = True
@@ -141,6 +154,7 @@ class SpendPass:
             self.budget[name].update(counts)
         self.totals.update(other.totals)
         self.ledgers.update(other.ledgers)
+        self.past_filter.update(other.past_filter)
         return self
 
     def subtract(self, other: SpendPass) -> SpendPass:
@@ -155,6 +169,7 @@ class SpendPass:
         _less_each(self.budget, other.budget)
         _less(self.totals, other.totals)
         _less(self.ledgers, other.ledgers)
+        _less(self.past_filter, other.past_filter)
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -168,6 +183,7 @@ class SpendPass:
                 [[list(e) for e in multiset], grouped, n]
                 for (multiset, grouped), n in sorted(self.ledgers.items())
             ],
+            "past_filter": [[name, n] for name, n in sorted(self.past_filter.items())],
         }
 
     @classmethod
@@ -192,6 +208,7 @@ class SpendPass:
                 for multiset, grouped, n in data["ledgers"]
             }
         )
+        out.past_filter = Counter({str(name): int(n) for name, n in data["past_filter"]})
         return out
 
     def _close(self) -> None:
@@ -205,8 +222,11 @@ class SpendPass:
         self.totals[sum(e * n for e, n in events.items())] += 1
         multiset = tuple((from_micro(e), n) for e, n in sorted(events.items()) if n)
         self.ledgers[(multiset, self._grouped)] += 1
+        for name, (s1, s2) in self._filtered.items():
+            if not self._filters[name].admits(s1, s2):
+                self.past_filter[name] += 1
         self._dk = _NONE
-        self._spent, self._in_budget, self._events = {}, {}, {}
+        self._spent, self._in_budget, self._events, self._filtered = {}, {}, {}, {}
         self._grouped = False
 
 

@@ -272,25 +272,32 @@ def _allowed(budgets: Sequence[Sequence[Policy]], days: int) -> Allowed:
     return Allowed(value, dict(schedule), exact, value_exact, grouped)
 
 
-def _lifetime_statement(p: Policy, spent: Counter[int]) -> tuple[bool, float | None, str, int]:
+def _lifetime_statement(
+    p: Policy, spent: Counter[int], past_filter: int
+) -> tuple[bool, float | None, str, int]:
     """``(bounded, bound, note, devices over)`` of a use case's lifetime, checked against spend.
 
     A lifetime cap bounds what its budget may still admit; a device that spent more before
     the cap was lowered keeps what it spent, so the bound stated is the larger of the two.
+    A lifetime filter is stated as holding every device's recorded reports within its target
+    only when none is past it (``past_filter``: devices past it, having spent before it was
+    set or tightened).
     """
     cap = p.lifetime_epsilon_cap
     if cap is None:
         if p.lifetime_filter_epsilon is not None:
-            # What the filter guarantees, not a claim about every device: a device that spent
-            # before the filter was set may be past its target, and this pass holds each
-            # device's basic sum only, not the sum of squares the filter's test also reads.
-            note = (
-                "no cap bounds the lifetime's basic sum; the lifetime filter refuses every"
-                " report that would take a device past"
-                f" ({fmt_up(p.lifetime_filter_epsilon)}, {p.lifetime_filter_delta:g})-DP, which"
-                " bounds the devices whose reports all came under it (reports made before it was"
-                " set are not checked against it)"
-            )
+            target = f"({fmt_up(p.lifetime_filter_epsilon)}, {p.lifetime_filter_delta:g})-DP"
+            if not past_filter:
+                note = (
+                    "no cap bounds the lifetime's basic sum, but every device's reports are"
+                    f" within the lifetime filter's {target}, and it admits none past it"
+                )
+            else:
+                note = (
+                    "no cap bounds the lifetime's basic sum, and the lifetime filter's"
+                    f" {target} does not bound the {past_filter} device(s) that spent past it"
+                    " before it was set (it admits nothing more to them)"
+                )
         elif p.window_epsilon_cap is not None:
             window = fmt_up(p.window_epsilon_cap)
             note = (
@@ -379,7 +386,8 @@ def basis_of(
     for p in active:
         budget = budget_key(p)
         spent = lifetime.budget.get(budget, Counter())
-        bounded, bound, note, over = _lifetime_statement(p, spent)
+        past = lifetime.past_filter.get(budget, 0)
+        bounded, bound, note, over = _lifetime_statement(p, spent, past)
         in_window = window.budget.get(budget, Counter())
         window_over, window_note = _window_statement(p, in_window)
         per_day = _allowed_alone(p, 1)

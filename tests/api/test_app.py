@@ -595,7 +595,7 @@ def test_a_policy_body_is_refused_in_the_projects_words(client: TestClient) -> N
     body = client.get("/v1/use-cases/emoji").json()
     policy = {k: v for k, v in body.items() if k in PolicyCreate.model_fields}
     cases: list[tuple[dict[str, Any], str, str]] = [
-        ({"mechanism": "hcms", "m": 1000}, "", "`m` must be a power of 2 for hcms, got 1000"),
+        ({"mechanism": "hcms", "m": 1000}, "m", "`m` must be a power of 2 for hcms, got 1000"),
         ({"k": None}, "k", "must be a valid integer, got null"),
         ({"bogus": 1}, "bogus", "is not a field"),
     ]

@@ -24,14 +24,28 @@ from dp_governor.budget.storage.db import key_fingerprint, stored_fingerprints
 
 
 def test_production_refuses_generated_secrets(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'prod.sqlite'}"
     with pytest.raises(ValidationError, match="device_key_secret"):
-        Settings(environment="production", admin_token=SecretStr("x" * 40))
+        Settings(environment="production", admin_token=SecretStr("x" * 40), database_url=url)
     with pytest.raises(ValidationError, match="admin_token"):
-        Settings(environment="production", device_key_secret=SecretStr("s" * 40))
+        Settings(environment="production", device_key_secret=SecretStr("s" * 40), database_url=url)
+    with pytest.raises(ValidationError, match="`database_url` must be set in production"):
+        Settings(
+            environment="production",
+            device_key_secret=SecretStr("s" * 40),
+            admin_token=SecretStr("x" * 40),
+        )
+    with pytest.raises(
+        ValidationError,
+        match="`device_key_secret` must be set in production; so must DPGOV_ADMIN_TOKEN,"
+        " DPGOV_DATABASE_URL",
+    ):
+        Settings(environment="production")
     with pytest.raises(ValidationError, match="at least 32"):
         Settings(device_key_secret=SecretStr("short"))
     ok = Settings(
         environment="production",
+        database_url=url,
         admin_token=SecretStr("x" * 40),
         device_key_secret=SecretStr("s" * 40),
         audit_key=SecretStr("a" * 40),

@@ -457,6 +457,21 @@ class MembershipMachine(RuleBasedStateMachine):
                 assert line.lifetime_bound is not None
                 assert to_micro(line.lifetime_bound) >= spent, line
                 assert f"bounds the loss at {line.lifetime_bound:g}" in line.lifetime_note
+            p = self.policies[line.use_case]
+            if p["lifetime_epsilon_cap"] is None and p["lifetime_filter_epsilon"] is not None:
+                # "every device within the filter" only if the raw log says so of every device
+                verdicts = {
+                    theorem_admits(
+                        [c.eps * c.group for c in self._counted(d, line.budget)],
+                        p["lifetime_filter_epsilon"],
+                        p["lifetime_filter_delta"],
+                    )
+                    for d in DEVICES
+                }
+                if "every device's reports are within" in line.lifetime_note:
+                    assert False not in verdicts, (line, verdicts)
+                elif None not in verdicts:  # off the theorem's boundary: it must say so
+                    assert False in verdicts, (line, verdicts)
 
 
 class LedgerMachine(MembershipMachine):

@@ -290,7 +290,10 @@ def test_the_report_is_the_same_from_its_basis_at_any_delta(ledger: Ledger) -> N
 
 
 def test_a_lifetime_filter_set_after_spend_claims_no_bound_for_it(ledger: Ledger) -> None:
-    """40 reports at 1, then a lifetime filter of (5, 1e-9): a tightening, yet no claim of 5."""
+    """40 reports at 1, then a lifetime filter of (5, 1e-9): a tightening, yet no claim of 5.
+
+    A device within the target beside it changes nothing: the note counts the one past it.
+    """
     fields = {"mechanism": "cms", "k": 4, "m": 8, "epsilon_per_report": 1.0}
     ledger.policies.create(
         PolicyCreate.model_validate({"name": "u", **fields, "max_reports_per_day": 100})
@@ -302,7 +305,25 @@ def test_a_lifetime_filter_set_after_spend_claims_no_bound_for_it(ledger: Ledger
     )
     line = next(x for x in effective_epsilon(ledger, now=NOW).use_cases if x.use_case == "u")
     assert not line.lifetime_bounded and line.lifetime_bound is None
-    assert "holds the loss" not in line.lifetime_note
-    assert "reports made before it was set are not checked" in line.lifetime_note
+    assert "does not bound the 1 device(s) that spent past it" in line.lifetime_note
     assert line.spent_lifetime.max == 40.0  # the spend the filter never saw, shown as spent
     assert not ledger.charge("dev", "u", now=NOW).accepted  # and nothing more admitted
+    assert ledger.charge("fresh", "u", now=NOW).accepted
+    text = render_text(effective_epsilon(ledger, now=NOW))
+    assert "(5, 1e-09)-DP does not bound the 1 device(s)" in text
+
+
+def test_a_lifetime_filter_in_force_from_the_start_is_stated_for_every_device(
+    ledger: Ledger,
+) -> None:
+    fields = {"mechanism": "cms", "k": 4, "m": 8, "epsilon_per_report": 1.0}
+    filtered = {"lifetime_filter_epsilon": 5.0, "lifetime_filter_delta": 1e-9}
+    ledger.policies.create(
+        PolicyCreate.model_validate({"name": "u", **fields, "max_reports_per_day": 100, **filtered})
+    )
+    accepted = sum(ledger.charge("dev", "u", now=NOW).accepted for _ in range(40))
+    assert 0 < accepted < 40  # the filter stopped it
+    line = next(x for x in effective_epsilon(ledger, now=NOW).use_cases if x.use_case == "u")
+    assert "every device's reports are within the lifetime filter's (5, 1e-09)-DP" in (
+        line.lifetime_note
+    )
