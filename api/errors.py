@@ -160,8 +160,9 @@ def field_errors(exc: ValidationError | RequestValidationError) -> list[dict[str
         loc = [str(x) for x in err.get("loc", ())]
         msg = error_message(err)  # `Finite`: said as the policies' checks say it
         named = _NAMED.match(msg)
-        if named and loc in ([], ["body"]):  # a whole-model check names its field first
-            loc = [*loc, named.group(1)]
+        given = err.get("input")
+        if named and loc in ([], ["body"]) and isinstance(given, dict) and named[1] in given:
+            loc = [*loc, named[1]]  # a whole-model check names the field it is about first
         out.append(
             {
                 "loc": loc,

@@ -14,7 +14,9 @@ the relay filled the inbox with ``--reports`` reports, ``aggregate`` after it fi
 again (it flushes, then folds both lots), ``checkpoint``, the population passes
 (``dashboard``: the effective-epsilon report and every use case's distributions; ``verify``:
 the chain and the tables, from the last verified checkpoint), and ``purge`` run with its clock
-ten years ahead (every retention window has passed: it deletes everything). ``--jobs`` runs
+ten years ahead (every retention window has passed: it deletes everything; the single reports
+sent once its horizons have passed today are refused as dated on a deleted day, ``clock_behind``,
+and counted apart: they pass the gate's transaction as an acceptance does). ``--jobs`` runs
 some of them (both fills happen all the same, so each job finds the population it would);
 ``--repeat`` runs ``dashboard`` and ``verify`` several times (numbered rows: the first a full
 pass, the next what changed since). Each row gives the job's own run time (without the
@@ -211,6 +213,7 @@ class Probe:
         self.interval = interval
         self.latencies: list[float] = []
         self.failed = 0
+        self.behind = 0  # refused as dated before a purge's horizon (``clock_behind``)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="probe", daemon=True)
 
@@ -235,7 +238,9 @@ class Probe:
                     headers={"X-Device-Id": f"probe-{run}-{i}"},
                 )
                 self.latencies.append(time.perf_counter() - t0)
-                self.failed += r.status_code != 202
+                behind = r.status_code == 429 and r.json().get("reason") == "clock_behind"
+                self.behind += behind
+                self.failed += r.status_code != 202 and not behind
                 i += 1
                 # the next slot of the schedule; one already missed is taken at once
                 self._stop.wait(max(0.0, start + i * self.interval - time.monotonic()))
@@ -355,6 +360,8 @@ def row(backend: str, job: str, run: dict[str, Any] | None, probe: Probe) -> str
         )
         work = f"{handled(run['result'])} | {run['seconds']:.2f} | {writes}"
     sent = f"{len(probe.latencies):,}" + (f" ({probe.failed} failed)" if probe.failed else "")
+    if probe.behind:  # the purge, ahead, moved the horizons past today: refused, not charged
+        sent += f" ({probe.behind:,} dated before the purge's horizons)"
     figures = "- | - | -"  # the job was over before the first report was sent
     if probe.latencies:
         ms = np.asarray(probe.latencies) * 1000

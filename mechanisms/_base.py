@@ -273,6 +273,9 @@ class RowSketch(ABC, Generic[P]):
         if t.dtype.kind == "i" and t.size and int(t.min()) == np.iinfo(t.dtype).min:
             # its abs is itself: no check below could bound it
             raise ValueError(f"a cell holds {t.dtype}'s minimum, outside every valid sketch")
+        for a in (t, r):  # what int64 cannot hold would wrap when widened below
+            if a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:
+                raise ValueError("a value exceeds what a sketch counts (int64)")
         problem = cls._consistent(t, r)
         if problem is not None:
             raise ValueError(problem)

@@ -321,7 +321,8 @@ class HcmsSketch(RowSketch[HCMS]):
 
     @staticmethod
     def _consistent(table: np.ndarray, rows: np.ndarray) -> str | None:
-        if (rows < 0).any() or (np.abs(table).sum(axis=1) > rows).any():
+        # summed in float64: an int64 sum of tampered cells could wrap below the row's count
+        if (rows < 0).any() or (np.abs(table).sum(axis=1, dtype=np.float64) > rows).any():
             return "sums must satisfy sum_l |S[j, l]| <= n_j"
         return None
 

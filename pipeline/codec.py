@@ -50,17 +50,20 @@ def sketches_equal(a: Sketch, b: Sketch) -> bool:
 COMPRESS_LEVEL = 1
 
 
-def sketch_to_bytes(sketch: Sketch, *, level: int = COMPRESS_LEVEL) -> bytes:
+def sketch_to_bytes(sketch: Sketch, *, level: int = COMPRESS_LEVEL, narrow: bool = True) -> bytes:
     """A sketch's arrays as a compressed ``.npz`` archive (``numpy.load`` reads it).
 
     What ``numpy.savez_compressed`` writes, at zlib ``level`` (default :data:`COMPRESS_LEVEL`)
-    instead of its fixed 6: the ``aggregate`` job writes each day's sketch at every run.
+    instead of its fixed 6: the ``aggregate`` job writes each day's sketch at every run. The
+    store's arrays are ``narrow`` (:func:`narrowest`); a file for people to compute with keeps
+    the sketch's own widths (``narrow=False``), where ``uint8`` arithmetic would wrap.
     """
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=level) as archive:
         for name, array in sketch.to_arrays().items():
+            stored = narrowest(array) if narrow else np.asarray(array)
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, narrowest(array), allow_pickle=False)
+                np.lib.format.write_array(member, stored, allow_pickle=False)
     return buf.getvalue()
 
 

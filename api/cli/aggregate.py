@@ -139,7 +139,7 @@ def aggregate(
         raise typer.Exit(1) from None
     t2 = time.perf_counter()
     if sketch_file is not None:
-        sketch_file.write_bytes(sketch_to_bytes(sketch))
+        sketch_file.write_bytes(sketch_to_bytes(sketch, narrow=False))  # widths to compute in
     other = sorted({p for (_, p) in exported.partitions if p != params} if exported else set())
     summary = {
         "use_case": use_case,

@@ -140,23 +140,36 @@ class AccountState:
                 spent += count * int(slots[i - 1][1])
         return n, spent
 
-    def first_countable_day(self, use_case: str, horizons: Mapping[str, int]) -> int:
-        """The first day a new charge of ``use_case`` can be dated on and every limit counted.
+    def first_countable_day(
+        self, use_case: str, horizons: Mapping[str, int], idx: list[int] | None = None
+    ) -> int:
+        """The first day a new charge of ``use_case`` can be dated on and its limits counted.
 
-        After the account's latest charged day (a charge dated earlier would leave a later
-        day's windows unchecked: each check counts the window ending on the charge's day) and
-        after every horizon of a use case the account was charged for, or ``use_case``'s own
-        (a purge deleted those days: what they held can no longer be counted, and a charge
-        dated there would itself be deleted at once).
+        The day of the latest charge of slots ``idx`` (the slots the report's limits read;
+        ``None``: every slot, as a device-wide budget reads), since each check counts the window
+        ending on the charge's day and would leave a later day's windows unchecked; and after
+        the horizon of each of those slots' use cases and of ``use_case`` itself (a purge
+        deleted those days: what they held can no longer be counted, and a charge dated there
+        would be deleted at once).
 
-        >>> AccountState(days=[[9, 1]], slots=[["a", 5, 1, 4, "a"]]).first_countable_day(
-        ...     "b", {"a": 3, "b": 11})
-        12
+        >>> state = AccountState(days=[[9, 1], [12, 0, 1]],
+        ...     slots=[["a", 5, 1, 4, "a"], ["b", 5, 1, 1, "b"]])
+        >>> state.first_countable_day("a", {"a": 3}, [0]), state.first_countable_day("a", {}, None)
+        (9, 12)
+        >>> state.first_countable_day("c", {"a": 3, "c": 10}, [0])
+        11
         """
-        first = self.days[-1][0] if self.days else _NONE
+        slots = self.slots
+        chosen = range(len(slots)) if idx is None else idx
+        first = _NONE
+        for entry in reversed(self.days):
+            width = len(entry)
+            if any(entry[i + 1] for i in chosen if i + 1 < width):
+                first = entry[0]
+                break
         horizon = horizons.get(use_case, _NONE)
-        for slot in self.slots:
-            horizon = max(horizon, horizons.get(str(slot[0]), _NONE))
+        for i in chosen:
+            horizon = max(horizon, horizons.get(str(slots[i][0]), _NONE))
         return max(first, horizon + 1)
 
     def _held(self, day: int) -> list[int]:

@@ -94,18 +94,26 @@ def test_a_dense_table_is_written_at_the_stored_level_and_numpy_reads_it() -> No
     with np.load(io.BytesIO(blob)) as stored:
         assert stored["counts"].dtype == np.uint8
         assert np.array_equal(stored["counts"], sketch.counts)
+    with np.load(io.BytesIO(sketch_to_bytes(sketch, narrow=False))) as wide:  # a file to compute in
+        assert wide["counts"].dtype == sketch.counts.dtype == np.int32
 
 
-@pytest.mark.parametrize("table", ["minimum", "floats"])
+@pytest.mark.parametrize("table", ["minimum", "floats", "past int64", "wrapping sum"])
 def test_a_stored_table_no_sketch_could_hold_is_refused(table: str) -> None:
     hcms = HCMS(epsilon=4.0, k=8, m=64, hash_family=HashFamily(1))
     sums = np.zeros((8, 64), np.int8)
     sums[0, 0] = -128  # abs(-128) is -128 in int8: a sum of |S| that passes for 0
-    arrays = {
-        "sums": sums if table == "minimum" else sums.astype(np.float64) + 0.5,
-        "rows": np.zeros(8, np.int64),
-    }
+    rows = np.zeros(8, np.int64)
+    arrays = {"sums": sums, "rows": rows}
+    if table == "floats":
+        arrays["sums"] = sums.astype(np.float64) + 0.5
+    elif table == "past int64":  # would wrap to a negative count when widened
+        arrays = {"sums": np.zeros((8, 64), np.int64), "rows": np.full(8, 2**64 - 1, np.uint64)}
+    elif table == "wrapping sum":  # four cells of 2**62: an int64 sum of 0
+        wide = np.zeros((8, 64), np.int64)
+        wide[0, :4] = 2**62
+        arrays = {"sums": wide, "rows": np.full(8, 5, np.int64)}
     out = io.BytesIO()
     np.savez_compressed(out, **arrays)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"minimum|integers"):
+    with pytest.raises(ValueError, match=r"minimum|integers|int64|n_j"):
         sketch_from_bytes(hcms, out.getvalue())

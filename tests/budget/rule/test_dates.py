@@ -71,9 +71,10 @@ class DatesMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _first(self, device: str, name: str) -> int:
-        """The first countable day: after the device's latest charge and every horizon it met."""
+        """The first countable day: the budget's latest charge, after every horizon it met."""
         horizons = self.ledger.book().horizons
-        mine = [(u, d) for dev, u, d in self.log if dev == device]
+        budget = BUDGETS[name]  # what the report's limits read: its budget's charges alone
+        mine = [(u, d) for dev, u, d in self.log if dev == device and BUDGETS[u] == budget]
         latest = max((d for _, d in mine), default=-(10**9))
         met = {u for u, _ in mine} | {name}
         return max(latest, max(horizons.get(u, -(10**9)) for u in met) + 1)
@@ -161,4 +162,6 @@ def test_a_report_dated_before_the_devices_latest_charge_is_refused(tmp_path: Pa
     back = ledger.charge("dev", "c", now=ahead - timedelta(days=5))
     assert back.reason == "clock_behind" and back.retry_at == day_start(utc_day(ahead))
     assert ledger.charge("other", "c", now=ahead - timedelta(days=5)).accepted  # its own dates
+    ledger.policies.create(_policy("a"))  # another budget reads none of c's charges
+    assert ledger.charge("dev", "a", now=ahead - timedelta(days=5)).accepted
     engine.dispose()

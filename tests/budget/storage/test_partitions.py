@@ -44,8 +44,8 @@ def test_a_new_postgresql_ledger_is_partitioned_by_day_ahead_of_time(pg: Engine)
     ledger = Ledger(pg, SECRET)
     ledger.policies.ensure_defaults()
     now = datetime.now(UTC)
+    assert ledger.charge("dev", "emoji", now=NOW - timedelta(days=400)).accepted  # date order
     assert ledger.charge("dev", "emoji", now=now).accepted
-    assert ledger.charge("dev", "emoji", now=NOW - timedelta(days=400)).accepted
     assert _rows(pg, f"SELECT count(*) FROM charges_d{today}") == [(1,)]
     assert _rows(pg, "SELECT count(*) FROM charges_default") == [(1,)]
     # creating the late day's partition moves its rows out of the default
