@@ -69,6 +69,11 @@ class Terms:
     horizons: Mapping[str, int] = field(default_factory=dict)
     device: DeviceLimits | None = None
     ever_members: frozenset[str] = frozenset()
+    latest_horizon: int = field(init=False, default=NO_HORIZON)  # the latest of ``horizons``
+
+    def __post_init__(self) -> None:
+        # the gate's quick date check (decide_on): no horizon reaches the report's day
+        object.__setattr__(self, "latest_horizon", max(self.horizons.values(), default=NO_HORIZON))
 
     @classmethod
     def of(

@@ -132,10 +132,12 @@ def decide_on(
     The charge transaction (:func:`dp_governor.budget.gate.charge.charge_batch`, a single report
     being a batch of one) decides every report here; it writes the state.
     """
-    reads = None if terms.device is not None else state.counted(terms)  # the slots it reads
-    first = state.first_countable_day(terms.name, terms.horizons, reads)
-    if day < first:  # this server's clock is behind what the ledger recorded or deleted
-        return _refused(terms, day, Refusal("clock_behind", first))
+    days = state.days
+    if terms.latest_horizon >= day or (days and days[-1][0] > day):  # else nothing is later
+        reads = None if terms.device is not None else state.counted(terms)  # what it reads
+        first = state.first_countable_day(terms.name, terms.horizons, reads)
+        if day < first:  # this server's clock is behind what the ledger recorded or deleted
+            return _refused(terms, day, Refusal("clock_behind", first))
     decision = check(terms, day, state, charge_id)
     if decision.accepted:
         state.charge(terms.name, day, terms.eps_micro, terms.group_size, 1, terms.budget)
