@@ -23,6 +23,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from sqlalchemy import Engine
 
 from dp_governor.budget import Ledger, create_db_engine, init_db, utc_day
 from dp_governor.budget.clock import day_start
@@ -135,12 +136,18 @@ def test_no_clock_skew_or_early_purge_lets_a_report_past_a_cap() -> None:
     machine.TestCase().runTest()
 
 
-def test_a_report_dated_on_a_purged_day_is_refused(tmp_path: Path) -> None:
-    """A purge host five days ahead: the gate's day is gone; refused, not charged unseen."""
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'l.sqlite'}", job_pause=0)
+def _ledger_of_c(folder: Path) -> tuple[Engine, Ledger]:
+    """A SQLite ledger in ``folder`` with use case ``c`` (a budget of its own)."""
+    engine = create_db_engine(f"sqlite:///{folder / 'l.sqlite'}", job_pause=0)
     init_db(engine)
     ledger = Ledger(engine, SECRET)
     ledger.policies.create(_policy("c"))
+    return engine, ledger
+
+
+def test_a_report_dated_on_a_purged_day_is_refused(tmp_path: Path) -> None:
+    """A purge host five days ahead: the gate's day is gone; refused, not charged unseen."""
+    engine, ledger = _ledger_of_c(tmp_path)
     now = datetime(2026, 1, 10, 12, tzinfo=UTC)
     ledger.purge(now=now + timedelta(days=5))
     decisions = [ledger.charge("dev", "c", now=now) for _ in range(3)]
@@ -153,10 +160,7 @@ def test_a_report_dated_on_a_purged_day_is_refused(tmp_path: Path) -> None:
 
 def test_a_report_dated_before_the_devices_latest_charge_is_refused(tmp_path: Path) -> None:
     """A clock set back after charges at later days: refused until it reaches them again."""
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'l.sqlite'}", job_pause=0)
-    init_db(engine)
-    ledger = Ledger(engine, SECRET)
-    ledger.policies.create(_policy("c"))
+    engine, ledger = _ledger_of_c(tmp_path)
     ahead = datetime(2026, 3, 15, 12, tzinfo=UTC)
     assert ledger.charge("dev", "c", now=ahead).accepted
     back = ledger.charge("dev", "c", now=ahead - timedelta(days=5))
