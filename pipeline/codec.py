@@ -44,9 +44,9 @@ def sketches_equal(a: Sketch, b: Sketch) -> bool:
     return x.keys() == y.keys() and all(np.array_equal(x[name], y[name]) for name in x)
 
 
-# zlib's fastest level. A day's sketch is mostly small counts with high entropy once dense:
-# level 6 (``numpy.savez_compressed``'s) took 9x as long on a dense Emoji table for 1% less
-# (docs/performance.md, Storage); a blob of any level reads the same.
+# zlib's fastest level. A dense day's counts are high-entropy bytes: level 6
+# (``numpy.savez_compressed``'s) wrote an Emoji day of 10^6 reports twelve times as slowly for
+# a tenth less (docs/performance.md, Storage); a blob of any level reads the same.
 COMPRESS_LEVEL = 1
 
 

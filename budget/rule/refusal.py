@@ -36,7 +36,7 @@ REFUSALS: tuple[Reason, ...] = get_args(Reason)[1:]
 # A budget's limits. ``clock_behind`` is none: the report is dated before what the ledger has
 # already recorded or deleted for the device (a purge's horizon, a later charge), so no limit
 # could be checked for it (docs/ledger.md, "Dates the ledger can count").
-LIMITS: tuple[Reason, ...] = REFUSALS[:-1]
+LIMITS: tuple[Reason, ...] = tuple(r for r in REFUSALS if r != "clock_behind")
 
 
 class Refusal(NamedTuple):
